@@ -1,0 +1,3 @@
+//! Criterion bench (ingest): written with the benchmarks step.
+
+fn main() {}

@@ -1,0 +1,3 @@
+//! Criterion bench (query): written with the benchmarks step.
+
+fn main() {}

@@ -1,0 +1,3 @@
+//! Criterion bench (recovery): written with the benchmarks step.
+
+fn main() {}

@@ -1,0 +1,322 @@
+//! Decoding one MessagePack batch into a reusable [`Batch`].
+//!
+//! Accepted (protocol.md section 2.1 and 2.2): a batch as `[ts, events, dp_rank]`, `[ts, events]`
+//! or a map `{ts, events, data_parallel_rank | dp_rank}`; each event as a map tagged by `"type"`
+//! or as a positional array `[type, fields...]`. Fields are read into the batch's arenas as they
+//! come, so the `type` key may appear anywhere in a map; an event that turns out to be skipped
+//! rolls its arena entries back.
+
+use super::msgpack::{Int, Reader};
+use super::types::{Batch, EngineHash, Event, Span, Stored, Tier};
+use super::WireError;
+
+/// Field order of the positional (array) event form, after the type name.
+const STORED_FIELDS: &[&str] = &[
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+];
+const REMOVED_FIELDS: &[&str] = &["block_hashes", "medium"];
+const CLEARED_FIELDS: &[&str] = &["medium"];
+
+/// Decodes `payload` into `batch`, replacing its contents.
+pub fn decode_batch(payload: &[u8], batch: &mut Batch) -> Result<(), WireError> {
+    batch.clear();
+    let mut r = Reader::new(payload);
+    match r.peek()? {
+        0x90..=0x9f | 0xdc | 0xdd => decode_array_batch(&mut r, batch)?,
+        0x80..=0x8f | 0xde | 0xdf => decode_map_batch(&mut r, batch)?,
+        m => {
+            return Err(WireError::Type {
+                field: "batch",
+                expected: "array or map",
+                found: super::msgpack::marker_name(m),
+                offset: 0,
+            })
+        }
+    }
+    if r.remaining() > 0 {
+        return Err(WireError::TrailingBytes(r.remaining()));
+    }
+    Ok(())
+}
+
+fn decode_array_batch(r: &mut Reader<'_>, batch: &mut Batch) -> Result<(), WireError> {
+    let n = r.array_len("batch")?;
+    if n != 2 && n != 3 {
+        return Err(WireError::BatchArity(n));
+    }
+    batch.timestamp = read_timestamp(r)?;
+    decode_events(r, batch)?;
+    if n == 3 {
+        batch.dp_rank = read_dp_rank(r)?;
+    }
+    Ok(())
+}
+
+fn decode_map_batch(r: &mut Reader<'_>, batch: &mut Batch) -> Result<(), WireError> {
+    let n = r.map_len("batch")?;
+    let mut saw_events = false;
+    for _ in 0..n {
+        match r.str_bytes("batch key")? {
+            b"ts" => batch.timestamp = read_timestamp(r)?,
+            b"events" => {
+                decode_events(r, batch)?;
+                saw_events = true;
+            }
+            b"data_parallel_rank" | b"dp_rank" => batch.dp_rank = read_dp_rank(r)?,
+            _ => r.skip()?,
+        }
+    }
+    if !saw_events {
+        return Err(WireError::MissingKey { context: "batch", key: "events" });
+    }
+    Ok(())
+}
+
+fn read_timestamp(r: &mut Reader<'_>) -> Result<f64, WireError> {
+    if r.eat_nil()? {
+        return Ok(0.0);
+    }
+    r.number("timestamp")
+}
+
+fn read_dp_rank(r: &mut Reader<'_>) -> Result<u32, WireError> {
+    if r.eat_nil()? {
+        return Ok(0);
+    }
+    match r.int("dp_rank")? {
+        Int::U(v) if v <= u64::from(u32::MAX) => Ok(v as u32),
+        Int::U(v) => Err(range("dp_rank", v, "0..=4294967295")),
+        Int::I(v) => Err(range("dp_rank", v, "0..=4294967295")),
+    }
+}
+
+fn range(field: &'static str, value: impl ToString, allowed: &'static str) -> WireError {
+    WireError::Range { field, value: value.to_string(), allowed }
+}
+
+fn decode_events(r: &mut Reader<'_>, batch: &mut Batch) -> Result<(), WireError> {
+    let n = r.array_len("events")?;
+    for index in 0..n {
+        decode_event(r, batch).map_err(|e| WireError::Event { index, source: Box::new(e) })?;
+    }
+    Ok(())
+}
+
+/// The fields of one event as read so far.
+#[derive(Default)]
+struct Fields<'a> {
+    kind: Option<&'a [u8]>,
+    hashes: Option<Span>,
+    parent: Option<EngineHash>,
+    tokens: Option<Span>,
+    block_size: Option<u32>,
+    medium: Option<&'a [u8]>,
+    extra_context: bool,
+}
+
+fn decode_event(r: &mut Reader<'_>, batch: &mut Batch) -> Result<(), WireError> {
+    let marks = batch.arena_marks();
+    let mut f = Fields::default();
+    match r.peek()? {
+        0x80..=0x8f | 0xde | 0xdf => {
+            let n = r.map_len("event")?;
+            for _ in 0..n {
+                let key = r.str_bytes("event key")?;
+                read_field(key, r, batch, &mut f)?;
+            }
+        }
+        0x90..=0x9f | 0xdc | 0xdd => read_positional(r, batch, &mut f)?,
+        m => {
+            return Err(WireError::Type {
+                field: "event",
+                expected: "map or array",
+                found: super::msgpack::marker_name(m),
+                offset: r.offset(),
+            })
+        }
+    }
+    let kind = f.kind.ok_or(WireError::MissingKey { context: "event", key: "type" })?;
+    match finish_event(kind, &f, batch)? {
+        Some(event) => batch.events.push(event),
+        None => batch.arena_truncate(marks),
+    }
+    Ok(())
+}
+
+fn read_positional<'a>(
+    r: &mut Reader<'a>,
+    batch: &mut Batch,
+    f: &mut Fields<'a>,
+) -> Result<(), WireError> {
+    let n = r.array_len("event")?;
+    if n == 0 {
+        return Err(WireError::MissingKey { context: "event", key: "type" });
+    }
+    let kind = r.str_bytes("type")?;
+    f.kind = Some(kind);
+    let names: &[&str] = match kind {
+        b"BlockStored" => STORED_FIELDS,
+        b"BlockRemoved" => REMOVED_FIELDS,
+        b"AllBlocksCleared" => CLEARED_FIELDS,
+        _ => &[],
+    };
+    for i in 1..n {
+        match names.get(i - 1) {
+            Some(name) => read_field(name.as_bytes(), r, batch, f)?,
+            None => r.skip()?,
+        }
+    }
+    Ok(())
+}
+
+fn read_field<'a>(
+    key: &[u8],
+    r: &mut Reader<'a>,
+    batch: &mut Batch,
+    f: &mut Fields<'a>,
+) -> Result<(), WireError> {
+    match key {
+        b"type" => f.kind = Some(r.str_bytes("type")?),
+        b"block_hashes" => f.hashes = Some(read_hashes(r, batch)?),
+        b"parent_block_hash" => {
+            if !r.eat_nil()? {
+                f.parent = Some(read_hash(r, "parent_block_hash")?);
+            }
+        }
+        b"token_ids" => f.tokens = Some(read_tokens(r, batch)?),
+        b"block_size" => f.block_size = Some(read_block_size(r)?),
+        b"medium" => f.medium = if r.eat_nil()? { None } else { Some(r.str_bytes("medium")?) },
+        b"lora_id" => {
+            if !r.eat_nil()? {
+                r.skip()?;
+                f.extra_context = true;
+            }
+        }
+        b"lora_name" => f.extra_context |= non_empty(r, false)?,
+        b"extra_keys" => f.extra_context |= non_empty(r, true)?,
+        _ => r.skip()?,
+    }
+    Ok(())
+}
+
+/// Whether an optional context field is set: nil, `""` and `[]` are unset.
+fn non_empty(r: &mut Reader<'_>, array: bool) -> Result<bool, WireError> {
+    if r.eat_nil()? {
+        return Ok(false);
+    }
+    let empty = match r.peek()? {
+        0xa0 if !array => true,
+        0x90 if array => true,
+        _ => false,
+    };
+    r.skip()?;
+    Ok(!empty)
+}
+
+fn read_hash(r: &mut Reader<'_>, field: &'static str) -> Result<EngineHash, WireError> {
+    if r.at_bin() {
+        let b = r.bin_bytes(field)?;
+        if b.is_empty() || b.len() > 64 {
+            return Err(range(field, format!("bin of {} bytes", b.len()), "bin of 1..=64 bytes"));
+        }
+        return Ok(EngineHash::from_bin(b));
+    }
+    match r.int(field) {
+        Ok(Int::U(v)) => Ok(EngineHash(u128::from(v))),
+        Ok(Int::I(v)) => Ok(EngineHash(u128::from(v as u64))),
+        Err(WireError::Type { found, offset, .. }) => {
+            Err(WireError::Type { field, expected: "integer or bin", found, offset })
+        }
+        Err(e) => Err(e),
+    }
+}
+
+fn read_hashes(r: &mut Reader<'_>, batch: &mut Batch) -> Result<Span, WireError> {
+    let n = r.array_len("block_hashes")?;
+    let (start, _) = batch.arena_marks();
+    for _ in 0..n {
+        let h = read_hash(r, "block_hashes")?;
+        batch.arena_hash(h);
+    }
+    Ok(Span { start, len: n as u32 })
+}
+
+fn read_tokens(r: &mut Reader<'_>, batch: &mut Batch) -> Result<Span, WireError> {
+    let n = r.array_len("token_ids")?;
+    let (_, start) = batch.arena_marks();
+    batch.reserve_tokens(n);
+    for _ in 0..n {
+        let t = match r.int("token_ids")? {
+            Int::U(v) if v <= i32::MAX as u64 => v as i32,
+            Int::I(v) if v >= i64::from(i32::MIN) => v as i32,
+            Int::U(v) => return Err(range("token_ids", v, "a 32-bit signed integer")),
+            Int::I(v) => return Err(range("token_ids", v, "a 32-bit signed integer")),
+        };
+        batch.arena_token(t);
+    }
+    Ok(Span { start, len: n as u32 })
+}
+
+fn read_block_size(r: &mut Reader<'_>) -> Result<u32, WireError> {
+    match r.int("block_size")? {
+        Int::U(v) if (1..=u64::from(u32::MAX)).contains(&v) => Ok(v as u32),
+        Int::U(v) => Err(range("block_size", v, "1..=4294967295")),
+        Int::I(v) => Err(range("block_size", v, "1..=4294967295")),
+    }
+}
+
+/// Turns the fields into an event; `Ok(None)` means the event is skipped (and counted).
+fn finish_event(
+    kind: &[u8],
+    f: &Fields<'_>,
+    batch: &mut Batch,
+) -> Result<Option<Event>, WireError> {
+    match kind {
+        b"BlockStored" => {
+            let hashes = f.hashes.ok_or(missing("BlockStored", "block_hashes"))?;
+            let tokens = f.tokens.ok_or(missing("BlockStored", "token_ids"))?;
+            let block_size = f.block_size.ok_or(missing("BlockStored", "block_size"))?;
+            if f.extra_context {
+                batch.skipped.lora_or_multimodal += 1;
+                return Ok(None);
+            }
+            let Some(tier) = tier_or_skip(f.medium, batch) else { return Ok(None) };
+            Ok(Some(Event::Stored(Stored { hashes, parent: f.parent, tokens, block_size, tier })))
+        }
+        b"BlockRemoved" => {
+            let hashes = f.hashes.ok_or(missing("BlockRemoved", "block_hashes"))?;
+            let Some(tier) = tier_or_skip(f.medium, batch) else { return Ok(None) };
+            Ok(Some(Event::Removed { hashes, tier }))
+        }
+        b"AllBlocksCleared" => match f.medium {
+            None => Ok(Some(Event::Cleared { tier: None })),
+            Some(_) => {
+                let Some(tier) = tier_or_skip(f.medium, batch) else { return Ok(None) };
+                Ok(Some(Event::Cleared { tier: Some(tier) }))
+            }
+        },
+        _ => {
+            batch.skipped.unknown_type += 1;
+            Ok(None)
+        }
+    }
+}
+
+fn missing(context: &'static str, key: &'static str) -> WireError {
+    WireError::MissingKey { context, key }
+}
+
+fn tier_or_skip(medium: Option<&[u8]>, batch: &mut Batch) -> Option<Tier> {
+    let tier = Tier::from_medium(medium);
+    if tier.is_none() {
+        batch.skipped.out_of_scope_medium += 1;
+    }
+    tier
+}
