@@ -106,3 +106,6 @@ impl Hasher for MixHasher {
 
 /// `BuildHasher` for [`MixHasher`].
 pub type BuildMix = BuildHasherDefault<MixHasher>;
+
+#[cfg(test)]
+mod tests;
