@@ -4,8 +4,16 @@
 //!   accepted dialect into a reusable batch, and encoders for the simulator and tests.
 //! - [`index`]: content keys, one stream's tiered prefix index (engine-hash map, limits,
 //!   snapshots) and its lock-free read view with prefix matching.
+//! - [`stream`]: one subscription's recovery state machine: sequence gaps, snapshots with
+//!   buffered deltas, back-off and periodic resync, with time passed in.
+//! - [`config`]: command-line flags and the `kv_events_config_file`, validated with every
+//!   problem reported at once.
+//! - [`query`]: the query endpoint's strict input parsing and its response types.
 //!
 //! The contract is `shared/docs/protocol.md`; the layout is `shared/docs/architecture.md`.
 
+pub mod config;
 pub mod index;
+pub mod query;
+pub mod stream;
 pub mod wire;

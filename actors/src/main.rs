@@ -1,32 +1,60 @@
-//! The `kvdir` binary. For now it answers `--help` and `--version`; the service itself arrives
-//! with the streams issue.
+//! The `kvdir` binary: parses flags, loads the config file, starts the service and waits.
 
 use std::process::ExitCode;
 
-const USAGE: &str = "\
-kvdir: KV-cache directory and cache-aware router for xLLM clusters
+use kvdir::config::{parse_config_file, parse_flags, Command, DirectoryConfig, Flags, USAGE};
+use kvdir_actors::Service;
 
-USAGE:
-    kvdir [--help | --version]
-
-This build contains the core library only (event decoding and the tiered prefix index).
-The service (subscriptions, query endpoint, routing) is not built yet.
-";
+fn load_directory(flags: &Flags) -> Result<Option<DirectoryConfig>, String> {
+    let Some(path) = &flags.kv_events_config_file else { return Ok(None) };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read --kv_events_config_file {}: {e}", path.display()))?;
+    parse_config_file(&text).map(Some).map_err(|e| format!("{}: {e}", path.display()))
+}
 
 fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
     let args: Vec<String> = std::env::args().skip(1).collect();
-    match args.first().map(String::as_str) {
-        None | Some("--help") | Some("-h") => {
+    let flags = match parse_flags(&args) {
+        Ok(Command::Run(f)) => f,
+        Ok(Command::Help) => {
             print!("{USAGE}");
-            ExitCode::SUCCESS
+            return ExitCode::SUCCESS;
         }
-        Some("--version") | Some("-V") => {
+        Ok(Command::Version) => {
             println!("kvdir {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let directory = match load_directory(&flags) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if flags.check_config {
+        println!("configuration is valid");
+        return ExitCode::SUCCESS;
+    }
+    match Service::start(flags, directory) {
+        Ok(service) => {
+            println!("kvdir listening on http://{}", service.http_addr());
+            service.wait();
             ExitCode::SUCCESS
         }
-        Some(other) => {
-            eprintln!("error: unknown argument {other:?}; run `kvdir --help` for usage");
-            ExitCode::from(2)
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
         }
     }
 }

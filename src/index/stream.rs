@@ -159,13 +159,7 @@ impl StreamIndex {
 
     /// Starts building a snapshot aside; the live view is untouched until it is installed.
     pub fn snapshot_builder(&self) -> SnapshotBuilder {
-        SnapshotBuilder {
-            hasher: self.hasher.clone(),
-            max_blocks: self.config.max_blocks,
-            table: Table::default(),
-            map: PresenceMap::default(),
-            stats: ApplyStats::default(),
-        }
+        SnapshotBuilder::new(self.config)
     }
 
     /// Replaces the contents with a complete snapshot whose watermark (the first live sequence
@@ -212,6 +206,17 @@ pub struct SnapshotBuilder {
 }
 
 impl SnapshotBuilder {
+    /// An empty snapshot for a stream with these settings; it can be built on any thread.
+    pub fn new(config: IndexConfig) -> Self {
+        SnapshotBuilder {
+            hasher: KeyHasher::new(config.block_size, config.hash_seed),
+            max_blocks: config.max_blocks,
+            table: Table::default(),
+            map: PresenceMap::default(),
+            stats: ApplyStats::default(),
+        }
+    }
+
     /// Adds one snapshot payload (parent-first). Blocks whose parent is absent are orphans:
     /// skipped and counted, with every other prefix kept.
     pub fn add(&mut self, batch: &Batch) -> Result<ApplyStats, IndexError> {

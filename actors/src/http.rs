@@ -1,0 +1,152 @@
+//! The HTTP API (actix-web) and [`ApiError`], the one place that maps errors to status codes.
+//!
+//! Routes: `POST /v1/internal/kv-cache/query`, `GET /v1/internal/streams`, `GET /health`.
+//! Internal routes need `X-Internal-Token` when a token is configured; it is compared in
+//! constant time. Bodies are read up to `--max_request_bytes`, then parsed strictly.
+
+use actix::Addr;
+use actix_web::http::StatusCode;
+use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
+use futures_util::StreamExt;
+use kvdir::query::parse_query;
+use serde::Serialize;
+use subtle::ConstantTimeEq;
+use thiserror::Error;
+
+use crate::router_actor::{QueryCache, RouterActor};
+use crate::stream_actor::{GetStreamReport, StreamActor};
+
+/// What the handlers share.
+pub struct AppState {
+    /// The query side.
+    pub router: Addr<RouterActor>,
+    /// Every running stream.
+    pub streams: Vec<Addr<StreamActor>>,
+    /// Required `X-Internal-Token`, if any.
+    pub token: Option<String>,
+    /// Largest body.
+    pub max_request_bytes: usize,
+    /// Largest token list.
+    pub max_query_tokens: usize,
+}
+
+/// Every error an HTTP client can see.
+#[derive(Debug, Error)]
+pub enum ApiError {
+    /// Missing or wrong `X-Internal-Token`.
+    #[error("missing or wrong X-Internal-Token header")]
+    Unauthorized,
+    /// The body is not a valid request.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The body is larger than `--max_request_bytes`.
+    #[error("request body exceeds --max_request_bytes = {0}")]
+    PayloadTooLarge(usize),
+    /// An actor did not answer (shutting down).
+    #[error("service unavailable: {0}")]
+    Unavailable(String),
+    /// No such route.
+    #[error("no route for {0}; see the README's HTTP API table")]
+    NotFound(String),
+}
+
+#[derive(Serialize)]
+struct ErrorBody {
+    error: String,
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::build(self.status_code()).json(ErrorBody { error: self.to_string() })
+    }
+}
+
+impl From<actix::MailboxError> for ApiError {
+    fn from(e: actix::MailboxError) -> Self {
+        ApiError::Unavailable(e.to_string())
+    }
+}
+
+/// Registers the routes.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/health", web::get().to(health))
+        .route("/v1/internal/kv-cache/query", web::post().to(query))
+        .route("/v1/internal/streams", web::get().to(streams))
+        .default_service(web::to(not_found));
+}
+
+async fn health() -> HttpResponse {
+    HttpResponse::Ok().json(serde_json::json!({ "status": "ok" }))
+}
+
+async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
+    Err(ApiError::NotFound(format!("{} {}", req.method(), req.path())))
+}
+
+fn authorize(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
+    let Some(expected) = &state.token else { return Ok(()) };
+    let given = req.headers().get("X-Internal-Token").map(|v| v.as_bytes()).unwrap_or_default();
+    if bool::from(given.ct_eq(expected.as_bytes())) {
+        Ok(())
+    } else {
+        Err(ApiError::Unauthorized)
+    }
+}
+
+/// Reads the body up to the limit; a declared or actual size over it is a 413.
+async fn read_body(
+    mut payload: web::Payload,
+    req: &HttpRequest,
+    limit: usize,
+) -> Result<Vec<u8>, ApiError> {
+    let declared = req
+        .headers()
+        .get("content-length")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(ApiError::PayloadTooLarge(limit));
+    }
+    let mut body = Vec::with_capacity(declared.unwrap_or(0));
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::BadRequest(format!("cannot read body: {e}")))?;
+        if body.len() + chunk.len() > limit {
+            return Err(ApiError::PayloadTooLarge(limit));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+async fn query(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let body = read_body(payload, &req, state.max_request_bytes).await?;
+    let tokens = parse_query(&body, state.max_query_tokens)
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let response = state.router.send(QueryCache { tokens }).await?;
+    Ok(HttpResponse::Ok().json(response))
+}
+
+async fn streams(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let mut reports = Vec::with_capacity(state.streams.len());
+    for s in &state.streams {
+        reports.push(s.send(GetStreamReport).await?);
+    }
+    reports.sort_by(|a, b| (&a.instance_name, a.dp_rank).cmp(&(&b.instance_name, b.dp_rank)));
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "streams": reports })))
+}

@@ -1,0 +1,195 @@
+//! `IndexActor`: owns one stream's [`StreamIndex`] and applies what its stream sends, in order.
+//!
+//! Messages: [`ApplyBatch`], [`InstallSnapshot`], [`Invalidate`], [`GetIndexStatus`].
+//! Every change is published at once, so readers see whole batches and whole snapshots.
+//!
+//! Each stream message carries the recovery epoch it was produced in; the stream's worker bumps
+//! the shared epoch on every invalidation, so batches queued before a fault are dropped here
+//! instead of being applied to a state they no longer continue. If the worker cannot even
+//! deliver an invalidation (full mailbox), it leaves the reason in [`StreamShared`], which this
+//! actor checks on every message and on a short timer.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::Sender;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::prelude::*;
+use kvdir::index::{IndexReader, SnapshotBuilder, StreamIndex, StreamStatus};
+use kvdir::wire::Batch;
+
+/// Mailbox capacity of an index actor; a full mailbox makes the stream resynchronize.
+pub const INDEX_MAILBOX: usize = 256;
+
+/// How often pending out-of-band invalidations are checked.
+const CHECK_INTERVAL: Duration = Duration::from_millis(10);
+
+/// State shared between a stream's worker thread and its index actor.
+#[derive(Debug, Default)]
+pub struct StreamShared {
+    /// The worker's current recovery epoch.
+    pub epoch: AtomicU64,
+    /// An invalidation the worker could not deliver by message.
+    pub pending_invalidation: Mutex<Option<String>>,
+    /// Messages the worker could not deliver because the mailbox was full.
+    pub mailbox_drops: AtomicU64,
+}
+
+/// The index failed to apply something: the worker must resynchronize.
+#[derive(Debug, Clone)]
+pub struct IndexFailed {
+    /// Epoch of the message that failed.
+    pub epoch: u64,
+    /// The index error.
+    pub reason: String,
+}
+
+/// Apply live batch `seq`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ApplyBatch {
+    /// Recovery epoch the batch belongs to.
+    pub epoch: u64,
+    /// Its sequence number.
+    pub seq: u64,
+    /// The decoded batch.
+    pub batch: Batch,
+}
+
+/// Replace the contents with a snapshot and the deltas that continue it.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct InstallSnapshot {
+    /// Recovery epoch of the snapshot.
+    pub epoch: u64,
+    /// The snapshot, built on the worker thread.
+    pub snapshot: SnapshotBuilder,
+    /// First live sequence not in the snapshot.
+    pub watermark: u64,
+    /// Consecutive live batches from the watermark on.
+    pub deltas: Vec<(u64, Batch)>,
+}
+
+/// Stop giving credit: the stream lost continuity.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Invalidate {
+    /// Why.
+    pub reason: String,
+}
+
+/// Ask for the published status.
+#[derive(Message)]
+#[rtype(result = "StreamStatus")]
+pub struct GetIndexStatus;
+
+/// One stream's index.
+pub struct IndexActor {
+    index: StreamIndex,
+    shared: Arc<StreamShared>,
+    feedback: Sender<IndexFailed>,
+}
+
+impl IndexActor {
+    /// An actor around a fresh index; returns it with the index's reader.
+    pub fn new(
+        index: StreamIndex,
+        shared: Arc<StreamShared>,
+        feedback: Sender<IndexFailed>,
+    ) -> Self {
+        IndexActor { index, shared, feedback }
+    }
+
+    /// A reader for the router.
+    pub fn reader(&self) -> IndexReader {
+        self.index.reader()
+    }
+
+    fn current(&self, epoch: u64) -> bool {
+        epoch == self.shared.epoch.load(Ordering::Acquire)
+    }
+
+    /// Applies an undelivered invalidation, if any.
+    fn check_pending(&mut self) {
+        let pending = self.shared.pending_invalidation.lock().map(|mut p| p.take());
+        if let Ok(Some(reason)) = pending {
+            self.index.invalidate(reason);
+            self.index.publish();
+        }
+    }
+
+    fn apply(&mut self, epoch: u64, seq: u64, batch: &Batch) -> bool {
+        match self.index.apply(seq, batch) {
+            Ok(_) => true,
+            Err(e) => {
+                tracing::warn!(seq, error = %e, "batch rejected by the index; resynchronizing");
+                let _ = self.feedback.send(IndexFailed { epoch, reason: e.to_string() });
+                false
+            }
+        }
+    }
+}
+
+impl Actor for IndexActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.set_mailbox_capacity(INDEX_MAILBOX);
+        ctx.run_interval(CHECK_INTERVAL, |a, _| a.check_pending());
+    }
+}
+
+impl Handler<ApplyBatch> for IndexActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: ApplyBatch, _: &mut Context<Self>) {
+        self.check_pending();
+        if self.current(msg.epoch) {
+            self.apply(msg.epoch, msg.seq, &msg.batch);
+            self.index.publish();
+        }
+    }
+}
+
+impl Handler<InstallSnapshot> for IndexActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: InstallSnapshot, _: &mut Context<Self>) {
+        self.check_pending();
+        if !self.current(msg.epoch) {
+            return;
+        }
+        let stats = self.index.install_snapshot(msg.snapshot, msg.watermark);
+        for (seq, batch) in &msg.deltas {
+            if !self.apply(msg.epoch, *seq, batch) {
+                break;
+            }
+        }
+        self.index.publish();
+        tracing::info!(
+            watermark = msg.watermark,
+            deltas = msg.deltas.len(),
+            blocks = self.index.block_count(),
+            orphans = stats.orphans,
+            "snapshot installed"
+        );
+    }
+}
+
+impl Handler<Invalidate> for IndexActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Invalidate, _: &mut Context<Self>) {
+        self.check_pending();
+        self.index.invalidate(msg.reason);
+        self.index.publish();
+    }
+}
+
+impl Handler<GetIndexStatus> for IndexActor {
+    type Result = MessageResult<GetIndexStatus>;
+
+    fn handle(&mut self, _: GetIndexStatus, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.index.status())
+    }
+}

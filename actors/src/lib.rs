@@ -1,0 +1,17 @@
+//! kvdir service: the actors around the pure core, the HTTP API and start-up wiring.
+//!
+//! - [`service`]: starts the actors for a configuration, then the HTTP server.
+//! - [`stream_actor`]: `StreamActor`, one supervised subscription per instance/DP.
+//! - [`worker`]: the stream's I/O thread: SUB, monitor and snapshot DEALER, recovery.
+//! - [`index_actor`]: `IndexActor`, the single writer of one stream's index.
+//! - [`router_actor`]: `RouterActor`, answers queries from the published views.
+//! - [`http`]: routes and `ApiError`, the one place errors become status codes.
+
+pub mod http;
+pub mod index_actor;
+pub mod router_actor;
+pub mod service;
+pub mod stream_actor;
+pub mod worker;
+
+pub use service::{Service, StartError};

@@ -1,0 +1,164 @@
+//! Wiring: starts the actors for a validated configuration, then the HTTP server.
+//!
+//! The HTTP port opens only after every stream and index actor runs and the router knows every
+//! stream, so a client that can connect always gets complete answers. The service runs its own
+//! actix system on a dedicated thread; [`Service`] is the handle to stop it or wait for it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use actix::prelude::*;
+use actix_web::{web, App, HttpServer};
+use kvdir::config::{DirectoryConfig, Flags, Source, StreamSpec};
+use kvdir::index::StreamIndex;
+use thiserror::Error;
+
+use crate::http::{routes, AppState};
+use crate::index_actor::{IndexActor, StreamShared};
+use crate::router_actor::{RegisterStream, RouterActor, StreamKey};
+use crate::stream_actor::StreamActor;
+
+/// Arbiters (threads) shared by the index actors.
+const INDEX_ARBITERS: usize = 2;
+
+/// Why the service did not start.
+#[derive(Debug, Error)]
+pub enum StartError {
+    /// The HTTP address could not be bound.
+    #[error("cannot listen on {addr}: {source}; pick another --http_server_port or --server_host")]
+    Bind {
+        /// The address.
+        addr: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The configuration asks for something this build cannot do.
+    #[error("{0}")]
+    Unsupported(String),
+    /// The service thread ended before it was ready.
+    #[error("the service thread ended during start-up")]
+    Died,
+}
+
+/// A running service.
+pub struct Service {
+    addr: SocketAddr,
+    server: actix_web::dev::ServerHandle,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Service {
+    /// Starts everything and returns once the HTTP port accepts connections.
+    pub fn start(flags: Flags, directory: Option<DirectoryConfig>) -> Result<Service, StartError> {
+        let specs = match directory.as_ref().map(|d| &d.source) {
+            None => {
+                tracing::warn!("no kv_events_config_file: the directory is disabled and every query returns no streams");
+                Vec::new()
+            }
+            Some(Source::Streams(s)) => s.clone(),
+            Some(Source::Discovery(_)) => return Err(StartError::Unsupported(
+                "discovery from etcd is not available in this build yet; configure static streams"
+                    .into(),
+            )),
+        };
+        let limits = directory.map(|d| d.limits).unwrap_or_default();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let thread = std::thread::Builder::new()
+            .name("kvdir-service".into())
+            .spawn(move || {
+                let sys = actix_rt::System::new();
+                sys.block_on(async move {
+                    match boot(&flags, &specs, &limits).await {
+                        Ok((server, addr, _arbiters)) => {
+                            let _ = tx.send(Ok((server.handle(), addr)));
+                            let _ = server.await;
+                            System::current().stop();
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(e));
+                        }
+                    }
+                });
+            })
+            .map_err(|_| StartError::Died)?;
+        let (server, addr) = rx.recv().map_err(|_| StartError::Died)??;
+        tracing::info!(%addr, "kvdir ready");
+        Ok(Service { addr, server, thread: Some(thread) })
+    }
+
+    /// The bound HTTP address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Blocks until the service stops (a signal or [`Service::stop`] from another handle).
+    pub fn wait(mut self) {
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Stops the HTTP server and every actor, and waits for the service thread.
+    pub fn stop(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        let server = self.server.clone();
+        if let Some(t) = self.thread.take() {
+            std::thread::spawn(move || actix_rt::System::new().block_on(server.stop(true)));
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Service {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// Starts the actors and binds the server; runs inside the service's actix system.
+async fn boot(
+    flags: &Flags,
+    specs: &[StreamSpec],
+    limits: &kvdir::config::Limits,
+) -> Result<(actix_web::dev::Server, SocketAddr, Vec<Arbiter>), StartError> {
+    let router =
+        RouterActor::start_in_arbiter(&Arbiter::new().handle(), |_| RouterActor::default());
+    let arbiters: Vec<Arbiter> = (0..INDEX_ARBITERS).map(|_| Arbiter::new()).collect();
+    let zmq = zmq::Context::new();
+    let mut streams = Vec::with_capacity(specs.len());
+    for (i, spec) in specs.iter().enumerate() {
+        let arb = arbiters[i % INDEX_ARBITERS].handle();
+        let shared = Arc::new(StreamShared::default());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let index =
+            IndexActor::new(StreamIndex::new(spec.index_config(limits)), Arc::clone(&shared), tx);
+        let key = StreamKey { instance_name: spec.instance_name.clone(), dp_rank: spec.dp_rank };
+        let registered = router.send(RegisterStream { key, reader: index.reader() }).await;
+        registered.map_err(|_| StartError::Died)?;
+        let index = IndexActor::start_in_arbiter(&arb, |_| index);
+        let (spec, limits, zmq) = (spec.clone(), limits.clone(), zmq.clone());
+        let stream = Supervisor::start_in_arbiter(&arb, move |_| {
+            StreamActor::new(spec, limits, index, shared, rx, zmq)
+        });
+        streams.push(stream);
+    }
+    let state = web::Data::new(AppState {
+        router,
+        streams,
+        token: flags.internal_api_token.clone(),
+        max_request_bytes: flags.max_request_bytes,
+        max_query_tokens: flags.max_query_tokens,
+    });
+    let addr = format!("{}:{}", flags.server_host, flags.http_server_port);
+    let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(routes))
+        .workers(2)
+        .disable_signals()
+        .bind(&addr)
+        .map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
+    let bound = server.addrs().first().copied().ok_or(StartError::Died)?;
+    Ok((server.run(), bound, arbiters))
+}

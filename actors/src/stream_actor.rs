@@ -1,0 +1,187 @@
+//! `StreamActor`: supervises one subscription's worker thread and answers status requests.
+//!
+//! Messages: [`GetStreamReport`]; internally `WorkerExited`.
+//! The actor starts the worker thread (sockets, decoding, recovery) and stops itself when the
+//! thread ends with an error; its `Supervisor` then restarts it after a back-off. Stopping the
+//! actor sets the worker's stop flag; the thread ends within one poll interval.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix::prelude::*;
+use kvdir::config::{Limits, StreamSpec};
+use serde::Serialize;
+
+use crate::index_actor::{IndexActor, IndexFailed, StreamShared};
+use crate::worker::{self, WorkerCtx, WorkerStatus};
+
+static WORKER_IDS: AtomicU64 = AtomicU64::new(0);
+
+/// What a stream reports on the streams endpoint.
+#[derive(Debug, Clone, Serialize)]
+pub struct StreamReport {
+    /// Instance name.
+    pub instance_name: String,
+    /// DP rank.
+    pub dp_rank: u32,
+    /// Live endpoint.
+    pub endpoint: String,
+    /// Snapshot endpoint.
+    pub replay_endpoint: String,
+    /// `disconnected`, `syncing`, `live`, `resyncing` or `backoff`.
+    pub phase: &'static str,
+    /// Whether the SUB socket is connected.
+    pub connected: bool,
+    /// Live messages received.
+    pub messages: u64,
+    /// Live messages that failed to decode.
+    pub decode_errors: u64,
+    /// Sequence gaps and regressions.
+    pub gaps: u64,
+    /// Snapshots installed.
+    pub recoveries: u64,
+    /// Snapshots that failed.
+    pub snapshot_failures: u64,
+    /// Snapshot bytes received.
+    pub snapshot_bytes: u64,
+    /// Live batches dropped while waiting to retry.
+    pub dropped_batches: u64,
+    /// Messages the index mailbox refused.
+    pub mailbox_drops: u64,
+    /// Events the decoder skipped.
+    pub skipped_events: u64,
+    /// Worker restarts by the supervisor.
+    pub restarts: u64,
+    /// The last fault.
+    pub last_fault: Option<String>,
+}
+
+/// Ask a stream for its report.
+#[derive(Message)]
+#[rtype(result = "StreamReport")]
+pub struct GetStreamReport;
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct WorkerExited(String);
+
+/// One supervised subscription.
+pub struct StreamActor {
+    spec: StreamSpec,
+    limits: Limits,
+    index: Addr<IndexActor>,
+    shared: Arc<StreamShared>,
+    feedback: Arc<Mutex<Receiver<IndexFailed>>>,
+    status: Arc<Mutex<WorkerStatus>>,
+    stop: Arc<AtomicBool>,
+    zmq: zmq::Context,
+    restarts: u64,
+}
+
+impl StreamActor {
+    /// A stream feeding `index`; `feedback` carries the index's failures back to the worker.
+    pub fn new(
+        spec: StreamSpec,
+        limits: Limits,
+        index: Addr<IndexActor>,
+        shared: Arc<StreamShared>,
+        feedback: Receiver<IndexFailed>,
+        zmq: zmq::Context,
+    ) -> Self {
+        StreamActor {
+            spec,
+            limits,
+            index,
+            shared,
+            feedback: Arc::new(Mutex::new(feedback)),
+            status: Arc::default(),
+            stop: Arc::new(AtomicBool::new(false)),
+            zmq,
+            restarts: 0,
+        }
+    }
+
+    fn spawn_worker(&mut self, ctx: &mut Context<Self>) {
+        self.stop = Arc::new(AtomicBool::new(false));
+        let wctx = WorkerCtx {
+            spec: self.spec.clone(),
+            limits: self.limits.clone(),
+            index: self.index.clone(),
+            shared: Arc::clone(&self.shared),
+            feedback: Arc::clone(&self.feedback),
+            stop: Arc::clone(&self.stop),
+            status: Arc::clone(&self.status),
+            zmq: self.zmq.clone(),
+        };
+        let me = ctx.address();
+        let name = format!("kvdir-{}-dp{}", self.spec.instance_name, self.spec.dp_rank);
+        let id = WORKER_IDS.fetch_add(1, Ordering::Relaxed);
+        let spawned = std::thread::Builder::new().name(name).spawn(move || {
+            if let Err(e) = worker::run(wctx, id) {
+                me.do_send(WorkerExited(e.to_string()));
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot start a stream thread");
+            ctx.stop();
+        }
+    }
+}
+
+impl Actor for StreamActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        self.spawn_worker(ctx);
+    }
+
+    fn stopped(&mut self, _: &mut Self::Context) {
+        self.stop.store(true, Ordering::Release);
+    }
+}
+
+impl Supervised for StreamActor {
+    fn restarting(&mut self, _: &mut Self::Context) {
+        self.stop.store(true, Ordering::Release);
+        self.restarts += 1;
+    }
+}
+
+impl Handler<WorkerExited> for StreamActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: WorkerExited, ctx: &mut Context<Self>) {
+        tracing::error!(stream = %self.spec.instance_name, dp = self.spec.dp_rank, error = %msg.0, "stream worker failed; restarting");
+        let delay = Duration::from_millis(200 * (1 << self.restarts.min(5)));
+        ctx.run_later(delay, |_, ctx| ctx.stop());
+    }
+}
+
+impl Handler<GetStreamReport> for StreamActor {
+    type Result = MessageResult<GetStreamReport>;
+
+    fn handle(&mut self, _: GetStreamReport, _: &mut Context<Self>) -> Self::Result {
+        let s = self.status.lock().map(|s| s.clone()).unwrap_or_default();
+        MessageResult(StreamReport {
+            instance_name: self.spec.instance_name.clone(),
+            dp_rank: self.spec.dp_rank,
+            endpoint: self.spec.endpoint.clone(),
+            replay_endpoint: self.spec.replay_endpoint.clone(),
+            phase: if s.phase.is_empty() { "disconnected" } else { s.phase },
+            connected: s.connected,
+            messages: s.messages,
+            decode_errors: s.decode_errors,
+            gaps: s.stats.gaps,
+            recoveries: s.stats.recoveries,
+            snapshot_failures: s.stats.snapshot_failures,
+            snapshot_bytes: s.snapshot_bytes,
+            dropped_batches: s.stats.dropped_batches,
+            mailbox_drops: self.shared.mailbox_drops.load(Ordering::Relaxed),
+            skipped_events: s.skipped_events,
+            restarts: self.restarts,
+            last_fault: s.last_fault,
+        })
+    }
+}

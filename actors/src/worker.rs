@@ -1,0 +1,329 @@
+//! The I/O thread of one stream: a SUB socket for live events, a socket monitor for connects
+//! and disconnects, and a fresh DEALER per snapshot request, polled together with `zmq_poll`.
+//!
+//! The thread decodes frames, drives the pure [`Recovery`] machine and delivers its actions to
+//! the stream's `IndexActor` with `try_send`, so it never blocks on a slow index: a full mailbox
+//! is counted and turned into a resynchronization. It runs until its stop flag is set.
+//! Snapshots are built here, off the actix arbiters; the index actor only swaps them in.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use actix::Addr;
+use kvdir::config::{Limits, StreamSpec};
+use kvdir::stream::{Action, Recovery, RecoveryConfig, RecoveryStats};
+use kvdir::wire::{decode_live, decode_snapshot_frame, Batch, SnapshotFrame};
+
+use crate::index_actor::{
+    ApplyBatch, IndexActor, IndexFailed, InstallSnapshot, Invalidate, StreamShared,
+};
+
+/// Poll timeout: the resolution of timeouts, resyncs and the stop flag.
+const POLL_MS: i64 = 20;
+/// Live messages read per poll before timers are looked at again.
+const MAX_BURST: usize = 256;
+/// Receive high-water mark of the SUB socket, in messages.
+const SUB_HWM: i32 = 100_000;
+
+/// What the worker reports about itself, read by the stream actor's status handler.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerStatus {
+    /// Recovery phase name.
+    pub phase: &'static str,
+    /// Whether the SUB socket is connected to the publisher.
+    pub connected: bool,
+    /// Recovery counters.
+    pub stats: RecoveryStats,
+    /// Live messages received.
+    pub messages: u64,
+    /// Live messages that failed to decode.
+    pub decode_errors: u64,
+    /// Snapshot payload bytes received.
+    pub snapshot_bytes: u64,
+    /// Events skipped by the decoder (unknown types, media, LoRA).
+    pub skipped_events: u64,
+    /// The last fault, for operators.
+    pub last_fault: Option<String>,
+}
+
+/// Everything a worker thread needs.
+pub struct WorkerCtx {
+    /// The stream.
+    pub spec: StreamSpec,
+    /// Limits.
+    pub limits: Limits,
+    /// Where actions go.
+    pub index: Addr<IndexActor>,
+    /// Epoch and undelivered invalidations, shared with the index actor.
+    pub shared: Arc<StreamShared>,
+    /// Index failures coming back (shared by the successive workers of one stream).
+    pub feedback: Arc<Mutex<Receiver<IndexFailed>>>,
+    /// Set to end the thread.
+    pub stop: Arc<AtomicBool>,
+    /// Published for the status endpoint.
+    pub status: Arc<Mutex<WorkerStatus>>,
+    /// The process-wide ZeroMQ context.
+    pub zmq: zmq::Context,
+}
+
+/// Sockets and state of a running worker.
+struct Worker {
+    ctx: WorkerCtx,
+    sub: zmq::Socket,
+    monitor: zmq::Socket,
+    dealer: Option<zmq::Socket>,
+    recovery: Recovery,
+    status: WorkerStatus,
+    actions: Vec<Action>,
+}
+
+/// Runs the worker until stopped; an error means sockets could not be set up.
+pub fn run(ctx: WorkerCtx, id: u64) -> Result<(), zmq::Error> {
+    let mut w = Worker::open(ctx, id)?;
+    while !w.ctx.stop.load(Ordering::Acquire) {
+        w.poll_once()?;
+    }
+    Ok(())
+}
+
+fn max_frame(limits: &Limits) -> i64 {
+    // A hard ceiling above the configured limit: payloads between the two get a readable
+    // "exceeds max_message_bytes" error from the decoder; beyond it libzmq drops the peer.
+    (limits.max_message_bytes as i64).saturating_mul(2).saturating_add(64 << 10)
+}
+
+impl Worker {
+    fn open(ctx: WorkerCtx, id: u64) -> Result<Worker, zmq::Error> {
+        let sub = ctx.zmq.socket(zmq::SUB)?;
+        sub.set_linger(0)?;
+        sub.set_rcvhwm(SUB_HWM)?;
+        sub.set_maxmsgsize(max_frame(&ctx.limits))?;
+        sub.set_reconnect_ivl(100)?;
+        sub.set_reconnect_ivl_max(2000)?;
+        let mon_addr = format!("inproc://kvdir-monitor-{id}");
+        let events = zmq::SocketEvent::CONNECTED as i32 | zmq::SocketEvent::DISCONNECTED as i32;
+        sub.monitor(&mon_addr, events)?;
+        let monitor = ctx.zmq.socket(zmq::PAIR)?;
+        monitor.set_linger(0)?;
+        monitor.connect(&mon_addr)?;
+        sub.set_subscribe(ctx.spec.topic.as_bytes())?;
+        sub.connect(&ctx.spec.endpoint)?;
+        let index_config = ctx.spec.index_config(&ctx.limits);
+        let recovery = Recovery::new(RecoveryConfig::from_limits(&ctx.limits), index_config);
+        Ok(Worker {
+            ctx,
+            sub,
+            monitor,
+            dealer: None,
+            recovery,
+            status: WorkerStatus::default(),
+            actions: Vec::new(),
+        })
+    }
+
+    fn poll_once(&mut self) -> Result<(), zmq::Error> {
+        let (sub_ready, mon_ready, dealer_ready) = {
+            let mut items =
+                vec![self.sub.as_poll_item(zmq::POLLIN), self.monitor.as_poll_item(zmq::POLLIN)];
+            if let Some(d) = &self.dealer {
+                items.push(d.as_poll_item(zmq::POLLIN));
+            }
+            zmq::poll(&mut items, POLL_MS)?;
+            (
+                items[0].is_readable(),
+                items[1].is_readable(),
+                items.get(2).is_some_and(|i| i.is_readable()),
+            )
+        };
+        let now = Instant::now();
+        if mon_ready {
+            self.read_monitor(now)?;
+        }
+        if sub_ready {
+            self.read_live(now)?;
+        }
+        if dealer_ready {
+            self.read_snapshot(now)?;
+        }
+        let failures: Vec<IndexFailed> = match self.ctx.feedback.lock() {
+            Ok(rx) => rx.try_iter().collect(),
+            Err(_) => Vec::new(),
+        };
+        for f in failures {
+            if f.epoch == self.recovery.epoch() {
+                self.recovery.on_fault(&f.reason, now, &mut self.actions);
+            }
+        }
+        self.recovery.on_tick(now, &mut self.actions);
+        self.run_actions(now)?;
+        self.publish_status();
+        Ok(())
+    }
+
+    fn read_monitor(&mut self, now: Instant) -> Result<(), zmq::Error> {
+        while let Ok(frames) = self.monitor.recv_multipart(zmq::DONTWAIT) {
+            let Some(ev) = frames.first().filter(|f| f.len() >= 2) else { continue };
+            let event = u16::from_ne_bytes([ev[0], ev[1]]);
+            if event == zmq::SocketEvent::CONNECTED as u16 {
+                tracing::info!(endpoint = %self.ctx.spec.endpoint, "connected to publisher");
+                self.status.connected = true;
+                self.recovery.on_connected(now, &mut self.actions);
+            } else if event == zmq::SocketEvent::DISCONNECTED as u16 {
+                tracing::warn!(endpoint = %self.ctx.spec.endpoint, "publisher disconnected");
+                self.status.connected = false;
+                self.recovery.on_disconnected(&mut self.actions);
+            }
+        }
+        Ok(())
+    }
+
+    fn read_live(&mut self, now: Instant) -> Result<(), zmq::Error> {
+        for _ in 0..MAX_BURST {
+            let frames = match self.sub.recv_multipart(zmq::DONTWAIT) {
+                Ok(f) => f,
+                Err(zmq::Error::EAGAIN) => break,
+                Err(e) => return Err(e),
+            };
+            self.status.messages += 1;
+            let wire_bytes: usize = frames.iter().map(Vec::len).sum();
+            let mut batch = Batch::default();
+            let topic = self.ctx.spec.topic.as_bytes();
+            match decode_live(&frames, topic, self.ctx.limits.max_message_bytes, &mut batch) {
+                Ok(seq) if batch.dp_rank != self.ctx.spec.dp_rank => {
+                    let reason = format!(
+                        "batch dp_rank {} does not match the stream's dp_rank {}",
+                        batch.dp_rank, self.ctx.spec.dp_rank
+                    );
+                    self.fault(reason, seq, now);
+                }
+                Ok(seq) => {
+                    self.status.skipped_events += batch.skipped.total();
+                    self.recovery.on_live(seq, batch, wire_bytes, now, &mut self.actions);
+                }
+                Err(e) => {
+                    self.status.decode_errors += 1;
+                    self.fault(format!("live message rejected: {e}"), 0, now);
+                }
+            }
+            self.run_actions(now)?;
+        }
+        Ok(())
+    }
+
+    fn fault(&mut self, reason: String, seq: u64, now: Instant) {
+        tracing::warn!(stream = %self.ctx.spec.instance_name, dp = self.ctx.spec.dp_rank, seq, %reason, "stream fault");
+        self.recovery.on_fault(&reason, now, &mut self.actions);
+        self.status.last_fault = Some(reason);
+    }
+
+    fn read_snapshot(&mut self, now: Instant) -> Result<(), zmq::Error> {
+        let Some(dealer) = &self.dealer else { return Ok(()) };
+        while let Ok(frames) = dealer.recv_multipart(zmq::DONTWAIT) {
+            self.status.snapshot_bytes += frames.iter().map(|f| f.len() as u64).sum::<u64>();
+            let mut batch = Batch::default();
+            match decode_snapshot_frame(&frames, self.ctx.limits.max_message_bytes, &mut batch) {
+                Ok(SnapshotFrame::Reply { watermark }) => {
+                    self.recovery.on_snapshot_reply(watermark, &batch, now, &mut self.actions)
+                }
+                Ok(SnapshotFrame::End) => self.recovery.on_snapshot_end(now, &mut self.actions),
+                Err(e) => {
+                    let reason = format!("snapshot reply rejected: {e}");
+                    self.status.last_fault = Some(reason.clone());
+                    self.recovery.on_snapshot_error(&reason, now, &mut self.actions);
+                }
+            }
+            if !matches!(self.recovery.phase_name(), "syncing" | "resyncing") {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn run_actions(&mut self, now: Instant) -> Result<(), zmq::Error> {
+        while !self.actions.is_empty() {
+            let actions = std::mem::take(&mut self.actions);
+            self.ctx.shared.epoch.store(self.recovery.epoch(), Ordering::Release);
+            for a in actions {
+                self.run_action(a, now)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn run_action(&mut self, action: Action, now: Instant) -> Result<(), zmq::Error> {
+        let epoch = self.recovery.epoch();
+        let sent = match action {
+            Action::Apply { seq, batch } => {
+                self.ctx.index.try_send(ApplyBatch { epoch, seq, batch }).is_ok()
+            }
+            Action::Install { snapshot, watermark, deltas } => {
+                let msg = InstallSnapshot { epoch, snapshot, watermark, deltas };
+                self.ctx.index.try_send(msg).is_ok()
+            }
+            Action::Invalidate { reason } => {
+                tracing::warn!(stream = %self.ctx.spec.instance_name, dp = self.ctx.spec.dp_rank, %reason, "stream unsynchronized");
+                self.status.last_fault = Some(reason.clone());
+                if self.ctx.index.try_send(Invalidate { reason: reason.clone() }).is_err() {
+                    self.defer_invalidation(reason);
+                }
+                true
+            }
+            Action::RequestSnapshot { start_seq } => {
+                self.request_snapshot(start_seq)?;
+                true
+            }
+            Action::CloseSnapshot => {
+                self.dealer = None;
+                true
+            }
+        };
+        if !sent {
+            self.ctx.shared.mailbox_drops.fetch_add(1, Ordering::Relaxed);
+            let reason = format!(
+                "index mailbox full ({} messages); resynchronizing",
+                crate::index_actor::INDEX_MAILBOX
+            );
+            self.recovery.on_fault(&reason, now, &mut self.actions);
+        }
+        Ok(())
+    }
+
+    fn defer_invalidation(&self, reason: String) {
+        if let Ok(mut p) = self.ctx.shared.pending_invalidation.lock() {
+            *p = Some(reason);
+        }
+    }
+
+    /// A fresh DEALER per request: an old one may still hold stale replies.
+    fn request_snapshot(&mut self, start_seq: u64) -> Result<(), zmq::Error> {
+        let dealer = self.ctx.zmq.socket(zmq::DEALER)?;
+        dealer.set_linger(0)?;
+        dealer.set_maxmsgsize(max_frame(&self.ctx.limits))?;
+        dealer.connect(&self.ctx.spec.replay_endpoint)?;
+        dealer.send_multipart([&b""[..], &start_seq.to_be_bytes()[..]], zmq::DONTWAIT).or_else(
+            |e| {
+                // No peer yet: the request is lost and the replay timeout retries it.
+                if e == zmq::Error::EAGAIN {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            },
+        )?;
+        self.dealer = Some(dealer);
+        Ok(())
+    }
+
+    fn publish_status(&mut self) {
+        self.status.phase = self.recovery.phase_name();
+        self.status.stats = self.recovery.stats();
+        if let Ok(mut s) = self.ctx.status.lock() {
+            s.clone_from(&self.status);
+        }
+    }
+}
+
+/// Polling interval as a `Duration`, for callers that wait on workers.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(POLL_MS as u64);

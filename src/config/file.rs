@@ -1,0 +1,213 @@
+//! The `kv_events_config_file` (protocol.md section 4): `discovery` or a non-empty `streams`
+//! list, never both, plus resource limits. Unknown fields are rejected and every error is
+//! reported at once.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::json::{kind, Fields};
+use super::{ConfigError, DirectoryConfig, DiscoveryConfig, Limits, Source, StreamSpec};
+
+const TOP: &[&str] = &[
+    "discovery",
+    "streams",
+    "max_streams",
+    "max_blocks_per_stream",
+    "max_message_bytes",
+    "max_buffered_bytes",
+    "replay_timeout_ms",
+    "resync_interval_ms",
+];
+const DISCOVERY: &[&str] = &[
+    "enabled",
+    "block_size",
+    "topic",
+    "event_port_offset",
+    "replay_port_offset",
+    "refresh_interval_ms",
+];
+const STREAM: &[&str] = &[
+    "instance_name",
+    "dp_rank",
+    "block_size",
+    "endpoint",
+    "replay_endpoint",
+    "topic",
+    "hash_seed",
+];
+
+/// Largest block size accepted; engines use 16..=512.
+const MAX_BLOCK_SIZE: u64 = 65_536;
+
+/// Parses and validates the JSON text of a config file.
+pub fn parse_config_file(text: &str) -> Result<DirectoryConfig, ConfigError> {
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| ConfigError::new(vec![format!("config is not valid JSON: {e}")]))?;
+    let mut errors = Vec::new();
+    let config = parse_value(&value, &mut errors);
+    match config {
+        Some(c) if errors.is_empty() => Ok(c),
+        _ => Err(ConfigError::new(errors)),
+    }
+}
+
+fn parse_value(value: &Value, errors: &mut Vec<String>) -> Option<DirectoryConfig> {
+    let mut top = Fields::new("", value, TOP, errors)?;
+    let limits = parse_limits(&mut top);
+    let discovery = top.raw("discovery");
+    let streams = top.raw("streams");
+    let errors = top.errors;
+    let has_streams = matches!(streams, Some(Value::Array(a)) if !a.is_empty());
+    let source = match (discovery, streams) {
+        (Some(_), Some(_)) if has_streams => {
+            errors.push(
+                "discovery and a non-empty streams list are mutually exclusive; keep one".into(),
+            );
+            return None;
+        }
+        (Some(d), _) => Source::Discovery(parse_discovery(d, errors)?),
+        (None, Some(s)) => Source::Streams(parse_streams(s, &limits, errors)),
+        (None, None) => {
+            errors.push("config needs either \"discovery\" or a non-empty \"streams\" list".into());
+            return None;
+        }
+    };
+    Some(DirectoryConfig { source, limits })
+}
+
+fn parse_limits(f: &mut Fields<'_>) -> Limits {
+    let d = Limits::default();
+    let ms = |v: u64| Duration::from_millis(v);
+    Limits {
+        max_streams: f.int("max_streams", d.max_streams as u64, 1, 128) as usize,
+        max_blocks_per_stream: f.int(
+            "max_blocks_per_stream",
+            d.max_blocks_per_stream as u64,
+            1,
+            u64::from(u32::MAX),
+        ) as usize,
+        max_message_bytes: f.int("max_message_bytes", d.max_message_bytes as u64, 1, 1 << 32)
+            as usize,
+        max_buffered_bytes: f.int("max_buffered_bytes", d.max_buffered_bytes as u64, 1, 1 << 36)
+            as usize,
+        replay_timeout: ms(f.int("replay_timeout_ms", 2000, 1, 3_600_000)),
+        resync_interval: ms(f.int("resync_interval_ms", 30_000, 1, 86_400_000)),
+    }
+}
+
+fn parse_discovery(v: &Value, errors: &mut Vec<String>) -> Option<DiscoveryConfig> {
+    let mut f = Fields::new("discovery", v, DISCOVERY, errors)?;
+    Some(DiscoveryConfig {
+        enabled: f.boolean("enabled", true),
+        block_size: f.int("block_size", 128, 1, MAX_BLOCK_SIZE) as u32,
+        topic: f.string("topic", ""),
+        event_port_offset: f.int("event_port_offset", 10_000, 0, 65_535) as u16,
+        replay_port_offset: f.int("replay_port_offset", 30_000, 0, 65_535) as u16,
+        refresh_interval: Duration::from_millis(f.int("refresh_interval_ms", 1000, 50, 60_000)),
+    })
+}
+
+fn parse_streams(v: &Value, limits: &Limits, errors: &mut Vec<String>) -> Vec<StreamSpec> {
+    let Some(list) = v.as_array() else {
+        errors.push(format!("streams: expected an array, found {}", kind(v)));
+        return Vec::new();
+    };
+    if list.is_empty() {
+        errors.push("streams: the list is empty; add at least one stream or use discovery".into());
+    }
+    if list.len() > limits.max_streams {
+        errors.push(format!(
+            "streams: {} streams exceed max_streams = {}; raise max_streams (at most 128)",
+            list.len(),
+            limits.max_streams
+        ));
+    }
+    let specs: Vec<StreamSpec> =
+        list.iter().enumerate().filter_map(|(i, s)| parse_stream(i, s, errors)).collect();
+    check_unique(&specs, errors);
+    specs
+}
+
+fn parse_stream(i: usize, v: &Value, errors: &mut Vec<String>) -> Option<StreamSpec> {
+    let path = format!("streams[{i}]");
+    let mut f = Fields::new(&path, v, STREAM, errors)?;
+    let hint = "give a connectable address such as tcp://127.0.0.1:18000";
+    let spec = StreamSpec {
+        instance_name: f.required_string("instance_name", "name the engine instance"),
+        dp_rank: f.int("dp_rank", 0, 0, 65_535) as u32,
+        block_size: f.int("block_size", 128, 1, MAX_BLOCK_SIZE) as u32,
+        endpoint: f.required_string("endpoint", hint),
+        replay_endpoint: f.required_string("replay_endpoint", hint),
+        topic: f.string("topic", ""),
+        hash_seed: f.int("hash_seed", 1024, 0, u64::MAX),
+    };
+    for (key, ep) in [("endpoint", &spec.endpoint), ("replay_endpoint", &spec.replay_endpoint)] {
+        if !ep.is_empty() {
+            if let Err(e) = check_endpoint(ep) {
+                f.errors.push(format!("{path}.{key} = {ep:?}: {e}"));
+            }
+        }
+    }
+    Some(spec)
+}
+
+/// A connectable TCP endpoint: `tcp://host:port` with a concrete host and a port in 1..=65535.
+pub fn check_endpoint(ep: &str) -> Result<(), String> {
+    let Some(rest) = ep.strip_prefix("tcp://") else {
+        return Err("must start with tcp://".into());
+    };
+    let Some((host, port)) = rest.rsplit_once(':') else {
+        return Err("must be tcp://host:port".into());
+    };
+    if host.is_empty() || host == "*" || host == "0.0.0.0" || host == "[::]" {
+        return Err(format!("host {host:?} is not connectable; use the engine's address"));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => Err(format!("port {port:?} is not in 1..=65535")),
+    }
+}
+
+fn check_unique(specs: &[StreamSpec], errors: &mut Vec<String>) {
+    let mut pairs = HashMap::new();
+    let mut events = HashMap::new();
+    for (i, s) in specs.iter().enumerate() {
+        if let Some(j) = first(&mut pairs, (s.instance_name.clone(), s.dp_rank), i) {
+            errors.push(format!(
+                "streams[{i}]: instance {:?} dp_rank {} duplicates streams[{j}]",
+                s.instance_name, s.dp_rank
+            ));
+        }
+        if let Some(j) = first(&mut events, s.endpoint.clone(), i) {
+            errors.push(format!("streams[{i}].endpoint {:?} duplicates streams[{j}]", s.endpoint));
+        }
+    }
+    let mut replays = HashMap::new();
+    for (i, s) in specs.iter().enumerate() {
+        if let Some(j) = first(&mut replays, s.replay_endpoint.clone(), i) {
+            errors.push(format!(
+                "streams[{i}].replay_endpoint {:?} duplicates streams[{j}]",
+                s.replay_endpoint
+            ));
+        }
+        if let Some(j) = events.get(&s.replay_endpoint) {
+            errors.push(format!(
+                "streams[{i}].replay_endpoint {:?} overlaps the event endpoint of streams[{j}]",
+                s.replay_endpoint
+            ));
+        }
+    }
+}
+
+/// Records the first index of `key`; returns that first index when `key` was seen before.
+fn first<K: std::hash::Hash + Eq>(seen: &mut HashMap<K, usize>, key: K, i: usize) -> Option<usize> {
+    match seen.entry(key) {
+        std::collections::hash_map::Entry::Occupied(e) => Some(*e.get()),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            e.insert(i);
+            None
+        }
+    }
+}

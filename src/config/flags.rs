@@ -1,0 +1,133 @@
+//! Command-line flags in xllm-service style: `--flag=value` and `--flag value` both work.
+//! Unknown flags and bad values are collected and reported together.
+
+use std::path::PathBuf;
+
+use super::ConfigError;
+
+/// Usage text for `--help`.
+pub const USAGE: &str = "\
+kvdir: KV-cache directory and cache-aware router for xLLM clusters
+
+USAGE:
+    kvdir [FLAGS]
+
+FLAGS (--flag=value or --flag value):
+    --kv_events_config_file PATH   JSON file with `streams` (or `discovery`) and limits;
+                                   empty or absent disables the directory
+    --http_server_port PORT        HTTP port; 0 picks a free one [default: 8888]
+    --server_host ADDR             HTTP bind address [default: 127.0.0.1]
+    --internal_api_token TOKEN     require X-Internal-Token on internal endpoints
+    --max_request_bytes N          largest accepted HTTP body [default: 4194304]
+    --max_query_tokens N           largest accepted token_ids list [default: 1048576]
+    --check_config                 validate flags and the config file, then exit
+    --help, --version
+";
+
+/// What the command line asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Run the service (or only check its configuration).
+    Run(Flags),
+    /// Print usage.
+    Help,
+    /// Print the version.
+    Version,
+}
+
+/// Validated flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Flags {
+    /// The directory config file; `None` disables the directory.
+    pub kv_events_config_file: Option<PathBuf>,
+    /// HTTP port.
+    pub http_server_port: u16,
+    /// HTTP bind address.
+    pub server_host: String,
+    /// Required `X-Internal-Token`, if any.
+    pub internal_api_token: Option<String>,
+    /// Largest HTTP body.
+    pub max_request_bytes: usize,
+    /// Largest `token_ids` list.
+    pub max_query_tokens: usize,
+    /// Validate and exit.
+    pub check_config: bool,
+}
+
+impl Default for Flags {
+    fn default() -> Self {
+        Flags {
+            kv_events_config_file: None,
+            http_server_port: 8888,
+            server_host: "127.0.0.1".into(),
+            internal_api_token: None,
+            max_request_bytes: 4 << 20,
+            max_query_tokens: 1 << 20,
+            check_config: false,
+        }
+    }
+}
+
+fn number<T: std::str::FromStr>(name: &str, v: &str, min: u64, max: u64) -> Result<T, String> {
+    match v.parse::<u64>() {
+        Ok(n) if (min..=max).contains(&n) => {
+            v.parse::<T>().map_err(|_| format!("--{name}={v} is not a valid value"))
+        }
+        _ => Err(format!("--{name}={v:?} is not an integer in {min}..={max}")),
+    }
+}
+
+/// Applies one `--name value` to `flags`.
+fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
+    match name {
+        "kv_events_config_file" => {
+            flags.kv_events_config_file = (!v.is_empty()).then(|| PathBuf::from(v));
+        }
+        "http_server_port" => flags.http_server_port = number(name, v, 0, 65_535)?,
+        "server_host" if v.is_empty() => return Err("--server_host must not be empty".into()),
+        "server_host" => flags.server_host = v.to_string(),
+        "internal_api_token" => flags.internal_api_token = (!v.is_empty()).then(|| v.to_string()),
+        "max_request_bytes" => flags.max_request_bytes = number(name, v, 64, 1 << 32)?,
+        "max_query_tokens" => flags.max_query_tokens = number(name, v, 1, 1 << 28)?,
+        _ => return Err(format!("unknown flag --{name}; run kvdir --help for the list")),
+    }
+    Ok(())
+}
+
+/// Flags that take no value.
+const SWITCHES: &[&str] = &["check_config", "help", "version"];
+
+/// Parses the arguments after the program name.
+pub fn parse_flags<S: AsRef<str>>(args: &[S]) -> Result<Command, ConfigError> {
+    let mut flags = Flags::default();
+    let mut errors = Vec::new();
+    let mut it = args.iter().map(AsRef::as_ref).peekable();
+    while let Some(arg) = it.next() {
+        let Some(body) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) else {
+            errors.push(format!("unexpected argument {arg:?}; flags look like --name=value"));
+            continue;
+        };
+        let (name, inline) = match body.split_once('=') {
+            Some((n, v)) => (n, Some(v)),
+            None => (body, None),
+        };
+        match (name, inline) {
+            ("help" | "h", None) => return Ok(Command::Help),
+            ("version" | "V", None) => return Ok(Command::Version),
+            ("check_config", None) => flags.check_config = true,
+            (n, Some(_)) if SWITCHES.contains(&n) => {
+                errors.push(format!("--{n} takes no value"));
+            }
+            (n, Some(v)) => errors.extend(set(&mut flags, n, v).err()),
+            (n, None) => match it.next_if(|next| !next.starts_with("--")) {
+                Some(v) => errors.extend(set(&mut flags, n, v).err()),
+                None => errors.push(format!("--{n} needs a value: --{n}=VALUE")),
+            },
+        }
+    }
+    if errors.is_empty() {
+        Ok(Command::Run(flags))
+    } else {
+        Err(ConfigError::new(errors))
+    }
+}

@@ -1,0 +1,145 @@
+//! Configuration: command-line flags and the `kv_events_config_file`, validated at start-up.
+//!
+//! Raw input (flags, JSON) is turned into validated types here; everything past this module
+//! uses `Duration`s and checked values. Every problem is collected and reported together, each
+//! naming the offending value and the fix.
+
+mod file;
+mod flags;
+mod json;
+
+pub use file::{check_endpoint, parse_config_file};
+pub use flags::{parse_flags, Command, Flags, USAGE};
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::index::IndexConfig;
+
+/// Every problem found in the configuration, reported together.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// One message per problem.
+    pub problems: Vec<String>,
+}
+
+impl ConfigError {
+    pub(crate) fn new(problems: Vec<String>) -> Self {
+        ConfigError { problems }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.problems.as_slice() {
+            [one] => write!(f, "invalid configuration: {one}"),
+            many => {
+                write!(f, "invalid configuration ({} problems):", many.len())?;
+                for p in many {
+                    write!(f, "\n  - {p}")?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// Resource and recovery limits (protocol.md section 4).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Maximum subscription streams, one per instance/DP.
+    pub max_streams: usize,
+    /// Engine blocks per stream, each with its content entry and hash mapping.
+    pub max_blocks_per_stream: usize,
+    /// Largest live message or snapshot reply payload.
+    pub max_message_bytes: usize,
+    /// Live-delta buffering budget while a snapshot is pending.
+    pub max_buffered_bytes: usize,
+    /// Time allowed for a complete snapshot.
+    pub replay_timeout: Duration,
+    /// Period of snapshot reconciliation on a synchronized stream.
+    pub resync_interval: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_streams: 128,
+            max_blocks_per_stream: 262_144,
+            max_message_bytes: 8 << 20,
+            max_buffered_bytes: 16 << 20,
+            replay_timeout: Duration::from_millis(2000),
+            resync_interval: Duration::from_millis(30_000),
+        }
+    }
+}
+
+/// One statically configured stream (one instance/DP rank).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamSpec {
+    /// Instance identity, preferably the engine's registered name.
+    pub instance_name: String,
+    /// DP rank; must match the batches' `dp_rank`.
+    pub dp_rank: u32,
+    /// Tokens per block; must match the engine.
+    pub block_size: u32,
+    /// Connectable live event endpoint (`tcp://host:port`).
+    pub endpoint: String,
+    /// Connectable snapshot endpoint.
+    pub replay_endpoint: String,
+    /// Exact publisher topic.
+    pub topic: String,
+    /// Content-key seed.
+    pub hash_seed: u64,
+}
+
+impl StreamSpec {
+    /// The index settings of this stream under `limits`.
+    pub fn index_config(&self, limits: &Limits) -> IndexConfig {
+        IndexConfig {
+            block_size: self.block_size,
+            hash_seed: self.hash_seed,
+            max_blocks: limits.max_blocks_per_stream,
+        }
+    }
+}
+
+/// Automatic discovery from etcd.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscoveryConfig {
+    /// Whether discovery runs.
+    pub enabled: bool,
+    /// Tokens per block of every discovered stream.
+    pub block_size: u32,
+    /// Publisher topic of every discovered stream.
+    pub topic: String,
+    /// Event port = HTTP port + this + DP rank.
+    pub event_port_offset: u16,
+    /// Snapshot port = HTTP port + this + DP rank.
+    pub replay_port_offset: u16,
+    /// How often the instance set is reconciled with the running streams.
+    pub refresh_interval: Duration,
+}
+
+/// Where streams come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    /// Engines found in etcd.
+    Discovery(DiscoveryConfig),
+    /// A fixed list.
+    Streams(Vec<StreamSpec>),
+}
+
+/// The validated `kv_events_config_file`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirectoryConfig {
+    /// Discovery or static streams.
+    pub source: Source,
+    /// Resource and recovery limits.
+    pub limits: Limits,
+}
+
+#[cfg(test)]
+mod tests;

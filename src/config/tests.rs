@@ -1,0 +1,136 @@
+//! Unit tests of flag and config-file validation.
+
+use super::*;
+
+fn problems(text: &str) -> Vec<String> {
+    parse_config_file(text).unwrap_err().problems
+}
+
+const TWO_STREAMS: &str = r#"{
+  "streams": [
+    {"instance_name": "a", "endpoint": "tcp://127.0.0.1:18000", "replay_endpoint": "tcp://127.0.0.1:38000", "topic": "xllm-kv"},
+    {"instance_name": "a", "dp_rank": 1, "block_size": 16, "endpoint": "tcp://127.0.0.1:18001", "replay_endpoint": "tcp://127.0.0.1:38001"}
+  ],
+  "max_blocks_per_stream": 1000,
+  "replay_timeout_ms": 500
+}"#;
+
+#[test]
+fn static_streams_with_defaults_and_limits() {
+    let c = parse_config_file(TWO_STREAMS).unwrap();
+    let Source::Streams(s) = &c.source else { panic!("streams expected") };
+    assert_eq!(s.len(), 2);
+    assert_eq!((s[0].dp_rank, s[0].block_size, s[0].hash_seed), (0, 128, 1024));
+    assert_eq!((s[1].dp_rank, s[1].block_size, s[1].topic.as_str()), (1, 16, ""));
+    assert_eq!(c.limits.max_blocks_per_stream, 1000);
+    assert_eq!(c.limits.replay_timeout, Duration::from_millis(500));
+    assert_eq!(c.limits.resync_interval, Duration::from_secs(30));
+    assert_eq!(s[1].index_config(&c.limits).max_blocks, 1000);
+}
+
+#[test]
+fn discovery_defaults_and_refresh_range() {
+    let c = parse_config_file(r#"{"discovery": {"enabled": true, "topic": "xllm-kv"}}"#).unwrap();
+    let Source::Discovery(d) = c.source else { panic!("discovery expected") };
+    assert_eq!((d.block_size, d.event_port_offset, d.replay_port_offset), (128, 10_000, 30_000));
+    assert_eq!(d.refresh_interval, Duration::from_millis(1000));
+    assert_eq!(
+        problems(r#"{"discovery": {"refresh_interval_ms": 10}}"#),
+        ["discovery.refresh_interval_ms = 10 is outside the allowed range 50..=60000"]
+    );
+}
+
+#[test]
+fn every_problem_is_reported_at_once() {
+    let text = r#"{
+      "streams": [
+        {"instance_name": "a", "endpoint": "tcp://*:18000", "replay_endpoint": "tcp://127.0.0.1:18000", "colour": 1},
+        {"instance_name": "a", "endpoint": "tcp://127.0.0.1:18000", "replay_endpoint": "udp://x:1"},
+        {"endpoint": "tcp://127.0.0.1:18000", "replay_endpoint": "tcp://127.0.0.1:0"}
+      ],
+      "max_streams": 0,
+      "replay_timeout_ms": -5
+    }"#;
+    let p = problems(text);
+    let expect = [
+        "max_streams = 0 is outside the allowed range 1..=128",
+        "replay_timeout_ms = -5 is outside the allowed range 1..=3600000",
+        "streams[0]: unknown field \"colour\"",
+        "streams[0].endpoint = \"tcp://*:18000\": host \"*\" is not connectable",
+        "streams[1].replay_endpoint = \"udp://x:1\": must start with tcp://",
+        "streams[2].instance_name: missing",
+        "streams[2].replay_endpoint = \"tcp://127.0.0.1:0\": port \"0\" is not in 1..=65535",
+        "streams[1]: instance \"a\" dp_rank 0 duplicates streams[0]",
+        "streams[2].endpoint \"tcp://127.0.0.1:18000\" duplicates streams[1]",
+        "streams[0].replay_endpoint \"tcp://127.0.0.1:18000\" overlaps the event endpoint of streams[1]",
+    ];
+    for e in expect {
+        assert!(p.iter().any(|m| m.starts_with(e)), "missing {e:?} in {p:#?}");
+    }
+    let shown = parse_config_file(text).unwrap_err().to_string();
+    assert!(
+        shown.starts_with(&format!("invalid configuration ({} problems):", p.len())),
+        "{shown}"
+    );
+}
+
+#[test]
+fn discovery_and_streams_are_exclusive_and_one_is_required() {
+    let both = r#"{"discovery": {}, "streams": [{"instance_name": "a", "endpoint": "tcp://h:1", "replay_endpoint": "tcp://h:2"}]}"#;
+    assert_eq!(
+        problems(both),
+        ["discovery and a non-empty streams list are mutually exclusive; keep one"]
+    );
+    assert_eq!(
+        problems("{}"),
+        ["config needs either \"discovery\" or a non-empty \"streams\" list"]
+    );
+    assert_eq!(
+        problems(r#"{"streams": []}"#),
+        ["streams: the list is empty; add at least one stream or use discovery"]
+    );
+    assert!(problems("{not json")[0].starts_with("config is not valid JSON"));
+}
+
+#[test]
+fn flags_accept_both_forms_and_report_all_errors() {
+    let Command::Run(f) = parse_flags(&[
+        "--http_server_port=9000",
+        "--server_host",
+        "127.0.0.2",
+        "--kv_events_config_file=",
+        "--internal_api_token",
+        "s3cret",
+        "--check_config",
+    ])
+    .unwrap() else {
+        panic!("run expected")
+    };
+    assert_eq!(f.http_server_port, 9000);
+    assert_eq!(f.server_host, "127.0.0.2");
+    assert_eq!(f.kv_events_config_file, None, "an empty path disables the directory");
+    assert_eq!(f.internal_api_token.as_deref(), Some("s3cret"));
+    assert!(f.check_config);
+
+    let err =
+        parse_flags(&["--http_server_port=70000", "--bogus=1", "--max_request_bytes"]).unwrap_err();
+    assert_eq!(
+        err.problems,
+        [
+            "--http_server_port=\"70000\" is not an integer in 0..=65535",
+            "unknown flag --bogus; run kvdir --help for the list",
+            "--max_request_bytes needs a value: --max_request_bytes=VALUE",
+        ]
+    );
+    assert_eq!(parse_flags(&["--help"]).unwrap(), Command::Help);
+    assert_eq!(parse_flags::<&str>(&[]).unwrap(), Command::Run(Flags::default()));
+}
+
+#[test]
+fn endpoints_must_be_connectable_tcp() {
+    assert!(check_endpoint("tcp://127.0.0.1:18000").is_ok());
+    assert!(check_endpoint("tcp://engine-a.local:1").is_ok());
+    assert!(check_endpoint("tcp://0.0.0.0:18000").is_err());
+    assert!(check_endpoint("tcp://127.0.0.1").is_err());
+    assert!(check_endpoint("ipc:///tmp/x").is_err());
+}

@@ -1,0 +1,201 @@
+//! The internal query API's input and output (protocol.md section 6), without any HTTP.
+//!
+//! Input is `{"token_ids": [int, ...]}` (other keys are ignored). Token ids must be integers in
+//! `0..=i32::MAX`, and the list no longer than the configured limit; every violation is a
+//! [`QueryError`] that says which element is wrong. The decoder checks elements as it reads
+//! them, so a 1 M-token body is validated without building a JSON tree.
+
+use std::fmt;
+
+use serde::de::{self, Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+
+/// Why a query body was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum QueryError {
+    /// The body is not the expected JSON.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// Parses and validates a query body.
+pub fn parse_query(body: &[u8], max_tokens: usize) -> Result<Vec<i32>, QueryError> {
+    match serde_json::from_slice::<QueryBody>(body) {
+        Ok(QueryBody { token_ids: Some(t) }) if t.0.len() > max_tokens => {
+            Err(QueryError::Invalid(format!(
+                "token_ids has {} tokens, more than the --max_query_tokens limit {max_tokens}",
+                t.0.len()
+            )))
+        }
+        Ok(QueryBody { token_ids: Some(t) }) => Ok(t.0),
+        Ok(QueryBody { token_ids: None }) => Err(QueryError::Invalid(
+            "token_ids is missing; send {\"token_ids\": [1, 2, ...]}".into(),
+        )),
+        // serde_json appends " at line L column C", which helps find the element.
+        Err(e) => Err(QueryError::Invalid(e.to_string())),
+    }
+}
+
+#[derive(Deserialize)]
+struct QueryBody {
+    token_ids: Option<TokenIds>,
+}
+
+struct TokenIds(Vec<i32>);
+
+impl<'de> Deserialize<'de> for TokenIds {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(TokenVisitor)
+    }
+}
+
+struct TokenVisitor;
+
+impl<'de> Visitor<'de> for TokenVisitor {
+    type Value = TokenIds;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("token_ids as an array of integers")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<TokenIds, A::Error> {
+        let mut out = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(1 << 16));
+        while let Some(t) = seq.next_element::<TokenId>()? {
+            match t.0 {
+                Ok(v) => out.push(v),
+                Err(msg) => {
+                    return Err(de::Error::custom(format_args!("token_ids[{}] {msg}", out.len())))
+                }
+            }
+        }
+        Ok(TokenIds(out))
+    }
+}
+
+/// One element: a token id, or why it is not one.
+struct TokenId(Result<i32, String>);
+
+impl<'de> Deserialize<'de> for TokenId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(TokenIdVisitor)
+    }
+}
+
+struct TokenIdVisitor;
+
+const RANGE: &str = "is outside 0..=2147483647";
+
+impl<'de> Visitor<'de> for TokenIdVisitor {
+    type Value = TokenId;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a token id (an integer in 0..=2147483647)")
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<TokenId, E> {
+        Ok(TokenId(i32::try_from(v).map_err(|_| format!("= {v} {RANGE}"))))
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<TokenId, E> {
+        Ok(TokenId(match i32::try_from(v) {
+            Ok(t) if t >= 0 => Ok(t),
+            _ => Err(format!("= {v} {RANGE}")),
+        }))
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<TokenId, E> {
+        Ok(TokenId(Err(format!("= {v} is not an integer"))))
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<TokenId, E> {
+        Ok(TokenId(Err(format!("= {v:?} is a string; token ids are integers (tokenize first)"))))
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<TokenId, E> {
+        Ok(TokenId(Err(format!("= {v} is not an integer"))))
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<TokenId, E> {
+        Ok(TokenId(Err("is null, not an integer".into())))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> Result<TokenId, A::Error> {
+        Ok(TokenId(Err("is an array, not an integer".into())))
+    }
+
+    fn visit_map<A: de::MapAccess<'de>>(self, _: A) -> Result<TokenId, A::Error> {
+        Ok(TokenId(Err("is an object, not an integer".into())))
+    }
+}
+
+/// One stream's entry in a query response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamMatch {
+    /// The instance.
+    pub instance_name: String,
+    /// Its DP rank.
+    pub dp_rank: u32,
+    /// Valid snapshot plus continuous deltas; false means all hit fields are 0.
+    pub synchronized: bool,
+    /// Last applied sequence.
+    pub sequence: Option<u64>,
+    /// Tokens of the matched prefix whose blocks are on Device.
+    pub device_hit_tokens: u64,
+    /// Tokens of the matched prefix whose blocks are only on Host.
+    pub host_only_hit_tokens: u64,
+    /// Their sum; a block on both tiers counts once.
+    pub reusable_prefix_tokens: u64,
+    /// Resident Device blocks.
+    pub device_blocks: u64,
+    /// Resident Host blocks.
+    pub host_blocks: u64,
+    /// Why the stream is unsynchronized.
+    pub error: Option<String>,
+}
+
+/// A query response.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueryResponse {
+    /// Tokens in the query.
+    pub input_tokens: usize,
+    /// One entry per instance/DP, ordered by instance name then rank.
+    pub matches: Vec<StreamMatch>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(body: &str) -> String {
+        parse_query(body.as_bytes(), 5).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn accepts_token_lists_and_ignores_other_keys() {
+        assert_eq!(parse_query(br#"{"token_ids":[1,2,2147483647]}"#, 5), Ok(vec![1, 2, i32::MAX]));
+        assert_eq!(parse_query(br#"{"model":"x","token_ids":[]}"#, 5), Ok(vec![]));
+    }
+
+    #[test]
+    fn rejects_bad_tokens_naming_the_element() {
+        assert!(err(r#"{"token_ids":[1,-1]}"#)
+            .starts_with("token_ids[1] = -1 is outside 0..=2147483647"));
+        assert!(err(r#"{"token_ids":[2147483648]}"#)
+            .starts_with("token_ids[0] = 2147483648 is outside"));
+        assert!(err(r#"{"token_ids":[1.5]}"#).starts_with("token_ids[0] = 1.5 is not an integer"));
+        assert!(err(r#"{"token_ids":["hi"]}"#).starts_with("token_ids[0] = \"hi\" is a string"));
+        assert!(err(r#"{"token_ids":[null]}"#).starts_with("token_ids[0] is null"));
+        assert!(err(r#"{"token_ids":[1,2,3,4,5,6]}"#)
+            .starts_with("token_ids has 6 tokens, more than the --max_query_tokens limit 5"));
+    }
+
+    #[test]
+    fn rejects_bad_shapes() {
+        assert!(err(r#"{"token_ids":"1,2"}"#).contains("token_ids as an array of integers"));
+        assert!(err(r#"{}"#).starts_with("token_ids is missing"));
+        assert!(err(r#"[1,2]"#).contains("invalid type"));
+        assert!(err(r#"{"token_ids":[1]} x"#).contains("trailing characters"));
+        assert!(err("").contains("EOF"));
+    }
+}

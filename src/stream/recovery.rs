@@ -1,0 +1,395 @@
+//! [`Recovery`]: sequence tracking, snapshot recovery, buffering and back-off for one stream.
+
+use std::time::{Duration, Instant};
+
+use crate::config::Limits;
+use crate::index::{IndexConfig, SnapshotBuilder};
+use crate::wire::Batch;
+
+/// The limits and timings recovery obeys.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveryConfig {
+    /// Time allowed for a complete snapshot.
+    pub replay_timeout: Duration,
+    /// Period of snapshot reconciliation while synchronized.
+    pub resync_interval: Duration,
+    /// Budget for live batches buffered while a snapshot is pending.
+    pub max_buffered_bytes: usize,
+    /// First retry delay after a failed snapshot; doubles up to `backoff_max`.
+    pub backoff_min: Duration,
+    /// Longest retry delay.
+    pub backoff_max: Duration,
+}
+
+impl RecoveryConfig {
+    /// Recovery settings from the configured limits.
+    pub fn from_limits(l: &Limits) -> Self {
+        RecoveryConfig {
+            replay_timeout: l.replay_timeout,
+            resync_interval: l.resync_interval,
+            max_buffered_bytes: l.max_buffered_bytes,
+            backoff_min: Duration::from_millis(100),
+            backoff_max: Duration::from_secs(5),
+        }
+    }
+}
+
+/// What the stream actor must do.
+#[derive(Debug)]
+pub enum Action {
+    /// Apply live batch `seq` to the index and publish.
+    Apply {
+        /// Its sequence number.
+        seq: u64,
+        /// The batch.
+        batch: Batch,
+    },
+    /// Mark the index unsynchronized with this reason and publish.
+    Invalidate {
+        /// Why, for the status and logs.
+        reason: String,
+    },
+    /// Open a fresh DEALER (dropping any old one) and request a snapshot from `start_seq`.
+    RequestSnapshot {
+        /// Last applied sequence + 1, or 0 when cold.
+        start_seq: u64,
+    },
+    /// Drop the snapshot DEALER.
+    CloseSnapshot,
+    /// Install the snapshot, apply the deltas in order, then publish once.
+    Install {
+        /// The snapshot, built aside.
+        snapshot: SnapshotBuilder,
+        /// The first live sequence not contained in it.
+        watermark: u64,
+        /// Buffered live batches from `watermark` on, consecutive.
+        deltas: Vec<(u64, Batch)>,
+    },
+}
+
+/// Counters for status and metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RecoveryStats {
+    /// Sequence gaps and regressions seen on a synchronized stream.
+    pub gaps: u64,
+    /// Snapshots installed.
+    pub recoveries: u64,
+    /// Snapshots that failed (timeout, malformed, budget, hole).
+    pub snapshot_failures: u64,
+    /// Live batches dropped because the stream waited for a retry.
+    pub dropped_batches: u64,
+    /// Live batches restored synchronization as full states.
+    pub full_state_restores: u64,
+    /// Time the last successful recovery took.
+    pub last_recovery: Option<Duration>,
+}
+
+struct Pending {
+    started: Instant,
+    builder: SnapshotBuilder,
+    watermark: Option<u64>,
+    buffer: Vec<(u64, Batch)>,
+    buffered_bytes: usize,
+    /// A periodic resync of a synchronized stream: live batches keep being applied.
+    keep_live: bool,
+}
+
+enum Phase {
+    Disconnected,
+    Live { since_snapshot: Instant },
+    Syncing(Box<Pending>),
+    Backoff { until: Instant },
+}
+
+/// The recovery state machine of one stream.
+pub struct Recovery {
+    cfg: RecoveryConfig,
+    index: IndexConfig,
+    phase: Phase,
+    next_seq: Option<u64>,
+    epoch: u64,
+    backoff: Duration,
+    stats: RecoveryStats,
+}
+
+impl std::fmt::Debug for Recovery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Recovery")
+            .field("phase", &self.phase_name())
+            .field("next_seq", &self.next_seq)
+            .field("epoch", &self.epoch)
+            .finish()
+    }
+}
+
+impl Recovery {
+    /// A disconnected stream; nothing happens until [`Recovery::on_connected`] or a live batch.
+    pub fn new(cfg: RecoveryConfig, index: IndexConfig) -> Self {
+        let backoff = cfg.backoff_min;
+        Recovery {
+            cfg,
+            index,
+            phase: Phase::Disconnected,
+            next_seq: None,
+            epoch: 0,
+            backoff,
+            stats: RecoveryStats::default(),
+        }
+    }
+
+    /// Increments on every invalidation; index messages carry it so stale ones can be dropped.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> RecoveryStats {
+        self.stats
+    }
+
+    /// `disconnected`, `live`, `syncing`, `resyncing` or `backoff`.
+    pub fn phase_name(&self) -> &'static str {
+        match &self.phase {
+            Phase::Disconnected => "disconnected",
+            Phase::Live { .. } => "live",
+            Phase::Syncing(p) if p.keep_live => "resyncing",
+            Phase::Syncing(_) => "syncing",
+            Phase::Backoff { .. } => "backoff",
+        }
+    }
+
+    /// The next live sequence expected, once known.
+    pub fn next_seq(&self) -> Option<u64> {
+        self.next_seq
+    }
+
+    /// The publisher is reachable: take a snapshot.
+    pub fn on_connected(&mut self, now: Instant, out: &mut Vec<Action>) {
+        if matches!(self.phase, Phase::Disconnected) {
+            self.begin_sync(now, false, out);
+        }
+    }
+
+    /// The publisher went away: no credit until a snapshot after the reconnect.
+    pub fn on_disconnected(&mut self, out: &mut Vec<Action>) {
+        if !matches!(self.phase, Phase::Disconnected) {
+            self.invalidate("publisher disconnected", out);
+            out.push(Action::CloseSnapshot);
+            self.phase = Phase::Disconnected;
+            self.next_seq = None;
+        }
+    }
+
+    /// A problem on the live side (decode error, index error, full mailbox): resynchronize.
+    pub fn on_fault(&mut self, reason: &str, now: Instant, out: &mut Vec<Action>) {
+        self.invalidate(reason, out);
+        if !matches!(self.phase, Phase::Disconnected | Phase::Backoff { .. }) {
+            self.begin_sync(now, false, out);
+        }
+    }
+
+    /// A decoded live batch; `wire_bytes` counts against the buffering budget.
+    pub fn on_live(
+        &mut self,
+        seq: u64,
+        batch: Batch,
+        wire_bytes: usize,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        if matches!(self.phase, Phase::Disconnected) {
+            self.begin_sync(now, false, out);
+        }
+        let in_order = self.next_seq == Some(seq);
+        let live = matches!(self.phase, Phase::Live { .. });
+        if batch.is_full_state() && !(in_order && live) {
+            return self.restore_full_state(seq, batch, now, out);
+        }
+        if live {
+            if in_order {
+                return self.apply(seq, batch, out);
+            }
+            self.gap(seq, out);
+            self.begin_sync(now, false, out);
+            return self.buffer(seq, batch, wire_bytes, now, out);
+        }
+        let Phase::Syncing(p) = &mut self.phase else {
+            self.stats.dropped_batches += 1;
+            return;
+        };
+        if p.keep_live && in_order {
+            self.apply(seq, batch.clone(), out);
+        } else if p.keep_live {
+            p.keep_live = false;
+            self.gap(seq, out);
+        }
+        self.buffer(seq, batch, wire_bytes, now, out);
+    }
+
+    fn gap(&mut self, seq: u64, out: &mut Vec<Action>) {
+        self.stats.gaps += 1;
+        let reason = self.gap_reason(seq);
+        self.invalidate(&reason, out);
+    }
+
+    fn gap_reason(&self, seq: u64) -> String {
+        match self.next_seq {
+            Some(n) if seq < n => {
+                format!("sequence went back from {} to {seq}: publisher restarted", n - 1)
+            }
+            Some(n) => format!("sequence gap: expected {n}, got {seq}"),
+            None => format!("unexpected sequence {seq}"),
+        }
+    }
+
+    fn apply(&mut self, seq: u64, batch: Batch, out: &mut Vec<Action>) {
+        self.next_seq = Some(seq + 1);
+        out.push(Action::Apply { seq, batch });
+    }
+
+    fn restore_full_state(&mut self, seq: u64, batch: Batch, now: Instant, out: &mut Vec<Action>) {
+        if matches!(self.phase, Phase::Syncing(_)) {
+            out.push(Action::CloseSnapshot);
+        }
+        self.stats.full_state_restores += 1;
+        self.apply(seq, batch, out);
+        self.phase = Phase::Live { since_snapshot: now };
+        self.backoff = self.cfg.backoff_min;
+    }
+
+    fn buffer(
+        &mut self,
+        seq: u64,
+        batch: Batch,
+        wire_bytes: usize,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        let Phase::Syncing(p) = &mut self.phase else { return };
+        p.buffered_bytes += wire_bytes + batch.heap_bytes();
+        p.buffer.push((seq, batch));
+        if p.buffered_bytes > self.cfg.max_buffered_bytes {
+            let reason = format!(
+                "live deltas buffered during recovery exceeded max_buffered_bytes = {}",
+                self.cfg.max_buffered_bytes
+            );
+            self.fail(&reason, now, out);
+        }
+    }
+
+    /// One snapshot reply message, already decoded.
+    pub fn on_snapshot_reply(
+        &mut self,
+        watermark: u64,
+        batch: &Batch,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        let Phase::Syncing(p) = &mut self.phase else { return };
+        if p.watermark.is_some_and(|w| w != watermark) {
+            let reason = format!("snapshot replies disagree on the watermark: {watermark}");
+            return self.fail(&reason, now, out);
+        }
+        p.watermark = Some(watermark);
+        if let Err(e) = p.builder.add(batch) {
+            self.fail(&format!("snapshot rejected: {e}"), now, out);
+        }
+    }
+
+    /// A snapshot reply could not be read (malformed, oversized...).
+    pub fn on_snapshot_error(&mut self, reason: &str, now: Instant, out: &mut Vec<Action>) {
+        if matches!(self.phase, Phase::Syncing(_)) {
+            self.fail(reason, now, out);
+        }
+    }
+
+    /// The snapshot terminator: install it with the buffered deltas that continue it.
+    pub fn on_snapshot_end(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let Phase::Syncing(p) = std::mem::replace(&mut self.phase, Phase::Disconnected) else {
+            return;
+        };
+        let Some(watermark) = p.watermark else {
+            let reason = "snapshot ended without a reply (publisher refused)";
+            return self.fail_attempt(reason, p.keep_live, now, out);
+        };
+        let deltas: Vec<(u64, Batch)> =
+            p.buffer.into_iter().filter(|(s, _)| *s >= watermark).collect();
+        if let Some(hole) =
+            deltas.iter().enumerate().find(|(i, (s, _))| *s != watermark + *i as u64)
+        {
+            let expected = watermark + hole.0 as u64;
+            let reason = format!(
+                "live deltas do not continue the snapshot: expected sequence {expected}, got {}",
+                (hole.1).0
+            );
+            return self.fail_attempt(&reason, p.keep_live, now, out);
+        }
+        self.next_seq = Some(watermark + deltas.len() as u64);
+        self.stats.recoveries += 1;
+        self.stats.last_recovery = Some(now.saturating_duration_since(p.started));
+        self.backoff = self.cfg.backoff_min;
+        self.phase = Phase::Live { since_snapshot: now };
+        out.push(Action::CloseSnapshot);
+        out.push(Action::Install { snapshot: p.builder, watermark, deltas });
+    }
+
+    /// Timeouts, retries and the periodic resync.
+    pub fn on_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
+        match &self.phase {
+            Phase::Syncing(p)
+                if now.saturating_duration_since(p.started) > self.cfg.replay_timeout =>
+            {
+                let reason = format!(
+                    "snapshot incomplete after replay_timeout_ms = {}",
+                    self.cfg.replay_timeout.as_millis()
+                );
+                self.fail(&reason, now, out);
+            }
+            Phase::Backoff { until } if now >= *until => self.begin_sync(now, false, out),
+            Phase::Live { since_snapshot }
+                if now.saturating_duration_since(*since_snapshot) >= self.cfg.resync_interval =>
+            {
+                self.begin_sync(now, true, out)
+            }
+            _ => {}
+        }
+    }
+
+    fn begin_sync(&mut self, now: Instant, keep_live: bool, out: &mut Vec<Action>) {
+        let pending = Pending {
+            started: now,
+            builder: SnapshotBuilder::new(self.index),
+            watermark: None,
+            buffer: Vec::new(),
+            buffered_bytes: 0,
+            keep_live,
+        };
+        self.phase = Phase::Syncing(Box::new(pending));
+        out.push(Action::RequestSnapshot { start_seq: self.next_seq.unwrap_or(0) });
+    }
+
+    fn invalidate(&mut self, reason: &str, out: &mut Vec<Action>) {
+        self.epoch += 1;
+        out.push(Action::Invalidate { reason: reason.to_string() });
+    }
+
+    /// A snapshot attempt failed while pending.
+    fn fail(&mut self, reason: &str, now: Instant, out: &mut Vec<Action>) {
+        let keep_live = matches!(&self.phase, Phase::Syncing(p) if p.keep_live);
+        self.fail_attempt(reason, keep_live, now, out);
+    }
+
+    /// A periodic resync of a live stream stays live and retries at the next interval;
+    /// otherwise the stream stays unsynchronized and retries with back-off.
+    fn fail_attempt(&mut self, reason: &str, keep_live: bool, now: Instant, out: &mut Vec<Action>) {
+        self.stats.snapshot_failures += 1;
+        out.push(Action::CloseSnapshot);
+        if keep_live {
+            self.phase = Phase::Live { since_snapshot: now };
+            return;
+        }
+        self.invalidate(reason, out);
+        self.phase = Phase::Backoff { until: now + self.backoff };
+        self.backoff = (self.backoff * 2).min(self.cfg.backoff_max);
+    }
+}

@@ -1,0 +1,286 @@
+//! Unit tests of the recovery state machine: time is passed in, nothing sleeps.
+
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::index::IndexConfig;
+use crate::wire::{Batch, EngineHash, Tier};
+
+fn cfg() -> RecoveryConfig {
+    RecoveryConfig {
+        replay_timeout: Duration::from_millis(200),
+        resync_interval: Duration::from_secs(10),
+        max_buffered_bytes: 1 << 20,
+        backoff_min: Duration::from_millis(100),
+        backoff_max: Duration::from_millis(400),
+    }
+}
+
+fn machine() -> Recovery {
+    Recovery::new(cfg(), IndexConfig { block_size: 2, hash_seed: 1024, max_blocks: 100 })
+}
+
+fn batch() -> Batch {
+    let mut b = Batch::default();
+    b.push_stored(&[EngineHash(1)], None, &[1, 2], 2, Tier::Device);
+    b
+}
+
+fn full_state() -> Batch {
+    let mut b = Batch::default();
+    b.push_cleared(None);
+    b.push_stored(&[EngineHash(1)], None, &[1, 2], 2, Tier::Device);
+    b
+}
+
+/// A compact rendering of actions for assertions.
+fn show(out: &mut Vec<Action>) -> Vec<String> {
+    out.drain(..)
+        .map(|a| match a {
+            Action::Apply { seq, .. } => format!("apply {seq}"),
+            Action::Invalidate { reason } => format!("invalidate: {reason}"),
+            Action::RequestSnapshot { start_seq } => format!("request {start_seq}"),
+            Action::CloseSnapshot => "close".into(),
+            Action::Install { watermark, deltas, .. } => {
+                let seqs: Vec<String> = deltas.iter().map(|(s, _)| s.to_string()).collect();
+                format!("install {watermark} [{}]", seqs.join(","))
+            }
+        })
+        .collect()
+}
+
+/// Brings a machine to Live with next sequence `watermark`.
+fn live_at(watermark: u64, t0: Instant) -> (Recovery, Vec<Action>) {
+    let mut m = machine();
+    let mut out = Vec::new();
+    m.on_connected(t0, &mut out);
+    m.on_snapshot_reply(watermark, &batch(), t0, &mut out);
+    m.on_snapshot_end(t0, &mut out);
+    out.clear();
+    (m, out)
+}
+
+#[test]
+fn cold_start_snapshots_then_applies_in_order() {
+    let t0 = Instant::now();
+    let mut m = machine();
+    let mut out = Vec::new();
+    assert_eq!(m.phase_name(), "disconnected");
+    m.on_connected(t0, &mut out);
+    assert_eq!(show(&mut out), ["request 0"]);
+    m.on_live(3, batch(), 10, t0, &mut out);
+    m.on_live(4, batch(), 10, t0, &mut out);
+    m.on_live(5, batch(), 10, t0, &mut out);
+    m.on_snapshot_reply(4, &batch(), t0, &mut out);
+    m.on_snapshot_end(t0, &mut out);
+    assert_eq!(show(&mut out), ["close", "install 4 [4,5]"], "seq 3 is in the snapshot");
+    assert_eq!(m.next_seq(), Some(6));
+    m.on_live(6, batch(), 10, t0, &mut out);
+    assert_eq!(show(&mut out), ["apply 6"]);
+    assert_eq!(m.stats().recoveries, 1);
+}
+
+#[test]
+fn a_gap_invalidates_and_resyncs_from_the_last_applied_sequence() {
+    let t0 = Instant::now();
+    let (mut m, mut out) = live_at(5, t0);
+    let epoch = m.epoch();
+    m.on_live(5, batch(), 10, t0, &mut out);
+    m.on_live(7, batch(), 10, t0, &mut out);
+    assert_eq!(
+        show(&mut out),
+        ["apply 5", "invalidate: sequence gap: expected 6, got 7", "request 6"]
+    );
+    assert!(m.epoch() > epoch);
+    assert_eq!(m.stats().gaps, 1);
+}
+
+#[test]
+fn a_sequence_regression_means_the_publisher_restarted() {
+    let t0 = Instant::now();
+    let (mut m, mut out) = live_at(10, t0);
+    m.on_live(0, batch(), 10, t0, &mut out);
+    assert_eq!(
+        show(&mut out),
+        ["invalidate: sequence went back from 9 to 0: publisher restarted", "request 10"]
+    );
+    m.on_snapshot_reply(0, &batch(), t0, &mut out);
+    m.on_snapshot_end(t0, &mut out);
+    assert_eq!(
+        show(&mut out),
+        ["close", "install 0 [0]"],
+        "the restarted publisher's batch 0 continues its snapshot"
+    );
+}
+
+#[test]
+fn deltas_that_do_not_continue_the_watermark_fail_and_back_off() {
+    let t0 = Instant::now();
+    let mut m = machine();
+    let mut out = Vec::new();
+    m.on_connected(t0, &mut out);
+    m.on_live(8, batch(), 10, t0, &mut out);
+    m.on_snapshot_reply(5, &batch(), t0, &mut out);
+    m.on_snapshot_end(t0, &mut out);
+    assert_eq!(
+        show(&mut out),
+        [
+            "request 0",
+            "close",
+            "invalidate: live deltas do not continue the snapshot: expected sequence 5, got 8"
+        ]
+    );
+    assert_eq!(m.phase_name(), "backoff");
+    m.on_live(9, batch(), 10, t0, &mut out);
+    assert!(out.is_empty(), "batches are dropped while backing off");
+    m.on_tick(t0 + Duration::from_millis(99), &mut out);
+    assert!(out.is_empty());
+    m.on_tick(t0 + Duration::from_millis(100), &mut out);
+    assert_eq!(show(&mut out), ["request 0"]);
+}
+
+#[test]
+fn an_incomplete_snapshot_times_out_with_doubling_backoff() {
+    let t0 = Instant::now();
+    let mut m = machine();
+    let mut out = Vec::new();
+    m.on_connected(t0, &mut out);
+    m.on_snapshot_reply(1, &batch(), t0, &mut out); // truncated: no terminator follows
+    m.on_tick(t0 + Duration::from_millis(200), &mut out);
+    assert_eq!(show(&mut out), ["request 0"], "not yet past the timeout");
+    let t1 = t0 + Duration::from_millis(201);
+    m.on_tick(t1, &mut out);
+    assert_eq!(
+        show(&mut out),
+        ["close", "invalidate: snapshot incomplete after replay_timeout_ms = 200"]
+    );
+    m.on_tick(t1 + Duration::from_millis(100), &mut out);
+    assert_eq!(show(&mut out), ["request 0"]);
+    let t2 = t1 + Duration::from_millis(301);
+    m.on_tick(t2, &mut out);
+    out.clear();
+    m.on_tick(t2 + Duration::from_millis(199), &mut out);
+    assert!(out.is_empty(), "second back-off is 200 ms");
+    m.on_tick(t2 + Duration::from_millis(200), &mut out);
+    assert_eq!(show(&mut out), ["request 0"]);
+    assert_eq!(m.stats().snapshot_failures, 2);
+}
+
+#[test]
+fn a_refused_or_rejected_snapshot_fails() {
+    let t0 = Instant::now();
+    let mut m = machine();
+    let mut out = Vec::new();
+    m.on_connected(t0, &mut out);
+    m.on_snapshot_end(t0, &mut out);
+    assert_eq!(
+        show(&mut out),
+        ["request 0", "close", "invalidate: snapshot ended without a reply (publisher refused)"]
+    );
+    m.on_tick(t0 + Duration::from_millis(100), &mut out);
+    let mut wrong = Batch::default();
+    wrong.push_stored(&[EngineHash(1)], None, &[1, 2, 3, 4], 4, Tier::Device);
+    m.on_snapshot_reply(0, &wrong, t0, &mut out);
+    let shown = show(&mut out);
+    assert_eq!(shown[..2], ["request 0", "close"]);
+    assert!(
+        shown[2].starts_with("invalidate: snapshot rejected: BlockStored block_size 4"),
+        "{shown:?}"
+    );
+}
+
+#[test]
+fn the_buffer_budget_is_enforced() {
+    let t0 = Instant::now();
+    let mut m = Recovery::new(
+        RecoveryConfig { max_buffered_bytes: 1000, ..cfg() },
+        IndexConfig { block_size: 2, hash_seed: 1024, max_blocks: 100 },
+    );
+    let mut out = Vec::new();
+    m.on_connected(t0, &mut out);
+    m.on_live(0, batch(), 400, t0, &mut out);
+    assert_eq!(show(&mut out), ["request 0"]);
+    m.on_live(1, batch(), 700, t0, &mut out);
+    assert_eq!(
+        show(&mut out),
+        [
+            "close",
+            "invalidate: live deltas buffered during recovery exceeded max_buffered_bytes = 1000"
+        ]
+    );
+}
+
+#[test]
+fn periodic_resync_keeps_applying_and_installs_without_losing_credit() {
+    let t0 = Instant::now();
+    let (mut m, mut out) = live_at(3, t0);
+    m.on_tick(t0 + Duration::from_secs(10), &mut out);
+    assert_eq!(show(&mut out), ["request 3"], "no invalidation for a routine resync");
+    assert_eq!(m.phase_name(), "resyncing");
+    m.on_live(3, batch(), 10, t0, &mut out);
+    m.on_live(4, batch(), 10, t0, &mut out);
+    assert_eq!(show(&mut out), ["apply 3", "apply 4"]);
+    m.on_snapshot_reply(4, &batch(), t0, &mut out);
+    m.on_snapshot_end(t0, &mut out);
+    assert_eq!(show(&mut out), ["close", "install 4 [4]"]);
+    assert_eq!(m.next_seq(), Some(5));
+
+    // A failed periodic resync leaves the stream live.
+    let t1 = t0 + Duration::from_secs(20);
+    m.on_tick(t1, &mut out);
+    m.on_tick(t1 + Duration::from_millis(201), &mut out);
+    assert_eq!(show(&mut out), ["request 5", "close"]);
+    assert_eq!(m.phase_name(), "live");
+}
+
+#[test]
+fn a_gap_during_periodic_resync_invalidates() {
+    let t0 = Instant::now();
+    let (mut m, mut out) = live_at(3, t0);
+    m.on_tick(t0 + Duration::from_secs(10), &mut out);
+    m.on_live(5, batch(), 10, t0, &mut out);
+    assert_eq!(show(&mut out), ["request 3", "invalidate: sequence gap: expected 3, got 5"]);
+    assert_eq!(m.phase_name(), "syncing");
+}
+
+#[test]
+fn a_full_state_batch_restores_sync_from_any_phase() {
+    let t0 = Instant::now();
+    let mut m = machine();
+    let mut out = Vec::new();
+    m.on_connected(t0, &mut out);
+    m.on_snapshot_end(t0, &mut out); // refused: back-off
+    out.clear();
+    m.on_live(40, full_state(), 10, t0, &mut out);
+    assert_eq!(show(&mut out), ["apply 40"]);
+    assert_eq!(m.phase_name(), "live");
+    m.on_live(41, batch(), 10, t0, &mut out);
+    assert_eq!(show(&mut out), ["apply 41"]);
+    m.on_live(0, full_state(), 10, t0, &mut out);
+    assert_eq!(
+        show(&mut out),
+        ["apply 0"],
+        "a restarted publisher's full state is applied at once"
+    );
+    assert_eq!(m.stats().full_state_restores, 2);
+}
+
+#[test]
+fn a_disconnect_invalidates_and_waits_for_the_reconnect() {
+    let t0 = Instant::now();
+    let (mut m, mut out) = live_at(3, t0);
+    m.on_disconnected(&mut out);
+    assert_eq!(show(&mut out), ["invalidate: publisher disconnected", "close"]);
+    m.on_tick(t0 + Duration::from_secs(60), &mut out);
+    assert!(out.is_empty(), "nothing to do until the publisher is back");
+    m.on_connected(t0, &mut out);
+    assert_eq!(show(&mut out), ["request 0"], "a reconnect starts cold");
+}
+
+#[test]
+fn a_fault_resyncs_at_once() {
+    let t0 = Instant::now();
+    let (mut m, mut out) = live_at(3, t0);
+    m.on_fault("events[0]: block_hashes: truncated", t0, &mut out);
+    assert_eq!(show(&mut out), ["invalidate: events[0]: block_hashes: truncated", "request 3"]);
+}
