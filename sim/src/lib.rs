@@ -1,3 +1,34 @@
-//! kvdir-sim: a simulated xLLM engine that publishes KV events (PUB live messages and ROUTER
-//! snapshots). This crate is a placeholder until the streams issue; the encoders it will use
-//! live in `kvdir::wire`.
+//! kvdir-sim: a simulated xLLM engine that speaks the publisher side of the kvdir wire contract
+//! (`shared/docs/protocol.md` sections 2 and 3), for end-to-end tests, benches and the demo.
+//!
+//! Module map:
+//! - [`config`]: [`EngineConfig`] (ports, DP size, block size, tiers, wire dialect) and its
+//!   validation, plus [`HashMode`], the shape of engine block hashes on the wire.
+//! - [`cache`]: [`CacheModel`], one rank's prefix cache (Device LRU, optional Host LRU,
+//!   leaf-first eviction) that turns requests into the events an engine would publish. Pure, no
+//!   sockets.
+//! - [`fault`]: [`Fault`] and [`SnapshotMode`], the misbehaviours tests can switch on.
+//! - [`engine`]: [`SimEngine`], one rank thread per DP rank that owns a PUB and a ROUTER socket;
+//!   the public API sends a job to the rank thread and waits for its answer, so a call returns
+//!   only after its batch has been handed to the PUB socket.
+//! - [`workload`]: a seeded synthetic workload (shared system prompts, multi-turn sessions).
+//! - [`cli`]: the `kvdir-sim` binary's flags and the static-stream JSON it prints.
+//!
+//! The crate has one error type, [`SimError`].
+
+#![forbid(unsafe_code)]
+
+pub mod cache;
+pub mod cli;
+pub mod config;
+pub mod engine;
+mod error;
+pub mod fault;
+mod rank;
+pub mod workload;
+
+pub use cache::{block_hash, block_hashes, CacheEvent, CacheModel};
+pub use config::{EngineConfig, HashMode, RankEndpoints};
+pub use engine::SimEngine;
+pub use error::SimError;
+pub use fault::{malformed_payload, Fault, SnapshotMode};

@@ -1,0 +1,335 @@
+//! Flags of the `kvdir-sim` binary, the engine configs they describe, and the static-stream
+//! JSON a kvdir config file needs to subscribe to those engines.
+//!
+//! Flags take `--flag=value` or `--flag value`; all problems are reported together. With
+//! `--engines N`, engine `k` (0-based) is named `<name>-<k>` and its rank `r` binds
+//! `event_port + k * dp_size + r` and `replay_port + k * dp_size + r`; a port of 0 makes every
+//! rank pick an ephemeral port.
+
+use std::str::FromStr;
+
+use kvdir::wire::record::{BatchForm, EventForm};
+use serde_json::{json, Value};
+
+use crate::{EngineConfig, HashMode, SimEngine, SimError};
+
+/// `kvdir-sim --help`.
+pub const HELP: &str = "\
+kvdir-sim: simulated xLLM engines that publish KV-cache events over ZeroMQ
+
+USAGE: kvdir-sim [--flag=value | --flag value]...
+
+  --name NAME           instance name prefix; engine k is NAME-k            [sim]
+  --engines N           number of engines                                    [1]
+  --dp_size N           DP ranks per engine                                  [1]
+  --event_port P        PUB port of engine 0 rank 0 (0 = ephemeral)          [18000]
+  --replay_port P       ROUTER (snapshot) port of engine 0 rank 0 (0 = eph.) [38000]
+                        engine k rank r binds PORT + k*dp_size + r on 127.0.0.1
+  --block_size N        tokens per block                                     [128]
+  --topic T             topic frame of live messages                         [xllm-kv]
+  --device_blocks N     Device tier capacity per rank, blocks                [1024]
+  --host_blocks N       Host tier capacity per rank, blocks (0 = no Host)    [0]
+  --hash_mode M         u64 | bin32                                          [u64]
+  --batch_form F        array | short_array | map                            [array]
+  --event_form F        map | positional                                     [map]
+  --rate R              synthetic requests per second over all ranks (0 = idle) [1]
+  --seed S              workload seed                                        [42]
+  --duration_s N        stop after N seconds (default: run until Ctrl-C)
+  --help                this text
+
+Prints every engine's endpoints and the {\"streams\": [...]} JSON for a kvdir config file,
+then drives a shared-prefix workload (a few system prompts, multi-turn sessions routed to a
+fixed rank each) until Ctrl-C or --duration_s.
+";
+
+/// What the command line asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CliCommand {
+    /// Print [`HELP`].
+    Help,
+    /// Run engines.
+    Run(CliOptions),
+}
+
+/// Parsed flags.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CliOptions {
+    /// Instance name prefix.
+    pub name: String,
+    /// Number of engines.
+    pub engines: u32,
+    /// DP ranks per engine.
+    pub dp_size: u32,
+    /// Base PUB port (0 = ephemeral).
+    pub event_port: u16,
+    /// Base ROUTER port (0 = ephemeral).
+    pub replay_port: u16,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// Topic frame.
+    pub topic: String,
+    /// Device capacity per rank.
+    pub device_blocks: usize,
+    /// Host capacity per rank (0 = no Host tier).
+    pub host_blocks: usize,
+    /// Hash shape on the wire.
+    pub hash_mode: HashMode,
+    /// Batch layout.
+    pub batch_form: BatchForm,
+    /// Event layout.
+    pub event_form: EventForm,
+    /// Requests per second over all ranks.
+    pub rate: f64,
+    /// Workload seed.
+    pub seed: u64,
+    /// Run time; `None` runs until interrupted.
+    pub duration_s: Option<u64>,
+}
+
+impl Default for CliOptions {
+    fn default() -> Self {
+        CliOptions {
+            name: "sim".to_string(),
+            engines: 1,
+            dp_size: 1,
+            event_port: 18000,
+            replay_port: 38000,
+            block_size: 128,
+            topic: "xllm-kv".to_string(),
+            device_blocks: 1024,
+            host_blocks: 0,
+            hash_mode: HashMode::U64,
+            batch_form: BatchForm::Array,
+            event_form: EventForm::Map,
+            rate: 1.0,
+            seed: 42,
+            duration_s: None,
+        }
+    }
+}
+
+/// Parses the arguments after the program name.
+pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<CliCommand, SimError> {
+    let mut options = CliOptions::default();
+    let mut problems = Vec::new();
+    let mut args = args.into_iter().peekable();
+    while let Some(arg) = args.next() {
+        if arg == "--help" || arg == "-h" {
+            return Ok(CliCommand::Help);
+        }
+        let Some(flag) = arg.strip_prefix("--") else {
+            problems.push(format!("unexpected argument {arg:?}; flags look like --name=value"));
+            continue;
+        };
+        let (name, value) = match flag.split_once('=') {
+            Some((name, value)) => (name.to_string(), value.to_string()),
+            None => match args.next_if(|next| !next.starts_with("--")) {
+                Some(value) => (flag.to_string(), value),
+                None => {
+                    problems.push(format!("--{flag} needs a value"));
+                    continue;
+                }
+            },
+        };
+        if let Err(problem) = options.set(&name, &value) {
+            problems.push(problem);
+        }
+    }
+    if problems.is_empty() {
+        Ok(CliCommand::Run(options))
+    } else {
+        Err(SimError::Flags(problems))
+    }
+}
+
+fn number<T: FromStr>(name: &str, value: &str) -> Result<T, String> {
+    value
+        .parse()
+        .map_err(|_| format!("--{name} = {value:?} is not a valid {}", std::any::type_name::<T>()))
+}
+
+fn choice<T: Copy>(name: &str, value: &str, choices: &[(&str, T)]) -> Result<T, String> {
+    let found = choices.iter().find(|(n, _)| n.eq_ignore_ascii_case(value));
+    found.map(|(_, v)| *v).ok_or_else(|| {
+        let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();
+        format!("--{name} = {value:?} is not one of {}", names.join(", "))
+    })
+}
+
+impl CliOptions {
+    fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
+        match name {
+            "name" => self.name = value.to_string(),
+            "engines" => self.engines = number(name, value)?,
+            "dp_size" => self.dp_size = number(name, value)?,
+            "event_port" => self.event_port = number(name, value)?,
+            "replay_port" => self.replay_port = number(name, value)?,
+            "block_size" => self.block_size = number(name, value)?,
+            "topic" => self.topic = value.to_string(),
+            "device_blocks" => self.device_blocks = number(name, value)?,
+            "host_blocks" => self.host_blocks = number(name, value)?,
+            "seed" => self.seed = number(name, value)?,
+            "duration_s" => self.duration_s = Some(number(name, value)?),
+            "rate" => self.rate = rate(value)?,
+            "hash_mode" => {
+                self.hash_mode =
+                    choice(name, value, &[("u64", HashMode::U64), ("bin32", HashMode::Bin32)])?
+            }
+            "batch_form" => {
+                let forms = [
+                    ("array", BatchForm::Array),
+                    ("short_array", BatchForm::ShortArray),
+                    ("map", BatchForm::Map),
+                ];
+                self.batch_form = choice(name, value, &forms)?
+            }
+            "event_form" => {
+                let forms = [("map", EventForm::Map), ("positional", EventForm::Positional)];
+                self.event_form = choice(name, value, &forms)?
+            }
+            _ => return Err(format!("unknown flag --{name}")),
+        }
+        Ok(())
+    }
+
+    /// One validated config per engine, following the port rule in the module docs.
+    pub fn engine_configs(&self) -> Result<Vec<EngineConfig>, SimError> {
+        let mut problems = Vec::new();
+        if self.engines == 0 {
+            problems.push("--engines = 0 is below the minimum 1".to_string());
+        }
+        let total = self.engines.saturating_mul(self.dp_size);
+        let (e, r) = (u32::from(self.event_port), u32::from(self.replay_port));
+        if e != 0 && r != 0 && e < r.saturating_add(total) && r < e.saturating_add(total) {
+            problems.push(format!(
+                "event ports {e}.. and replay ports {r}.. overlap for {total} ranks in all; \
+                 move one range"
+            ));
+        }
+        let mut configs = Vec::new();
+        for k in 0..self.engines {
+            let offset = k.saturating_mul(self.dp_size);
+            let event = engine_port("event_port", self.event_port, offset);
+            let replay = engine_port("replay_port", self.replay_port, offset);
+            let (event, replay) = match (event, replay) {
+                (Ok(e), Ok(r)) => (e, r),
+                (e, r) => {
+                    problems.extend(e.err().into_iter().chain(r.err()));
+                    break;
+                }
+            };
+            let config = self.engine_config(k, event, replay);
+            if let Err(SimError::Config(p)) = config.validate() {
+                problems.extend(p.into_iter().map(|p| format!("engine {k}: {p}")));
+                break;
+            }
+            configs.push(config);
+        }
+        if problems.is_empty() {
+            Ok(configs)
+        } else {
+            Err(SimError::Flags(problems))
+        }
+    }
+
+    fn engine_config(&self, k: u32, event_port: u16, replay_port: u16) -> EngineConfig {
+        EngineConfig {
+            name: format!("{}-{k}", self.name),
+            event_port,
+            replay_port,
+            dp_size: self.dp_size,
+            block_size: self.block_size,
+            topic: self.topic.clone(),
+            device_capacity_blocks: self.device_blocks,
+            host_capacity_blocks: self.host_blocks,
+            hash_mode: self.hash_mode,
+            batch_form: self.batch_form,
+            event_form: self.event_form,
+        }
+    }
+}
+
+fn rate(value: &str) -> Result<f64, String> {
+    match value.parse::<f64>() {
+        Ok(r) if r.is_finite() && r >= 0.0 => Ok(r),
+        _ => Err(format!("--rate = {value:?} is not a finite number of requests per second >= 0")),
+    }
+}
+
+fn engine_port(flag: &str, base: u16, offset: u32) -> Result<u16, String> {
+    if base == 0 {
+        return Ok(0);
+    }
+    let port = u32::from(base).saturating_add(offset);
+    u16::try_from(port)
+        .map_err(|_| format!("--{flag} = {base} needs port {port} for a later engine, above 65535"))
+}
+
+/// The `{"streams": [...]}` section of a kvdir config file for every rank of `engines`.
+pub fn static_streams_config<'a>(engines: impl IntoIterator<Item = &'a SimEngine>) -> Value {
+    let mut streams = Vec::new();
+    for engine in engines {
+        let c = engine.config();
+        for (rank, ep) in engine.endpoints().into_iter().enumerate() {
+            streams.push(json!({
+                "instance_name": c.name,
+                "dp_rank": rank,
+                "block_size": c.block_size,
+                "endpoint": ep.event,
+                "replay_endpoint": ep.replay,
+                "topic": c.topic,
+            }));
+        }
+    }
+    json!({ "streams": streams })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<CliCommand, SimError> {
+        parse_args(args.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn both_flag_forms_and_defaults() {
+        let CliCommand::Run(o) =
+            parse(&["--dp_size=2", "--engines", "3", "--topic=", "--hash_mode", "BIN32"]).unwrap()
+        else {
+            panic!("not run")
+        };
+        assert_eq!((o.dp_size, o.engines, o.topic.as_str()), (2, 3, ""));
+        assert_eq!(o.hash_mode, HashMode::Bin32);
+        assert_eq!((o.event_port, o.replay_port, o.block_size), (18000, 38000, 128));
+        assert_eq!(parse(&["--rate=2", "--help"]).unwrap(), CliCommand::Help);
+    }
+
+    #[test]
+    fn all_problems_are_reported_together() {
+        let err = parse(&["--dp_size=x", "--bogus=1", "stray", "--rate=-1", "--name", "--seed"]);
+        let msg = err.unwrap_err().to_string();
+        for needle in [
+            "--dp_size = \"x\"",
+            "unknown flag --bogus",
+            "\"stray\"",
+            "--rate",
+            "--name needs",
+            "--seed needs",
+        ] {
+            assert!(msg.contains(needle), "{needle} missing from {msg}");
+        }
+    }
+
+    #[test]
+    fn engines_get_consecutive_port_ranges_and_names() {
+        let o = CliOptions { engines: 2, dp_size: 3, ..CliOptions::default() };
+        let configs = o.engine_configs().unwrap();
+        assert_eq!(configs[1].name, "sim-1");
+        assert_eq!((configs[1].event_port, configs[1].replay_port), (18003, 38003));
+        let o = CliOptions { engines: 2, event_port: 0, replay_port: 0, ..CliOptions::default() };
+        assert!(o.engine_configs().unwrap().iter().all(|c| c.event_port == 0));
+        let o = CliOptions { engines: 3, event_port: 65534, ..CliOptions::default() };
+        assert!(o.engine_configs().unwrap_err().to_string().contains("65536"));
+    }
+}

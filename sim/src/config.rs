@@ -1,0 +1,215 @@
+//! [`EngineConfig`]: what one simulated engine looks like (ports, DP size, block size, tier
+//! capacities, wire dialect), validated before anything binds.
+//!
+//! Port rule: rank `r` binds `tcp://127.0.0.1:(event_port + r)` and
+//! `tcp://127.0.0.1:(replay_port + r)`, like xLLM. A port of 0 means "ephemeral": every rank
+//! binds `tcp://127.0.0.1:*` and the actual endpoints are read back, so they need not be
+//! contiguous. Only loopback is ever bound.
+
+use kvdir::wire::record::{BatchForm, EventForm, WireHash};
+use xxhash_rust::xxh3::xxh3_128_with_seed;
+
+use crate::SimError;
+
+/// How engine block hashes go on the wire.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum HashMode {
+    /// MessagePack unsigned 64-bit integers (xLLM, vLLM's integer mode).
+    #[default]
+    U64,
+    /// 32-byte `bin` digests (vLLM's default SHA-256 shape), derived from the 64-bit hash.
+    Bin32,
+}
+
+impl HashMode {
+    /// The wire form of engine hash `h`. `Bin32` expands `h` to 32 deterministic bytes, so equal
+    /// blocks still get equal hashes.
+    pub fn to_wire(self, h: u64) -> WireHash {
+        match self {
+            HashMode::U64 => WireHash::Uint(h),
+            HashMode::Bin32 => {
+                let seed_bytes = h.to_le_bytes();
+                let mut bytes = xxh3_128_with_seed(&seed_bytes, 1).to_be_bytes().to_vec();
+                bytes.extend_from_slice(&xxh3_128_with_seed(&seed_bytes, 2).to_be_bytes());
+                WireHash::Bin(bytes)
+            }
+        }
+    }
+}
+
+/// One simulated engine.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EngineConfig {
+    /// Instance name (what the directory calls `instance_name`).
+    pub name: String,
+    /// Event port of rank 0; rank `r` uses `event_port + r`. 0 picks ephemeral ports.
+    pub event_port: u16,
+    /// Snapshot (replay) port of rank 0; rank `r` uses `replay_port + r`. 0 picks ephemeral ports.
+    pub replay_port: u16,
+    /// Data-parallel ranks; each has its own sockets, sequence and cache.
+    pub dp_size: u32,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// The topic frame of every live message (may be empty).
+    pub topic: String,
+    /// Device (GPU) tier capacity in blocks, per rank.
+    pub device_capacity_blocks: usize,
+    /// Host (CPU) tier capacity in blocks, per rank; 0 disables the Host tier.
+    pub host_capacity_blocks: usize,
+    /// Integer or 32-byte `bin` block hashes.
+    pub hash_mode: HashMode,
+    /// Batch layout (`Array` is xLLM's `[ts, events, dp_rank]`, `Map` is vLLM's).
+    pub batch_form: BatchForm,
+    /// Event layout (tagged map or positional array).
+    pub event_form: EventForm,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            name: "sim-0".to_string(),
+            event_port: 0,
+            replay_port: 0,
+            dp_size: 1,
+            block_size: 16,
+            topic: "xllm-kv".to_string(),
+            device_capacity_blocks: 1024,
+            host_capacity_blocks: 0,
+            hash_mode: HashMode::U64,
+            batch_form: BatchForm::Array,
+            event_form: EventForm::Map,
+        }
+    }
+}
+
+/// Connectable endpoints of one rank, such as `tcp://127.0.0.1:18000`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct RankEndpoints {
+    /// The PUB socket (live events).
+    pub event: String,
+    /// The ROUTER socket (snapshots).
+    pub replay: String,
+}
+
+impl EngineConfig {
+    /// Checks every field and reports all problems at once.
+    pub fn validate(&self) -> Result<(), SimError> {
+        let mut problems = Vec::new();
+        if self.name.is_empty() {
+            problems.push("name is empty; give the instance a name".to_string());
+        }
+        if self.dp_size == 0 {
+            problems.push("dp_size = 0 is below the minimum 1".to_string());
+        }
+        if self.block_size == 0 {
+            problems.push("block_size = 0 is below the minimum 1".to_string());
+        }
+        if self.device_capacity_blocks == 0 {
+            problems.push("device_capacity_blocks = 0 is below the minimum 1".to_string());
+        }
+        for (field, port) in [("event_port", self.event_port), ("replay_port", self.replay_port)] {
+            let last = u32::from(port) + self.dp_size.saturating_sub(1);
+            if port != 0 && last > u32::from(u16::MAX) {
+                problems.push(format!(
+                    "{field} = {port} with dp_size = {} needs port {last}, above 65535",
+                    self.dp_size
+                ));
+            }
+        }
+        if self.port_ranges_overlap() {
+            problems.push(format!(
+                "event ports {}.. and replay ports {}.. overlap for dp_size = {}; \
+                 move one range",
+                self.event_port, self.replay_port, self.dp_size
+            ));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(SimError::Config(problems))
+        }
+    }
+
+    fn port_ranges_overlap(&self) -> bool {
+        if self.event_port == 0 || self.replay_port == 0 {
+            return false;
+        }
+        let (e, r, n) = (u32::from(self.event_port), u32::from(self.replay_port), self.dp_size);
+        e < r + n && r < e + n
+    }
+
+    /// The address rank `rank` binds for the PUB socket.
+    pub(crate) fn event_bind_address(&self, rank: u32) -> String {
+        bind_address(self.event_port, rank)
+    }
+
+    /// The address rank `rank` binds for the ROUTER socket.
+    pub(crate) fn replay_bind_address(&self, rank: u32) -> String {
+        bind_address(self.replay_port, rank)
+    }
+}
+
+fn bind_address(port: u16, rank: u32) -> String {
+    if port == 0 {
+        "tcp://127.0.0.1:*".to_string()
+    } else {
+        format!("tcp://127.0.0.1:{}", u32::from(port) + rank)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_is_valid_and_ephemeral() {
+        let c = EngineConfig::default();
+        assert!(c.validate().is_ok());
+        assert_eq!(c.event_bind_address(3), "tcp://127.0.0.1:*");
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_its_value() {
+        let c = EngineConfig {
+            name: String::new(),
+            dp_size: 0,
+            block_size: 0,
+            device_capacity_blocks: 0,
+            ..EngineConfig::default()
+        };
+        let msg = c.validate().unwrap_err().to_string();
+        for needle in ["name is empty", "dp_size = 0", "block_size = 0", "device_capacity_blocks"] {
+            assert!(msg.contains(needle), "{msg}");
+        }
+    }
+
+    #[test]
+    fn port_overflow_and_overlap_are_rejected() {
+        let c = EngineConfig { event_port: 65535, dp_size: 2, ..EngineConfig::default() };
+        assert!(c.validate().unwrap_err().to_string().contains("needs port 65536"));
+        let c = EngineConfig {
+            event_port: 18000,
+            replay_port: 18001,
+            dp_size: 2,
+            ..EngineConfig::default()
+        };
+        assert!(c.validate().unwrap_err().to_string().contains("overlap"));
+        let c = EngineConfig {
+            event_port: 18000,
+            replay_port: 18002,
+            dp_size: 2,
+            ..EngineConfig::default()
+        };
+        assert!(c.validate().is_ok());
+        assert_eq!(c.replay_bind_address(1), "tcp://127.0.0.1:18003");
+    }
+
+    #[test]
+    fn bin32_hashes_are_32_bytes_and_deterministic() {
+        let WireHash::Bin(a) = HashMode::Bin32.to_wire(7) else { panic!("not bin") };
+        assert_eq!(a.len(), 32);
+        assert_eq!(HashMode::Bin32.to_wire(7), WireHash::Bin(a));
+        assert_ne!(HashMode::Bin32.to_wire(7), HashMode::Bin32.to_wire(8));
+        assert_eq!(HashMode::U64.to_wire(7), WireHash::Uint(7));
+    }
+}

@@ -1,0 +1,203 @@
+//! [`SimEngine`]: a simulated engine with one thread per DP rank.
+//!
+//! Every method sends a job to the rank's thread and waits for the answer, so when a method
+//! returns its effect is done: a batch from `process()` has been handed to the PUB socket, a
+//! fault is in force, a restart has re-bound. Tests rely on this instead of sleeping.
+//! `SimEngine` is `Send + Sync`; calls for one rank are served in order.
+
+use std::sync::mpsc::{self, Sender};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+
+use kvdir::wire::Tier;
+use tracing::info;
+
+use crate::fault::Fault;
+use crate::rank::{Job, RankState, Sockets};
+use crate::{EngineConfig, RankEndpoints, SimError};
+
+struct RankHandle {
+    jobs: Option<Sender<Job>>,
+    thread: Option<JoinHandle<()>>,
+    endpoints: RankEndpoints,
+}
+
+impl RankHandle {
+    /// Closes the job channel; the thread ends after its current job.
+    fn close(&mut self) {
+        self.jobs = None;
+    }
+
+    fn join(&mut self) {
+        self.close();
+        if let Some(thread) = self.thread.take() {
+            // A panicked rank thread has nothing left to clean up.
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for RankHandle {
+    fn drop(&mut self) {
+        self.join();
+    }
+}
+
+/// A running simulated engine.
+pub struct SimEngine {
+    config: Arc<EngineConfig>,
+    ranks: Vec<RankHandle>,
+}
+
+impl std::fmt::Debug for SimEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SimEngine")
+            .field("name", &self.config.name)
+            .field("endpoints", &self.endpoints())
+            .finish()
+    }
+}
+
+impl SimEngine {
+    /// Validates `config`, binds every rank's sockets and starts the rank threads.
+    pub fn start(config: EngineConfig) -> Result<SimEngine, SimError> {
+        config.validate()?;
+        let config = Arc::new(config);
+        let ctx = zmq::Context::new();
+        let mut ranks = Vec::with_capacity(config.dp_size as usize);
+        for rank in 0..config.dp_size {
+            ranks.push(start_rank(&config, &ctx, rank)?);
+        }
+        let engine = SimEngine { config, ranks };
+        info!(engine = %engine.config.name, endpoints = ?engine.endpoints(), "simulated engine started");
+        Ok(engine)
+    }
+
+    /// The actual, connectable endpoints of every rank, in rank order.
+    pub fn endpoints(&self) -> Vec<RankEndpoints> {
+        self.ranks.iter().map(|r| r.endpoints.clone()).collect()
+    }
+
+    /// The configuration the engine runs with.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// A request's prefill on `rank`: every complete block of `tokens` becomes Device-resident
+    /// (new and Host-only blocks in one `BlockStored` with the right parent, resident ones
+    /// touched in the LRU), then evictions happen; all of it in one live batch. Returns its
+    /// sequence number, or `None` when nothing changed.
+    pub fn process(&self, rank: u32, tokens: &[i32]) -> Result<Option<u64>, SimError> {
+        let tokens = tokens.to_vec();
+        self.call(rank, move |r| r.process(&tokens))
+    }
+
+    /// Copies the prefix's Device-resident blocks to Host (tokenless `BlockStored`, medium CPU).
+    /// Fails with [`SimError::HostDisabled`] when the engine has no Host tier.
+    pub fn offload(&self, rank: u32, tokens: &[i32]) -> Result<Option<u64>, SimError> {
+        let tokens = tokens.to_vec();
+        self.call(rank, move |r| r.offload(&tokens))
+    }
+
+    /// Removes only the last complete block of `tokens` from `tier` (no Host copy, children
+    /// stay), so tests can make orphans. `None` when the block was not on `tier`.
+    pub fn evict(&self, rank: u32, tokens: &[i32], tier: Tier) -> Result<Option<u64>, SimError> {
+        let tokens = tokens.to_vec();
+        self.call(rank, move |r| r.evict(&tokens, tier))
+    }
+
+    /// Publishes `AllBlocksCleared` (no medium) and empties the cache.
+    pub fn clear(&self, rank: u32) -> Result<Option<u64>, SimError> {
+        self.call(rank, |r| r.clear())
+    }
+
+    /// Publishes one live full-state batch: `AllBlocksCleared`, then `BlockStored` of every
+    /// resident block, parent-first.
+    pub fn publish_full_state(&self, rank: u32) -> Result<u64, SimError> {
+        self.call(rank, |r| r.publish_full_state())
+    }
+
+    /// Restarts the rank's publisher: sockets closed and re-bound on the same ports, sequence
+    /// back to 0, cache emptied. Publishes nothing by itself.
+    pub fn restart(&self, rank: u32) -> Result<(), SimError> {
+        self.call(rank, |r| r.restart())
+    }
+
+    /// Ground truth: `(device_hit_tokens, host_only_hit_tokens)` of the prefix of complete
+    /// blocks up to the first block absent from both tiers; a block on both counts as Device.
+    pub fn resident(&self, rank: u32, tokens: &[i32]) -> Result<(u64, u64), SimError> {
+        let tokens = tokens.to_vec();
+        self.call(rank, move |r| Ok(r.resident(&tokens)))
+    }
+
+    /// `(device_blocks, host_blocks)` resident on `rank`; a block on both tiers counts in each.
+    pub fn counts(&self, rank: u32) -> Result<(u64, u64), SimError> {
+        self.call(rank, |r| Ok(r.counts()))
+    }
+
+    /// The sequence number the rank's next batch will carry (the current snapshot watermark).
+    pub fn next_sequence(&self, rank: u32) -> Result<u64, SimError> {
+        self.call(rank, |r| Ok(r.next_sequence()))
+    }
+
+    /// Switches a fault on or off for `rank`.
+    pub fn faults(&self, rank: u32, f: Fault) -> Result<(), SimError> {
+        self.call(rank, move |r| {
+            r.set_fault(f);
+            Ok(())
+        })
+    }
+
+    /// Sends an arbitrary multipart message on the rank's PUB socket (malformed, wrong topic,
+    /// oversized ...). Consumes no sequence number and changes no state.
+    pub fn send_raw(&self, rank: u32, frames: Vec<Vec<u8>>) -> Result<(), SimError> {
+        self.call(rank, move |r| r.send_raw(frames))
+    }
+
+    /// Stops every rank thread and closes the sockets. Dropping the engine does the same.
+    pub fn stop(self) {}
+
+    /// Runs `f` on the rank's thread and waits for its result.
+    fn call<R, F>(&self, rank: u32, f: F) -> Result<R, SimError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut RankState) -> Result<R, SimError> + Send + 'static,
+    {
+        let handle = self
+            .ranks
+            .get(rank as usize)
+            .ok_or(SimError::NoSuchRank { rank, dp_size: self.config.dp_size })?;
+        let jobs = handle.jobs.as_ref().ok_or(SimError::RankStopped { rank })?;
+        let (reply, answer) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move |state| {
+            // The caller waits on `answer`; it cannot have gone away.
+            let _ = reply.send(f(state));
+        });
+        jobs.send(job).map_err(|_| SimError::RankStopped { rank })?;
+        answer.recv().map_err(|_| SimError::RankStopped { rank })?
+    }
+}
+
+impl Drop for SimEngine {
+    /// Closes every job channel first so the ranks stop in parallel, then joins them.
+    fn drop(&mut self) {
+        self.ranks.iter_mut().for_each(RankHandle::close);
+        self.ranks.iter_mut().for_each(RankHandle::join);
+    }
+}
+
+fn start_rank(
+    config: &Arc<EngineConfig>,
+    ctx: &zmq::Context,
+    rank: u32,
+) -> Result<RankHandle, SimError> {
+    let (event, replay) = (config.event_bind_address(rank), config.replay_bind_address(rank));
+    let (sockets, endpoints) = Sockets::bind(ctx, rank, &event, &replay)?;
+    let state = RankState::new(rank, Arc::clone(config), ctx.clone(), sockets, endpoints.clone());
+    let (jobs, inbox) = mpsc::channel::<Job>();
+    let thread = thread::Builder::new()
+        .name(format!("sim-{}-r{rank}", config.name))
+        .spawn(move || state.run(inbox))
+        .map_err(|source| SimError::Spawn { rank, source })?;
+    Ok(RankHandle { jobs: Some(jobs), thread: Some(thread), endpoints })
+}

@@ -1,0 +1,292 @@
+//! One DP rank of a simulated engine: the thread that owns the rank's PUB and ROUTER sockets
+//! (ZeroMQ sockets are not `Sync`), its cache model, its sequence counter and its faults.
+//!
+//! The thread runs jobs sent by [`crate::SimEngine`] (each job answers on its own channel) and
+//! between jobs serves snapshot requests. Because one thread both publishes and answers
+//! snapshots, a snapshot always reflects exactly the batches before its watermark. The loop
+//! waits on the job channel with a short timeout, then drains the ROUTER without blocking: jobs
+//! start at once, snapshot requests wait at most [`POLL_INTERVAL`].
+
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use kvdir::wire::record::{BatchRecord, EventRecord, StoredRecord};
+use kvdir::wire::{encode_batch, encode_live, Tier};
+use tracing::debug;
+
+use crate::cache::{CacheConfig, CacheEvent, CacheModel};
+use crate::fault::{Fault, FaultState};
+use crate::{EngineConfig, RankEndpoints, SimError};
+
+mod snapshot;
+
+/// Work for a rank thread; it answers through a channel captured by the closure.
+pub(crate) type Job = Box<dyn FnOnce(&mut RankState) + Send>;
+
+/// Longest wait between snapshot polls while no job arrives.
+const POLL_INTERVAL: Duration = Duration::from_millis(2);
+/// How long a restart keeps retrying to re-bind ports the closed sockets still hold.
+const REBIND_DEADLINE: Duration = Duration::from_secs(5);
+/// PUB high-water mark: well above libzmq's 1000 so bursts from tests and benches are not
+/// dropped, yet bounded (a PUB over its mark drops silently, like a real engine).
+const SEND_HWM: i32 = 100_000;
+
+/// A rank's two bound sockets.
+pub(crate) struct Sockets {
+    publisher: zmq::Socket,
+    router: zmq::Socket,
+}
+
+impl Sockets {
+    /// Binds the PUB at `event` and the ROUTER at `replay`; returns the connectable endpoints.
+    pub(crate) fn bind(
+        ctx: &zmq::Context,
+        rank: u32,
+        event: &str,
+        replay: &str,
+    ) -> Result<(Sockets, RankEndpoints), SimError> {
+        let publisher = open(ctx, zmq::PUB, rank)?;
+        publisher.set_sndhwm(SEND_HWM).map_err(zmq_err(rank, "set_sndhwm"))?;
+        let event = bind(&publisher, rank, event)?;
+        let router = open(ctx, zmq::ROUTER, rank)?;
+        let replay = bind(&router, rank, replay)?;
+        Ok((Sockets { publisher, router }, RankEndpoints { event, replay }))
+    }
+
+    /// Binds again at the endpoints of a previous incarnation. Closing a ZeroMQ socket releases
+    /// its port asynchronously, so "address in use" is retried until [`REBIND_DEADLINE`].
+    fn rebind(ctx: &zmq::Context, rank: u32, at: &RankEndpoints) -> Result<Sockets, SimError> {
+        let deadline = Instant::now() + REBIND_DEADLINE;
+        loop {
+            match Sockets::bind(ctx, rank, &at.event, &at.replay) {
+                Ok((sockets, _)) => return Ok(sockets),
+                Err(SimError::Bind { source: zmq::Error::EADDRINUSE, .. })
+                    if Instant::now() < deadline =>
+                {
+                    thread::sleep(Duration::from_millis(5));
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+}
+
+fn zmq_err(rank: u32, op: &'static str) -> impl Fn(zmq::Error) -> SimError {
+    move |source| SimError::Zmq { rank, op, source }
+}
+
+fn open(ctx: &zmq::Context, kind: zmq::SocketType, rank: u32) -> Result<zmq::Socket, SimError> {
+    let socket = ctx.socket(kind).map_err(zmq_err(rank, "socket"))?;
+    socket.set_linger(0).map_err(zmq_err(rank, "set_linger"))?;
+    Ok(socket)
+}
+
+fn bind(socket: &zmq::Socket, rank: u32, address: &str) -> Result<String, SimError> {
+    socket
+        .bind(address)
+        .map_err(|source| SimError::Bind { endpoint: address.to_string(), source })?;
+    match socket.get_last_endpoint() {
+        Ok(Ok(endpoint)) => Ok(endpoint),
+        Ok(Err(_)) => {
+            Err(SimError::Zmq { rank, op: "get_last_endpoint", source: zmq::Error::EINVAL })
+        }
+        Err(source) => Err(SimError::Zmq { rank, op: "get_last_endpoint", source }),
+    }
+}
+
+/// Everything one rank thread owns.
+pub(crate) struct RankState {
+    rank: u32,
+    config: Arc<EngineConfig>,
+    ctx: zmq::Context,
+    endpoints: RankEndpoints,
+    sockets: Option<Sockets>,
+    cache: CacheModel,
+    next_seq: u64,
+    faults: FaultState,
+}
+
+impl RankState {
+    pub(crate) fn new(
+        rank: u32,
+        config: Arc<EngineConfig>,
+        ctx: zmq::Context,
+        sockets: Sockets,
+        endpoints: RankEndpoints,
+    ) -> Self {
+        let cache = CacheModel::new(cache_config(&config));
+        let faults = FaultState::default();
+        RankState {
+            rank,
+            config,
+            ctx,
+            endpoints,
+            sockets: Some(sockets),
+            cache,
+            next_seq: 0,
+            faults,
+        }
+    }
+
+    /// The thread body: runs jobs until the engine drops the sending side, serving snapshot
+    /// requests in between. Sockets close (LINGER 0) when the state is dropped.
+    pub(crate) fn run(mut self, jobs: Receiver<Job>) {
+        loop {
+            match jobs.recv_timeout(POLL_INTERVAL) {
+                Ok(job) => job(&mut self),
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            self.serve_snapshots();
+        }
+        debug!(engine = %self.config.name, rank = self.rank, "rank thread stopped");
+    }
+
+    pub(crate) fn process(&mut self, tokens: &[i32]) -> Result<Option<u64>, SimError> {
+        if self.faults.quiet() {
+            return Ok(None);
+        }
+        let events = self.cache.process(tokens);
+        self.publish(events)
+    }
+
+    pub(crate) fn offload(&mut self, tokens: &[i32]) -> Result<Option<u64>, SimError> {
+        if !self.cache.host_enabled() {
+            return Err(SimError::HostDisabled { rank: self.rank });
+        }
+        if self.faults.quiet() {
+            return Ok(None);
+        }
+        let events = self.cache.offload(tokens);
+        self.publish(events)
+    }
+
+    pub(crate) fn evict(&mut self, tokens: &[i32], tier: Tier) -> Result<Option<u64>, SimError> {
+        if self.faults.quiet() {
+            return Ok(None);
+        }
+        let events = self.cache.evict(tokens, tier);
+        self.publish(events)
+    }
+
+    pub(crate) fn clear(&mut self) -> Result<Option<u64>, SimError> {
+        if self.faults.quiet() {
+            return Ok(None);
+        }
+        let events = self.cache.clear();
+        self.publish(events)
+    }
+
+    /// One live full-state batch. Not gated by `Quiet`: it is a deliberate test action, not a
+    /// request.
+    pub(crate) fn publish_full_state(&mut self) -> Result<u64, SimError> {
+        let mut events = vec![CacheEvent::Cleared];
+        events.extend(self.cache.full_state());
+        self.publish_batch(events)
+    }
+
+    /// The publisher process restarts: sockets closed and bound again at the same endpoints,
+    /// sequence back to 0, cache empty. Faults are harness settings and are kept.
+    pub(crate) fn restart(&mut self) -> Result<(), SimError> {
+        self.sockets = None;
+        self.cache = CacheModel::new(cache_config(&self.config));
+        self.next_seq = 0;
+        self.sockets = Some(Sockets::rebind(&self.ctx, self.rank, &self.endpoints)?);
+        debug!(engine = %self.config.name, rank = self.rank, "rank restarted");
+        Ok(())
+    }
+
+    pub(crate) fn resident(&self, tokens: &[i32]) -> (u64, u64) {
+        self.cache.resident(tokens)
+    }
+
+    pub(crate) fn counts(&self) -> (u64, u64) {
+        self.cache.counts()
+    }
+
+    pub(crate) fn next_sequence(&self) -> u64 {
+        self.next_seq
+    }
+
+    pub(crate) fn set_fault(&mut self, fault: Fault) {
+        debug!(engine = %self.config.name, rank = self.rank, ?fault, "fault set");
+        self.faults.apply(fault);
+    }
+
+    pub(crate) fn send_raw(&mut self, frames: Vec<Vec<u8>>) -> Result<(), SimError> {
+        let sockets = self.sockets()?;
+        sockets.publisher.send_multipart(frames, 0).map_err(zmq_err(self.rank, "send"))
+    }
+
+    fn sockets(&self) -> Result<&Sockets, SimError> {
+        self.sockets.as_ref().ok_or(SimError::NotBound { rank: self.rank })
+    }
+
+    fn publish(&mut self, events: Vec<CacheEvent>) -> Result<Option<u64>, SimError> {
+        if events.is_empty() {
+            return Ok(None);
+        }
+        self.publish_batch(events).map(Some)
+    }
+
+    /// Publishes one batch under the next sequence number, unless a fault withholds it (the
+    /// number is consumed either way).
+    fn publish_batch(&mut self, events: Vec<CacheEvent>) -> Result<u64, SimError> {
+        self.sockets()?;
+        let payload = self.encode(events);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        if self.faults.withhold_next() {
+            debug!(engine = %self.config.name, rank = self.rank, seq, "batch withheld by a fault");
+            return Ok(seq);
+        }
+        let frames = encode_live(self.config.topic.as_bytes(), seq, payload);
+        self.sockets()?.publisher.send_multipart(frames, 0).map_err(zmq_err(self.rank, "send"))?;
+        Ok(seq)
+    }
+
+    /// Encodes a batch in the configured dialect, with this rank as its `dp_rank`.
+    fn encode(&self, events: Vec<CacheEvent>) -> Vec<u8> {
+        let batch = BatchRecord {
+            timestamp: now_seconds(),
+            events: events.into_iter().map(|e| self.record(e)).collect(),
+            dp_rank: Some(self.rank),
+        };
+        encode_batch(&batch, self.config.batch_form, self.config.event_form)
+    }
+
+    fn record(&self, event: CacheEvent) -> EventRecord {
+        let wire = |h: u64| self.config.hash_mode.to_wire(h);
+        match event {
+            CacheEvent::Stored { hashes, parent, tokens, tier } => {
+                let hashes = hashes.into_iter().map(wire).collect();
+                let block_size = self.config.block_size;
+                EventRecord::Stored(StoredRecord::new(
+                    hashes,
+                    parent.map(wire),
+                    tokens,
+                    block_size,
+                    tier,
+                ))
+            }
+            CacheEvent::Removed { hashes, tier } => {
+                EventRecord::removed(hashes.into_iter().map(wire).collect(), tier)
+            }
+            CacheEvent::Cleared => EventRecord::cleared(None),
+        }
+    }
+}
+
+fn cache_config(config: &EngineConfig) -> CacheConfig {
+    CacheConfig {
+        block_size: config.block_size,
+        device_capacity_blocks: config.device_capacity_blocks,
+        host_capacity_blocks: config.host_capacity_blocks,
+    }
+}
+
+fn now_seconds() -> f64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
