@@ -1,0 +1,180 @@
+//! End-to-end harness: a running kvdir service (real HTTP on 127.0.0.1, port 0) subscribed to
+//! simulated engines (real ZeroMQ on loopback), a tiny HTTP client, and polling with a deadline.
+//!
+//! Nothing here sleeps for synchronisation: [`eventually`] polls what a user would see (the
+//! query response, the streams report) every 20 ms until it holds or the deadline passes, and
+//! then fails with the last observation.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use kvdir::config::{parse_config_file, Flags};
+use kvdir::query::{QueryResponse, StreamMatch};
+use kvdir_actors::Service;
+use kvdir_sim::{EngineConfig, SimEngine};
+use serde_json::{json, Value};
+
+/// How long anything may take to become visible.
+pub const DEADLINE: Duration = Duration::from_secs(20);
+/// Block size used by the end-to-end tests.
+pub const B: u32 = 16;
+
+/// An engine on ephemeral loopback ports.
+pub fn engine(name: &str, dp_size: u32, host_blocks: usize) -> SimEngine {
+    SimEngine::start(EngineConfig {
+        name: name.into(),
+        dp_size,
+        block_size: B,
+        device_capacity_blocks: 256,
+        host_capacity_blocks: host_blocks,
+        ..EngineConfig::default()
+    })
+    .expect("the simulated engine starts")
+}
+
+/// The `streams` entries for every rank of `engine`.
+pub fn streams_of(engine: &SimEngine) -> Vec<Value> {
+    let c = engine.config();
+    engine
+        .endpoints()
+        .iter()
+        .enumerate()
+        .map(|(r, ep)| {
+            json!({"instance_name": c.name, "dp_rank": r, "block_size": c.block_size,
+                   "endpoint": ep.event, "replay_endpoint": ep.replay, "topic": c.topic})
+        })
+        .collect()
+}
+
+/// Starts kvdir on 127.0.0.1 with a config file built from `streams` plus `extra` limits.
+pub fn service(streams: Vec<Value>, extra: Value) -> Service {
+    service_with(streams, extra, Flags::default())
+}
+
+/// Like [`service`] with explicit flags (the port is always 0 and the host 127.0.0.1).
+pub fn service_with(streams: Vec<Value>, extra: Value, flags: Flags) -> Service {
+    let mut config = json!({ "streams": streams });
+    if let (Some(c), Some(e)) = (config.as_object_mut(), extra.as_object()) {
+        c.extend(e.clone());
+    }
+    let directory = parse_config_file(&config.to_string()).expect("valid test config");
+    let flags = Flags { http_server_port: 0, server_host: "127.0.0.1".into(), ..flags };
+    Service::start(flags, Some(directory)).expect("kvdir starts")
+}
+
+/// One HTTP response.
+#[derive(Debug)]
+pub struct Response {
+    /// Status code.
+    pub status: u16,
+    /// Body as text.
+    pub body: String,
+}
+
+impl Response {
+    /// The body as JSON.
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+/// A minimal HTTP/1.1 client: one request per connection.
+pub fn http(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Response {
+    let mut s = TcpStream::connect(addr).expect("connect to kvdir");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    Response { status, body: body.to_string() }
+}
+
+/// POSTs a query and returns the parsed response.
+pub fn query(svc: &Service, tokens: &[i32]) -> QueryResponse {
+    let body = json!({ "token_ids": tokens }).to_string();
+    let r = http(svc.http_addr(), "POST", "/v1/internal/kv-cache/query", &[], body.as_bytes());
+    assert_eq!(r.status, 200, "query failed: {}", r.body);
+    serde_json::from_str(&r.body).expect("a query response")
+}
+
+/// The entry for `instance`/`rank` in a query response.
+pub fn entry<'a>(r: &'a QueryResponse, instance: &str, rank: u32) -> &'a StreamMatch {
+    r.matches
+        .iter()
+        .find(|m| m.instance_name == instance && m.dp_rank == rank)
+        .unwrap_or_else(|| panic!("no entry for {instance}/{rank} in {r:?}"))
+}
+
+/// The streams report of kvdir.
+pub fn report(svc: &Service) -> Value {
+    http(svc.http_addr(), "GET", "/v1/internal/streams", &[], b"").json()
+}
+
+/// Polls `probe` every 20 ms until it returns `Ok`, or panics with its last `Err` at the deadline.
+pub fn eventually<T>(what: &str, mut probe: impl FnMut() -> Result<T, String>) -> T {
+    let deadline = Instant::now() + DEADLINE;
+    let poll_interval = Duration::from_millis(20);
+    loop {
+        match probe() {
+            Ok(v) => return v,
+            Err(last) if Instant::now() >= deadline => {
+                panic!("timed out waiting for {what}; last: {last}")
+            }
+            Err(_) => std::thread::sleep(poll_interval),
+        }
+    }
+}
+
+/// `(device_hit_tokens, host_only_hit_tokens)` kvdir reports, if synchronized.
+pub fn hits(
+    svc: &Service,
+    instance: &str,
+    rank: u32,
+    tokens: &[i32],
+) -> Result<(u64, u64), String> {
+    let r = query(svc, tokens);
+    let m = entry(&r, instance, rank);
+    if !m.synchronized {
+        return Err(format!("unsynchronized: {:?}", m.error));
+    }
+    Ok((m.device_hit_tokens, m.host_only_hit_tokens))
+}
+
+/// Waits until kvdir's answer for `tokens` equals the engine's own ground truth.
+pub fn agrees(svc: &Service, eng: &SimEngine, rank: u32, tokens: &[i32]) -> (u64, u64) {
+    let name = eng.config().name.clone();
+    eventually("kvdir to agree with the engine", || {
+        let truth = eng.resident(rank, tokens).map_err(|e| e.to_string())?;
+        let got = hits(svc, &name, rank, tokens)?;
+        if got == truth {
+            Ok(got)
+        } else {
+            Err(format!("kvdir {got:?}, engine {truth:?}"))
+        }
+    })
+}
+
+/// `n` blocks of distinct tokens starting at `first`.
+pub fn prompt(first: i32, n: usize) -> Vec<i32> {
+    (first..).take(n * B as usize).collect()
+}
