@@ -14,6 +14,7 @@ fn load_directory(flags: &Flags) -> Result<Option<DirectoryConfig>, String> {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),

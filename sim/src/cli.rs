@@ -35,6 +35,7 @@ USAGE: kvdir-sim [--flag=value | --flag value]...
   --rate R              synthetic requests per second over all ranks (0 = idle) [1]
   --seed S              workload seed                                        [42]
   --duration_s N        stop after N seconds (default: run until Ctrl-C)
+  --query_file PATH     write {\"token_ids\": [...]} of system prompt 0 there, for kvdir queries
   --help                this text
 
 Prints every engine's endpoints and the {\"streams\": [...]} JSON for a kvdir config file,
@@ -84,6 +85,8 @@ pub struct CliOptions {
     pub seed: u64,
     /// Run time; `None` runs until interrupted.
     pub duration_s: Option<u64>,
+    /// Where to write a query body for the first system prompt.
+    pub query_file: Option<String>,
 }
 
 impl Default for CliOptions {
@@ -104,6 +107,7 @@ impl Default for CliOptions {
             rate: 1.0,
             seed: 42,
             duration_s: None,
+            query_file: None,
         }
     }
 }
@@ -170,6 +174,7 @@ impl CliOptions {
             "host_blocks" => self.host_blocks = number(name, value)?,
             "seed" => self.seed = number(name, value)?,
             "duration_s" => self.duration_s = Some(number(name, value)?),
+            "query_file" => self.query_file = Some(value.to_string()),
             "rate" => self.rate = rate(value)?,
             "hash_mode" => {
                 self.hash_mode =

@@ -65,6 +65,12 @@ fn drive(engines: &[SimEngine], options: &CliOptions) -> Result<(), SimError> {
         turn_tokens: (block / 4).max(1)..=4 * block,
         ..WorkloadConfig::default()
     });
+    if let Some(path) = &options.query_file {
+        let body = serde_json::json!({ "token_ids": workload.system_prompt(0) });
+        std::fs::write(path, body.to_string())
+            .map_err(|e| SimError::Flags(vec![format!("--query_file {path}: {e}")]))?;
+        println!("query body for system prompt 0 written to {path}");
+    }
     let start = Instant::now();
     let end = options.duration_s.map(|s| start + Duration::from_secs(s));
     let interval = (options.rate > 0.0).then(|| Duration::from_secs_f64(1.0 / options.rate));

@@ -88,6 +88,11 @@ impl Workload {
         &self.config
     }
 
+    /// The tokens of system prompt `i` (modulo the number of prompts).
+    pub fn system_prompt(&self, i: usize) -> &[i32] {
+        &self.prompts[i % self.prompts.len()]
+    }
+
     /// The next request: a random session's next turn.
     pub fn next_request(&mut self) -> Request {
         let s = self.rng.below(self.config.sessions);

@@ -1,0 +1,131 @@
+//! The `kvdir` binary as an operator runs it: flags, config checking with every problem
+//! reported, and a real run against a simulated engine, queried over HTTP.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use kvdir_sim::{EngineConfig, SimEngine};
+
+fn kvdir() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_kvdir"))
+}
+
+fn repo_file(path: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
+}
+
+#[test]
+fn version_and_help() {
+    let out = kvdir().arg("--version").output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("kvdir {}", env!("CARGO_PKG_VERSION"))
+    );
+    let out = kvdir().arg("--help").output().unwrap();
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--kv_events_config_file PATH"));
+}
+
+#[test]
+fn the_example_configs_are_valid() {
+    for file in ["config/static-streams.json", "config/kv_events_discovery_config.json"] {
+        let out = kvdir()
+            .arg("--check_config")
+            .arg(format!("--kv_events_config_file={}", repo_file(file).display()))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{file}: {text} {}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(text.trim(), "configuration is valid");
+    }
+}
+
+#[test]
+fn bad_flags_and_configs_exit_2_with_every_problem() {
+    let out = kvdir().args(["--http_server_port=99999", "--nope=1"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("invalid configuration (2 problems)"), "{err}");
+    assert!(err.contains("--http_server_port=\"99999\" is not an integer in 0..=65535"), "{err}");
+
+    let dir = std::env::temp_dir().join(format!("kvdir-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("bad.json");
+    std::fs::write(
+        &path,
+        r#"{"streams": [{"instance_name": "a", "endpoint": "tcp://*:1"}], "max_streams": 500}"#,
+    )
+    .unwrap();
+    let out = kvdir().arg(format!("--kv_events_config_file={}", path.display())).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    for p in [
+        "max_streams = 500",
+        "streams[0].replay_endpoint: missing",
+        "host \"*\" is not connectable",
+    ] {
+        assert!(err.contains(p), "missing {p:?} in {err}");
+    }
+    let out = kvdir().arg("--kv_events_config_file=/nonexistent/kv.json").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("cannot read --kv_events_config_file /nonexistent/kv.json"));
+}
+
+/// Starts the binary on a free port against one simulated engine and reads its answer.
+#[test]
+fn the_binary_serves_a_simulated_engines_cache() {
+    let eng =
+        SimEngine::start(EngineConfig { name: "bin".into(), block_size: 4, ..Default::default() })
+            .unwrap();
+    let ep = &eng.endpoints()[0];
+    let dir = std::env::temp_dir().join(format!("kvdir-bin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("kv.json");
+    let config = serde_json::json!({"streams": [{"instance_name": "bin", "block_size": 4,
+        "endpoint": ep.event, "replay_endpoint": ep.replay, "topic": "xllm-kv"}]});
+    std::fs::write(&path, config.to_string()).unwrap();
+    eng.process(0, &[1, 2, 3, 4, 5, 6, 7, 8, 9]).unwrap();
+    let mut child = kvdir()
+        .args(["--http_server_port=0", &format!("--kv_events_config_file={}", path.display())])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("kvdir listening on http://")
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_string();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let body = loop {
+        let body = post(&addr, r#"{"token_ids":[1,2,3,4,5,6,7,8,9]}"#);
+        if body.contains("\"device_hit_tokens\":8") || Instant::now() > deadline {
+            break body;
+        }
+        std::thread::sleep(Duration::from_millis(20)); // poll interval, under the deadline
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        body.contains("\"synchronized\":true") && body.contains("\"device_hit_tokens\":8"),
+        "{body}"
+    );
+}
+
+fn post(addr: &str, body: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    let req = format!(
+        "POST /v1/internal/kv-cache/query HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out
+}
