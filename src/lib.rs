@@ -15,5 +15,6 @@
 pub mod config;
 pub mod index;
 pub mod query;
+pub mod registry;
 pub mod stream;
 pub mod wire;

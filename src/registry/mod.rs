@@ -1,0 +1,20 @@
+//! The instance registry that xLLM engines keep in etcd (protocol.md section 5), without etcd:
+//! parsing keys and values, the instance state machine (time passed in), and planning the
+//! streams discovery should run. The discovery actor feeds it what etcd and `/health` say.
+
+mod plan;
+mod record;
+mod state;
+
+pub use plan::{plan, wants_subscription, Plan, PlannedStream};
+pub use record::{
+    namespace_prefix, parse_instance, parse_key, parse_load, split_host_port, Identity,
+    InstanceRecord, InstanceType, LoadMetrics, RecordError, RegistryKey,
+};
+pub use state::{
+    HeartbeatError, Instance, InstanceState, PutOutcome, Registry, LEASE_LOST_GRACE,
+    SUSPECT_TIMEOUT,
+};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,225 @@
+//! Instance records as xLLM engines write them to etcd (protocol.md section 5), parsed leniently:
+//! a value that does not parse is an error for that key only, never for discovery as a whole.
+
+use serde::Deserialize;
+use serde_json::Value;
+
+/// The role an instance registered with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum InstanceType {
+    /// Serves prefill and decode alone.
+    Default,
+    /// Prefill only.
+    Prefill,
+    /// Decode only.
+    Decode,
+    /// Switches between prefill and decode; `current` says which it is doing now.
+    Mix,
+}
+
+impl InstanceType {
+    /// The key segment (`XLLM:<TYPE>:<name>`).
+    pub fn key_segment(self) -> &'static str {
+        match self {
+            InstanceType::Default => "DEFAULT",
+            InstanceType::Prefill => "PREFILL",
+            InstanceType::Decode => "DECODE",
+            InstanceType::Mix => "MIX",
+        }
+    }
+
+    fn from_code(code: u64) -> Option<Self> {
+        Some(match code {
+            0 => InstanceType::Default,
+            1 => InstanceType::Prefill,
+            2 => InstanceType::Decode,
+            3 => InstanceType::Mix,
+            _ => return None,
+        })
+    }
+}
+
+/// What distinguishes one engine process from the next on the same address.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Identity {
+    /// Random per process.
+    pub incarnation_id: Option<String>,
+    /// Registration time, for engines without an incarnation id.
+    pub register_ts_ms: Option<u64>,
+}
+
+impl Identity {
+    /// Whether `other` is the same process: equal incarnation ids, or, when both lack one,
+    /// equal registration times (both absent counts as equal: reconnect and snapshot recovery
+    /// then provide the remaining protection).
+    pub fn same_process(&self, other: &Identity) -> bool {
+        match (&self.incarnation_id, &other.incarnation_id) {
+            (Some(a), Some(b)) => a == b,
+            (None, None) => self.register_ts_ms == other.register_ts_ms,
+            _ => false,
+        }
+    }
+}
+
+/// One registered engine instance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InstanceRecord {
+    /// `host:port` of the engine's business HTTP port; also the key suffix.
+    pub name: String,
+    /// The registered role.
+    pub kind: InstanceType,
+    /// For MIX: whether it currently acts as prefill (`current_type` 1) or decode (2).
+    /// Without `current_type` a MIX instance is taken to act as prefill.
+    pub mix_acting_prefill: bool,
+    /// Process identity.
+    pub identity: Identity,
+    /// DP ranks (0 or absent means 1).
+    pub dp_size: u32,
+    /// `xllm` (or absent) gets subscriptions; other backends do not.
+    pub backend: String,
+    /// `[prompt_len, ttft_ms]` samples, for SLO_AWARE.
+    pub ttft_profile: Vec<(f64, f64)>,
+    /// `[avg_len, batch, tpot_ms]` samples, for SLO_AWARE.
+    pub tpot_profile: Vec<(f64, f64, f64)>,
+}
+
+#[derive(Deserialize)]
+struct Raw {
+    name: String,
+    #[serde(rename = "rpc_address")]
+    _rpc_address: String,
+    #[serde(rename = "type")]
+    kind: u64,
+    current_type: Option<u64>,
+    incarnation_id: Option<String>,
+    register_ts_ms: Option<u64>,
+    dp_size: Option<u32>,
+    backend_type: Option<String>,
+    #[serde(default)]
+    ttft_profiling_data: Vec<(f64, f64)>,
+    #[serde(default)]
+    tpot_profiling_data: Vec<(f64, f64, f64)>,
+}
+
+/// Why a record was ignored.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordError {
+    /// Not JSON of the expected shape.
+    #[error("instance value does not parse: {0}")]
+    Parse(String),
+    /// The `type` code is unknown.
+    #[error("instance type {0} is not 0 (DEFAULT), 1 (PREFILL), 2 (DECODE) or 3 (MIX)")]
+    Type(u64),
+    /// The name is not `host:port`.
+    #[error("instance name {0:?} is not host:port of the engine's HTTP port")]
+    Name(String),
+    /// The key suffix and the `name` field disagree.
+    #[error("key names instance {key:?} but the value says {value:?}")]
+    NameMismatch {
+        /// From the key.
+        key: String,
+        /// From the value.
+        value: String,
+    },
+}
+
+/// Parses an instance value stored under a key whose suffix is `key_name`.
+pub fn parse_instance(key_name: &str, value: &[u8]) -> Result<InstanceRecord, RecordError> {
+    let raw: Raw = serde_json::from_slice(value).map_err(|e| RecordError::Parse(e.to_string()))?;
+    if raw.name != key_name {
+        return Err(RecordError::NameMismatch { key: key_name.into(), value: raw.name });
+    }
+    let kind = InstanceType::from_code(raw.kind).ok_or(RecordError::Type(raw.kind))?;
+    split_host_port(&raw.name).ok_or_else(|| RecordError::Name(raw.name.clone()))?;
+    Ok(InstanceRecord {
+        name: raw.name,
+        kind,
+        mix_acting_prefill: raw.current_type != Some(2),
+        identity: Identity {
+            incarnation_id: raw.incarnation_id,
+            register_ts_ms: raw.register_ts_ms,
+        },
+        dp_size: raw.dp_size.unwrap_or(1).max(1),
+        backend: raw.backend_type.unwrap_or_else(|| "xllm".into()),
+        ttft_profile: raw.ttft_profiling_data,
+        tpot_profile: raw.tpot_profiling_data,
+    })
+}
+
+/// `host:port` -> (host, port).
+pub fn split_host_port(name: &str) -> Option<(&str, u16)> {
+    let (host, port) = name.rsplit_once(':')?;
+    let port = port.parse::<u16>().ok().filter(|p| *p > 0)?;
+    (!host.is_empty()).then_some((host, port))
+}
+
+/// Load as engines report it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LoadMetrics {
+    /// Requests waiting in the engine's queue.
+    pub waiting_requests_num: u64,
+    /// Device KV usage in 0..=1.
+    pub gpu_cache_usage_perc: f64,
+}
+
+impl LoadMetrics {
+    /// Valid: usage is a finite number in 0..=1.
+    pub fn is_valid(&self) -> bool {
+        self.gpu_cache_usage_perc.is_finite() && (0.0..=1.0).contains(&self.gpu_cache_usage_perc)
+    }
+}
+
+/// Parses `{"waiting_requests_num": u64, "gpu_cache_usage_perc": f64}`.
+pub fn parse_load(value: &Value) -> Result<LoadMetrics, String> {
+    let waiting = value
+        .get("waiting_requests_num")
+        .and_then(Value::as_u64)
+        .ok_or_else(|| "waiting_requests_num must be a non-negative integer".to_string())?;
+    let usage = value
+        .get("gpu_cache_usage_perc")
+        .and_then(Value::as_f64)
+        .ok_or_else(|| "gpu_cache_usage_perc must be a number in 0..=1".to_string())?;
+    let load = LoadMetrics { waiting_requests_num: waiting, gpu_cache_usage_perc: usage };
+    if load.is_valid() {
+        Ok(load)
+    } else {
+        Err(format!("gpu_cache_usage_perc = {usage} is outside 0..=1"))
+    }
+}
+
+/// What an etcd key names, with the namespace prefix already removed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RegistryKey {
+    /// `XLLM:<TYPE>:<name>`.
+    Instance(InstanceType, String),
+    /// `XLLM:LOADMETRICS:<name>`.
+    Load(String),
+}
+
+/// The key prefix for a namespace: `/prod/` for `prod`, nothing for empty.
+pub fn namespace_prefix(namespace: &str) -> String {
+    let ns = namespace.trim_matches('/');
+    if ns.is_empty() {
+        String::new()
+    } else {
+        format!("/{ns}/")
+    }
+}
+
+/// Classifies a key under `prefix`; other keys give `None`.
+pub fn parse_key(prefix: &str, key: &str) -> Option<RegistryKey> {
+    let rest = key.strip_prefix(prefix)?.strip_prefix("XLLM:")?;
+    let (segment, name) = rest.split_once(':')?;
+    if name.is_empty() {
+        return None;
+    }
+    let kind = match segment {
+        "DEFAULT" => InstanceType::Default,
+        "PREFILL" => InstanceType::Prefill,
+        "DECODE" => InstanceType::Decode,
+        "MIX" => InstanceType::Mix,
+        "LOADMETRICS" => return Some(RegistryKey::Load(name.to_string())),
+        _ => return None,
+    };
+    Some(RegistryKey::Instance(kind, name.to_string()))
+}

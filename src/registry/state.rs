@@ -1,0 +1,200 @@
+//! The instance state machine of protocol.md section 5.1, with time passed in.
+//!
+//! | trigger | result |
+//! |---|---|
+//! | PUT, new name | ACTIVE |
+//! | PUT, same name, same process | ACTIVE; the index is kept |
+//! | PUT, same name, another process | replacement: old streams dropped, new ones start cold |
+//! | DELETE | the caller probes `/health`: 200 -> LEASE_LOST, else SUSPECT |
+//! | LEASE_LOST and no heartbeat for 3 s | SUSPECT |
+//! | heartbeat with matching incarnation while SUSPECT | LEASE_LOST |
+//! | SUSPECT for 15 s | removed |
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use super::record::{InstanceRecord, LoadMetrics};
+
+/// LEASE_LOST without a heartbeat for this long becomes SUSPECT.
+pub const LEASE_LOST_GRACE: Duration = Duration::from_millis(3000);
+/// SUSPECT for this long is removed.
+pub const SUSPECT_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// An instance's state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum InstanceState {
+    /// Registered with a live lease.
+    Active,
+    /// The lease expired but `/health` answered: subscriptions are kept (the grace period).
+    LeaseLost,
+    /// Presumed dead: no subscriptions, never a candidate.
+    Suspect,
+}
+
+/// One known instance.
+#[derive(Debug, Clone)]
+pub struct Instance {
+    /// The latest registration.
+    pub record: InstanceRecord,
+    /// Its state.
+    pub state: InstanceState,
+    /// When the state was entered.
+    pub since: Instant,
+    /// The latest heartbeat.
+    pub last_heartbeat: Option<Instant>,
+    /// The latest load report (etcd or heartbeat).
+    pub load: Option<LoadMetrics>,
+}
+
+/// What a PUT did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PutOutcome {
+    /// A new instance.
+    New,
+    /// The same process re-registered: keep its streams and index.
+    Refreshed,
+    /// Another process on the same name: drop its streams and index.
+    Replaced,
+}
+
+/// Why a heartbeat was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HeartbeatError {
+    /// No instance of that name.
+    #[error("no registered instance named {0:?}")]
+    Unknown(String),
+    /// The incarnation is not the registered one.
+    #[error(
+        "incarnation {got:?} of {name:?} is stale; the registered incarnation is {expected:?}"
+    )]
+    Stale {
+        /// The instance.
+        name: String,
+        /// Registered.
+        expected: Option<String>,
+        /// Sent.
+        got: Option<String>,
+    },
+}
+
+/// Every known instance by name.
+#[derive(Debug, Default)]
+pub struct Registry {
+    instances: BTreeMap<String, Instance>,
+}
+
+impl Registry {
+    /// The instances, in name order.
+    pub fn instances(&self) -> impl Iterator<Item = &Instance> {
+        self.instances.values()
+    }
+
+    /// One instance.
+    pub fn get(&self, name: &str) -> Option<&Instance> {
+        self.instances.get(name)
+    }
+
+    /// A registration was written.
+    pub fn put(&mut self, record: InstanceRecord, now: Instant) -> PutOutcome {
+        let fresh = |record| Instance {
+            record,
+            state: InstanceState::Active,
+            since: now,
+            last_heartbeat: None,
+            load: None,
+        };
+        match self.instances.get_mut(&record.name) {
+            None => {
+                self.instances.insert(record.name.clone(), fresh(record));
+                PutOutcome::New
+            }
+            Some(i) if i.record.identity.same_process(&record.identity) => {
+                i.record = record;
+                if i.state != InstanceState::Active {
+                    (i.state, i.since) = (InstanceState::Active, now);
+                }
+                PutOutcome::Refreshed
+            }
+            Some(i) => {
+                let load = i.load;
+                *i = fresh(record);
+                i.load = load;
+                PutOutcome::Replaced
+            }
+        }
+    }
+
+    /// The registration disappeared; the caller probes `/health` and reports with
+    /// [`Registry::probed`]. Returns whether the instance was known.
+    pub fn deleted(&self, name: &str) -> bool {
+        self.instances.contains_key(name)
+    }
+
+    /// The `/health` probe after a DELETE answered (`healthy`) or not.
+    pub fn probed(&mut self, name: &str, healthy: bool, now: Instant) {
+        if let Some(i) = self.instances.get_mut(name) {
+            let state = if healthy { InstanceState::LeaseLost } else { InstanceState::Suspect };
+            (i.state, i.since) = (state, now);
+        }
+    }
+
+    /// A heartbeat with load; a SUSPECT instance with the right incarnation becomes LEASE_LOST.
+    pub fn heartbeat(
+        &mut self,
+        name: &str,
+        incarnation: Option<&str>,
+        load: LoadMetrics,
+        now: Instant,
+    ) -> Result<(), HeartbeatError> {
+        let i = self.instances.get_mut(name).ok_or_else(|| HeartbeatError::Unknown(name.into()))?;
+        let expected = i.record.identity.incarnation_id.as_deref();
+        if expected != incarnation {
+            return Err(HeartbeatError::Stale {
+                name: name.into(),
+                expected: expected.map(str::to_string),
+                got: incarnation.map(str::to_string),
+            });
+        }
+        i.last_heartbeat = Some(now);
+        i.load = Some(load);
+        if i.state == InstanceState::Suspect {
+            (i.state, i.since) = (InstanceState::LeaseLost, now);
+        }
+        Ok(())
+    }
+
+    /// A load report from `XLLM:LOADMETRICS:<name>`.
+    pub fn load(&mut self, name: &str, load: LoadMetrics) {
+        if let Some(i) = self.instances.get_mut(name) {
+            i.load = Some(load);
+        }
+    }
+
+    /// Applies the timeouts; returns the names removed.
+    pub fn tick(&mut self, now: Instant) -> Vec<String> {
+        for i in self.instances.values_mut() {
+            if i.state == InstanceState::LeaseLost {
+                let last = i.last_heartbeat.map_or(i.since, |h| h.max(i.since));
+                if now.saturating_duration_since(last) >= LEASE_LOST_GRACE {
+                    (i.state, i.since) = (InstanceState::Suspect, now);
+                }
+            }
+        }
+        let expired: Vec<String> = self
+            .instances
+            .values()
+            .filter(|i| {
+                i.state == InstanceState::Suspect
+                    && now.saturating_duration_since(i.since) >= SUSPECT_TIMEOUT
+            })
+            .map(|i| i.record.name.clone())
+            .collect();
+        for name in &expired {
+            self.instances.remove(name);
+        }
+        expired
+    }
+}

@@ -1,0 +1,195 @@
+//! Unit tests of registry parsing, the instance state machine and stream planning.
+
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::config::DiscoveryConfig;
+
+fn record(name: &str, kind: u64, dp: u32, inc: Option<&str>) -> InstanceRecord {
+    let mut v = serde_json::json!({"name": name, "rpc_address": "", "type": kind, "dp_size": dp});
+    if let Some(i) = inc {
+        v["incarnation_id"] = i.into();
+    }
+    parse_instance(name, v.to_string().as_bytes()).unwrap()
+}
+
+fn discovery() -> DiscoveryConfig {
+    DiscoveryConfig {
+        enabled: true,
+        block_size: 128,
+        topic: "xllm-kv".into(),
+        event_port_offset: 10_000,
+        replay_port_offset: 30_000,
+        refresh_interval: Duration::from_secs(1),
+    }
+}
+
+const LOAD: LoadMetrics = LoadMetrics { waiting_requests_num: 3, gpu_cache_usage_perc: 0.5 };
+
+#[test]
+fn keys_carry_namespace_type_and_name() {
+    assert_eq!(namespace_prefix("prod"), "/prod/");
+    assert_eq!(namespace_prefix(""), "");
+    assert_eq!(
+        parse_key("/prod/", "/prod/XLLM:PREFILL:10.0.0.1:8000"),
+        Some(RegistryKey::Instance(InstanceType::Prefill, "10.0.0.1:8000".into()))
+    );
+    assert_eq!(parse_key("", "XLLM:LOADMETRICS:h:1"), Some(RegistryKey::Load("h:1".into())));
+    assert_eq!(parse_key("/prod/", "XLLM:PREFILL:h:1"), None, "another namespace");
+    assert_eq!(parse_key("", "XLLM:CACHE:h:1"), None, "the deprecated cache keys are ignored");
+}
+
+#[test]
+fn instance_values_parse_leniently_and_errors_name_the_problem() {
+    let r = record("127.0.0.1:8000", 3, 0, Some("a"));
+    assert_eq!(
+        (r.kind, r.dp_size, r.backend.as_str(), r.mix_acting_prefill),
+        (InstanceType::Mix, 1, "xllm", true)
+    );
+    let extra = br#"{"name":"h:1","rpc_address":"x","type":1,"unknown":[1],"ttft_profiling_data":[[100,20.5]]}"#;
+    assert_eq!(parse_instance("h:1", extra).unwrap().ttft_profile, [(100.0, 20.5)]);
+    assert!(matches!(parse_instance("h:1", b"{"), Err(RecordError::Parse(_))));
+    assert_eq!(
+        parse_instance("h:1", br#"{"name":"h:1","rpc_address":"","type":7}"#)
+            .unwrap_err()
+            .to_string(),
+        "instance type 7 is not 0 (DEFAULT), 1 (PREFILL), 2 (DECODE) or 3 (MIX)"
+    );
+    assert!(matches!(
+        parse_instance("h:2", br#"{"name":"h:1","rpc_address":"","type":1}"#),
+        Err(RecordError::NameMismatch { .. })
+    ));
+    assert!(matches!(
+        parse_instance("nohost", br#"{"name":"nohost","rpc_address":"","type":1}"#),
+        Err(RecordError::Name(_))
+    ));
+}
+
+#[test]
+fn load_values_must_be_valid() {
+    let ok =
+        parse_load(&serde_json::json!({"waiting_requests_num": 2, "gpu_cache_usage_perc": 0.25}))
+            .unwrap();
+    assert_eq!(ok.waiting_requests_num, 2);
+    assert!(parse_load(
+        &serde_json::json!({"waiting_requests_num": -1, "gpu_cache_usage_perc": 0.2})
+    )
+    .is_err());
+    let err =
+        parse_load(&serde_json::json!({"waiting_requests_num": 1, "gpu_cache_usage_perc": 1.5}))
+            .unwrap_err();
+    assert_eq!(err, "gpu_cache_usage_perc = 1.5 is outside 0..=1");
+}
+
+#[test]
+fn puts_refresh_or_replace_by_identity() {
+    let t = Instant::now();
+    let mut reg = Registry::default();
+    assert_eq!(reg.put(record("h:1", 1, 1, Some("a")), t), PutOutcome::New);
+    assert_eq!(reg.put(record("h:1", 1, 2, Some("a")), t), PutOutcome::Refreshed);
+    assert_eq!(reg.put(record("h:1", 1, 2, Some("b")), t), PutOutcome::Replaced);
+    let mut old = record("h:2", 1, 1, None);
+    old.identity.register_ts_ms = Some(5);
+    reg.put(old.clone(), t);
+    assert_eq!(reg.put(old.clone(), t), PutOutcome::Refreshed);
+    old.identity.register_ts_ms = Some(6);
+    assert_eq!(reg.put(old, t), PutOutcome::Replaced, "register_ts_ms stands in for incarnation");
+}
+
+#[test]
+fn lease_loss_grace_suspect_and_removal() {
+    let t = Instant::now();
+    let mut reg = Registry::default();
+    reg.put(record("h:1", 1, 1, Some("a")), t);
+    assert!(reg.deleted("h:1"));
+    reg.probed("h:1", true, t);
+    assert_eq!(reg.get("h:1").unwrap().state, InstanceState::LeaseLost);
+    reg.heartbeat("h:1", Some("a"), LOAD, t + Duration::from_secs(2)).unwrap();
+    reg.tick(t + Duration::from_millis(4999));
+    assert_eq!(
+        reg.get("h:1").unwrap().state,
+        InstanceState::LeaseLost,
+        "a heartbeat extends the grace"
+    );
+    reg.tick(t + Duration::from_secs(5));
+    assert_eq!(reg.get("h:1").unwrap().state, InstanceState::Suspect);
+    reg.heartbeat("h:1", Some("a"), LOAD, t + Duration::from_secs(6)).unwrap();
+    assert_eq!(
+        reg.get("h:1").unwrap().state,
+        InstanceState::LeaseLost,
+        "a heartbeat revives SUSPECT"
+    );
+    reg.probed("h:1", false, t + Duration::from_secs(7));
+    assert!(reg.tick(t + Duration::from_secs(21)).is_empty());
+    assert_eq!(reg.tick(t + Duration::from_secs(22)), ["h:1"]);
+    assert!(reg.get("h:1").is_none());
+}
+
+#[test]
+fn heartbeats_for_unknown_or_stale_instances_are_refused() {
+    let t = Instant::now();
+    let mut reg = Registry::default();
+    reg.put(record("h:1", 1, 1, Some("a")), t);
+    assert_eq!(
+        reg.heartbeat("h:9", Some("a"), LOAD, t),
+        Err(HeartbeatError::Unknown("h:9".into()))
+    );
+    let stale = reg.heartbeat("h:1", Some("old"), LOAD, t).unwrap_err();
+    assert_eq!(
+        stale.to_string(),
+        "incarnation Some(\"old\") of \"h:1\" is stale; the registered incarnation is Some(\"a\")"
+    );
+    reg.heartbeat("h:1", Some("a"), LOAD, t).unwrap();
+    assert_eq!(reg.get("h:1").unwrap().load, Some(LOAD));
+}
+
+#[test]
+fn planning_follows_roles_ports_overlaps_and_capacity() {
+    let t = Instant::now();
+    let mut reg = Registry::default();
+    reg.put(record("127.0.0.1:8000", 0, 2, Some("a")), t); // DEFAULT, 2 ranks
+    reg.put(record("127.0.0.1:8100", 2, 1, Some("b")), t); // DECODE
+    let mut mix_decode = record("127.0.0.1:8200", 3, 1, Some("c"));
+    mix_decode.mix_acting_prefill = false;
+    reg.put(mix_decode, t);
+    reg.put(record("127.0.0.1:8300", 3, 1, Some("d")), t); // MIX acting as prefill
+    reg.put(record("127.0.0.1:65000", 1, 1, Some("e")), t); // overflow
+    reg.put(record("127.0.0.1:8401", 1, 2, Some("f")), t); // overlaps the next one
+    reg.put(record("127.0.0.1:8402", 1, 1, Some("g")), t);
+    let mut vllm = record("127.0.0.1:8500", 1, 1, None);
+    vllm.backend = "vllm".into();
+    reg.put(vllm, t);
+    let p = plan(reg.instances(), &discovery(), 128);
+    let names: Vec<(String, u32, String)> = p
+        .streams
+        .iter()
+        .map(|s| (s.spec.instance_name.clone(), s.spec.dp_rank, s.spec.endpoint.clone()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("127.0.0.1:8000".into(), 0, "tcp://127.0.0.1:18000".into()),
+            ("127.0.0.1:8000".into(), 1, "tcp://127.0.0.1:18001".into()),
+            ("127.0.0.1:8300".into(), 0, "tcp://127.0.0.1:18300".into()),
+        ]
+    );
+    assert_eq!(p.streams[1].spec.replay_endpoint, "tcp://127.0.0.1:38001");
+    let why = |n: &str| p.excluded.get(n).cloned().unwrap_or_default();
+    assert!(why("127.0.0.1:8100").contains("DECODE"));
+    assert!(why("127.0.0.1:8200").contains("acting as DECODE"));
+    assert!(why("127.0.0.1:65000").starts_with("port overflow"), "{}", why("127.0.0.1:65000"));
+    assert!(why("127.0.0.1:8401").contains("overlaps instance 127.0.0.1:8402"));
+    assert!(why("127.0.0.1:8402").contains("overlaps instance 127.0.0.1:8401"));
+    assert!(why("127.0.0.1:8500").contains("vllm"));
+
+    let small = plan(reg.instances(), &discovery(), 2);
+    assert_eq!(small.streams.len(), 2, "the first instance in name order fits whole");
+    assert!(why_in(&small, "127.0.0.1:8300").starts_with("capacity"));
+    reg.probed("127.0.0.1:8000", false, t);
+    let p = plan(reg.instances(), &discovery(), 128);
+    assert_eq!(p.excluded["127.0.0.1:8000"], "SUSPECT");
+}
+
+fn why_in(p: &Plan, name: &str) -> String {
+    p.excluded.get(name).cloned().unwrap_or_default()
+}
