@@ -14,14 +14,15 @@ use subtle::ConstantTimeEq;
 use thiserror::Error;
 
 use crate::router_actor::{QueryCache, RouterActor};
-use crate::stream_actor::{GetStreamReport, StreamActor};
+use crate::stream_actor::GetStreamReport;
+use crate::streams::StreamMap;
 
 /// What the handlers share.
 pub struct AppState {
     /// The query side.
     pub router: Addr<RouterActor>,
     /// Every running stream.
-    pub streams: Vec<Addr<StreamActor>>,
+    pub streams: StreamMap,
     /// Required `X-Internal-Token`, if any.
     pub token: Option<String>,
     /// Largest body.
@@ -143,8 +144,12 @@ async fn query(
 
 async fn streams(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
-    let mut reports = Vec::with_capacity(state.streams.len());
-    for s in &state.streams {
+    let addrs: Vec<_> = match state.streams.read() {
+        Ok(m) => m.values().map(|r| r.stream.clone()).collect(),
+        Err(_) => Vec::new(),
+    };
+    let mut reports = Vec::with_capacity(addrs.len());
+    for s in &addrs {
         reports.push(s.send(GetStreamReport).await?);
     }
     reports.sort_by(|a, b| (&a.instance_name, a.dp_rank).cmp(&(&b.instance_name, b.dp_rank)));

@@ -1,6 +1,6 @@
 //! `IndexActor`: owns one stream's [`StreamIndex`] and applies what its stream sends, in order.
 //!
-//! Messages: [`ApplyBatch`], [`InstallSnapshot`], [`Invalidate`], [`GetIndexStatus`].
+//! Messages: [`ApplyBatch`], [`InstallSnapshot`], [`Invalidate`], [`GetIndexStatus`], `Shutdown`.
 //! Every change is published at once, so readers see whole batches and whole snapshots.
 //!
 //! Each stream message carries the recovery epoch it was produced in; the stream's worker bumps
@@ -183,6 +183,16 @@ impl Handler<Invalidate> for IndexActor {
         self.check_pending();
         self.index.invalidate(msg.reason);
         self.index.publish();
+    }
+}
+
+impl Handler<crate::stream_actor::Shutdown> for IndexActor {
+    type Result = ();
+
+    fn handle(&mut self, _: crate::stream_actor::Shutdown, ctx: &mut Context<Self>) {
+        self.index.invalidate("stream stopped");
+        self.index.publish();
+        ctx.stop();
     }
 }
 

@@ -1,6 +1,7 @@
 //! kvdir service: the actors around the pure core, the HTTP API and start-up wiring.
 //!
 //! - [`service`]: starts the actors for a configuration, then the HTTP server.
+//! - [`streams`]: starting and stopping a stream's actor pair.
 //! - [`stream_actor`]: `StreamActor`, one supervised subscription per instance/DP.
 //! - [`worker`]: the stream's I/O thread: SUB, monitor and snapshot DEALER, recovery.
 //! - [`index_actor`]: `IndexActor`, the single writer of one stream's index.
@@ -12,6 +13,7 @@ pub mod index_actor;
 pub mod router_actor;
 pub mod service;
 pub mod stream_actor;
+pub mod streams;
 pub mod worker;
 
 pub use service::{Service, StartError};

@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, HashMap};
 use actix::prelude::*;
 use kvdir::index::{ContentKey, IndexReader, KeyHasher, ViewHandle};
 use kvdir::query::{QueryResponse, StreamMatch};
+use kvdir::registry::Identity;
 
 /// A stream's identity: instance and DP rank.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -27,6 +28,8 @@ pub struct RegisterStream {
     pub key: StreamKey,
     /// Its view.
     pub reader: IndexReader,
+    /// The engine process it was started for (discovery only).
+    pub identity: Option<Identity>,
 }
 
 /// Stop answering for a stream (its entries leave the query response).
@@ -48,7 +51,7 @@ pub struct QueryCache {
 /// The query side of the directory.
 #[derive(Default)]
 pub struct RouterActor {
-    streams: BTreeMap<StreamKey, ViewHandle>,
+    streams: BTreeMap<StreamKey, (ViewHandle, Option<Identity>)>,
     hashers: HashMap<(u32, u64), KeyHasher>,
 }
 
@@ -60,7 +63,7 @@ impl Handler<RegisterStream> for RouterActor {
     type Result = ();
 
     fn handle(&mut self, msg: RegisterStream, _: &mut Context<Self>) {
-        self.streams.insert(msg.key, msg.reader.handle());
+        self.streams.insert(msg.key, (msg.reader.handle(), msg.identity));
     }
 }
 
@@ -85,7 +88,7 @@ impl RouterActor {
     pub fn query(&mut self, tokens: &[i32]) -> QueryResponse {
         let mut keys: HashMap<(u32, u64), Vec<ContentKey>> = HashMap::new();
         let mut matches = Vec::with_capacity(self.streams.len());
-        for (key, view) in &self.streams {
+        for (key, (view, _)) in &self.streams {
             let group = (view.block_size(), view.hash_seed());
             let qkeys = keys.entry(group).or_insert_with(|| {
                 let hasher =

@@ -5,19 +5,16 @@
 //! actix system on a dedicated thread; [`Service`] is the handle to stop it or wait for it.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use actix::prelude::*;
 use actix_web::{web, App, HttpServer};
 use kvdir::config::{DirectoryConfig, Flags, Source, StreamSpec};
-use kvdir::index::StreamIndex;
 use thiserror::Error;
 
 use crate::http::{routes, AppState};
-use crate::index_actor::{IndexActor, StreamShared};
-use crate::router_actor::{RegisterStream, RouterActor, StreamKey};
-use crate::stream_actor::StreamActor;
+use crate::router_actor::RouterActor;
+use crate::streams::StreamSet;
 
 /// Arbiters (threads) shared by the index actors.
 const INDEX_ARBITERS: usize = 2;
@@ -128,24 +125,15 @@ async fn boot(
     let router =
         RouterActor::start_in_arbiter(&Arbiter::new().handle(), |_| RouterActor::default());
     let arbiters: Vec<Arbiter> = (0..INDEX_ARBITERS).map(|_| Arbiter::new()).collect();
-    let zmq = zmq::Context::new();
-    let mut streams = Vec::with_capacity(specs.len());
-    for (i, spec) in specs.iter().enumerate() {
-        let arb = arbiters[i % INDEX_ARBITERS].handle();
-        let shared = Arc::new(StreamShared::default());
-        let (tx, rx) = std::sync::mpsc::channel();
-        let index =
-            IndexActor::new(StreamIndex::new(spec.index_config(limits)), Arc::clone(&shared), tx);
-        let key = StreamKey { instance_name: spec.instance_name.clone(), dp_rank: spec.dp_rank };
-        let registered = router.send(RegisterStream { key, reader: index.reader() }).await;
-        registered.map_err(|_| StartError::Died)?;
-        let index = IndexActor::start_in_arbiter(&arb, |_| index);
-        let (spec, limits, zmq) = (spec.clone(), limits.clone(), zmq.clone());
-        let stream = Supervisor::start_in_arbiter(&arb, move |_| {
-            StreamActor::new(spec, limits, index, shared, rx, zmq)
-        });
-        streams.push(stream);
+    let set = StreamSet::new(
+        router.clone(),
+        arbiters.iter().map(Arbiter::handle).collect(),
+        limits.clone(),
+    );
+    for spec in specs {
+        set.start(spec.clone(), None).await.map_err(|_| StartError::Died)?;
     }
+    let streams = set.map();
     let state = web::Data::new(AppState {
         router,
         streams,

@@ -58,6 +58,12 @@ pub struct StreamReport {
     pub last_fault: Option<String>,
 }
 
+/// End a stream for good: the worker thread stops; the actor ends once no address is left
+/// (a supervised actor that stops by itself would be restarted).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Shutdown;
+
 /// Ask a stream for its report.
 #[derive(Message)]
 #[rtype(result = "StreamReport")]
@@ -115,11 +121,11 @@ impl StreamActor {
             status: Arc::clone(&self.status),
             zmq: self.zmq.clone(),
         };
-        let me = ctx.address();
+        let me = ctx.address().downgrade();
         let name = format!("kvdir-{}-dp{}", self.spec.instance_name, self.spec.dp_rank);
         let id = WORKER_IDS.fetch_add(1, Ordering::Relaxed);
         let spawned = std::thread::Builder::new().name(name).spawn(move || {
-            if let Err(e) = worker::run(wctx, id) {
+            if let (Err(e), Some(me)) = (worker::run(wctx, id), me.upgrade()) {
                 me.do_send(WorkerExited(e.to_string()));
             }
         });
@@ -156,6 +162,14 @@ impl Handler<WorkerExited> for StreamActor {
         tracing::error!(stream = %self.spec.instance_name, dp = self.spec.dp_rank, error = %msg.0, "stream worker failed; restarting");
         let delay = Duration::from_millis(200 * (1 << self.restarts.min(5)));
         ctx.run_later(delay, |_, ctx| ctx.stop());
+    }
+}
+
+impl Handler<Shutdown> for StreamActor {
+    type Result = ();
+
+    fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) {
+        self.stop.store(true, Ordering::Release);
     }
 }
 
