@@ -1,6 +1,7 @@
 //! The HTTP API (actix-web) and [`ApiError`], the one place that maps errors to status codes.
 //!
-//! Routes: `POST /v1/internal/kv-cache/query`, `GET /v1/internal/streams`, `GET /health`.
+//! Routes: `POST /v1/internal/kv-cache/query`, `GET /v1/internal/streams`,
+//! `POST /v1/internal/heartbeat`, `GET /v1/internal/instances`, `GET /health`.
 //! Internal routes need `X-Internal-Token` when a token is configured; it is compared in
 //! constant time. Bodies are read up to `--max_request_bytes`, then parsed strictly.
 
@@ -13,6 +14,7 @@ use serde::Serialize;
 use subtle::ConstantTimeEq;
 use thiserror::Error;
 
+use crate::discovery::{DiscoveryActor, GetInstances, Heartbeat};
 use crate::router_actor::{QueryCache, RouterActor};
 use crate::stream_actor::GetStreamReport;
 use crate::streams::StreamMap;
@@ -23,6 +25,8 @@ pub struct AppState {
     pub router: Addr<RouterActor>,
     /// Every running stream.
     pub streams: StreamMap,
+    /// Discovery, when configured.
+    pub discovery: Option<Addr<DiscoveryActor>>,
     /// Required `X-Internal-Token`, if any.
     pub token: Option<String>,
     /// Largest body.
@@ -43,6 +47,9 @@ pub enum ApiError {
     /// The body is larger than `--max_request_bytes`.
     #[error("request body exceeds --max_request_bytes = {0}")]
     PayloadTooLarge(usize),
+    /// The heartbeat names an unknown instance or a stale incarnation.
+    #[error("{0}")]
+    Conflict(String),
     /// An actor did not answer (shutting down).
     #[error("service unavailable: {0}")]
     Unavailable(String),
@@ -62,6 +69,7 @@ impl ResponseError for ApiError {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
         }
@@ -83,6 +91,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/health", web::get().to(health))
         .route("/v1/internal/kv-cache/query", web::post().to(query))
         .route("/v1/internal/streams", web::get().to(streams))
+        .route("/v1/internal/heartbeat", web::post().to(heartbeat))
+        .route("/v1/internal/instances", web::get().to(instances))
         .default_service(web::to(not_found));
 }
 
@@ -154,4 +164,46 @@ async fn streams(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRes
     }
     reports.sort_by(|a, b| (&a.instance_name, a.dp_rank).cmp(&(&b.instance_name, b.dp_rank)));
     Ok(HttpResponse::Ok().json(serde_json::json!({ "streams": reports })))
+}
+
+#[derive(serde::Deserialize)]
+struct HeartbeatBody {
+    name: String,
+    incarnation_id: Option<String>,
+    load_metrics: serde_json::Value,
+}
+
+async fn heartbeat(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let body = read_body(payload, &req, state.max_request_bytes).await?;
+    let hb: HeartbeatBody = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::BadRequest(format!(
+            "heartbeat body: {e}; expected {{\"name\", \"incarnation_id\", \"load_metrics\"}}"
+        ))
+    })?;
+    let load = kvdir::registry::parse_load(&hb.load_metrics)
+        .map_err(|e| ApiError::BadRequest(format!("load_metrics: {e}")))?;
+    let Some(discovery) = &state.discovery else {
+        return Err(ApiError::Conflict(format!(
+            "no registered instance named {:?}: discovery is not configured",
+            hb.name
+        )));
+    };
+    let msg = Heartbeat { name: hb.name, incarnation_id: hb.incarnation_id, load };
+    discovery.send(msg).await?.map_err(|e| ApiError::Conflict(e.to_string()))?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "status": "ok" })))
+}
+
+async fn instances(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    match &state.discovery {
+        Some(d) => Ok(HttpResponse::Ok().json(d.send(GetInstances).await?)),
+        None => Ok(HttpResponse::Ok().json(serde_json::json!({
+            "etcd_connected": false, "etcd_error": null, "etcd_listings": 0, "instances": []
+        }))),
+    }
 }

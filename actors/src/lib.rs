@@ -1,6 +1,8 @@
 //! kvdir service: the actors around the pure core, the HTTP API and start-up wiring.
 //!
 //! - [`service`]: starts the actors for a configuration, then the HTTP server.
+//! - [`discovery`]: `DiscoveryActor`, the instance registry from etcd and stream reconciliation.
+//! - [`etcd_watch`]: list-then-watch of the registry keys, and the `/health` probe.
 //! - [`streams`]: starting and stopping a stream's actor pair.
 //! - [`stream_actor`]: `StreamActor`, one supervised subscription per instance/DP.
 //! - [`worker`]: the stream's I/O thread: SUB, monitor and snapshot DEALER, recovery.
@@ -8,6 +10,8 @@
 //! - [`router_actor`]: `RouterActor`, answers queries from the published views.
 //! - [`http`]: routes and `ApiError`, the one place errors become status codes.
 
+pub mod discovery;
+pub mod etcd_watch;
 pub mod http;
 pub mod index_actor;
 pub mod router_actor;

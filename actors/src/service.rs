@@ -9,9 +9,10 @@ use std::thread::JoinHandle;
 
 use actix::prelude::*;
 use actix_web::{web, App, HttpServer};
-use kvdir::config::{DirectoryConfig, Flags, Source, StreamSpec};
+use kvdir::config::{DirectoryConfig, DiscoveryConfig, Flags, Source, StreamSpec};
 use thiserror::Error;
 
+use crate::discovery::DiscoveryActor;
 use crate::http::{routes, AppState};
 use crate::router_actor::RouterActor;
 use crate::streams::StreamSet;
@@ -30,9 +31,6 @@ pub enum StartError {
         /// The OS error.
         source: std::io::Error,
     },
-    /// The configuration asks for something this build cannot do.
-    #[error("{0}")]
-    Unsupported(String),
     /// The service thread ended before it was ready.
     #[error("the service thread ended during start-up")]
     Died,
@@ -54,10 +52,15 @@ impl Service {
                 Vec::new()
             }
             Some(Source::Streams(s)) => s.clone(),
-            Some(Source::Discovery(_)) => return Err(StartError::Unsupported(
-                "discovery from etcd is not available in this build yet; configure static streams"
-                    .into(),
-            )),
+            Some(Source::Discovery(_)) => Vec::new(),
+        };
+        let discovery = match directory.as_ref().map(|d| &d.source) {
+            Some(Source::Discovery(d)) if d.enabled => Some(d.clone()),
+            Some(Source::Discovery(_)) => {
+                tracing::warn!("discovery.enabled is false: the directory is disabled");
+                None
+            }
+            _ => None,
         };
         let limits = directory.map(|d| d.limits).unwrap_or_default();
         let (tx, rx) = std::sync::mpsc::channel();
@@ -66,7 +69,7 @@ impl Service {
             .spawn(move || {
                 let sys = actix_rt::System::new();
                 sys.block_on(async move {
-                    match boot(&flags, &specs, &limits).await {
+                    match boot(&flags, &specs, discovery, &limits).await {
                         Ok((server, addr, _arbiters)) => {
                             let _ = tx.send(Ok((server.handle(), addr)));
                             let _ = server.await;
@@ -120,6 +123,7 @@ impl Drop for Service {
 async fn boot(
     flags: &Flags,
     specs: &[StreamSpec],
+    discovery: Option<DiscoveryConfig>,
     limits: &kvdir::config::Limits,
 ) -> Result<(actix_web::dev::Server, SocketAddr, Vec<Arbiter>), StartError> {
     let router =
@@ -134,9 +138,18 @@ async fn boot(
         set.start(spec.clone(), None).await.map_err(|_| StartError::Died)?;
     }
     let streams = set.map();
+    let discovery = discovery.map(|d| {
+        let (addr, ns) = (flags.etcd_addr.clone(), flags.etcd_namespace.clone());
+        let set = set.clone();
+        let limits = limits.clone();
+        DiscoveryActor::start_in_arbiter(&Arbiter::new().handle(), move |_| {
+            DiscoveryActor::new(d, &limits, addr, &ns, set)
+        })
+    });
     let state = web::Data::new(AppState {
         router,
         streams,
+        discovery,
         token: flags.internal_api_token.clone(),
         max_request_bytes: flags.max_request_bytes,
         max_query_tokens: flags.max_query_tokens,

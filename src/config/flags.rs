@@ -20,6 +20,8 @@ FLAGS (--flag=value or --flag value):
     --internal_api_token TOKEN     require X-Internal-Token on internal endpoints
     --max_request_bytes N          largest accepted HTTP body [default: 4194304]
     --max_query_tokens N           largest accepted token_ids list [default: 1048576]
+    --etcd_addr HOST:PORT          etcd for discovery [default: 127.0.0.1:2379]
+    --etcd_namespace NS            key prefix /NS/ of the instance registry [default: none]
     --check_config                 validate flags and the config file, then exit
     --help, --version
 ";
@@ -52,6 +54,10 @@ pub struct Flags {
     pub max_query_tokens: usize,
     /// Validate and exit.
     pub check_config: bool,
+    /// etcd endpoint for discovery.
+    pub etcd_addr: String,
+    /// Registry namespace (`/ns/` key prefix); empty for none.
+    pub etcd_namespace: String,
 }
 
 impl Default for Flags {
@@ -64,6 +70,8 @@ impl Default for Flags {
             max_request_bytes: 4 << 20,
             max_query_tokens: 1 << 20,
             check_config: false,
+            etcd_addr: "127.0.0.1:2379".into(),
+            etcd_namespace: String::new(),
         }
     }
 }
@@ -89,6 +97,9 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
         "internal_api_token" => flags.internal_api_token = (!v.is_empty()).then(|| v.to_string()),
         "max_request_bytes" => flags.max_request_bytes = number(name, v, 64, 1 << 32)?,
         "max_query_tokens" => flags.max_query_tokens = number(name, v, 1, 1 << 28)?,
+        "etcd_addr" if v.is_empty() => return Err("--etcd_addr must not be empty".into()),
+        "etcd_addr" => flags.etcd_addr = v.to_string(),
+        "etcd_namespace" => flags.etcd_namespace = v.to_string(),
         _ => return Err(format!("unknown flag --{name}; run kvdir --help for the list")),
     }
     Ok(())

@@ -1,0 +1,373 @@
+//! `DiscoveryActor`: follows the instance registry in etcd and keeps one stream per DP rank of
+//! every subscribable instance.
+//!
+//! Messages: [`EtcdListed`], [`EtcdChanged`], [`EtcdDown`] (from the watch task), `Probed`
+//! (from `/health` probes), [`Heartbeat`], [`GetInstances`].
+//! The rules live in `kvdir::registry` (state machine and planning); this actor feeds them and,
+//! every `refresh_interval`, reconciles the running streams with the plan: new streams start
+//! cold, vanished ones stop, and a changed endpoint, DP topology or process identity restarts a
+//! stream with an empty index, so a replacement gets no credit before its own snapshot.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use actix::prelude::*;
+use kvdir::config::{DiscoveryConfig, Limits};
+use kvdir::registry::{
+    namespace_prefix, parse_instance, parse_key, parse_load, plan, HeartbeatError, LoadMetrics,
+    PlannedStream, Registry, RegistryKey,
+};
+use serde::Serialize;
+
+use crate::router_actor::StreamKey;
+use crate::streams::StreamSet;
+
+/// A full listing of the registry keys at `revision`.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct EtcdListed {
+    /// Keys and values.
+    pub kvs: Vec<(String, Vec<u8>)>,
+    /// The listing's revision; the watch starts after it.
+    pub revision: i64,
+}
+
+/// One key change.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// Written.
+    Put(String, Vec<u8>),
+    /// Deleted (or its lease expired).
+    Delete(String),
+}
+
+/// Changes from the watch.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct EtcdChanged(pub Vec<Change>);
+
+/// etcd is unreachable or the watch ended.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct EtcdDown {
+    /// Why.
+    pub error: String,
+}
+
+#[derive(Message)]
+#[rtype(result = "()")]
+struct Probed {
+    name: String,
+    healthy: bool,
+}
+
+/// A heartbeat from an engine.
+#[derive(Message)]
+#[rtype(result = "Result<(), HeartbeatError>")]
+pub struct Heartbeat {
+    /// Instance name.
+    pub name: String,
+    /// The sender's incarnation.
+    pub incarnation_id: Option<String>,
+    /// Its load.
+    pub load: LoadMetrics,
+}
+
+/// Ask for the instances report.
+#[derive(Message)]
+#[rtype(result = "InstancesReport")]
+pub struct GetInstances;
+
+/// One instance as `GET /v1/internal/instances` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct InstanceReport {
+    /// `host:port`.
+    pub name: String,
+    /// ACTIVE, LEASE_LOST or SUSPECT.
+    pub state: kvdir::registry::InstanceState,
+    /// DEFAULT, PREFILL, DECODE or MIX.
+    pub role: &'static str,
+    /// For MIX: what it does now.
+    pub acting_as: Option<&'static str>,
+    /// Process identity.
+    pub incarnation_id: Option<String>,
+    /// Registration time.
+    pub register_ts_ms: Option<u64>,
+    /// DP size.
+    pub dp_size: u32,
+    /// Backend.
+    pub backend: String,
+    /// Latest load.
+    pub waiting_requests_num: Option<u64>,
+    /// Latest device KV usage.
+    pub gpu_cache_usage_perc: Option<f64>,
+    /// DP ranks with a running stream.
+    pub streams: Vec<u32>,
+    /// Why it has no streams.
+    pub excluded: Option<String>,
+}
+
+/// The instances report.
+#[derive(Debug, Clone, Serialize)]
+pub struct InstancesReport {
+    /// Whether the etcd watch is running.
+    pub etcd_connected: bool,
+    /// The last etcd problem.
+    pub etcd_error: Option<String>,
+    /// Times the registry was listed.
+    pub etcd_listings: u64,
+    /// Every known instance in name order.
+    pub instances: Vec<InstanceReport>,
+}
+
+/// Discovery from etcd.
+pub struct DiscoveryActor {
+    cfg: DiscoveryConfig,
+    max_streams: usize,
+    etcd_addr: String,
+    prefix: String,
+    registry: Registry,
+    set: StreamSet,
+    excluded: BTreeMap<String, String>,
+    etcd_connected: bool,
+    etcd_error: Option<String>,
+    listings: u64,
+    reconciling: bool,
+}
+
+impl DiscoveryActor {
+    /// Discovery on `etcd_addr` under `namespace`, starting streams through `set`.
+    pub fn new(
+        cfg: DiscoveryConfig,
+        limits: &Limits,
+        etcd_addr: String,
+        namespace: &str,
+        set: StreamSet,
+    ) -> Self {
+        DiscoveryActor {
+            cfg,
+            max_streams: limits.max_streams,
+            etcd_addr,
+            prefix: namespace_prefix(namespace),
+            registry: Registry::default(),
+            set,
+            excluded: BTreeMap::new(),
+            etcd_connected: false,
+            etcd_error: None,
+            listings: 0,
+            reconciling: false,
+        }
+    }
+
+    fn apply(&mut self, change: Change, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        match change {
+            Change::Put(key, value) => match parse_key(&self.prefix, &key) {
+                Some(RegistryKey::Instance(_, name)) => match parse_instance(&name, &value) {
+                    Ok(record) => {
+                        let outcome = self.registry.put(record, now);
+                        tracing::info!(instance = %name, ?outcome, "instance registered");
+                    }
+                    Err(e) => tracing::warn!(%key, error = %e, "ignoring an instance value"),
+                },
+                Some(RegistryKey::Load(name)) => {
+                    let load = serde_json::from_slice(&value)
+                        .map_err(|e| e.to_string())
+                        .and_then(|v| parse_load(&v));
+                    match load {
+                        Ok(l) => self.registry.load(&name, l),
+                        Err(e) => tracing::warn!(%key, error = %e, "ignoring a load value"),
+                    }
+                }
+                None => {}
+            },
+            Change::Delete(key) => {
+                if let Some(RegistryKey::Instance(_, name)) = parse_key(&self.prefix, &key) {
+                    self.probe(name, ctx);
+                }
+            }
+        }
+    }
+
+    /// A registration vanished: `/health` decides between the grace period and SUSPECT.
+    fn probe(&mut self, name: String, ctx: &mut Context<Self>) {
+        if !self.registry.deleted(&name) {
+            return;
+        }
+        let me = ctx.address();
+        actix::spawn(async move {
+            let healthy = crate::etcd_watch::probe_health(&name).await;
+            me.do_send(Probed { name, healthy });
+        });
+    }
+
+    fn reconcile(&mut self, ctx: &mut Context<Self>) {
+        for name in self.registry.tick(Instant::now()) {
+            tracing::warn!(instance = %name, "instance removed after SUSPECT timeout");
+        }
+        if self.reconciling {
+            return;
+        }
+        let plan = plan(self.registry.instances(), &self.cfg, self.max_streams);
+        for (name, why) in &plan.excluded {
+            if self.excluded.get(name) != Some(why) && why.contains("overlap")
+                || why.starts_with("port overflow")
+            {
+                tracing::error!(instance = %name, reason = %why, "instance excluded from subscriptions");
+            }
+        }
+        self.excluded = plan.excluded;
+        self.reconciling = true;
+        let set = self.set.clone();
+        ctx.spawn(
+            async move { apply_plan(&set, plan.streams).await }
+                .into_actor(self)
+                .map(|_, a, _| a.reconciling = false),
+        );
+    }
+}
+
+/// Starts, stops and restarts streams so the running set equals `desired`.
+async fn apply_plan(set: &StreamSet, desired: Vec<PlannedStream>) {
+    let want: BTreeMap<StreamKey, PlannedStream> = desired
+        .into_iter()
+        .map(|p| {
+            (StreamKey { instance_name: p.spec.instance_name.clone(), dp_rank: p.spec.dp_rank }, p)
+        })
+        .collect();
+    for key in set.keys() {
+        let keep = match (set.get(&key), want.get(&key)) {
+            (Some(run), Some(p)) => {
+                run.spec == p.spec && run.identity.as_ref() == Some(&p.identity)
+            }
+            _ => false,
+        };
+        if !keep {
+            tracing::info!(instance = %key.instance_name, dp = key.dp_rank, "stopping stream");
+            set.stop(&key).await;
+        }
+    }
+    for (key, p) in want {
+        if set.get(&key).is_none() {
+            tracing::info!(instance = %key.instance_name, dp = key.dp_rank, endpoint = %p.spec.endpoint, "starting stream");
+            let _ = set.start(p.spec, Some(p.identity)).await;
+        }
+    }
+}
+
+impl Actor for DiscoveryActor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let (me, endpoint, prefix) = (ctx.address(), self.etcd_addr.clone(), self.prefix.clone());
+        actix::spawn(crate::etcd_watch::run(me, endpoint, prefix));
+        ctx.run_interval(self.cfg.refresh_interval, |a, ctx| a.reconcile(ctx));
+    }
+}
+
+impl Handler<EtcdListed> for DiscoveryActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: EtcdListed, ctx: &mut Context<Self>) {
+        self.etcd_connected = true;
+        self.listings += 1;
+        tracing::info!(keys = msg.kvs.len(), revision = msg.revision, "etcd registry listed");
+        let listed: std::collections::BTreeSet<String> = msg
+            .kvs
+            .iter()
+            .filter_map(|(k, _)| match parse_key(&self.prefix, k) {
+                Some(RegistryKey::Instance(_, name)) => Some(name),
+                _ => None,
+            })
+            .collect();
+        let gone: Vec<String> = self
+            .registry
+            .instances()
+            .map(|i| i.record.name.clone())
+            .filter(|n| !listed.contains(n))
+            .collect();
+        for (k, v) in msg.kvs {
+            self.apply(Change::Put(k, v), ctx);
+        }
+        for name in gone {
+            self.probe(name, ctx);
+        }
+    }
+}
+
+impl Handler<EtcdChanged> for DiscoveryActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: EtcdChanged, ctx: &mut Context<Self>) {
+        for change in msg.0 {
+            self.apply(change, ctx);
+        }
+    }
+}
+
+impl Handler<EtcdDown> for DiscoveryActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: EtcdDown, _: &mut Context<Self>) {
+        tracing::warn!(error = %msg.error, "etcd unavailable; serving what is known and retrying");
+        self.etcd_connected = false;
+        self.etcd_error = Some(msg.error);
+    }
+}
+
+impl Handler<Probed> for DiscoveryActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: Probed, _: &mut Context<Self>) {
+        tracing::info!(instance = %msg.name, healthy = msg.healthy, "lease lost; /health probed");
+        self.registry.probed(&msg.name, msg.healthy, Instant::now());
+    }
+}
+
+impl Handler<Heartbeat> for DiscoveryActor {
+    type Result = Result<(), HeartbeatError>;
+
+    fn handle(&mut self, msg: Heartbeat, _: &mut Context<Self>) -> Self::Result {
+        self.registry.heartbeat(&msg.name, msg.incarnation_id.as_deref(), msg.load, Instant::now())
+    }
+}
+
+impl Handler<GetInstances> for DiscoveryActor {
+    type Result = MessageResult<GetInstances>;
+
+    fn handle(&mut self, _: GetInstances, _: &mut Context<Self>) -> Self::Result {
+        let keys = self.set.keys();
+        let instances = self
+            .registry
+            .instances()
+            .map(|i| {
+                let r = &i.record;
+                InstanceReport {
+                    name: r.name.clone(),
+                    state: i.state,
+                    role: r.kind.key_segment(),
+                    acting_as: (r.kind == kvdir::registry::InstanceType::Mix)
+                        .then_some(if r.mix_acting_prefill { "PREFILL" } else { "DECODE" }),
+                    incarnation_id: r.identity.incarnation_id.clone(),
+                    register_ts_ms: r.identity.register_ts_ms,
+                    dp_size: r.dp_size,
+                    backend: r.backend.clone(),
+                    waiting_requests_num: i.load.map(|l| l.waiting_requests_num),
+                    gpu_cache_usage_perc: i.load.map(|l| l.gpu_cache_usage_perc),
+                    streams: keys
+                        .iter()
+                        .filter(|k| k.instance_name == r.name)
+                        .map(|k| k.dp_rank)
+                        .collect(),
+                    excluded: self.excluded.get(&r.name).cloned(),
+                }
+            })
+            .collect();
+        MessageResult(InstancesReport {
+            etcd_connected: self.etcd_connected,
+            etcd_error: self.etcd_error.clone(),
+            etcd_listings: self.listings,
+            instances,
+        })
+    }
+}
