@@ -5,13 +5,22 @@
 //! `--engines N`, engine `k` (0-based) is named `<name>-<k>` and its rank `r` binds
 //! `event_port + k * dp_size + r` and `replay_port + k * dp_size + r`; a port of 0 makes every
 //! rank pick an ephemeral port.
+//!
+//! With `--http_port P`, engine `k` gets the business HTTP port `P + k * 100` (so the ranges
+//! never overlap: at most 100 engines and 100 DP ranks), is named `127.0.0.1:<its port>`, and
+//! its ZeroMQ ports follow the discovery rule (`+10000 + r` events, `+30000 + r` snapshots);
+//! `--event_port` and `--replay_port` are then ignored. With `--etcd_addr` (which needs
+//! `--http_port`) every engine registers in etcd like an xLLM engine.
 
 use std::str::FromStr;
 
 use kvdir::wire::record::{BatchForm, EventForm};
 use serde_json::{json, Value};
 
-use crate::{EngineConfig, HashMode, SimEngine, SimError};
+use crate::{EngineConfig, HashMode, RegistrationOptions, SimEngine, SimError};
+
+/// With `--http_port`, engine `k` uses `http_port + k * HTTP_PORT_STRIDE`.
+pub const HTTP_PORT_STRIDE: u16 = 100;
 
 /// `kvdir-sim --help`.
 pub const HELP: &str = "\
@@ -25,6 +34,16 @@ USAGE: kvdir-sim [--flag=value | --flag value]...
   --event_port P        PUB port of engine 0 rank 0 (0 = ephemeral)          [18000]
   --replay_port P       ROUTER (snapshot) port of engine 0 rank 0 (0 = eph.) [38000]
                         engine k rank r binds PORT + k*dp_size + r on 127.0.0.1
+  --http_port P         business HTTP port of engine 0 (0 = none); engine k   [0]
+                        uses P + k*100, serves GET /health, is named
+                        127.0.0.1:<port>, and binds events on port+10000+r and
+                        snapshots on port+30000+r (--event_port/--replay_port
+                        are then ignored)
+  --etcd_addr H:P       register every engine in this etcd (needs --http_port)
+  --etcd_namespace NS   etcd key namespace (keys under /NS/)                 []
+  --instance_type T     0 DEFAULT | 1 PREFILL | 2 DECODE | 3 MIX             [0]
+  --heartbeat_to H:P    POST heartbeats to this kvdir (needs --etcd_addr)
+  --internal_api_token T  X-Internal-Token of heartbeats
   --block_size N        tokens per block                                     [128]
   --topic T             topic frame of live messages                         [xllm-kv]
   --device_blocks N     Device tier capacity per rank, blocks                [1024]
@@ -49,7 +68,7 @@ pub enum CliCommand {
     /// Print [`HELP`].
     Help,
     /// Run engines.
-    Run(CliOptions),
+    Run(Box<CliOptions>),
 }
 
 /// Parsed flags.
@@ -87,6 +106,18 @@ pub struct CliOptions {
     pub duration_s: Option<u64>,
     /// Where to write a query body for the first system prompt.
     pub query_file: Option<String>,
+    /// Business HTTP port of engine 0 (0 = none); see the module docs.
+    pub http_port: u16,
+    /// etcd to register in; `None` registers nothing.
+    pub etcd_addr: Option<String>,
+    /// etcd key namespace.
+    pub etcd_namespace: String,
+    /// Registered instance type, 0..=3.
+    pub instance_type: u8,
+    /// kvdir HTTP address for heartbeats.
+    pub heartbeat_to: Option<String>,
+    /// `X-Internal-Token` of heartbeats.
+    pub internal_api_token: Option<String>,
 }
 
 impl Default for CliOptions {
@@ -108,6 +139,12 @@ impl Default for CliOptions {
             seed: 42,
             duration_s: None,
             query_file: None,
+            http_port: 0,
+            etcd_addr: None,
+            etcd_namespace: String::new(),
+            instance_type: 0,
+            heartbeat_to: None,
+            internal_api_token: None,
         }
     }
 }
@@ -140,7 +177,7 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<CliCommand,
         }
     }
     if problems.is_empty() {
-        Ok(CliCommand::Run(options))
+        Ok(CliCommand::Run(Box::new(options)))
     } else {
         Err(SimError::Flags(problems))
     }
@@ -176,6 +213,15 @@ impl CliOptions {
             "duration_s" => self.duration_s = Some(number(name, value)?),
             "query_file" => self.query_file = Some(value.to_string()),
             "rate" => self.rate = rate(value)?,
+            "http_port" => self.http_port = number(name, value)?,
+            "etcd_addr" => self.etcd_addr = Some(value.to_string()),
+            "etcd_namespace" => self.etcd_namespace = value.to_string(),
+            "heartbeat_to" => self.heartbeat_to = Some(value.to_string()),
+            "internal_api_token" => self.internal_api_token = Some(value.to_string()),
+            "instance_type" => match number::<u8>(name, value)? {
+                t @ 0..=3 => self.instance_type = t,
+                _ => return Err(format!("--instance_type = {value} is not 0, 1, 2 or 3")),
+            },
             "hash_mode" => {
                 self.hash_mode =
                     choice(name, value, &[("u64", HashMode::U64), ("bin32", HashMode::Bin32)])?
@@ -197,33 +243,26 @@ impl CliOptions {
         Ok(())
     }
 
-    /// One validated config per engine, following the port rule in the module docs.
+    /// One validated config per engine, following the port rules in the module docs.
     pub fn engine_configs(&self) -> Result<Vec<EngineConfig>, SimError> {
-        let mut problems = Vec::new();
+        let mut problems = self.registration_problems();
         if self.engines == 0 {
             problems.push("--engines = 0 is below the minimum 1".to_string());
         }
-        let total = self.engines.saturating_mul(self.dp_size);
-        let (e, r) = (u32::from(self.event_port), u32::from(self.replay_port));
-        if e != 0 && r != 0 && e < r.saturating_add(total) && r < e.saturating_add(total) {
-            problems.push(format!(
-                "event ports {e}.. and replay ports {r}.. overlap for {total} ranks in all; \
-                 move one range"
-            ));
+        if self.http_port != 0 {
+            problems.extend(self.http_port_problems());
+        } else {
+            problems.extend(self.zmq_port_problems());
         }
         let mut configs = Vec::new();
         for k in 0..self.engines {
-            let offset = k.saturating_mul(self.dp_size);
-            let event = engine_port("event_port", self.event_port, offset);
-            let replay = engine_port("replay_port", self.replay_port, offset);
-            let (event, replay) = match (event, replay) {
-                (Ok(e), Ok(r)) => (e, r),
-                (e, r) => {
-                    problems.extend(e.err().into_iter().chain(r.err()));
+            let config = match self.ports_of(k) {
+                Ok((http, event, replay)) => self.engine_config(k, http, event, replay),
+                Err(problem) => {
+                    problems.push(problem);
                     break;
                 }
             };
-            let config = self.engine_config(k, event, replay);
             if let Err(SimError::Config(p)) = config.validate() {
                 problems.extend(p.into_iter().map(|p| format!("engine {k}: {p}")));
                 break;
@@ -237,7 +276,79 @@ impl CliOptions {
         }
     }
 
-    fn engine_config(&self, k: u32, event_port: u16, replay_port: u16) -> EngineConfig {
+    fn registration_problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.etcd_addr.is_some() && self.http_port == 0 {
+            problems.push(
+                "--etcd_addr needs --http_port: engines register as 127.0.0.1:<http port>"
+                    .to_string(),
+            );
+        }
+        if self.heartbeat_to.is_some() && self.etcd_addr.is_none() {
+            problems.push(
+                "--heartbeat_to needs --etcd_addr (heartbeats carry the incarnation \
+                           registered in etcd)"
+                    .to_string(),
+            );
+        }
+        problems
+    }
+
+    fn http_port_problems(&self) -> Vec<String> {
+        let stride = u32::from(HTTP_PORT_STRIDE);
+        let mut problems = Vec::new();
+        if self.dp_size > stride {
+            problems.push(format!(
+                "--dp_size = {} with --http_port needs at most {stride} ranks per engine \
+                 (engines are {stride} ports apart)",
+                self.dp_size
+            ));
+        }
+        if self.engines > stride {
+            problems.push(format!(
+                "--engines = {} with --http_port allows at most {stride} engines \
+                 (their HTTP ports would reach the event ports)",
+                self.engines
+            ));
+        }
+        problems
+    }
+
+    fn zmq_port_problems(&self) -> Option<String> {
+        let total = self.engines.saturating_mul(self.dp_size);
+        let (e, r) = (u32::from(self.event_port), u32::from(self.replay_port));
+        (e != 0 && r != 0 && e < r.saturating_add(total) && r < e.saturating_add(total)).then(
+            || {
+                format!(
+                    "event ports {e}.. and replay ports {r}.. overlap for {total} ranks in all; \
+                 move one range"
+                )
+            },
+        )
+    }
+
+    /// `(http_port, event_port, replay_port)` of engine `k`.
+    fn ports_of(&self, k: u32) -> Result<(u16, u16, u16), String> {
+        if self.http_port != 0 {
+            let offset = k.saturating_mul(u32::from(HTTP_PORT_STRIDE));
+            return Ok((engine_port("http_port", self.http_port, offset)?, 0, 0));
+        }
+        let offset = k.saturating_mul(self.dp_size);
+        let event = engine_port("event_port", self.event_port, offset);
+        let replay = engine_port("replay_port", self.replay_port, offset);
+        match (event, replay) {
+            (Ok(e), Ok(r)) => Ok((0, e, r)),
+            (e, r) => Err(e.err().into_iter().chain(r.err()).collect::<Vec<_>>().join("; ")),
+        }
+    }
+
+    fn engine_config(
+        &self,
+        k: u32,
+        http_port: u16,
+        event_port: u16,
+        replay_port: u16,
+    ) -> EngineConfig {
         EngineConfig {
             name: format!("{}-{k}", self.name),
             event_port,
@@ -250,7 +361,24 @@ impl CliOptions {
             hash_mode: self.hash_mode,
             batch_form: self.batch_form,
             event_form: self.event_form,
+            http_port,
+            ..EngineConfig::default()
         }
+    }
+
+    /// How each engine registers, when `--etcd_addr` is given. Engines write LOADMETRICS.
+    pub fn registration_options(&self) -> Option<RegistrationOptions> {
+        let etcd = self.etcd_addr.clone()?;
+        Some(RegistrationOptions {
+            etcd,
+            namespace: self.etcd_namespace.clone(),
+            kind: self.instance_type,
+            backend_type: Some("xllm".to_string()),
+            heartbeat_to: self.heartbeat_to.clone(),
+            internal_token: self.internal_api_token.clone(),
+            write_loadmetrics: true,
+            ..RegistrationOptions::default()
+        })
     }
 }
 
@@ -270,14 +398,15 @@ fn engine_port(flag: &str, base: u16, offset: u32) -> Result<u16, String> {
         .map_err(|_| format!("--{flag} = {base} needs port {port} for a later engine, above 65535"))
 }
 
-/// The `{"streams": [...]}` section of a kvdir config file for every rank of `engines`.
+/// The `{"streams": [...]}` section of a kvdir config file for every rank of `engines`, each
+/// named by [`SimEngine::instance_name`] (`127.0.0.1:<http port>` with an HTTP port).
 pub fn static_streams_config<'a>(engines: impl IntoIterator<Item = &'a SimEngine>) -> Value {
     let mut streams = Vec::new();
     for engine in engines {
-        let c = engine.config();
+        let (c, name) = (engine.config(), engine.instance_name());
         for (rank, ep) in engine.endpoints().into_iter().enumerate() {
             streams.push(json!({
-                "instance_name": c.name,
+                "instance_name": name,
                 "dp_rank": rank,
                 "block_size": c.block_size,
                 "endpoint": ep.event,
@@ -290,51 +419,4 @@ pub fn static_streams_config<'a>(engines: impl IntoIterator<Item = &'a SimEngine
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn parse(args: &[&str]) -> Result<CliCommand, SimError> {
-        parse_args(args.iter().map(|s| s.to_string()))
-    }
-
-    #[test]
-    fn both_flag_forms_and_defaults() {
-        let CliCommand::Run(o) =
-            parse(&["--dp_size=2", "--engines", "3", "--topic=", "--hash_mode", "BIN32"]).unwrap()
-        else {
-            panic!("not run")
-        };
-        assert_eq!((o.dp_size, o.engines, o.topic.as_str()), (2, 3, ""));
-        assert_eq!(o.hash_mode, HashMode::Bin32);
-        assert_eq!((o.event_port, o.replay_port, o.block_size), (18000, 38000, 128));
-        assert_eq!(parse(&["--rate=2", "--help"]).unwrap(), CliCommand::Help);
-    }
-
-    #[test]
-    fn all_problems_are_reported_together() {
-        let err = parse(&["--dp_size=x", "--bogus=1", "stray", "--rate=-1", "--name", "--seed"]);
-        let msg = err.unwrap_err().to_string();
-        for needle in [
-            "--dp_size = \"x\"",
-            "unknown flag --bogus",
-            "\"stray\"",
-            "--rate",
-            "--name needs",
-            "--seed needs",
-        ] {
-            assert!(msg.contains(needle), "{needle} missing from {msg}");
-        }
-    }
-
-    #[test]
-    fn engines_get_consecutive_port_ranges_and_names() {
-        let o = CliOptions { engines: 2, dp_size: 3, ..CliOptions::default() };
-        let configs = o.engine_configs().unwrap();
-        assert_eq!(configs[1].name, "sim-1");
-        assert_eq!((configs[1].event_port, configs[1].replay_port), (18003, 38003));
-        let o = CliOptions { engines: 2, event_port: 0, replay_port: 0, ..CliOptions::default() };
-        assert!(o.engine_configs().unwrap().iter().all(|c| c.event_port == 0));
-        let o = CliOptions { engines: 3, event_port: 65534, ..CliOptions::default() };
-        assert!(o.engine_configs().unwrap_err().to_string().contains("65536"));
-    }
-}
+mod tests;

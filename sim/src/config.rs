@@ -5,6 +5,11 @@
 //! `tcp://127.0.0.1:(replay_port + r)`, like xLLM. A port of 0 means "ephemeral": every rank
 //! binds `tcp://127.0.0.1:*` and the actual endpoints are read back, so they need not be
 //! contiguous. Only loopback is ever bound.
+//!
+//! Discovery rule: with a business HTTP port (`http_port != 0`) and both ZeroMQ ports left at 0,
+//! the ports are derived the way kvdir discovery expects (protocol.md section 5): rank `r` binds
+//! `http_port + event_port_offset + r` and `http_port + replay_port_offset + r`.
+//! [`EngineConfig::resolved`] applies the rule; [`crate::SimEngine`] runs with the resolved config.
 
 use kvdir::wire::record::{BatchForm, EventForm, WireHash};
 use xxhash_rust::xxh3::xxh3_128_with_seed;
@@ -62,6 +67,13 @@ pub struct EngineConfig {
     pub batch_form: BatchForm,
     /// Event layout (tagged map or positional array).
     pub event_form: EventForm,
+    /// Business HTTP port: serves `GET /health` on 127.0.0.1 and names the instance
+    /// `127.0.0.1:<http_port>`. 0 means no HTTP server and no port rule.
+    pub http_port: u16,
+    /// Discovery rule: event port of rank `r` = `http_port + event_port_offset + r`.
+    pub event_port_offset: u16,
+    /// Discovery rule: replay port of rank `r` = `http_port + replay_port_offset + r`.
+    pub replay_port_offset: u16,
 }
 
 impl Default for EngineConfig {
@@ -78,6 +90,9 @@ impl Default for EngineConfig {
             hash_mode: HashMode::U64,
             batch_form: BatchForm::Array,
             event_form: EventForm::Map,
+            http_port: 0,
+            event_port_offset: 10000,
+            replay_port_offset: 30000,
         }
     }
 }
@@ -107,22 +122,7 @@ impl EngineConfig {
         if self.device_capacity_blocks == 0 {
             problems.push("device_capacity_blocks = 0 is below the minimum 1".to_string());
         }
-        for (field, port) in [("event_port", self.event_port), ("replay_port", self.replay_port)] {
-            let last = u32::from(port) + self.dp_size.saturating_sub(1);
-            if port != 0 && last > u32::from(u16::MAX) {
-                problems.push(format!(
-                    "{field} = {port} with dp_size = {} needs port {last}, above 65535",
-                    self.dp_size
-                ));
-            }
-        }
-        if self.port_ranges_overlap() {
-            problems.push(format!(
-                "event ports {}.. and replay ports {}.. overlap for dp_size = {}; \
-                 move one range",
-                self.event_port, self.replay_port, self.dp_size
-            ));
-        }
+        self.check_ports(&mut problems);
         if problems.is_empty() {
             Ok(())
         } else {
@@ -130,12 +130,74 @@ impl EngineConfig {
         }
     }
 
-    fn port_ranges_overlap(&self) -> bool {
-        if self.event_port == 0 || self.replay_port == 0 {
-            return false;
+    /// Whether the discovery rule derives the ZeroMQ ports (`http_port` set, both ports 0).
+    pub fn derives_ports(&self) -> bool {
+        self.http_port != 0 && self.event_port == 0 && self.replay_port == 0
+    }
+
+    /// Base (event, replay) ports of rank 0, widened so overflow can be reported.
+    fn base_ports(&self) -> (u32, u32) {
+        if self.derives_ports() {
+            let http = u32::from(self.http_port);
+            (http + u32::from(self.event_port_offset), http + u32::from(self.replay_port_offset))
+        } else {
+            (u32::from(self.event_port), u32::from(self.replay_port))
         }
-        let (e, r, n) = (u32::from(self.event_port), u32::from(self.replay_port), self.dp_size);
-        e < r + n && r < e + n
+    }
+
+    fn check_ports(&self, problems: &mut Vec<String>) {
+        let (event, replay) = self.base_ports();
+        let n = self.dp_size.max(1);
+        let rule = if self.derives_ports() { " (derived from http_port)" } else { "" };
+        let mut fits = true;
+        for (field, port) in [("event_port", event), ("replay_port", replay)] {
+            let last = port + n - 1;
+            if port != 0 && last > u32::from(u16::MAX) {
+                fits = false;
+                problems.push(format!(
+                    "{field} = {port}{rule} with dp_size = {n} needs port {last}, above 65535"
+                ));
+            }
+        }
+        let overlap = |a: u32, b: u32| a != 0 && b != 0 && a < b + n && b < a + n;
+        if fits && overlap(event, replay) {
+            problems.push(format!(
+                "event ports {event}..{} and replay ports {replay}..{} overlap{rule}; \
+                 move one range",
+                event + n,
+                replay + n
+            ));
+        }
+        let http = u32::from(self.http_port);
+        let within = |base: u32| base != 0 && (base..base + n).contains(&http);
+        if http != 0 && (within(event) || within(replay)) {
+            problems.push(format!(
+                "http_port = {http} lies inside the event ports {event}.. or replay ports \
+                 {replay}.. of the {n} ranks; move it or change the port offsets"
+            ));
+        }
+    }
+
+    /// The config the engine runs with: when [`EngineConfig::derives_ports`], `event_port` and
+    /// `replay_port` are set by the discovery rule; otherwise an unchanged copy. Call after
+    /// [`EngineConfig::validate`] (an overflowing derived port is left at 0).
+    pub fn resolved(&self) -> EngineConfig {
+        let mut config = self.clone();
+        if self.derives_ports() {
+            let (event, replay) = self.base_ports();
+            config.event_port = u16::try_from(event).unwrap_or(0);
+            config.replay_port = u16::try_from(replay).unwrap_or(0);
+        }
+        config
+    }
+
+    /// `127.0.0.1:<http_port>` with an HTTP port (what the engine registers as), else `name`.
+    pub fn instance_name(&self) -> String {
+        if self.http_port == 0 {
+            self.name.clone()
+        } else {
+            format!("127.0.0.1:{}", self.http_port)
+        }
     }
 
     /// The address rank `rank` binds for the PUB socket.
@@ -202,6 +264,27 @@ mod tests {
         };
         assert!(c.validate().is_ok());
         assert_eq!(c.replay_bind_address(1), "tcp://127.0.0.1:18003");
+    }
+
+    #[test]
+    fn http_port_derives_zmq_ports_by_the_discovery_rule() {
+        let c = EngineConfig { http_port: 8000, dp_size: 2, ..EngineConfig::default() };
+        assert!(c.validate().is_ok());
+        let r = c.resolved();
+        assert_eq!((r.event_port, r.replay_port), (18000, 38000));
+        assert_eq!(r.replay_bind_address(1), "tcp://127.0.0.1:38001");
+        assert_eq!(c.instance_name(), "127.0.0.1:8000");
+        let explicit = EngineConfig { event_port: 20000, ..c.clone() };
+        assert_eq!(explicit.resolved().event_port, 20000);
+        assert_eq!(explicit.resolved().replay_port, 0);
+        let c = EngineConfig { http_port: 40000, ..EngineConfig::default() };
+        assert!(c.validate().unwrap_err().to_string().contains("needs port 70000"));
+        let c = EngineConfig { http_port: 8000, event_port_offset: 0, ..EngineConfig::default() };
+        assert!(c.validate().unwrap_err().to_string().contains("http_port = 8000 lies inside"));
+        let same =
+            EngineConfig { http_port: 8000, replay_port_offset: 10000, ..EngineConfig::default() };
+        assert!(same.validate().unwrap_err().to_string().contains("overlap"));
+        assert_eq!(EngineConfig::default().instance_name(), "sim-0");
     }
 
     #[test]

@@ -4,6 +4,9 @@
 //! returns its effect is done: a batch from `process()` has been handed to the PUB socket, a
 //! fault is in force, a restart has re-bound. Tests rely on this instead of sleeping.
 //! `SimEngine` is `Send + Sync`; calls for one rank are served in order.
+//!
+//! With `http_port != 0` the engine also serves `GET /health` on 127.0.0.1:`http_port` from
+//! its own thread, until it stops; `restart` of a rank leaves it up.
 
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
@@ -13,6 +16,7 @@ use kvdir::wire::Tier;
 use tracing::info;
 
 use crate::fault::Fault;
+use crate::http::HealthServer;
 use crate::rank::{Job, RankState, Sockets};
 use crate::{EngineConfig, RankEndpoints, SimError};
 
@@ -47,6 +51,8 @@ impl Drop for RankHandle {
 pub struct SimEngine {
     config: Arc<EngineConfig>,
     ranks: Vec<RankHandle>,
+    /// Dropped after the ranks (field order), so `/health` answers while they stop.
+    _http: Option<HealthServer>,
 }
 
 impl std::fmt::Debug for SimEngine {
@@ -59,16 +65,22 @@ impl std::fmt::Debug for SimEngine {
 }
 
 impl SimEngine {
-    /// Validates `config`, binds every rank's sockets and starts the rank threads.
+    /// Validates `config`, applies the discovery port rule ([`EngineConfig::resolved`]), binds
+    /// every rank's sockets, starts the rank threads and, with an `http_port`, the `/health`
+    /// server.
     pub fn start(config: EngineConfig) -> Result<SimEngine, SimError> {
         config.validate()?;
-        let config = Arc::new(config);
+        let config = Arc::new(config.resolved());
         let ctx = zmq::Context::new();
         let mut ranks = Vec::with_capacity(config.dp_size as usize);
         for rank in 0..config.dp_size {
             ranks.push(start_rank(&config, &ctx, rank)?);
         }
-        let engine = SimEngine { config, ranks };
+        let http = match config.http_port {
+            0 => None,
+            port => Some(HealthServer::start(port, &config.name)?),
+        };
+        let engine = SimEngine { config, ranks, _http: http };
         info!(engine = %engine.config.name, endpoints = ?engine.endpoints(), "simulated engine started");
         Ok(engine)
     }
@@ -78,9 +90,15 @@ impl SimEngine {
         self.ranks.iter().map(|r| r.endpoints.clone()).collect()
     }
 
-    /// The configuration the engine runs with.
+    /// The configuration the engine runs with (ports already derived by the discovery rule).
     pub fn config(&self) -> &EngineConfig {
         &self.config
+    }
+
+    /// The instance name discovery knows the engine by: `127.0.0.1:<http_port>` with an HTTP
+    /// port, else the configured `name`.
+    pub fn instance_name(&self) -> String {
+        self.config.instance_name()
     }
 
     /// A request's prefill on `rank`: every complete block of `tokens` becomes Device-resident

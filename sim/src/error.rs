@@ -67,4 +67,31 @@ pub enum SimError {
         /// The rank.
         rank: u32,
     },
+    /// The engine's `/health` server could not be started.
+    #[error("cannot serve /health on 127.0.0.1:{port}: {source}; choose a free http_port")]
+    Http {
+        /// The HTTP port.
+        port: u16,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// A registration option is invalid; every problem is listed.
+    #[error("invalid registration: {}", .0.join("; "))]
+    Registration(Vec<String>),
+    /// An etcd operation failed or timed out.
+    #[error("etcd at {endpoint}: {op} failed: {detail}")]
+    Etcd {
+        /// The etcd endpoint.
+        endpoint: String,
+        /// What was being done.
+        op: &'static str,
+        /// The client's error or "timed out after ...".
+        detail: String,
+    },
+    /// The registration's worker thread is gone (it panicked, or the registration was killed).
+    #[error("registration of {name}: the etcd worker thread has stopped")]
+    RegistrationStopped {
+        /// The instance name.
+        name: String,
+    },
 }

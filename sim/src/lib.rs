@@ -12,6 +12,11 @@
 //!   the public API sends a job to the rank thread and waits for its answer, so a call returns
 //!   only after its batch has been handed to the PUB socket.
 //! - [`workload`]: a seeded synthetic workload (shared system prompts, multi-turn sessions).
+//! - [`http`]: the engine's `GET /health` server (business HTTP port) and a tiny HTTP client.
+//! - [`etcd`]: [`Registration`], which registers an engine in etcd the way xLLM engines do
+//!   (leased instance key, LOADMETRICS, heartbeats to kvdir), with knobs to pause, resume and
+//!   kill it.
+//! - [`etcd_test`]: test support: a private etcd server per test, or the one CI names.
 //! - [`cli`]: the `kvdir-sim` binary's flags and the static-stream JSON it prints.
 //!
 //! The crate has one error type, [`SimError`].
@@ -23,7 +28,10 @@ pub mod cli;
 pub mod config;
 pub mod engine;
 mod error;
+pub mod etcd;
+pub mod etcd_test;
 pub mod fault;
+pub mod http;
 mod rank;
 pub mod workload;
 
@@ -31,4 +39,5 @@ pub use cache::{block_hash, block_hashes, CacheEvent, CacheModel};
 pub use config::{EngineConfig, HashMode, RankEndpoints};
 pub use engine::SimEngine;
 pub use error::SimError;
+pub use etcd::{Registration, RegistrationOptions};
 pub use fault::{malformed_payload, Fault, SnapshotMode};

@@ -1,7 +1,9 @@
 //! The `kvdir-sim` binary: starts simulated engines from flags, prints their endpoints and the
 //! static-stream JSON for a kvdir config file, then drives a synthetic shared-prefix workload
 //! until Ctrl-C (the default SIGINT action ends the process; the OS closes the sockets) or
-//! `--duration_s`. Everything but the pacing loop lives in the library.
+//! `--duration_s`. With `--etcd_addr` every engine also registers in etcd (and reports its
+//! Device usage as load every [`LOAD_EVERY`]). Everything but the pacing loop lives in the
+//! library.
 
 use std::process::ExitCode;
 use std::thread;
@@ -9,10 +11,12 @@ use std::time::{Duration, Instant};
 
 use kvdir_sim::cli::{self, CliCommand, CliOptions};
 use kvdir_sim::workload::{Workload, WorkloadConfig};
-use kvdir_sim::{SimEngine, SimError};
+use kvdir_sim::{Registration, SimEngine, SimError};
 
 /// How often the binary prints per-rank sequence numbers and block counts.
 const STATUS_EVERY: Duration = Duration::from_secs(10);
+/// How often registered engines update their load.
+const LOAD_EVERY: Duration = Duration::from_secs(1);
 
 fn main() -> ExitCode {
     match cli::parse_args(std::env::args().skip(1)) {
@@ -41,18 +45,56 @@ fn run(options: &CliOptions) -> Result<(), SimError> {
         .map(SimEngine::start)
         .collect::<Result<Vec<_>, _>>()?;
     for engine in &engines {
-        println!("engine {}:", engine.config().name);
+        match engine.config().http_port {
+            0 => println!("engine {}:", engine.config().name),
+            _ => println!("engine {} (http {}):", engine.config().name, engine.instance_name()),
+        }
         for (rank, ep) in engine.endpoints().iter().enumerate() {
             println!("  rank {rank}: events {}  snapshots {}", ep.event, ep.replay);
         }
     }
+    let registrations = register(&engines, options)?;
     println!("kvdir config (static streams):");
     println!("{:#}", cli::static_streams_config(&engines));
-    drive(&engines, options)
+    drive(&engines, &registrations, options)
+}
+
+/// One registration per engine with `--etcd_addr`, else none.
+fn register(engines: &[SimEngine], options: &CliOptions) -> Result<Vec<Registration>, SimError> {
+    let Some(opts) = options.registration_options() else { return Ok(Vec::new()) };
+    let mut registrations = Vec::with_capacity(engines.len());
+    for engine in engines {
+        let registration = Registration::start(engine, opts.clone())?;
+        println!(
+            "registered {} (incarnation {})",
+            registration.key(),
+            registration.incarnation_id()
+        );
+        registrations.push(registration);
+    }
+    Ok(registrations)
+}
+
+/// Sets each registration's load: no queue, Device usage over all ranks.
+fn report_load(engines: &[SimEngine], registrations: &[Registration]) -> Result<(), SimError> {
+    for (engine, registration) in engines.iter().zip(registrations) {
+        let mut used = 0u64;
+        for rank in 0..engine.config().dp_size {
+            used += engine.counts(rank)?.0;
+        }
+        let capacity =
+            engine.config().device_capacity_blocks as f64 * f64::from(engine.config().dp_size);
+        registration.set_load(0, (used as f64 / capacity).clamp(0.0, 1.0));
+    }
+    Ok(())
 }
 
 /// Sends `--rate` requests per second, each session always to the same (engine, rank).
-fn drive(engines: &[SimEngine], options: &CliOptions) -> Result<(), SimError> {
+fn drive(
+    engines: &[SimEngine],
+    registrations: &[Registration],
+    options: &CliOptions,
+) -> Result<(), SimError> {
     let targets: Vec<(usize, u32)> = engines
         .iter()
         .enumerate()
@@ -75,6 +117,7 @@ fn drive(engines: &[SimEngine], options: &CliOptions) -> Result<(), SimError> {
     let end = options.duration_s.map(|s| start + Duration::from_secs(s));
     let interval = (options.rate > 0.0).then(|| Duration::from_secs_f64(1.0 / options.rate));
     let (mut next_request, mut next_status) = (start, start + STATUS_EVERY);
+    let mut next_load = start;
     loop {
         let now = Instant::now();
         if end.is_some_and(|end| now >= end) {
@@ -83,6 +126,10 @@ fn drive(engines: &[SimEngine], options: &CliOptions) -> Result<(), SimError> {
         if now >= next_status {
             print_status(engines, start)?;
             next_status += STATUS_EVERY;
+        }
+        if now >= next_load && !registrations.is_empty() {
+            report_load(engines, registrations)?;
+            next_load += LOAD_EVERY;
         }
         match interval {
             Some(interval) if now >= next_request => {
@@ -93,6 +140,7 @@ fn drive(engines: &[SimEngine], options: &CliOptions) -> Result<(), SimError> {
             }
             _ => {
                 let wake = interval.map_or(next_status, |_| next_request.min(next_status));
+                let wake = if registrations.is_empty() { wake } else { wake.min(next_load) };
                 let wake = end.map_or(wake, |end| wake.min(end));
                 thread::sleep(wake.saturating_duration_since(now));
             }

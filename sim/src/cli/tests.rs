@@ -1,0 +1,98 @@
+//! Flag parsing and the engine configs and registrations the flags describe.
+
+use super::*;
+
+fn parse(args: &[&str]) -> Result<CliCommand, SimError> {
+    parse_args(args.iter().map(|s| s.to_string()))
+}
+
+#[test]
+fn both_flag_forms_and_defaults() {
+    let CliCommand::Run(o) =
+        parse(&["--dp_size=2", "--engines", "3", "--topic=", "--hash_mode", "BIN32"]).unwrap()
+    else {
+        panic!("not run")
+    };
+    assert_eq!((o.dp_size, o.engines, o.topic.as_str()), (2, 3, ""));
+    assert_eq!(o.hash_mode, HashMode::Bin32);
+    assert_eq!((o.event_port, o.replay_port, o.block_size), (18000, 38000, 128));
+    assert_eq!(parse(&["--rate=2", "--help"]).unwrap(), CliCommand::Help);
+}
+
+#[test]
+fn all_problems_are_reported_together() {
+    let err = parse(&["--dp_size=x", "--bogus=1", "stray", "--rate=-1", "--name", "--seed"]);
+    let msg = err.unwrap_err().to_string();
+    for needle in [
+        "--dp_size = \"x\"",
+        "unknown flag --bogus",
+        "\"stray\"",
+        "--rate",
+        "--name needs",
+        "--seed needs",
+    ] {
+        assert!(msg.contains(needle), "{needle} missing from {msg}");
+    }
+}
+
+#[test]
+fn engines_get_consecutive_port_ranges_and_names() {
+    let o = CliOptions { engines: 2, dp_size: 3, ..CliOptions::default() };
+    let configs = o.engine_configs().unwrap();
+    assert_eq!(configs[1].name, "sim-1");
+    assert_eq!((configs[1].event_port, configs[1].replay_port), (18003, 38003));
+    let o = CliOptions { engines: 2, event_port: 0, replay_port: 0, ..CliOptions::default() };
+    assert!(o.engine_configs().unwrap().iter().all(|c| c.event_port == 0));
+    let o = CliOptions { engines: 3, event_port: 65534, ..CliOptions::default() };
+    assert!(o.engine_configs().unwrap_err().to_string().contains("65536"));
+}
+
+#[test]
+fn http_port_gives_engines_100_ports_apart_and_derived_zmq_ports() {
+    let CliCommand::Run(o) =
+        parse(&["--http_port=8000", "--engines=2", "--dp_size=2", "--event_port=1"]).unwrap()
+    else {
+        panic!("not run")
+    };
+    let configs = o.engine_configs().unwrap();
+    assert_eq!(configs[1].http_port, 8100);
+    assert_eq!(configs[1].instance_name(), "127.0.0.1:8100");
+    let resolved = configs[1].resolved();
+    assert_eq!((resolved.event_port, resolved.replay_port), (18100, 38100));
+    assert!(o.registration_options().is_none());
+}
+
+#[test]
+fn registration_flags_are_checked_together() {
+    let msg = parse(&["--etcd_addr=127.0.0.1:2379", "--instance_type=4"]).unwrap_err().to_string();
+    assert!(msg.contains("--instance_type = 4"), "{msg}");
+    let CliCommand::Run(o) = parse(&["--etcd_addr=127.0.0.1:2379", "--heartbeat_to=h:1"]).unwrap()
+    else {
+        panic!("not run")
+    };
+    let msg = o.engine_configs().unwrap_err().to_string();
+    assert!(msg.contains("--etcd_addr needs --http_port"), "{msg}");
+    let o = CliOptions { heartbeat_to: Some("h:1".into()), ..CliOptions::default() };
+    assert!(o.engine_configs().unwrap_err().to_string().contains("--heartbeat_to needs"));
+    let o = CliOptions { http_port: 8000, dp_size: 101, engines: 101, ..CliOptions::default() };
+    let msg = o.engine_configs().unwrap_err().to_string();
+    assert!(msg.contains("--dp_size = 101") && msg.contains("--engines = 101"), "{msg}");
+}
+
+#[test]
+fn registration_options_follow_the_flags() {
+    let args = [
+        "--http_port=8000",
+        "--etcd_addr=127.0.0.1:2379",
+        "--etcd_namespace=prod",
+        "--instance_type=1",
+        "--heartbeat_to=127.0.0.1:9000",
+        "--internal_api_token=s",
+    ];
+    let CliCommand::Run(o) = parse(&args).unwrap() else { panic!("not run") };
+    let r = o.registration_options().unwrap();
+    assert_eq!((r.etcd.as_str(), r.namespace.as_str(), r.kind), ("127.0.0.1:2379", "prod", 1));
+    assert_eq!(r.heartbeat_to.as_deref(), Some("127.0.0.1:9000"));
+    assert_eq!(r.internal_token.as_deref(), Some("s"));
+    assert!(r.write_loadmetrics);
+}

@@ -1,0 +1,271 @@
+//! The etcd side of a [`super::Registration`]: one thread running a current-thread tokio runtime
+//! with one task that owns the client, the lease and its keepalive stream.
+//!
+//! The task waits for either the next keepalive tick (every `ttl / 3`) or a command. A tick
+//! refreshes the lease and then makes sure the key exists: a lease that expired is replaced by
+//! a new one and the key put again; a key deleted by someone is put again. A keepalive stream
+//! that broke (etcd restarted) is opened again. The task ends on [`Command::Stop`] or when the
+//! registration's command channel closes, revoking the lease either way.
+
+use std::future::Future;
+use std::sync::mpsc::{self as std_mpsc, SyncSender};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use etcd_client::{Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions};
+use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
+use tokio::time::{timeout, MissedTickBehavior};
+use tracing::{debug, warn};
+
+use super::{reply, Shared, ETCD_OP_TIMEOUT};
+use crate::SimError;
+
+/// What the registration asks of its worker.
+pub(crate) enum Command {
+    /// Write LOADMETRICS from the shared load (when enabled).
+    SetLoad,
+    /// Stop keepalives until `Resume`.
+    Pause(SyncSender<()>),
+    /// Put the key again and resume keepalives.
+    Resume(SyncSender<Result<(), SimError>>),
+    /// Revoke the lease and end.
+    Stop(SyncSender<Result<(), SimError>>),
+}
+
+/// What the worker needs to register.
+pub(crate) struct Setup {
+    pub(crate) endpoint: String,
+    pub(crate) key: String,
+    pub(crate) value: String,
+    pub(crate) load_key: Option<String>,
+    pub(crate) ttl_s: i64,
+    pub(crate) shared: Arc<Shared>,
+}
+
+/// Starts the worker thread; returns once the key is written (or registering failed).
+pub(crate) fn spawn(
+    setup: Setup,
+    name: &str,
+) -> Result<(UnboundedSender<Command>, JoinHandle<()>), SimError> {
+    let (commands, inbox) = mpsc::unbounded_channel();
+    let (ready, started) = std_mpsc::sync_channel(1);
+    let endpoint = setup.endpoint.clone();
+    let thread = thread::Builder::new()
+        .name(format!("sim-{name}-etcd"))
+        .spawn(move || run_thread(setup, inbox, ready))
+        .map_err(|e| etcd_err(&endpoint, "spawning the worker thread", e))?;
+    match started.recv() {
+        Ok(Ok(())) => Ok((commands, thread)),
+        Ok(Err(e)) => {
+            let _ = thread.join();
+            Err(e)
+        }
+        Err(_) => {
+            let _ = thread.join();
+            Err(etcd_err(&endpoint, "starting the worker", "the worker thread panicked"))
+        }
+    }
+}
+
+fn run_thread(
+    setup: Setup,
+    inbox: UnboundedReceiver<Command>,
+    ready: SyncSender<Result<(), SimError>>,
+) {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+    let runtime = match runtime {
+        Ok(runtime) => runtime,
+        Err(e) => return reply(ready, Err(etcd_err(&setup.endpoint, "building a runtime", e))),
+    };
+    runtime.block_on(async move {
+        let mut worker = match Worker::connect(setup).await {
+            Ok(worker) => worker,
+            Err(e) => return reply(ready, Err(e)),
+        };
+        if let Err(e) = worker.register().await {
+            return reply(ready, Err(e));
+        }
+        reply(ready, Ok(()));
+        worker.run(inbox).await;
+    });
+}
+
+fn etcd_err(endpoint: &str, op: &'static str, detail: impl std::fmt::Display) -> SimError {
+    SimError::Etcd { endpoint: endpoint.to_string(), op, detail: detail.to_string() }
+}
+
+/// Runs one etcd call under [`ETCD_OP_TIMEOUT`].
+async fn timed<T>(
+    endpoint: &str,
+    op: &'static str,
+    call: impl Future<Output = Result<T, etcd_client::Error>>,
+) -> Result<T, SimError> {
+    match timeout(ETCD_OP_TIMEOUT, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(e)) => Err(etcd_err(endpoint, op, e)),
+        Err(_) => Err(etcd_err(endpoint, op, format!("timed out after {ETCD_OP_TIMEOUT:?}"))),
+    }
+}
+
+struct Worker {
+    client: Client,
+    setup: Setup,
+    lease: Option<i64>,
+    keeper: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    paused: bool,
+}
+
+impl Worker {
+    async fn connect(setup: Setup) -> Result<Worker, SimError> {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(ETCD_OP_TIMEOUT)
+            .with_timeout(ETCD_OP_TIMEOUT);
+        let endpoint = setup.endpoint.clone();
+        let client =
+            timed(&endpoint, "connect", Client::connect([&endpoint], Some(options))).await?;
+        Ok(Worker { client, setup, lease: None, keeper: None, paused: false })
+    }
+
+    /// Keepalive period: a third of the TTL, at least 100 ms.
+    fn period(&self) -> Duration {
+        let ms = u64::try_from(self.setup.ttl_s.max(1)).unwrap_or(1) * 1000 / 3;
+        Duration::from_millis(ms.max(100))
+    }
+
+    async fn run(&mut self, mut inbox: UnboundedReceiver<Command>) {
+        let mut ticks = tokio::time::interval(self.period());
+        ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        ticks.tick().await; // The first tick is immediate; the key was just written.
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => self.tick().await,
+                command = inbox.recv() => match command {
+                    Some(Command::SetLoad) => {
+                        let written = self.write_load().await;
+                        self.log(written);
+                    }
+                    Some(Command::Pause(to)) => {
+                        self.paused = true;
+                        self.keeper = None;
+                        reply(to, ());
+                    }
+                    Some(Command::Resume(to)) => reply(to, self.resume().await),
+                    Some(Command::Stop(to)) => return reply(to, self.revoke().await),
+                    None => {
+                        let revoked = self.revoke().await;
+                        return self.log(revoked);
+                    }
+                },
+            }
+        }
+    }
+
+    fn log(&self, result: Result<(), SimError>) {
+        if let Err(e) = result {
+            warn!(key = %self.setup.key, error = %e, "etcd registration");
+        }
+    }
+
+    /// A new lease, the instance key under it, and LOADMETRICS.
+    async fn register(&mut self) -> Result<(), SimError> {
+        let endpoint = &self.setup.endpoint;
+        let grant = self.client.lease_grant(self.setup.ttl_s, None);
+        let lease = timed(endpoint, "lease grant", grant).await?.id();
+        self.lease = Some(lease);
+        self.keeper = None;
+        self.put_key(lease).await?;
+        self.write_load().await
+    }
+
+    async fn put_key(&mut self, lease: i64) -> Result<(), SimError> {
+        let (key, value) = (self.setup.key.clone(), self.setup.value.clone());
+        let options = PutOptions::new().with_lease(lease);
+        let put = self.client.put(key, value, Some(options));
+        timed(&self.setup.endpoint, "put instance key", put).await.map(|_| ())
+    }
+
+    async fn write_load(&mut self) -> Result<(), SimError> {
+        let Some(key) = self.setup.load_key.clone() else { return Ok(()) };
+        let value = self.setup.shared.load().to_json().to_string();
+        let put = self.client.put(key, value, None);
+        timed(&self.setup.endpoint, "put LOADMETRICS", put).await.map(|_| ())
+    }
+
+    async fn tick(&mut self) {
+        if self.paused {
+            return;
+        }
+        let result = self.refresh().await;
+        self.log(result);
+    }
+
+    /// Keeps the lease alive (or replaces an expired one) and puts a missing key again.
+    async fn refresh(&mut self) -> Result<(), SimError> {
+        let Some(lease) = self.lease else { return self.register().await };
+        if !self.keep_alive(lease).await? {
+            debug!(key = %self.setup.key, lease, "lease expired; registering again");
+            return self.register().await;
+        }
+        let get = self.client.get(self.setup.key.clone(), None);
+        let found = timed(&self.setup.endpoint, "get instance key", get).await?;
+        if found.kvs().is_empty() {
+            debug!(key = %self.setup.key, "instance key missing; putting it again");
+            self.put_key(lease).await?;
+        }
+        Ok(())
+    }
+
+    /// One keepalive round trip; `Ok(false)` when the lease no longer exists. A broken stream
+    /// is replaced once within the call.
+    async fn keep_alive(&mut self, lease: i64) -> Result<bool, SimError> {
+        let mut last = None;
+        for _attempt in 0..2 {
+            match self.keep_alive_once(lease).await {
+                Ok(alive) => return Ok(alive),
+                Err(e) => {
+                    self.keeper = None;
+                    last = Some(e);
+                }
+            }
+        }
+        Err(last.unwrap_or_else(|| etcd_err(&self.setup.endpoint, "lease keepalive", "no attempt")))
+    }
+
+    async fn keep_alive_once(&mut self, lease: i64) -> Result<bool, SimError> {
+        let endpoint = self.setup.endpoint.clone();
+        if self.keeper.is_none() {
+            let open = self.client.lease_keep_alive(lease);
+            self.keeper = Some(timed(&endpoint, "open lease keepalive", open).await?);
+        }
+        let Some((keeper, stream)) = self.keeper.as_mut() else { return Ok(false) };
+        timed(&endpoint, "send lease keepalive", keeper.keep_alive()).await?;
+        match timed(&endpoint, "receive lease keepalive", stream.message()).await? {
+            Some(response) => Ok(response.ttl() > 0),
+            None => Err(etcd_err(&endpoint, "receive lease keepalive", "the stream ended")),
+        }
+    }
+
+    /// Puts the key again under the old lease if it is still alive, else under a new one.
+    async fn resume(&mut self) -> Result<(), SimError> {
+        self.paused = false;
+        let Some(lease) = self.lease else { return self.register().await };
+        if self.keep_alive(lease).await.unwrap_or(false) {
+            self.put_key(lease).await?;
+            self.write_load().await
+        } else {
+            self.register().await
+        }
+    }
+
+    async fn revoke(&mut self) -> Result<(), SimError> {
+        self.keeper = None;
+        let Some(lease) = self.lease.take() else { return Ok(()) };
+        let revoke = self.client.lease_revoke(lease);
+        match timed(&self.setup.endpoint, "lease revoke", revoke).await {
+            // Expired while paused: nothing left to revoke.
+            Err(SimError::Etcd { detail, .. }) if detail.contains("lease not found") => Ok(()),
+            other => other.map(|_| ()),
+        }
+    }
+}
