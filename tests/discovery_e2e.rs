@@ -1,0 +1,391 @@
+//! End-to-end discovery against a real etcd (started by `.ci/run`, or privately by the test
+//! support when `KVDIR_TEST_ETCD` is unset; a missing etcd fails the test, never skips it):
+//! simulated engines register like xLLM engines, and kvdir follows them in
+//! `/v1/internal/instances` and in query answers.
+
+mod common;
+
+use std::sync::atomic::{AtomicU16, Ordering};
+
+use common::*;
+use kvdir::config::{parse_config_file, Flags};
+use kvdir_actors::Service;
+use kvdir_sim::etcd_test::{etcd_endpoint, EtcdServer};
+use kvdir_sim::{EngineConfig, Registration, RegistrationOptions, SimEngine};
+use serde_json::{json, Value};
+
+/// Starts kvdir with discovery on `etcd` under `namespace`.
+fn discovering(etcd: &str, namespace: &str, max_streams: u64) -> Service {
+    let config = json!({"discovery": {"enabled": true, "block_size": B, "topic": "xllm-kv",
+        "refresh_interval_ms": 100}, "max_streams": max_streams, "replay_timeout_ms": 500});
+    let directory = parse_config_file(&config.to_string()).unwrap();
+    let flags = Flags {
+        http_server_port: 0,
+        etcd_addr: etcd.to_string(),
+        etcd_namespace: namespace.into(),
+        ..Flags::default()
+    };
+    Service::start(flags, Some(directory)).expect("kvdir starts")
+}
+
+static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
+
+/// An HTTP port whose derived event and replay ranges (dp ranks) are free.
+fn free_http_port(dp: u16) -> u16 {
+    let base = 21_000 + (std::process::id() % 40) as u16 * 100;
+    loop {
+        let p = base + NEXT_PORT.fetch_add(dp.max(1) + 1, Ordering::Relaxed);
+        assert!(p < 35_000, "ran out of test ports");
+        let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+        if free(p) && (0..dp).all(|r| free(p + 10_000 + r) && free(p + 30_000 + r)) {
+            return p;
+        }
+    }
+}
+
+fn engine_on(http_port: u16, dp: u32) -> SimEngine {
+    SimEngine::start(EngineConfig {
+        http_port,
+        dp_size: dp,
+        block_size: B,
+        ..EngineConfig::default()
+    })
+    .expect("engine starts")
+}
+
+fn register(eng: &SimEngine, etcd: &EtcdServer, namespace: &str, kind: u8) -> Registration {
+    let opts = RegistrationOptions {
+        etcd: etcd.endpoint.clone(),
+        namespace: namespace.into(),
+        kind,
+        ttl_s: 2,
+        ..RegistrationOptions::default()
+    };
+    Registration::start(eng, opts).expect("registration")
+}
+
+fn instances(svc: &Service) -> Value {
+    http(svc.http_addr(), "GET", "/v1/internal/instances", &[], b"").json()
+}
+
+fn instance(svc: &Service, name: &str) -> Option<Value> {
+    instances(svc)["instances"].as_array()?.iter().find(|i| i["name"] == name).cloned()
+}
+
+fn wait_state(svc: &Service, name: &str, state: &str, streams: usize) -> Value {
+    eventually(&format!("{name} to be {state} with {streams} streams"), || {
+        let i = instance(svc, name).ok_or_else(|| instances(svc).to_string())?;
+        let n = i["streams"].as_array().map_or(0, Vec::len);
+        if i["state"] == state && n == streams {
+            Ok(i)
+        } else {
+            Err(i.to_string())
+        }
+    })
+}
+
+#[test]
+fn several_instances_and_dp_ranks_are_discovered_and_queried() {
+    let etcd = etcd_endpoint();
+    let svc = discovering(&etcd.endpoint, "e2e-multi", 128);
+    let a = engine_on(free_http_port(2), 2);
+    let d = engine_on(free_http_port(1), 1);
+    let _ra = register(&a, &etcd, "e2e-multi", 1);
+    let _rd = register(&d, &etcd, "e2e-multi", 2);
+    wait_state(&svc, &a.instance_name(), "ACTIVE", 2);
+    let dec = wait_state(&svc, &d.instance_name(), "ACTIVE", 0);
+    assert!(dec["excluded"].as_str().unwrap().contains("DECODE"), "{dec}");
+    let p = prompt(1, 3);
+    a.process(1, &p).unwrap();
+    let name = a.instance_name();
+    eventually("rank 1's blocks in the answer", || {
+        let r = query(&svc, &p);
+        let (m0, m1) = (entry(&r, &name, 0), entry(&r, &name, 1));
+        if m1.synchronized
+            && m1.device_hit_tokens == 48
+            && m0.synchronized
+            && m0.device_hit_tokens == 0
+        {
+            Ok(())
+        } else {
+            Err(format!("{m0:?} {m1:?}"))
+        }
+    });
+}
+
+#[test]
+fn lease_loss_keeps_streams_until_suspect_then_drops_them() {
+    let etcd = etcd_endpoint();
+    let svc = discovering(&etcd.endpoint, "e2e-lease", 128);
+    let eng = engine_on(free_http_port(1), 1);
+    let reg = register(&eng, &etcd, "e2e-lease", 1);
+    let name = eng.instance_name();
+    wait_state(&svc, &name, "ACTIVE", 1);
+    let p = prompt(1, 2);
+    eng.process(0, &p).unwrap();
+    assert_eq!(agrees_named(&svc, &eng, &name, &p), (32, 0));
+    reg.pause();
+    wait_state(&svc, &name, "LEASE_LOST", 1);
+    assert_eq!(hits(&svc, &name, 0, &p), Ok((32, 0)), "the grace period keeps the index");
+    wait_state(&svc, &name, "SUSPECT", 0);
+    eventually("the query entries to go", || {
+        let r = query(&svc, &p);
+        if r.matches.iter().any(|m| m.instance_name == name) {
+            Err(format!("{r:?}"))
+        } else {
+            Ok(())
+        }
+    });
+    reg.resume().unwrap();
+    wait_state(&svc, &name, "ACTIVE", 1);
+}
+
+#[test]
+fn a_dead_engine_goes_suspect_at_once_and_leaves_the_answers() {
+    let etcd = etcd_endpoint();
+    let svc = discovering(&etcd.endpoint, "e2e-dead", 128);
+    let eng = engine_on(free_http_port(1), 1);
+    let reg = register(&eng, &etcd, "e2e-dead", 0);
+    let name = eng.instance_name();
+    wait_state(&svc, &name, "ACTIVE", 1);
+    reg.kill();
+    eng.stop();
+    wait_state(&svc, &name, "SUSPECT", 0);
+    assert!(query(&svc, &[]).matches.iter().all(|m| m.instance_name != name));
+}
+
+#[test]
+fn a_replacement_on_the_same_address_gets_no_credit_before_its_snapshot() {
+    let etcd = etcd_endpoint();
+    let svc = discovering(&etcd.endpoint, "e2e-replace", 128);
+    let port = free_http_port(1);
+    let old = engine_on(port, 1);
+    let reg = register(&old, &etcd, "e2e-replace", 1);
+    let name = old.instance_name();
+    wait_state(&svc, &name, "ACTIVE", 1);
+    let p = prompt(1, 3);
+    old.process(0, &p).unwrap();
+    assert_eq!(agrees_named(&svc, &old, &name, &p), (48, 0));
+    let first = instance(&svc, &name).unwrap()["incarnation_id"].clone();
+    reg.kill();
+    old.stop();
+    let new = engine_on(port, 1);
+    let _reg = register(&new, &etcd, "e2e-replace", 1);
+    let q = prompt(500, 1);
+    new.process(0, &q).unwrap();
+    eventually("the new process, with only its own blocks", || {
+        let r = query(&svc, &p);
+        let m = entry(&r, &name, 0);
+        assert_eq!(m.reusable_prefix_tokens, 0, "stale credit for the replaced process: {m:?}");
+        let i = instance(&svc, &name).ok_or("no instance")?;
+        let fresh = hits(&svc, &name, 0, &q)?;
+        if i["incarnation_id"] != first && fresh == (16, 0) {
+            Ok(())
+        } else {
+            Err(format!("{i} {fresh:?}"))
+        }
+    });
+}
+
+#[test]
+fn a_dp_topology_change_resubscribes() {
+    let etcd = etcd_endpoint();
+    let svc = discovering(&etcd.endpoint, "e2e-dp", 128);
+    let port = free_http_port(2);
+    let one = engine_on(port, 1);
+    let reg = register(&one, &etcd, "e2e-dp", 1);
+    let name = one.instance_name();
+    wait_state(&svc, &name, "ACTIVE", 1);
+    reg.kill();
+    one.stop();
+    let two = engine_on(port, 2);
+    let _reg = register(&two, &etcd, "e2e-dp", 1);
+    wait_state(&svc, &name, "ACTIVE", 2);
+    let p = prompt(1, 1);
+    two.process(1, &p).unwrap();
+    eventually("rank 1 of the new topology", || {
+        hits(&svc, &name, 1, &p).and_then(
+            |h| {
+                if h == (16, 0) {
+                    Ok(())
+                } else {
+                    Err(format!("{h:?}"))
+                }
+            },
+        )
+    });
+}
+
+#[test]
+fn namespaces_are_isolated() {
+    let etcd = etcd_endpoint();
+    let svc = discovering(&etcd.endpoint, "e2e-ns-a", 128);
+    let other = engine_on(free_http_port(1), 1);
+    let _r = register(&other, &etcd, "e2e-ns-b", 1);
+    let mine = engine_on(free_http_port(1), 1);
+    let _m = register(&mine, &etcd, "e2e-ns-a", 1);
+    wait_state(&svc, &mine.instance_name(), "ACTIVE", 1);
+    assert!(instance(&svc, &other.instance_name()).is_none(), "{}", instances(&svc));
+}
+
+#[test]
+fn capacity_admits_whole_instances_in_name_order() {
+    let etcd = etcd_endpoint();
+    let svc = discovering(&etcd.endpoint, "e2e-cap", 3);
+    let mut engines: Vec<SimEngine> = (0..3).map(|_| engine_on(free_http_port(2), 2)).collect();
+    engines.sort_by_key(SimEngine::instance_name);
+    let _regs: Vec<Registration> =
+        engines.iter().map(|e| register(e, &etcd, "e2e-cap", 1)).collect();
+    wait_state(&svc, &engines[0].instance_name(), "ACTIVE", 2);
+    let second = wait_state(&svc, &engines[1].instance_name(), "ACTIVE", 0);
+    assert!(second["excluded"].as_str().unwrap().starts_with("capacity"), "{second}");
+    wait_state(&svc, &engines[2].instance_name(), "ACTIVE", 0);
+}
+
+#[test]
+fn heartbeats_are_validated() {
+    let etcd = etcd_endpoint();
+    let svc = discovering(&etcd.endpoint, "e2e-hb", 128);
+    let eng = engine_on(free_http_port(1), 1);
+    let reg = register(&eng, &etcd, "e2e-hb", 1);
+    let name = eng.instance_name();
+    wait_state(&svc, &name, "ACTIVE", 1);
+    let post = |body: Value| {
+        http(svc.http_addr(), "POST", "/v1/internal/heartbeat", &[], body.to_string().as_bytes())
+    };
+    let load = json!({"waiting_requests_num": 7, "gpu_cache_usage_perc": 0.25});
+    let ok =
+        post(json!({"name": name, "incarnation_id": reg.incarnation_id(), "load_metrics": load}));
+    assert_eq!(ok.status, 200, "{}", ok.body);
+    let i = instance(&svc, &name).unwrap();
+    assert_eq!(
+        (i["waiting_requests_num"].as_u64(), i["gpu_cache_usage_perc"].as_f64()),
+        (Some(7), Some(0.25))
+    );
+    let stale = post(json!({"name": name, "incarnation_id": "old", "load_metrics": load}));
+    assert_eq!(stale.status, 409);
+    assert!(stale.json()["error"].as_str().unwrap().contains("is stale"));
+    let unknown =
+        post(json!({"name": "127.0.0.1:1", "incarnation_id": null, "load_metrics": load}));
+    assert_eq!(unknown.status, 409);
+    let bad = post(
+        json!({"name": name, "load_metrics": {"waiting_requests_num": 1, "gpu_cache_usage_perc": 2.0}}),
+    );
+    assert_eq!(bad.status, 400);
+    assert!(bad.body.contains("gpu_cache_usage_perc = 2 is outside 0..=1"), "{}", bad.body);
+    assert_eq!(post(json!({"nom": 1})).status, 400);
+}
+
+#[test]
+fn discovery_survives_an_etcd_restart() {
+    let mut etcd = EtcdServer::private();
+    let svc = discovering(&etcd.endpoint, "e2e-restart", 128);
+    let a = engine_on(free_http_port(1), 1);
+    let _ra = register(&a, &etcd, "e2e-restart", 1);
+    wait_state(&svc, &a.instance_name(), "ACTIVE", 1);
+    etcd.restart();
+    let b = engine_on(free_http_port(1), 1);
+    let _rb = register(&b, &etcd, "e2e-restart", 1);
+    wait_state(&svc, &b.instance_name(), "ACTIVE", 1);
+    let report = instances(&svc);
+    assert!(
+        report["etcd_listings"].as_u64().unwrap() >= 2,
+        "re-listed after the restart: {report}"
+    );
+}
+
+/// Like `agrees`, for an engine whose instance name is its HTTP address.
+fn agrees_named(svc: &Service, eng: &SimEngine, name: &str, tokens: &[i32]) -> (u64, u64) {
+    eventually("kvdir to agree with the engine", || {
+        let truth = eng.resident(0, tokens).map_err(|e| e.to_string())?;
+        let got = hits(svc, name, 0, tokens)?;
+        if got == truth {
+            Ok(got)
+        } else {
+            Err(format!("kvdir {got:?}, engine {truth:?}"))
+        }
+    })
+}
+
+fn base64(bytes: &[u8]) -> String {
+    const T: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::new();
+    for c in bytes.chunks(3) {
+        let n = (u32::from(c[0]) << 16)
+            | (u32::from(*c.get(1).unwrap_or(&0)) << 8)
+            | u32::from(*c.get(2).unwrap_or(&0));
+        for i in 0..4 {
+            if i <= c.len() {
+                out.push(T[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+/// Writes a registry key directly through etcd's JSON gateway (no lease).
+fn etcd_put(etcd: &EtcdServer, key: &str, value: &Value) {
+    let addr = etcd.endpoint.trim_start_matches("http://").parse().unwrap();
+    let body =
+        json!({"key": base64(key.as_bytes()), "value": base64(value.to_string().as_bytes())});
+    let r = http(addr, "POST", "/v3/kv/put", &[], body.to_string().as_bytes());
+    assert_eq!(r.status, 200, "etcd put: {}", r.body);
+}
+
+#[test]
+fn port_overflow_and_overlaps_exclude_the_instances_involved() {
+    let etcd = etcd_endpoint();
+    let svc = discovering(&etcd.endpoint, "e2e-ports", 128);
+    let put = |name: &str, dp: u32| {
+        let v = json!({"name": name, "rpc_address": "", "type": 1, "dp_size": dp, "incarnation_id": name});
+        etcd_put(&etcd, &format!("/e2e-ports/XLLM:PREFILL:{name}"), &v);
+    };
+    put("127.0.0.1:65000", 1);
+    put("127.0.0.1:9001", 2);
+    put("127.0.0.1:9002", 1);
+    put("127.0.0.1:9100", 1);
+    etcd_put(&etcd, "/e2e-ports/XLLM:PREFILL:127.0.0.1:9200", &json!("not an instance"));
+    let why = |name: &str| {
+        eventually(&format!("{name} in the report"), || {
+            let i = instance(&svc, name).ok_or("absent")?;
+            Ok::<Value, String>(i)
+        })
+    };
+    eventually("the exclusions", || {
+        let overflow = why("127.0.0.1:65000")["excluded"].as_str().unwrap_or_default().to_string();
+        let a = why("127.0.0.1:9001")["excluded"].as_str().unwrap_or_default().to_string();
+        let b = why("127.0.0.1:9002")["excluded"].as_str().unwrap_or_default().to_string();
+        let fine = why("127.0.0.1:9100");
+        let ok = overflow.starts_with("port overflow")
+            && a.contains("overlaps instance 127.0.0.1:9002")
+            && b.contains("overlaps instance 127.0.0.1:9001")
+            && fine["excluded"].is_null()
+            && fine["streams"] == json!([0]);
+        if ok {
+            Ok(())
+        } else {
+            Err(format!("{overflow} | {a} | {b} | {fine}"))
+        }
+    });
+    assert!(instance(&svc, "127.0.0.1:9200").is_none(), "a value that does not parse is ignored");
+}
+
+#[test]
+fn kvdir_serves_while_etcd_is_down_and_says_so() {
+    let mut etcd = EtcdServer::private();
+    etcd.stop();
+    let svc = discovering(&etcd.endpoint, "e2e-down", 128);
+    assert_eq!(query(&svc, &[1, 2]).matches.len(), 0, "queries are answered");
+    eventually("the etcd error in the report", || {
+        let r = instances(&svc);
+        if r["etcd_connected"] == false
+            && r["etcd_error"].as_str().is_some_and(|e| e.contains("etcd"))
+        {
+            Ok(())
+        } else {
+            Err(r.to_string())
+        }
+    });
+}
