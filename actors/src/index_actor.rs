@@ -63,7 +63,7 @@ pub struct InstallSnapshot {
     /// Recovery epoch of the snapshot.
     pub epoch: u64,
     /// The snapshot, built on the worker thread.
-    pub snapshot: SnapshotBuilder,
+    pub snapshot: Box<SnapshotBuilder>,
     /// First live sequence not in the snapshot.
     pub watermark: u64,
     /// Consecutive live batches from the watermark on.
@@ -159,7 +159,7 @@ impl Handler<InstallSnapshot> for IndexActor {
         if !self.current(msg.epoch) {
             return;
         }
-        let stats = self.index.install_snapshot(msg.snapshot, msg.watermark);
+        let stats = self.index.install_snapshot(*msg.snapshot, msg.watermark);
         for (seq, batch) in &msg.deltas {
             if !self.apply(msg.epoch, *seq, batch) {
                 break;

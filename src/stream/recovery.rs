@@ -59,7 +59,7 @@ pub enum Action {
     /// Install the snapshot, apply the deltas in order, then publish once.
     Install {
         /// The snapshot, built aside.
-        snapshot: SnapshotBuilder,
+        snapshot: Box<SnapshotBuilder>,
         /// The first live sequence not contained in it.
         watermark: u64,
         /// Buffered live batches from `watermark` on, consecutive.
@@ -86,7 +86,7 @@ pub struct RecoveryStats {
 
 struct Pending {
     started: Instant,
-    builder: SnapshotBuilder,
+    builder: Box<SnapshotBuilder>,
     watermark: Option<u64>,
     buffer: Vec<(u64, Batch)>,
     buffered_bytes: usize,
@@ -358,7 +358,7 @@ impl Recovery {
     fn begin_sync(&mut self, now: Instant, keep_live: bool, out: &mut Vec<Action>) {
         let pending = Pending {
             started: now,
-            builder: SnapshotBuilder::new(self.index),
+            builder: Box::new(SnapshotBuilder::new(self.index)),
             watermark: None,
             buffer: Vec::new(),
             buffered_bytes: 0,
