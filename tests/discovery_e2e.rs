@@ -277,6 +277,53 @@ fn heartbeats_are_validated() {
 }
 
 #[test]
+fn load_comes_from_loadmetrics_keys_and_heartbeats_need_the_token() {
+    let etcd = etcd_endpoint();
+    let config =
+        json!({"discovery": {"block_size": B, "topic": "xllm-kv", "refresh_interval_ms": 100}});
+    let flags = Flags {
+        http_server_port: 0,
+        etcd_addr: etcd.endpoint.clone(),
+        etcd_namespace: "e2e-load".into(),
+        internal_api_token: Some("tok".into()),
+        ..Flags::default()
+    };
+    let svc = Service::start(flags, Some(parse_config_file(&config.to_string()).unwrap())).unwrap();
+    let eng = engine_on(free_http_port(1), 1);
+    let opts = RegistrationOptions {
+        etcd: etcd.endpoint.clone(),
+        namespace: "e2e-load".into(),
+        kind: 1,
+        write_loadmetrics: true,
+        ..RegistrationOptions::default()
+    };
+    let reg = Registration::start(&eng, opts).unwrap();
+    reg.set_load(11, 0.5);
+    let name = eng.instance_name();
+    let auth = [("X-Internal-Token", "tok")];
+    eventually("the LOADMETRICS load", || {
+        let r = http(svc.http_addr(), "GET", "/v1/internal/instances", &auth, b"").json();
+        let i = r["instances"]
+            .as_array()
+            .and_then(|a| a.iter().find(|i| i["name"] == name.as_str()).cloned());
+        match i {
+            Some(i) if i["waiting_requests_num"] == 11 && i["gpu_cache_usage_perc"] == 0.5 => {
+                Ok(())
+            }
+            other => Err(format!("{other:?}")),
+        }
+    });
+    let body = json!({"name": name, "incarnation_id": reg.incarnation_id(),
+        "load_metrics": {"waiting_requests_num": 1, "gpu_cache_usage_perc": 0.1}});
+    let hb =
+        http(svc.http_addr(), "POST", "/v1/internal/heartbeat", &[], body.to_string().as_bytes());
+    assert_eq!(hb.status, 401);
+    let hb =
+        http(svc.http_addr(), "POST", "/v1/internal/heartbeat", &auth, body.to_string().as_bytes());
+    assert_eq!(hb.status, 200, "{}", hb.body);
+}
+
+#[test]
 fn discovery_survives_an_etcd_restart() {
     let mut etcd = EtcdServer::private();
     let svc = discovering(&etcd.endpoint, "e2e-restart", 128);
