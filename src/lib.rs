@@ -12,6 +12,7 @@
 //!
 //! The contract is `shared/docs/protocol.md`; the layout is `shared/docs/architecture.md`.
 
+pub mod car;
 pub mod config;
 pub mod index;
 pub mod query;

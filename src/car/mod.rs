@@ -1,0 +1,24 @@
+//! Routing decisions (protocol.md section 7): candidate selection and the CAR, RR and SLO_AWARE
+//! policies, as pure functions over a snapshot of instances, loads and per-DP cache hits.
+//!
+//! CAR, for prefill-side (P) candidates, smallest wins:
+//! ```text
+//! kv_hit_ratio = clamp((device_hit + host_weight * host_only_hit) / input_tokens, 0, 1)
+//!                (the minimum over the instance's DP ranks; a missing, unsynchronized or
+//!                 stale-identity rank makes it 0)
+//! queue_cost   = waiting / max(waiting over P candidates)     (0 when every queue is empty)
+//! score        = lambda * (1 - kv_hit_ratio) + (1 - lambda) * queue_cost
+//! ```
+//! and for decode-side (D) candidates `score = gpu_cache_usage_perc + waiting / max(waiting)`.
+//! Equal scores rotate between calls. Without any D candidate only a DEFAULT instance may serve
+//! alone.
+
+mod policy;
+
+pub use policy::{
+    kv_hit_ratio, route, Candidate, CandidateReport, DpHit, Policy, Rotation, RouteError,
+    RouteParams, Routed, Side,
+};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,416 @@
+//! Candidate filtering and the three policies. Everything here is a pure function of its
+//! inputs plus a [`Rotation`] that the caller keeps between calls (for RR and for ties).
+
+use std::str::FromStr;
+
+use serde::Serialize;
+
+use crate::registry::{InstanceState, InstanceType, LoadMetrics};
+
+/// Two scores closer than this are equal (they come from the same formula).
+const TIE: f64 = 1e-12;
+
+/// A load-balancing policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Policy {
+    /// Round robin over the P list and over the D list, each with its own counter.
+    Rr,
+    /// From TTFT/TPOT profiling data:
+    /// P: `predicted_ttft = ttft(input_tokens) * (1 + waiting)`, where `ttft(n)` interpolates the
+    /// `[prompt_len, ms]` samples linearly (beyond the last sample, proportionally);
+    /// D: `predicted_tpot` = the `[avg_len, batch, ms]` sample nearest to
+    /// `(input_tokens, waiting + 1)`, scaled by `(waiting + 1) / batch`.
+    /// The smallest prediction wins; `meets_slo` says whether it is within `--target_ttft` or
+    /// `--target_tpot`. Instances without profiling data come last.
+    SloAware,
+    /// Cache-aware routing, see the module docs.
+    Car,
+}
+
+impl FromStr for Policy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "RR" => Ok(Policy::Rr),
+            "SLO_AWARE" => Ok(Policy::SloAware),
+            "CAR" => Ok(Policy::Car),
+            _ => Err(format!("--load_balance_policy={s:?} is not one of RR, SLO_AWARE, CAR")),
+        }
+    }
+}
+
+/// Policy settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteParams {
+    /// The policy.
+    pub policy: Policy,
+    /// `--car_prefill_lambda` in 0..=1.
+    pub lambda: f64,
+    /// `--car_host_hit_weight` in 0..=1.
+    pub host_weight: f64,
+    /// `--target_ttft` in ms.
+    pub target_ttft_ms: f64,
+    /// `--target_tpot` in ms.
+    pub target_tpot_ms: f64,
+    /// False when the directory is disabled: every hit ratio is 0.
+    pub directory_enabled: bool,
+}
+
+impl Default for RouteParams {
+    fn default() -> Self {
+        RouteParams {
+            policy: Policy::Car,
+            lambda: 0.5,
+            host_weight: 0.5,
+            target_ttft_ms: 1000.0,
+            target_tpot_ms: 50.0,
+            directory_enabled: true,
+        }
+    }
+}
+
+/// One DP rank's cache hit for the request.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DpHit {
+    /// The rank.
+    pub dp_rank: u32,
+    /// Whether the stream is synchronized.
+    pub synchronized: bool,
+    /// Whether the stream was started for the instance's current process.
+    pub identity_matches: bool,
+    /// Device hit tokens.
+    pub device_hit_tokens: u64,
+    /// Host-only hit tokens.
+    pub host_only_hit_tokens: u64,
+}
+
+/// One instance as routing sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    /// Instance name.
+    pub name: String,
+    /// Registered role.
+    pub kind: InstanceType,
+    /// For MIX: acting as prefill now.
+    pub mix_acting_prefill: bool,
+    /// Instance state.
+    pub state: InstanceState,
+    /// Latest load report.
+    pub load: Option<LoadMetrics>,
+    /// DP ranks.
+    pub dp_size: u32,
+    /// `[prompt_len, ms]`.
+    pub ttft_profile: Vec<(f64, f64)>,
+    /// `[avg_len, batch, ms]`.
+    pub tpot_profile: Vec<(f64, f64, f64)>,
+    /// Per-DP hits of the request (prefill side only).
+    pub hits: Vec<DpHit>,
+}
+
+/// Which list a candidate is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    /// Prefill (DEFAULT, PREFILL, MIX acting as prefill).
+    Prefill,
+    /// Decode (DECODE, MIX acting as decode).
+    Decode,
+}
+
+/// Why each instance was or was not chosen.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct CandidateReport {
+    /// Instance name.
+    pub name: String,
+    /// Registered role.
+    pub role: &'static str,
+    /// The list it is on.
+    pub side: Side,
+    /// CAR hit ratio (P, CAR only).
+    pub kv_hit_ratio: Option<f64>,
+    /// Per-DP hits (P only).
+    pub dp_hits: Vec<DpHit>,
+    /// CAR queue cost.
+    pub queue_cost: Option<f64>,
+    /// Policy score or prediction; smaller wins.
+    pub score: Option<f64>,
+    /// Whether it was chosen.
+    pub chosen: bool,
+    /// Why it was or was not chosen.
+    pub reason: String,
+}
+
+/// A routing decision with its explanation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Routed {
+    /// The policy used.
+    pub policy: Policy,
+    /// Tokens in the request.
+    pub input_tokens: usize,
+    /// The chosen prefill (or DEFAULT) instance.
+    pub prefill: String,
+    /// The chosen decode instance, if any.
+    pub decode: Option<String>,
+    /// Every known instance.
+    pub candidates: Vec<CandidateReport>,
+}
+
+/// No instance can take the request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RouteError {
+    /// No eligible prefill-side instance.
+    #[error("no instance can prefill this request: {0}")]
+    NoPrefill(String),
+}
+
+/// Counters kept between calls: RR positions and tie rotation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Rotation {
+    /// Prefill-side counter.
+    pub prefill: u64,
+    /// Decode-side counter.
+    pub decode: u64,
+}
+
+fn side(c: &Candidate) -> Side {
+    match c.kind {
+        InstanceType::Default | InstanceType::Prefill => Side::Prefill,
+        InstanceType::Mix if c.mix_acting_prefill => Side::Prefill,
+        InstanceType::Mix | InstanceType::Decode => Side::Decode,
+    }
+}
+
+/// Why a candidate cannot be scheduled at all, if it cannot.
+fn ineligible(c: &Candidate) -> Option<String> {
+    if c.state == InstanceState::Suspect {
+        return Some("SUSPECT: not schedulable".into());
+    }
+    match c.load {
+        None => Some("no load report yet".into()),
+        Some(l) if !l.is_valid() => {
+            Some(format!("invalid load: gpu_cache_usage_perc = {}", l.gpu_cache_usage_perc))
+        }
+        Some(_) => None,
+    }
+}
+
+/// The CAR hit ratio: the minimum over the DP ranks, 0 for a missing, unsynchronized or
+/// stale-identity rank.
+pub fn kv_hit_ratio(c: &Candidate, input_tokens: usize, host_weight: f64) -> f64 {
+    if input_tokens == 0 {
+        return 0.0;
+    }
+    (0..c.dp_size.max(1))
+        .map(|rank| match c.hits.iter().find(|h| h.dp_rank == rank) {
+            Some(h) if h.synchronized && h.identity_matches => {
+                let hit = h.device_hit_tokens as f64 + host_weight * h.host_only_hit_tokens as f64;
+                (hit / input_tokens as f64).clamp(0.0, 1.0)
+            }
+            _ => 0.0,
+        })
+        .fold(f64::INFINITY, f64::min)
+}
+
+/// Picks the smallest score, rotating between equal ones; `None` scores come last.
+fn pick(scores: &[(usize, Option<f64>)], counter: &mut u64) -> usize {
+    let best = scores.iter().filter_map(|s| s.1).fold(f64::INFINITY, f64::min);
+    let tied: Vec<usize> = scores
+        .iter()
+        .filter(|s| match s.1 {
+            Some(v) => (v - best).abs() <= TIE,
+            None => best.is_infinite(),
+        })
+        .map(|s| s.0)
+        .collect();
+    let i = tied[(*counter % tied.len() as u64) as usize];
+    *counter += 1;
+    i
+}
+
+fn queue_costs(cands: &[Candidate], list: &[usize]) -> Vec<f64> {
+    let waiting = |i: usize| cands[i].load.map_or(0, |l| l.waiting_requests_num) as f64;
+    let max = list.iter().map(|&i| waiting(i)).fold(0.0, f64::max);
+    list.iter().map(|&i| if max > 0.0 { waiting(i) / max } else { 0.0 }).collect()
+}
+
+/// Linear interpolation of `[x, y]` samples; proportional beyond the ends.
+fn interpolate(samples: &[(f64, f64)], x: f64) -> Option<f64> {
+    let mut s: Vec<(f64, f64)> = samples.iter().copied().filter(|p| p.0 > 0.0).collect();
+    s.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (first, last) = (*s.first()?, *s.last()?);
+    if x <= first.0 {
+        return Some(first.1 * x / first.0);
+    }
+    if x >= last.0 {
+        return Some(last.1 * x / last.0);
+    }
+    let w = s.windows(2).find(|w| x <= w[1].0)?;
+    let t = (x - w[0].0) / (w[1].0 - w[0].0);
+    Some(w[0].1 + t * (w[1].1 - w[0].1))
+}
+
+fn predicted_ttft(c: &Candidate, input_tokens: usize) -> Option<f64> {
+    let waiting = c.load.map_or(0, |l| l.waiting_requests_num) as f64;
+    interpolate(&c.ttft_profile, input_tokens as f64).map(|t| t * (1.0 + waiting))
+}
+
+fn predicted_tpot(c: &Candidate, input_tokens: usize) -> Option<f64> {
+    let batch = c.load.map_or(0, |l| l.waiting_requests_num) as f64 + 1.0;
+    let len = input_tokens as f64;
+    let dist = |p: &(f64, f64, f64)| {
+        ((p.0 - len) / len.max(1.0)).powi(2) + ((p.1 - batch) / batch).powi(2)
+    };
+    let nearest =
+        c.tpot_profile.iter().filter(|p| p.1 > 0.0).min_by(|a, b| dist(a).total_cmp(&dist(b)))?;
+    Some(nearest.2 * batch / nearest.1)
+}
+
+/// Scores one side under the policy; `None` means "no score" (RR, missing profile).
+fn score_side(
+    cands: &[Candidate],
+    list: &[usize],
+    side: Side,
+    input_tokens: usize,
+    p: &RouteParams,
+) -> (Vec<Option<f64>>, Vec<f64>, Vec<f64>) {
+    let costs = queue_costs(cands, list);
+    let ratios: Vec<f64> = list
+        .iter()
+        .map(|&i| {
+            if p.directory_enabled {
+                kv_hit_ratio(&cands[i], input_tokens, p.host_weight)
+            } else {
+                0.0
+            }
+        })
+        .collect();
+    let scores = list
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| match (p.policy, side) {
+            (Policy::Rr, _) => None,
+            (Policy::Car, Side::Prefill) => {
+                Some(p.lambda * (1.0 - ratios[k]) + (1.0 - p.lambda) * costs[k])
+            }
+            (Policy::Car, Side::Decode) => {
+                Some(cands[i].load.map_or(0.0, |l| l.gpu_cache_usage_perc) + costs[k])
+            }
+            (Policy::SloAware, Side::Prefill) => predicted_ttft(&cands[i], input_tokens),
+            (Policy::SloAware, Side::Decode) => predicted_tpot(&cands[i], input_tokens),
+        })
+        .collect();
+    (scores, costs, ratios)
+}
+
+fn choose(list: &[usize], scores: &[Option<f64>], policy: Policy, counter: &mut u64) -> usize {
+    if policy == Policy::Rr {
+        let i = list[(*counter % list.len() as u64) as usize];
+        *counter += 1;
+        return i;
+    }
+    let pairs: Vec<(usize, Option<f64>)> =
+        list.iter().copied().zip(scores.iter().copied()).collect();
+    pick(&pairs, counter)
+}
+
+/// Routes a request of `input_tokens` tokens.
+pub fn route(
+    cands: &[Candidate],
+    input_tokens: usize,
+    p: &RouteParams,
+    rot: &mut Rotation,
+) -> Result<Routed, RouteError> {
+    let mut reasons: Vec<Option<String>> = cands.iter().map(ineligible).collect();
+    let on = |s: Side, reasons: &[Option<String>]| -> Vec<usize> {
+        (0..cands.len()).filter(|&i| reasons[i].is_none() && side(&cands[i]) == s).collect()
+    };
+    let d_list = on(Side::Decode, &reasons);
+    if d_list.is_empty() {
+        for (i, c) in cands.iter().enumerate() {
+            if reasons[i].is_none() && side(c) == Side::Prefill && c.kind != InstanceType::Default {
+                reasons[i] =
+                    Some("no decode instance: only a DEFAULT instance may serve alone".into());
+            }
+        }
+    }
+    let p_list = on(Side::Prefill, &reasons);
+    if p_list.is_empty() {
+        let why: Vec<String> = cands
+            .iter()
+            .zip(&reasons)
+            .map(|(c, r)| format!("{}: {}", c.name, r.as_deref().unwrap_or("decode side")))
+            .collect();
+        let why =
+            if why.is_empty() { "no instances are known".to_string() } else { why.join("; ") };
+        return Err(RouteError::NoPrefill(why));
+    }
+    let (p_scores, p_costs, p_ratios) = score_side(cands, &p_list, Side::Prefill, input_tokens, p);
+    let prefill = choose(&p_list, &p_scores, p.policy, &mut rot.prefill);
+    let (d_scores, d_costs, _) = score_side(cands, &d_list, Side::Decode, input_tokens, p);
+    let decode =
+        (!d_list.is_empty()).then(|| choose(&d_list, &d_scores, p.policy, &mut rot.decode));
+    let mut reports: Vec<CandidateReport> = cands
+        .iter()
+        .zip(&reasons)
+        .map(|(c, r)| CandidateReport {
+            name: c.name.clone(),
+            role: c.kind.key_segment(),
+            side: side(c),
+            kv_hit_ratio: None,
+            dp_hits: if side(c) == Side::Prefill { c.hits.clone() } else { Vec::new() },
+            queue_cost: None,
+            score: None,
+            chosen: false,
+            reason: r.clone().unwrap_or_default(),
+        })
+        .collect();
+    let scored = [
+        (&p_list, &p_scores, &p_costs, Some(&p_ratios), Some(prefill)),
+        (&d_list, &d_scores, &d_costs, None, decode),
+    ];
+    for (list, scores, costs, ratios, chosen) in scored {
+        explain(&mut reports, list, scores, costs, ratios, chosen, p.policy);
+    }
+    Ok(Routed {
+        policy: p.policy,
+        input_tokens,
+        prefill: cands[prefill].name.clone(),
+        decode: decode.map(|i| cands[i].name.clone()),
+        candidates: reports,
+    })
+}
+
+fn explain(
+    reports: &mut [CandidateReport],
+    list: &[usize],
+    scores: &[Option<f64>],
+    costs: &[f64],
+    ratios: Option<&Vec<f64>>,
+    chosen: Option<usize>,
+    policy: Policy,
+) {
+    let best = chosen.and_then(|c| list.iter().position(|&i| i == c)).and_then(|k| scores[k]);
+    for (k, &i) in list.iter().enumerate() {
+        let r = &mut reports[i];
+        r.score = scores[k];
+        if policy == Policy::Car {
+            r.queue_cost = Some(costs[k]);
+            r.kv_hit_ratio = ratios.map(|v| v[k]);
+        }
+        r.chosen = chosen == Some(i);
+        r.reason = match (r.chosen, policy, scores[k], best) {
+            (true, Policy::Rr, _, _) => "next in round-robin order".into(),
+            (true, _, Some(_), _) => "lowest score".into(),
+            (true, _, None, _) => "no candidate has a score; rotated".into(),
+            (false, Policy::Rr, _, _) => "not its turn in round-robin order".into(),
+            (false, _, Some(s), Some(b)) if (s - b).abs() <= TIE => {
+                "tied; another took its turn".into()
+            }
+            (false, _, Some(s), Some(b)) => format!("score {s:.4} is above the chosen {b:.4}"),
+            (false, Policy::SloAware, None, _) => "no profiling data".into(),
+            (false, _, _, _) => "not chosen".into(),
+        };
+    }
+}
