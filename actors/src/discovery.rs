@@ -19,7 +19,7 @@ use kvdir::registry::{
 };
 use serde::Serialize;
 
-use crate::router_actor::StreamKey;
+use crate::router_actor::{InstanceInfo, SetCandidates, StreamKey};
 use crate::streams::StreamSet;
 
 /// A full listing of the registry keys at `revision`.
@@ -201,10 +201,34 @@ impl DiscoveryActor {
         });
     }
 
+    /// Sends the router the instance snapshot it routes with.
+    fn push_candidates(&self) {
+        let infos = self
+            .registry
+            .instances()
+            .map(|i| InstanceInfo {
+                candidate: kvdir::car::Candidate {
+                    name: i.record.name.clone(),
+                    kind: i.record.kind,
+                    mix_acting_prefill: i.record.mix_acting_prefill,
+                    state: i.state,
+                    load: i.load,
+                    dp_size: i.record.dp_size,
+                    ttft_profile: i.record.ttft_profile.clone(),
+                    tpot_profile: i.record.tpot_profile.clone(),
+                    hits: Vec::new(),
+                },
+                identity: i.record.identity.clone(),
+            })
+            .collect();
+        self.set.router().do_send(SetCandidates(infos));
+    }
+
     fn reconcile(&mut self, ctx: &mut Context<Self>) {
         for name in self.registry.tick(Instant::now()) {
             tracing::warn!(instance = %name, "instance removed after SUSPECT timeout");
         }
+        self.push_candidates();
         if self.reconciling {
             return;
         }
@@ -292,6 +316,7 @@ impl Handler<EtcdListed> for DiscoveryActor {
         for name in gone {
             self.probe(name, ctx);
         }
+        self.push_candidates();
     }
 }
 
@@ -302,6 +327,7 @@ impl Handler<EtcdChanged> for DiscoveryActor {
         for change in msg.0 {
             self.apply(change, ctx);
         }
+        self.push_candidates();
     }
 }
 
@@ -321,6 +347,7 @@ impl Handler<Probed> for DiscoveryActor {
     fn handle(&mut self, msg: Probed, _: &mut Context<Self>) {
         tracing::info!(instance = %msg.name, healthy = msg.healthy, "lease lost; /health probed");
         self.registry.probed(&msg.name, msg.healthy, Instant::now());
+        self.push_candidates();
     }
 }
 
@@ -328,7 +355,10 @@ impl Handler<Heartbeat> for DiscoveryActor {
     type Result = Result<(), HeartbeatError>;
 
     fn handle(&mut self, msg: Heartbeat, _: &mut Context<Self>) -> Self::Result {
-        self.registry.heartbeat(&msg.name, msg.incarnation_id.as_deref(), msg.load, Instant::now())
+        let now = Instant::now();
+        self.registry.heartbeat(&msg.name, msg.incarnation_id.as_deref(), msg.load, now)?;
+        self.push_candidates();
+        Ok(())
     }
 }
 

@@ -1,7 +1,8 @@
 //! The HTTP API (actix-web) and [`ApiError`], the one place that maps errors to status codes.
 //!
 //! Routes: `POST /v1/internal/kv-cache/query`, `GET /v1/internal/streams`,
-//! `POST /v1/internal/heartbeat`, `GET /v1/internal/instances`, `GET /health`.
+//! `POST /v1/internal/route`, `POST /v1/internal/heartbeat`, `GET /v1/internal/instances`,
+//! `GET /health`.
 //! Internal routes need `X-Internal-Token` when a token is configured; it is compared in
 //! constant time. Bodies are read up to `--max_request_bytes`, then parsed strictly.
 
@@ -15,7 +16,7 @@ use subtle::ConstantTimeEq;
 use thiserror::Error;
 
 use crate::discovery::{DiscoveryActor, GetInstances, Heartbeat};
-use crate::router_actor::{QueryCache, RouterActor};
+use crate::router_actor::{QueryCache, RouteRequest, RouterActor};
 use crate::stream_actor::GetStreamReport;
 use crate::streams::StreamMap;
 
@@ -50,6 +51,9 @@ pub enum ApiError {
     /// The heartbeat names an unknown instance or a stale incarnation.
     #[error("{0}")]
     Conflict(String),
+    /// No instance can take the request.
+    #[error("{0}")]
+    NoCandidate(String),
     /// An actor did not answer (shutting down).
     #[error("service unavailable: {0}")]
     Unavailable(String),
@@ -70,7 +74,7 @@ impl ResponseError for ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
-            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Unavailable(_) | ApiError::NoCandidate(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
         }
     }
@@ -92,6 +96,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/v1/internal/kv-cache/query", web::post().to(query))
         .route("/v1/internal/streams", web::get().to(streams))
         .route("/v1/internal/heartbeat", web::post().to(heartbeat))
+        .route("/v1/internal/route", web::post().to(route_request))
         .route("/v1/internal/instances", web::get().to(instances))
         .default_service(web::to(not_found));
 }
@@ -150,6 +155,20 @@ async fn query(
         .map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let response = state.router.send(QueryCache { tokens }).await?;
     Ok(HttpResponse::Ok().json(response))
+}
+
+async fn route_request(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let body = read_body(payload, &req, state.max_request_bytes).await?;
+    let tokens = parse_query(&body, state.max_query_tokens)
+        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let routed = state.router.send(RouteRequest { tokens }).await?;
+    let routed = routed.map_err(|e| ApiError::NoCandidate(e.to_string()))?;
+    Ok(HttpResponse::Ok().json(routed))
 }
 
 async fn streams(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {

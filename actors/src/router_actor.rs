@@ -1,12 +1,15 @@
-//! `RouterActor`: answers cache queries from the streams' published views.
+//! `RouterActor`: answers cache queries and routing decisions from the streams' published views
+//! and the instance snapshot that discovery pushes.
 //!
-//! Messages: [`RegisterStream`], [`UnregisterStream`], [`QueryCache`].
+//! Messages: [`RegisterStream`], [`UnregisterStream`], [`QueryCache`], [`SetCandidates`],
+//! [`RouteRequest`].
 //! A query's tokens are hashed once per distinct `(block_size, hash_seed)` and each stream's
 //! view is walked without locks; the handler does no I/O.
 
 use std::collections::{BTreeMap, HashMap};
 
 use actix::prelude::*;
+use kvdir::car::{route, Candidate, DpHit, Rotation, RouteError, RouteParams, Routed};
 use kvdir::index::{ContentKey, IndexReader, KeyHasher, ViewHandle};
 use kvdir::query::{QueryResponse, StreamMatch};
 use kvdir::registry::Identity;
@@ -48,11 +51,36 @@ pub struct QueryCache {
     pub tokens: Vec<i32>,
 }
 
-/// The query side of the directory.
+/// One instance for routing, with its current identity.
+#[derive(Debug, Clone)]
+pub struct InstanceInfo {
+    /// Everything routing needs except the request's hits.
+    pub candidate: Candidate,
+    /// The process registered now.
+    pub identity: Identity,
+}
+
+/// Replace the instance snapshot (from discovery).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetCandidates(pub Vec<InstanceInfo>);
+
+/// Choose instances for a tokenized request.
+#[derive(Message)]
+#[rtype(result = "Result<Routed, RouteError>")]
+pub struct RouteRequest {
+    /// The tokenized prompt.
+    pub tokens: Vec<i32>,
+}
+
+/// The query and routing side of the directory.
 #[derive(Default)]
 pub struct RouterActor {
     streams: BTreeMap<StreamKey, (ViewHandle, Option<Identity>)>,
     hashers: HashMap<(u32, u64), KeyHasher>,
+    instances: Vec<InstanceInfo>,
+    params: RouteParams,
+    rotation: Rotation,
 }
 
 impl Actor for RouterActor {
@@ -83,7 +111,56 @@ impl Handler<QueryCache> for RouterActor {
     }
 }
 
+impl Handler<SetCandidates> for RouterActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetCandidates, _: &mut Context<Self>) {
+        self.instances = msg.0;
+    }
+}
+
+impl Handler<RouteRequest> for RouterActor {
+    type Result = Result<Routed, RouteError>;
+
+    fn handle(&mut self, msg: RouteRequest, _: &mut Context<Self>) -> Self::Result {
+        let answer = self.query(&msg.tokens);
+        let cands: Vec<Candidate> = self
+            .instances
+            .iter()
+            .map(|info| {
+                let mut c = info.candidate.clone();
+                c.hits = answer
+                    .matches
+                    .iter()
+                    .filter(|m| m.instance_name == c.name)
+                    .map(|m| DpHit {
+                        dp_rank: m.dp_rank,
+                        synchronized: m.synchronized,
+                        identity_matches: self.identity_matches(&c.name, m.dp_rank, &info.identity),
+                        device_hit_tokens: m.device_hit_tokens,
+                        host_only_hit_tokens: m.host_only_hit_tokens,
+                    })
+                    .collect();
+                c
+            })
+            .collect();
+        route(&cands, msg.tokens.len(), &self.params, &mut self.rotation)
+    }
+}
+
 impl RouterActor {
+    /// A router deciding with `params`.
+    pub fn new(params: RouteParams) -> Self {
+        RouterActor { params, ..RouterActor::default() }
+    }
+
+    /// Whether the stream was started for the instance's current process. Streams without an
+    /// identity (static configuration) give no CAR credit.
+    fn identity_matches(&self, name: &str, dp_rank: u32, current: &Identity) -> bool {
+        let key = StreamKey { instance_name: name.to_string(), dp_rank };
+        matches!(self.streams.get(&key), Some((_, Some(id))) if id.same_process(current))
+    }
+
     /// Matches `tokens` against every stream.
     pub fn query(&mut self, tokens: &[i32]) -> QueryResponse {
         let mut keys: HashMap<(u32, u64), Vec<ContentKey>> = HashMap::new();

@@ -126,8 +126,15 @@ async fn boot(
     discovery: Option<DiscoveryConfig>,
     limits: &kvdir::config::Limits,
 ) -> Result<(actix_web::dev::Server, SocketAddr, Vec<Arbiter>), StartError> {
+    let mut params = flags.route.clone();
+    params.directory_enabled = !specs.is_empty() || discovery.is_some();
+    if !params.directory_enabled && params.policy == kvdir::car::Policy::Car {
+        tracing::warn!(
+            "CAR without a KV directory: every hit ratio is 0 and routing follows queues only"
+        );
+    }
     let router =
-        RouterActor::start_in_arbiter(&Arbiter::new().handle(), |_| RouterActor::default());
+        RouterActor::start_in_arbiter(&Arbiter::new().handle(), move |_| RouterActor::new(params));
     let arbiters: Vec<Arbiter> = (0..INDEX_ARBITERS).map(|_| Arbiter::new()).collect();
     let set = StreamSet::new(
         router.clone(),

@@ -48,6 +48,11 @@ impl StreamSet {
         StreamSet { router, arbiters, zmq: zmq::Context::new(), limits, map: StreamMap::default() }
     }
 
+    /// The router the streams register with.
+    pub fn router(&self) -> &Addr<RouterActor> {
+        &self.router
+    }
+
     /// The running streams.
     pub fn map(&self) -> StreamMap {
         Arc::clone(&self.map)

@@ -3,7 +3,7 @@
 
 use std::str::FromStr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::registry::{InstanceState, InstanceType, LoadMetrics};
 
@@ -11,7 +11,7 @@ use crate::registry::{InstanceState, InstanceType, LoadMetrics};
 const TIE: f64 = 1e-12;
 
 /// A load-balancing policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum Policy {
     /// Round robin over the P list and over the D list, each with its own counter.
@@ -72,7 +72,7 @@ impl Default for RouteParams {
 }
 
 /// One DP rank's cache hit for the request.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct DpHit {
     /// The rank.
     pub dp_rank: u32,
@@ -110,7 +110,7 @@ pub struct Candidate {
 }
 
 /// Which list a candidate is on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Side {
     /// Prefill (DEFAULT, PREFILL, MIX acting as prefill).
@@ -120,12 +120,12 @@ pub enum Side {
 }
 
 /// Why each instance was or was not chosen.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CandidateReport {
     /// Instance name.
     pub name: String,
     /// Registered role.
-    pub role: &'static str,
+    pub role: String,
     /// The list it is on.
     pub side: Side,
     /// CAR hit ratio (P, CAR only).
@@ -143,7 +143,7 @@ pub struct CandidateReport {
 }
 
 /// A routing decision with its explanation.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Routed {
     /// The policy used.
     pub policy: Policy,
@@ -356,7 +356,7 @@ pub fn route(
         .zip(&reasons)
         .map(|(c, r)| CandidateReport {
             name: c.name.clone(),
-            role: c.kind.key_segment(),
+            role: c.kind.key_segment().to_string(),
             side: side(c),
             kv_hit_ratio: None,
             dp_hits: if side(c) == Side::Prefill { c.hits.clone() } else { Vec::new() },

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use super::ConfigError;
+use crate::car::{Policy, RouteParams};
 
 /// Usage text for `--help`.
 pub const USAGE: &str = "\
@@ -22,12 +23,17 @@ FLAGS (--flag=value or --flag value):
     --max_query_tokens N           largest accepted token_ids list [default: 1048576]
     --etcd_addr HOST:PORT          etcd for discovery [default: 127.0.0.1:2379]
     --etcd_namespace NS            key prefix /NS/ of the instance registry [default: none]
+    --load_balance_policy P        RR, SLO_AWARE or CAR [default: CAR]
+    --car_prefill_lambda X         CAR weight of cache reuse against queue length, 0..=1 [default: 0.5]
+    --car_host_hit_weight X        CAR weight of Host-only hits against Device hits, 0..=1 [default: 0.5]
+    --target_ttft MS               SLO_AWARE time-to-first-token target [default: 1000]
+    --target_tpot MS               SLO_AWARE time-per-output-token target [default: 50]
     --check_config                 validate flags and the config file, then exit
     --help, --version
 ";
 
 /// What the command line asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Command {
     /// Run the service (or only check its configuration).
     Run(Flags),
@@ -38,7 +44,7 @@ pub enum Command {
 }
 
 /// Validated flags.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Flags {
     /// The directory config file; `None` disables the directory.
     pub kv_events_config_file: Option<PathBuf>,
@@ -58,6 +64,8 @@ pub struct Flags {
     pub etcd_addr: String,
     /// Registry namespace (`/ns/` key prefix); empty for none.
     pub etcd_namespace: String,
+    /// Routing policy and its parameters.
+    pub route: RouteParams,
 }
 
 impl Default for Flags {
@@ -72,6 +80,7 @@ impl Default for Flags {
             check_config: false,
             etcd_addr: "127.0.0.1:2379".into(),
             etcd_namespace: String::new(),
+            route: RouteParams::default(),
         }
     }
 }
@@ -82,6 +91,15 @@ fn number<T: std::str::FromStr>(name: &str, v: &str, min: u64, max: u64) -> Resu
             v.parse::<T>().map_err(|_| format!("--{name}={v} is not a valid value"))
         }
         _ => Err(format!("--{name}={v:?} is not an integer in {min}..={max}")),
+    }
+}
+
+/// A float in `0..=max`.
+fn fraction(name: &str, v: &str, max: f64) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(x) if (0.0..=max).contains(&x) => Ok(x),
+        _ if max == 1.0 => Err(format!("--{name}={v:?} is outside the allowed range 0..=1")),
+        _ => Err(format!("--{name}={v:?} is not a non-negative number of milliseconds")),
     }
 }
 
@@ -100,6 +118,11 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
         "etcd_addr" if v.is_empty() => return Err("--etcd_addr must not be empty".into()),
         "etcd_addr" => flags.etcd_addr = v.to_string(),
         "etcd_namespace" => flags.etcd_namespace = v.to_string(),
+        "load_balance_policy" => flags.route.policy = v.parse::<Policy>()?,
+        "car_prefill_lambda" => flags.route.lambda = fraction(name, v, 1.0)?,
+        "car_host_hit_weight" => flags.route.host_weight = fraction(name, v, 1.0)?,
+        "target_ttft" => flags.route.target_ttft_ms = fraction(name, v, f64::MAX)?,
+        "target_tpot" => flags.route.target_tpot_ms = fraction(name, v, f64::MAX)?,
         _ => return Err(format!("unknown flag --{name}; run kvdir --help for the list")),
     }
     Ok(())

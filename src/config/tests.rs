@@ -123,6 +123,26 @@ fn flags_accept_both_forms_and_report_all_errors() {
         ]
     );
     assert_eq!(parse_flags(&["--help"]).unwrap(), Command::Help);
+    let err = parse_flags(&[
+        "--car_prefill_lambda=1.5",
+        "--load_balance_policy=FASTEST",
+        "--target_ttft=-1",
+    ])
+    .unwrap_err();
+    assert_eq!(
+        err.problems,
+        [
+            "--car_prefill_lambda=\"1.5\" is outside the allowed range 0..=1",
+            "--load_balance_policy=\"FASTEST\" is not one of RR, SLO_AWARE, CAR",
+            "--target_ttft=\"-1\" is not a non-negative number of milliseconds",
+        ]
+    );
+    let Command::Run(f) =
+        parse_flags(&["--load_balance_policy", "RR", "--car_host_hit_weight=1"]).unwrap()
+    else {
+        panic!("run expected")
+    };
+    assert_eq!((f.route.policy, f.route.host_weight), (crate::car::Policy::Rr, 1.0));
     assert_eq!(parse_flags::<&str>(&[]).unwrap(), Command::Run(Flags::default()));
 }
 

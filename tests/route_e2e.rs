@@ -1,0 +1,156 @@
+//! End-to-end routing: simulated engines registered in a real etcd hold different prefixes and
+//! report different loads; `POST /v1/internal/route` must follow the CAR formula, explain every
+//! candidate, and switch when the loads or the cache change.
+
+mod common;
+
+use common::*;
+use kvdir::car::Routed;
+use kvdir::config::{parse_config_file, Flags};
+use kvdir_actors::Service;
+use kvdir_sim::etcd_test::etcd_endpoint;
+use kvdir_sim::{EngineConfig, Registration, RegistrationOptions, SimEngine};
+use serde_json::json;
+
+fn free_port() -> u16 {
+    let base = 25_000 + (std::process::id() % 50) as u16 * 150;
+    (base..base + 140)
+        .find(|&p| {
+            let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+            free(p) && free(p + 10_000) && free(p + 30_000)
+        })
+        .expect("a free port")
+}
+
+fn route(svc: &Service, tokens: &[i32]) -> Result<Routed, String> {
+    let body = json!({ "token_ids": tokens }).to_string();
+    let r = http(svc.http_addr(), "POST", "/v1/internal/route", &[], body.as_bytes());
+    if r.status != 200 {
+        return Err(format!("{}: {}", r.status, r.body));
+    }
+    serde_json::from_str(&r.body).map_err(|e| e.to_string())
+}
+
+/// Checks every scored candidate against the formula with the numbers the response reports.
+fn follows_formula(r: &Routed, lambda: f64) {
+    for c in r.candidates.iter().filter(|c| c.score.is_some()) {
+        let (ratio, cost) = (c.kv_hit_ratio.unwrap(), c.queue_cost.unwrap());
+        let expected = lambda * (1.0 - ratio) + (1.0 - lambda) * cost;
+        assert!((c.score.unwrap() - expected).abs() < 1e-9, "{c:?}");
+    }
+    let best = r.candidates.iter().filter_map(|c| c.score).fold(f64::INFINITY, f64::min);
+    let chosen = r.candidates.iter().find(|c| c.chosen).unwrap();
+    assert_eq!(chosen.score, Some(best), "the smallest score wins: {r:?}");
+    assert_eq!(chosen.name, r.prefill);
+}
+
+#[test]
+fn the_route_follows_cache_and_queue() {
+    let etcd = etcd_endpoint();
+    let config =
+        json!({"discovery": {"block_size": B, "topic": "xllm-kv", "refresh_interval_ms": 100}});
+    let flags = Flags {
+        http_server_port: 0,
+        etcd_addr: etcd.endpoint.clone(),
+        etcd_namespace: "e2e-route".into(),
+        ..Flags::default()
+    };
+    let svc = Service::start(flags, Some(parse_config_file(&config.to_string()).unwrap())).unwrap();
+    let start = |_: usize| {
+        let eng = SimEngine::start(EngineConfig {
+            http_port: free_port(),
+            block_size: B,
+            ..EngineConfig::default()
+        })
+        .unwrap();
+        let opts = RegistrationOptions {
+            etcd: etcd.endpoint.clone(),
+            namespace: "e2e-route".into(),
+            kind: 0,
+            write_loadmetrics: true,
+            ..RegistrationOptions::default()
+        };
+        let reg = Registration::start(&eng, opts).unwrap();
+        (eng, reg)
+    };
+    let (a, ra) = start(0);
+    let (b, rb) = start(1);
+    let cached_part = prompt(1, 4);
+    a.process(0, &cached_part).unwrap();
+    let prompt = prompt(1, 8); // A holds the first half
+    ra.set_load(1, 0.2);
+    rb.set_load(4, 0.2);
+    let (na, nb) = (a.instance_name(), b.instance_name());
+    let cached = eventually("A to be chosen for its cache", || {
+        let r = route(&svc, &prompt)?;
+        let ca = r.candidates.iter().find(|c| c.name == na).ok_or("A unknown")?;
+        if r.prefill == na && ca.kv_hit_ratio == Some(0.5) {
+            Ok(r)
+        } else {
+            Err(format!("{r:?}"))
+        }
+    });
+    follows_formula(&cached, 0.5);
+    assert_eq!(cached.decode, None, "DEFAULT instances serve alone");
+    let cb = cached.candidates.iter().find(|c| c.name == nb).unwrap();
+    assert!(cb.reason.starts_with("score 1.0000 is above the chosen 0.3750"), "{cb:?}");
+    assert_eq!(
+        cached.candidates.iter().find(|c| c.name == na).unwrap().dp_hits[0].device_hit_tokens,
+        64
+    );
+
+    // A's queue grows until half a prompt of cache no longer pays for it.
+    ra.set_load(40, 0.2);
+    rb.set_load(1, 0.2);
+    let busy = eventually("B to be chosen once A is busy", || {
+        let r = route(&svc, &prompt)?;
+        if r.prefill == nb {
+            Ok(r)
+        } else {
+            Err(format!("{r:?}"))
+        }
+    });
+    follows_formula(&busy, 0.5);
+
+    // An unrelated prompt: nobody has it, so the shorter queue wins.
+    let other = route(&svc, &prompt_of(900, 2)).unwrap();
+    assert_eq!(other.prefill, nb);
+    follows_formula(&other, 0.5);
+
+    // The same fleet under --load_balance_policy=RR: the flag reaches the router.
+    let rr_flags = Flags {
+        http_server_port: 0,
+        etcd_addr: etcd.endpoint.clone(),
+        etcd_namespace: "e2e-route".into(),
+        route: kvdir::car::RouteParams { policy: kvdir::car::Policy::Rr, ..Default::default() },
+        ..Flags::default()
+    };
+    let rr =
+        Service::start(rr_flags, Some(parse_config_file(&config.to_string()).unwrap())).unwrap();
+    let picks: Vec<String> = eventually("two RR decisions over both instances", || {
+        let picks: Vec<String> =
+            (0..2).map(|_| route(&rr, &prompt).map(|r| r.prefill)).collect::<Result<_, _>>()?;
+        if picks[0] != picks[1] {
+            Ok(picks)
+        } else {
+            Err(format!("{picks:?}"))
+        }
+    });
+    assert!(picks.contains(&na) && picks.contains(&nb), "{picks:?}");
+    assert_eq!(route(&rr, &prompt).unwrap().policy, kvdir::car::Policy::Rr);
+}
+
+fn prompt_of(first: i32, blocks: usize) -> Vec<i32> {
+    prompt(first, blocks)
+}
+
+#[test]
+fn without_instances_the_route_is_a_503_that_says_why() {
+    let eng = engine("static", 1, 0);
+    let svc = service(streams_of(&eng), json!({}));
+    let err = route(&svc, &[1, 2, 3]).unwrap_err();
+    assert!(err.starts_with("503"), "{err}");
+    assert!(err.contains("no instances are known"), "{err}");
+    let bad = http(svc.http_addr(), "POST", "/v1/internal/route", &[], br#"{"token_ids":[-1]}"#);
+    assert_eq!(bad.status, 400);
+}
