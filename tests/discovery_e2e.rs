@@ -8,7 +8,7 @@ mod common;
 use std::sync::atomic::{AtomicU16, Ordering};
 
 use common::*;
-use kvdir::config::{parse_config_file, Flags};
+use kvdir::config::Flags;
 use kvdir_actors::Service;
 use kvdir_sim::etcd_test::{etcd_endpoint, EtcdServer};
 use kvdir_sim::{EngineConfig, Registration, RegistrationOptions, SimEngine};
@@ -16,16 +16,8 @@ use serde_json::{json, Value};
 
 /// Starts kvdir with discovery on `etcd` under `namespace`.
 fn discovering(etcd: &str, namespace: &str, max_streams: u64) -> Service {
-    let config = json!({"discovery": {"enabled": true, "block_size": B, "topic": "xllm-kv",
-        "refresh_interval_ms": 100}, "max_streams": max_streams, "replay_timeout_ms": 500});
-    let directory = parse_config_file(&config.to_string()).unwrap();
-    let flags = Flags {
-        http_server_port: 0,
-        etcd_addr: etcd.to_string(),
-        etcd_namespace: namespace.into(),
-        ..Flags::default()
-    };
-    Service::start(flags, Some(directory)).expect("kvdir starts")
+    let extra = json!({"max_streams": max_streams, "replay_timeout_ms": 500});
+    discovery_service(etcd, namespace, extra, Flags::default())
 }
 
 static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
@@ -279,16 +271,8 @@ fn heartbeats_are_validated() {
 #[test]
 fn load_comes_from_loadmetrics_keys_and_heartbeats_need_the_token() {
     let etcd = etcd_endpoint();
-    let config =
-        json!({"discovery": {"block_size": B, "topic": "xllm-kv", "refresh_interval_ms": 100}});
-    let flags = Flags {
-        http_server_port: 0,
-        etcd_addr: etcd.endpoint.clone(),
-        etcd_namespace: "e2e-load".into(),
-        internal_api_token: Some("tok".into()),
-        ..Flags::default()
-    };
-    let svc = Service::start(flags, Some(parse_config_file(&config.to_string()).unwrap())).unwrap();
+    let flags = Flags { internal_api_token: Some("tok".into()), ..Flags::default() };
+    let svc = discovery_service(&etcd.endpoint, "e2e-load", json!({}), flags);
     let eng = engine_on(free_http_port(1), 1);
     let opts = RegistrationOptions {
         etcd: etcd.endpoint.clone(),

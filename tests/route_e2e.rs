@@ -6,7 +6,7 @@ mod common;
 
 use common::*;
 use kvdir::car::Routed;
-use kvdir::config::{parse_config_file, Flags};
+use kvdir::config::Flags;
 use kvdir_actors::Service;
 use kvdir_sim::etcd_test::etcd_endpoint;
 use kvdir_sim::{EngineConfig, Registration, RegistrationOptions, SimEngine};
@@ -47,15 +47,7 @@ fn follows_formula(r: &Routed, lambda: f64) {
 #[test]
 fn the_route_follows_cache_and_queue() {
     let etcd = etcd_endpoint();
-    let config =
-        json!({"discovery": {"block_size": B, "topic": "xllm-kv", "refresh_interval_ms": 100}});
-    let flags = Flags {
-        http_server_port: 0,
-        etcd_addr: etcd.endpoint.clone(),
-        etcd_namespace: "e2e-route".into(),
-        ..Flags::default()
-    };
-    let svc = Service::start(flags, Some(parse_config_file(&config.to_string()).unwrap())).unwrap();
+    let svc = discovery_service(&etcd.endpoint, "e2e-route", json!({}), Flags::default());
     let start = |_: usize| {
         let eng = SimEngine::start(EngineConfig {
             http_port: free_port(),
@@ -118,15 +110,10 @@ fn the_route_follows_cache_and_queue() {
     follows_formula(&other, 0.5);
 
     // The same fleet under --load_balance_policy=RR: the flag reaches the router.
-    let rr_flags = Flags {
-        http_server_port: 0,
-        etcd_addr: etcd.endpoint.clone(),
-        etcd_namespace: "e2e-route".into(),
-        route: kvdir::car::RouteParams { policy: kvdir::car::Policy::Rr, ..Default::default() },
-        ..Flags::default()
-    };
-    let rr =
-        Service::start(rr_flags, Some(parse_config_file(&config.to_string()).unwrap())).unwrap();
+    let rr_params =
+        kvdir::car::RouteParams { policy: kvdir::car::Policy::Rr, ..Default::default() };
+    let rr_flags = Flags { route: rr_params, ..Flags::default() };
+    let rr = discovery_service(&etcd.endpoint, "e2e-route", json!({}), rr_flags);
     let picks: Vec<String> = eventually("two RR decisions over both instances", || {
         let picks: Vec<String> =
             (0..2).map(|_| route(&rr, &prompt).map(|r| r.prefill)).collect::<Result<_, _>>()?;

@@ -144,15 +144,23 @@ async fn read_body(
     Ok(body)
 }
 
+/// The checks shared by the query and route endpoints: token, body limit, strict token ids.
+async fn read_tokens(
+    req: &HttpRequest,
+    payload: web::Payload,
+    state: &AppState,
+) -> Result<Vec<i32>, ApiError> {
+    authorize(req, state)?;
+    let body = read_body(payload, req, state.max_request_bytes).await?;
+    parse_query(&body, state.max_query_tokens).map_err(|e| ApiError::BadRequest(e.to_string()))
+}
+
 async fn query(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
-    let body = read_body(payload, &req, state.max_request_bytes).await?;
-    let tokens = parse_query(&body, state.max_query_tokens)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let tokens = read_tokens(&req, payload, &state).await?;
     let response = state.router.send(QueryCache { tokens }).await?;
     Ok(HttpResponse::Ok().json(response))
 }
@@ -162,10 +170,7 @@ async fn route_request(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
-    let body = read_body(payload, &req, state.max_request_bytes).await?;
-    let tokens = parse_query(&body, state.max_query_tokens)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let tokens = read_tokens(&req, payload, &state).await?;
     let routed = state.router.send(RouteRequest { tokens }).await?;
     let routed = routed.map_err(|e| ApiError::NoCandidate(e.to_string()))?;
     Ok(HttpResponse::Ok().json(routed))

@@ -65,6 +65,25 @@ pub fn service_with(streams: Vec<Value>, extra: Value, flags: Flags) -> Service 
     Service::start(flags, Some(directory)).expect("kvdir starts")
 }
 
+/// Starts kvdir with discovery (block size [`B`], topic `xllm-kv`, 100 ms refresh) on `etcd`
+/// under `namespace`, plus `extra` top-level config keys and `flags` (port 0 and the etcd
+/// settings are always set here).
+pub fn discovery_service(etcd: &str, namespace: &str, extra: Value, flags: Flags) -> Service {
+    let mut config = json!({"discovery": {"enabled": true, "block_size": B, "topic": "xllm-kv",
+        "refresh_interval_ms": 100}});
+    if let (Some(c), Some(e)) = (config.as_object_mut(), extra.as_object()) {
+        c.extend(e.clone());
+    }
+    let directory = parse_config_file(&config.to_string()).expect("valid discovery config");
+    let flags = Flags {
+        http_server_port: 0,
+        etcd_addr: etcd.to_string(),
+        etcd_namespace: namespace.to_string(),
+        ..flags
+    };
+    Service::start(flags, Some(directory)).expect("kvdir starts")
+}
+
 /// One HTTP response.
 #[derive(Debug)]
 pub struct Response {
