@@ -1,6 +1,7 @@
 //! kvdir service: the actors around the pure core, the HTTP API and start-up wiring.
 //!
 //! - [`service`]: starts the actors for a configuration, then the HTTP server.
+//! - [`demo`]: the zero-setup demo with in-process simulated engines.
 //! - [`discovery`]: `DiscoveryActor`, the instance registry from etcd and stream reconciliation.
 //! - [`etcd_watch`]: list-then-watch of the registry keys, and the `/health` probe.
 //! - [`streams`]: starting and stopping a stream's actor pair.
@@ -10,6 +11,7 @@
 //! - [`router_actor`]: `RouterActor`, answers queries from the published views.
 //! - [`http`]: routes and `ApiError`, the one place errors become status codes.
 
+pub mod demo;
 pub mod discovery;
 pub mod etcd_watch;
 pub mod http;

@@ -43,6 +43,15 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if flags.demo {
+        return match kvdir_actors::demo::run(flags) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     if flags.check_config {
         println!("configuration is valid");
         return ExitCode::SUCCESS;

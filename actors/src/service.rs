@@ -9,7 +9,8 @@ use std::thread::JoinHandle;
 
 use actix::prelude::*;
 use actix_web::{web, App, HttpServer};
-use kvdir::config::{DirectoryConfig, DiscoveryConfig, Flags, Source, StreamSpec};
+use kvdir::config::{DirectoryConfig, DiscoveryConfig, Flags, Limits, Source, StreamSpec};
+use kvdir::registry::Identity;
 use thiserror::Error;
 
 use crate::discovery::DiscoveryActor;
@@ -40,18 +41,31 @@ pub enum StartError {
 pub struct Service {
     addr: SocketAddr,
     server: actix_web::dev::ServerHandle,
+    router: Addr<RouterActor>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// What to run: static streams (with the process identity they stand for, if known),
+/// discovery, and limits.
+#[derive(Debug, Clone, Default)]
+pub struct Directory {
+    /// Streams started once; an identity lets them earn CAR credit.
+    pub streams: Vec<(StreamSpec, Option<Identity>)>,
+    /// Discovery from etcd, if enabled.
+    pub discovery: Option<DiscoveryConfig>,
+    /// Limits.
+    pub limits: Limits,
 }
 
 impl Service {
     /// Starts everything and returns once the HTTP port accepts connections.
     pub fn start(flags: Flags, directory: Option<DirectoryConfig>) -> Result<Service, StartError> {
-        let specs = match directory.as_ref().map(|d| &d.source) {
+        let streams = match directory.as_ref().map(|d| &d.source) {
             None => {
                 tracing::warn!("no kv_events_config_file: the directory is disabled and every query returns no streams");
                 Vec::new()
             }
-            Some(Source::Streams(s)) => s.clone(),
+            Some(Source::Streams(s)) => s.iter().map(|spec| (spec.clone(), None)).collect(),
             Some(Source::Discovery(_)) => Vec::new(),
         };
         let discovery = match directory.as_ref().map(|d| &d.source) {
@@ -63,15 +77,20 @@ impl Service {
             _ => None,
         };
         let limits = directory.map(|d| d.limits).unwrap_or_default();
+        Service::start_directory(flags, Directory { streams, discovery, limits })
+    }
+
+    /// Starts everything for an explicit [`Directory`].
+    pub fn start_directory(flags: Flags, dir: Directory) -> Result<Service, StartError> {
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("kvdir-service".into())
             .spawn(move || {
                 let sys = actix_rt::System::new();
                 sys.block_on(async move {
-                    match boot(&flags, &specs, discovery, &limits).await {
-                        Ok((server, addr, _arbiters)) => {
-                            let _ = tx.send(Ok((server.handle(), addr)));
+                    match boot(&flags, dir).await {
+                        Ok((server, addr, router, _arbiters)) => {
+                            let _ = tx.send(Ok((server.handle(), addr, router)));
                             let _ = server.await;
                             System::current().stop();
                         }
@@ -82,9 +101,14 @@ impl Service {
                 });
             })
             .map_err(|_| StartError::Died)?;
-        let (server, addr) = rx.recv().map_err(|_| StartError::Died)??;
+        let (server, addr, router) = rx.recv().map_err(|_| StartError::Died)??;
         tracing::info!(%addr, "kvdir ready");
-        Ok(Service { addr, server, thread: Some(thread) })
+        Ok(Service { addr, server, router, thread: Some(thread) })
+    }
+
+    /// The router, for in-process callers (the demo pushes its instances there).
+    pub fn router(&self) -> Addr<RouterActor> {
+        self.router.clone()
     }
 
     /// The bound HTTP address.
@@ -122,10 +146,10 @@ impl Drop for Service {
 /// Starts the actors and binds the server; runs inside the service's actix system.
 async fn boot(
     flags: &Flags,
-    specs: &[StreamSpec],
-    discovery: Option<DiscoveryConfig>,
-    limits: &kvdir::config::Limits,
-) -> Result<(actix_web::dev::Server, SocketAddr, Vec<Arbiter>), StartError> {
+    dir: Directory,
+) -> Result<(actix_web::dev::Server, SocketAddr, Addr<RouterActor>, Vec<Arbiter>), StartError> {
+    let Directory { streams: specs, discovery, limits } = dir;
+    let limits = &limits;
     let mut params = flags.route.clone();
     params.directory_enabled = !specs.is_empty() || discovery.is_some();
     if !params.directory_enabled && params.policy == kvdir::car::Policy::Car {
@@ -141,8 +165,8 @@ async fn boot(
         arbiters.iter().map(Arbiter::handle).collect(),
         limits.clone(),
     );
-    for spec in specs {
-        set.start(spec.clone(), None).await.map_err(|_| StartError::Died)?;
+    for (spec, identity) in specs {
+        set.start(spec, identity).await.map_err(|_| StartError::Died)?;
     }
     let streams = set.map();
     let discovery = discovery.map(|d| {
@@ -154,7 +178,7 @@ async fn boot(
         })
     });
     let state = web::Data::new(AppState {
-        router,
+        router: router.clone(),
         streams,
         discovery,
         token: flags.internal_api_token.clone(),
@@ -168,5 +192,5 @@ async fn boot(
         .bind(&addr)
         .map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
     let bound = server.addrs().first().copied().ok_or(StartError::Died)?;
-    Ok((server.run(), bound, arbiters))
+    Ok((server.run(), bound, router, arbiters))
 }

@@ -119,9 +119,50 @@ fn the_binary_serves_a_simulated_engines_cache() {
 }
 
 fn post(addr: &str, body: &str) -> String {
+    post_to(addr, "/v1/internal/kv-cache/query", body)
+}
+
+/// `kvdir --demo`: simulated engines in-process, all four streams synchronized, routes answered.
+#[test]
+fn the_demo_runs_without_any_setup() {
+    let mut child = kvdir()
+        .args(["--demo", "--demo_seconds=60", "--http_server_port=0"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("kvdir demo listening on http://")
+        .unwrap_or_else(|| panic!("{line}"))
+        .to_string();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (mut query, mut route) = (String::new(), String::new());
+    while Instant::now() < deadline {
+        query = post_to(&addr, "/v1/internal/kv-cache/query", r#"{"token_ids":[]}"#);
+        route = post_to(&addr, "/v1/internal/route", r#"{"token_ids":[1,2,3,4]}"#);
+        if query.matches("\"synchronized\":true").count() == 4
+            && route.contains("\"prefill\":\"demo-")
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50)); // poll interval, under the deadline
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(query.matches("\"synchronized\":true").count(), 4, "{query}");
+    assert!(
+        route.contains("\"policy\":\"CAR\"") && route.contains("\"prefill\":\"demo-"),
+        "{route}"
+    );
+}
+
+fn post_to(addr: &str, path: &str, body: &str) -> String {
     let mut s = TcpStream::connect(addr).unwrap();
     let req = format!(
-        "POST /v1/internal/kv-cache/query HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     s.write_all(req.as_bytes()).unwrap();

@@ -29,6 +29,8 @@ FLAGS (--flag=value or --flag value):
     --target_ttft MS               SLO_AWARE time-to-first-token target [default: 1000]
     --target_tpot MS               SLO_AWARE time-per-output-token target [default: 50]
     --check_config                 validate flags and the config file, then exit
+    --demo                         run with in-process simulated engines (the default with no flags)
+    --demo_seconds N               stop the demo after N seconds [default: run until Ctrl-C]
     --help, --version
 ";
 
@@ -66,6 +68,10 @@ pub struct Flags {
     pub etcd_namespace: String,
     /// Routing policy and its parameters.
     pub route: RouteParams,
+    /// Run the zero-setup demo.
+    pub demo: bool,
+    /// Stop the demo after this many seconds.
+    pub demo_seconds: Option<u64>,
 }
 
 impl Default for Flags {
@@ -81,6 +87,8 @@ impl Default for Flags {
             etcd_addr: "127.0.0.1:2379".into(),
             etcd_namespace: String::new(),
             route: RouteParams::default(),
+            demo: false,
+            demo_seconds: None,
         }
     }
 }
@@ -119,6 +127,7 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
         "etcd_addr" => flags.etcd_addr = v.to_string(),
         "etcd_namespace" => flags.etcd_namespace = v.to_string(),
         "load_balance_policy" => flags.route.policy = v.parse::<Policy>()?,
+        "demo_seconds" => flags.demo_seconds = Some(number(name, v, 1, 86_400)?),
         "car_prefill_lambda" => flags.route.lambda = fraction(name, v, 1.0)?,
         "car_host_hit_weight" => flags.route.host_weight = fraction(name, v, 1.0)?,
         "target_ttft" => flags.route.target_ttft_ms = fraction(name, v, f64::MAX)?,
@@ -129,7 +138,7 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
 }
 
 /// Flags that take no value.
-const SWITCHES: &[&str] = &["check_config", "help", "version"];
+const SWITCHES: &[&str] = &["check_config", "demo", "help", "version"];
 
 /// Parses the arguments after the program name.
 pub fn parse_flags<S: AsRef<str>>(args: &[S]) -> Result<Command, ConfigError> {
@@ -149,6 +158,7 @@ pub fn parse_flags<S: AsRef<str>>(args: &[S]) -> Result<Command, ConfigError> {
             ("help" | "h", None) => return Ok(Command::Help),
             ("version" | "V", None) => return Ok(Command::Version),
             ("check_config", None) => flags.check_config = true,
+            ("demo", None) => flags.demo = true,
             (n, Some(_)) if SWITCHES.contains(&n) => {
                 errors.push(format!("--{n} takes no value"));
             }
@@ -158,6 +168,9 @@ pub fn parse_flags<S: AsRef<str>>(args: &[S]) -> Result<Command, ConfigError> {
                 None => errors.push(format!("--{n} needs a value: --{n}=VALUE")),
             },
         }
+    }
+    if args.is_empty() {
+        flags.demo = true;
     }
     if errors.is_empty() {
         Ok(Command::Run(flags))

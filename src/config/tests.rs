@@ -143,7 +143,8 @@ fn flags_accept_both_forms_and_report_all_errors() {
         panic!("run expected")
     };
     assert_eq!((f.route.policy, f.route.host_weight), (crate::car::Policy::Rr, 1.0));
-    assert_eq!(parse_flags::<&str>(&[]).unwrap(), Command::Run(Flags::default()));
+    let no_args = Flags { demo: true, ..Flags::default() };
+    assert_eq!(parse_flags::<&str>(&[]).unwrap(), Command::Run(no_args), "no flags runs the demo");
 }
 
 #[test]
