@@ -1,0 +1,628 @@
+//! Mailbox benchmarks of the actix service: what the actor messages themselves cost, with the
+//! same work done by a direct call as the baseline measured in the same run.
+//!
+//! - `router_query_128_streams_2048_tokens`: a 2,048-token query (16 blocks of 128) through
+//!   `RouterActor` with 128 registered streams, each holding the query's 16 blocks among 1,024
+//!   (the router's worst case: every stream hits the whole prefix). Subjects: `addr.send(QueryCache)`
+//!   awaited from the router's own arbiter (`send_same_arbiter`), from another thread as the HTTP
+//!   workers do (`send_other_arbiter`), and 16 queries kept in flight from another thread
+//!   (`send_other_arbiter_16_in_flight`, the actor's throughput). Baseline: `RouterActor::query`
+//!   called directly on an identical router.
+//! - `index_mailbox_512_blocks_per_batch`: live batches of 512 stored + 512 removed blocks (the
+//!   ingest bench's workload, block size 128, kept at 8,192 resident blocks) through an
+//!   `IndexActor` on its own arbiter, synchronized first by an empty `InstallSnapshot`. Subjects:
+//!   `ApplyBatch` sent and awaited one at a time (`send_await`), and `try_send` from a plain
+//!   thread as the stream worker does, retrying after 20 µs while the mailbox is full
+//!   (`try_send_backpressure`; the clock stops when the last batch is visible to readers).
+//!   Baseline: the same `StreamIndex::apply` + `publish` called directly. Every message owns its
+//!   batch, so every case, baseline included, clones the pre-decoded batch per iteration.
+//!
+//! After criterion, each group is measured again in 30 **paired rounds**: every case runs a
+//! short stretch (200 queries, 32 batches) per round, round after round, so that the load of a
+//! shared machine hits every case alike; the bench prints the median and 10th-90th percentile of
+//! each case's per-round ratio to the baseline. These ratios are steadier than ratios of
+//! criterion medians taken seconds apart.
+//!
+//! `cargo bench -p kvdir-actors --bench mailbox` prints, besides criterion's output: the
+//! percentiles of 3,000 single queries per router case, the paired rounds, how often the index
+//! mailbox was full, and at the end the ratios of criterion's medians measured in this run.
+
+use std::collections::VecDeque;
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{self, Receiver};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use actix::dev::{Request, SendError};
+use actix::prelude::*;
+use criterion::{Criterion, Throughput};
+use kvdir::index::{IndexConfig, SnapshotBuilder, StreamIndex, ViewHandle};
+use kvdir::query::QueryResponse;
+use kvdir::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord, WireHash};
+use kvdir::wire::{decode_batch, encode_batch, Batch, Event, Tier};
+use kvdir_actors::index_actor::{
+    ApplyBatch, GetIndexStatus, IndexActor, IndexFailed, InstallSnapshot, StreamShared,
+    INDEX_MAILBOX,
+};
+use kvdir_actors::router_actor::{QueryCache, RegisterStream, RouterActor, StreamKey};
+
+/// Tokens per block.
+const BLOCK_SIZE: u32 = 128;
+/// Token ids are drawn from `0..VOCAB`.
+const VOCAB: u64 = 150_000;
+
+/// Streams registered with the router.
+const STREAMS: usize = 128;
+/// Blocks of the query (2,048 tokens).
+const QUERY_BLOCKS: usize = 16;
+/// Prefixes of `QUERY_BLOCKS` blocks per stream; the first is the query.
+const PREFIXES: usize = 64;
+/// Queries kept in flight by the pipelined case.
+const IN_FLIGHT: usize = 16;
+/// Single queries timed per case for the percentiles.
+const TIMED: usize = 3_000;
+/// Rounds of the paired measurement.
+const ROUNDS: usize = 30;
+/// Queries per case per paired round.
+const ROUTER_ROUND: u64 = 200;
+/// Batches per case per paired round.
+const INDEX_ROUND: u64 = 32;
+const ROUTER: &str = "router_query_128_streams_2048_tokens";
+
+/// Blocks per `BlockStored` event of a live batch.
+const BLOCKS_PER_EVENT: usize = 16;
+/// `BlockStored` events per live batch.
+const EVENTS_PER_BATCH: usize = 32;
+/// Stored blocks per live batch.
+const BLOCKS_PER_BATCH: usize = BLOCKS_PER_EVENT * EVENTS_PER_BATCH;
+/// Batches in one replay cycle.
+const CYCLE: usize = 64;
+/// A batch's blocks are removed this many batches after they were stored.
+const WINDOW: usize = 16;
+/// Open prefixes that stores continue.
+const SLOTS: usize = 128;
+/// A prefix stops growing at this many pieces.
+const MAX_PIECES: usize = 16;
+/// Sleep of the `try_send` producer while the mailbox is full.
+const FULL_BACKOFF: Duration = Duration::from_micros(20);
+const INDEX: &str = "index_mailbox_512_blocks_per_batch";
+
+/// splitmix64: a small seeded generator, so every run builds the same workload.
+struct Rng(u64);
+
+impl Rng {
+    fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    fn tokens(&mut self, n: usize) -> Vec<i32> {
+        (0..n).map(|_| self.below(VOCAB) as i32).collect()
+    }
+}
+
+fn decode(payload: &[u8]) -> Batch {
+    let mut b = Batch::default();
+    decode_batch(payload, &mut b).expect("bench payload decodes");
+    b
+}
+
+fn encode(events: Vec<EventRecord>) -> Vec<u8> {
+    let rec = BatchRecord { timestamp: 1.0, events, dp_rank: Some(0) };
+    encode_batch(&rec, BatchForm::Array, EventForm::Map)
+}
+
+/// The router's streams: one snapshot of `PREFIXES` independent prefixes of `QUERY_BLOCKS`
+/// blocks, and the tokens of the first prefix (the query).
+fn router_snapshot() -> (Batch, Vec<i32>) {
+    let mut rng = Rng(11);
+    let b = BLOCK_SIZE as usize;
+    let prefixes: Vec<(Vec<u64>, Vec<i32>)> = (0..PREFIXES)
+        .map(|_| {
+            let hashes = (0..QUERY_BLOCKS).map(|_| rng.next_u64()).collect();
+            (hashes, rng.tokens(QUERY_BLOCKS * b))
+        })
+        .collect();
+    let events = prefixes
+        .iter()
+        .map(|(hashes, tokens)| {
+            EventRecord::Stored(StoredRecord::new(
+                hashes.iter().map(|h| WireHash::Uint(*h)).collect(),
+                None,
+                tokens.clone(),
+                BLOCK_SIZE,
+                Tier::Device,
+            ))
+        })
+        .collect();
+    (decode(&encode(events)), prefixes[0].1.clone())
+}
+
+/// `STREAMS` synchronized indexes holding `snapshot`; they must outlive their readers' use.
+fn router_indexes(snapshot: &Batch) -> Vec<StreamIndex> {
+    (0..STREAMS)
+        .map(|_| {
+            let mut index = StreamIndex::new(IndexConfig::default());
+            index.load_snapshot(snapshot, 0).expect("router snapshot applies");
+            index.publish();
+            index
+        })
+        .collect()
+}
+
+/// A router that knows every stream of `indexes`, registered through its own handler.
+fn router(indexes: &[StreamIndex]) -> RouterActor {
+    let mut router = RouterActor::default();
+    let mut ctx = Context::<RouterActor>::new();
+    for (i, index) in indexes.iter().enumerate() {
+        let key =
+            StreamKey { instance_name: format!("inst-{:02}", i / 8), dp_rank: (i % 8) as u32 };
+        router.handle(RegisterStream { key, reader: index.reader(), identity: None }, &mut ctx);
+    }
+    router
+}
+
+fn check_full_hit(r: &QueryResponse, tokens: usize) {
+    assert_eq!(r.matches.len(), STREAMS);
+    assert!(r.matches.iter().all(|m| m.device_hit_tokens == tokens as u64), "not a full hit");
+}
+
+/// Nearest-rank percentile of sorted durations.
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+/// Times `f` `TIMED` times, one call each, and prints p50 / p99 / max.
+fn print_percentiles(label: &str, mut f: impl FnMut() -> Duration) {
+    let mut times: Vec<Duration> = (0..TIMED).map(|_| f()).collect();
+    times.sort();
+    println!(
+        "{label:<40} p50 {:>8.1} µs   p99 {:>8.1} µs   max {:>8.1} µs",
+        percentile(&times, 50.0).as_secs_f64() * 1e6,
+        percentile(&times, 99.0).as_secs_f64() * 1e6,
+        times[times.len() - 1].as_secs_f64() * 1e6,
+    );
+}
+
+/// The router's cases; criterion and the paired rounds time them with the same code.
+struct RouterCases<'a> {
+    sys: &'a SystemRunner,
+    tokens: Vec<i32>,
+    direct: RouterActor,
+    local: Addr<RouterActor>,
+    remote: Addr<RouterActor>,
+}
+
+/// The router's cases, baseline first.
+const ROUTER_CASES: [&str; 4] = [
+    "baseline_direct_call",
+    "send_same_arbiter",
+    "send_other_arbiter",
+    "send_other_arbiter_16_in_flight",
+];
+
+impl RouterCases<'_> {
+    /// Runs case `case` (an index into `ROUTER_CASES`) `iters` times; returns the time taken.
+    fn time(&mut self, case: usize, iters: u64) -> Duration {
+        let tokens = &self.tokens;
+        match case {
+            0 => {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    black_box(self.direct.query(black_box(tokens)));
+                }
+                start.elapsed()
+            }
+            1 | 2 => {
+                let addr = if case == 1 { &self.local } else { &self.remote };
+                self.sys.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let q = QueryCache { tokens: tokens.clone() };
+                        black_box(addr.send(q).await.expect("answered"));
+                    }
+                    start.elapsed()
+                })
+            }
+            _ => self.sys.block_on(async {
+                let start = Instant::now();
+                let mut flight: VecDeque<Request<RouterActor, QueryCache>> =
+                    VecDeque::with_capacity(IN_FLIGHT);
+                for _ in 0..iters {
+                    if flight.len() == IN_FLIGHT {
+                        let done = flight.pop_front().expect("in flight");
+                        black_box(done.await.expect("answered"));
+                    }
+                    flight.push_back(self.remote.send(QueryCache { tokens: tokens.clone() }));
+                }
+                for done in flight {
+                    black_box(done.await.expect("answered"));
+                }
+                start.elapsed()
+            }),
+        }
+    }
+}
+
+fn bench_router(c: &mut Criterion, sys: &SystemRunner) {
+    let (snapshot, tokens) = router_snapshot();
+    let indexes = router_indexes(&snapshot);
+    let direct = router(&indexes);
+    let local = {
+        let r = router(&indexes);
+        sys.block_on(async move { r.start() })
+    };
+    let other_arbiter = Arbiter::new();
+    let remote = {
+        let r = router(&indexes);
+        RouterActor::start_in_arbiter(&other_arbiter.handle(), |_| r)
+    };
+    let mut cases = RouterCases { sys, tokens, direct, local, remote };
+    check_full_hit(&cases.direct.query(&cases.tokens), cases.tokens.len());
+    for addr in [&cases.local, &cases.remote] {
+        let q = QueryCache { tokens: cases.tokens.clone() };
+        check_full_hit(&sys.block_on(addr.send(q)).expect("answered"), cases.tokens.len());
+    }
+
+    let mut g = c.benchmark_group(ROUTER);
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(2))
+        .throughput(Throughput::Elements(1));
+    for (case, name) in ROUTER_CASES.iter().enumerate() {
+        g.bench_function(*name, |b| b.iter_custom(|iters| cases.time(case, iters)));
+    }
+    g.finish();
+
+    println!("\nsingle queries, {TIMED} each:");
+    for (case, name) in ROUTER_CASES.iter().enumerate().take(3) {
+        print_percentiles(&format!("router: {name}"), || cases.time(case, 1));
+    }
+    paired(ROUTER, &ROUTER_CASES, ROUTER_ROUND, |case, n| cases.time(case, n), 1.0, "queries");
+    drop(cases);
+    other_arbiter.stop();
+}
+
+/// Times every case for `n` iterations per round, `ROUNDS` rounds, starting each round with
+/// the next case, so that the slow phases of a shared machine hit every case alike. Prints each
+/// case's median time per iteration over the rounds, and the median and 10th-90th percentile of
+/// its per-round time ratio to case 0, the baseline.
+fn paired(
+    group: &str,
+    names: &[&str],
+    n: u64,
+    mut time: impl FnMut(usize, u64) -> Duration,
+    per_iter: f64,
+    unit: &str,
+) {
+    let k = names.len();
+    let mut ns: Vec<Vec<f64>> = vec![Vec::with_capacity(ROUNDS); k];
+    for round in 0..ROUNDS {
+        for i in 0..k {
+            let case = (round + i) % k;
+            ns[case].push(time(case, n).as_secs_f64() * 1e9 / n as f64);
+        }
+    }
+    let sorted = |mut v: Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v
+    };
+    let at = |v: &[f64], p: f64| v[((p * (v.len() - 1) as f64).round() as usize).min(v.len() - 1)];
+    println!("\n{group}: paired rounds ({ROUNDS} rounds of {n} iterations per case):");
+    for (case, name) in names.iter().enumerate() {
+        let med = at(&sorted(ns[case].clone()), 0.5);
+        let ratios = sorted(ns[case].iter().zip(&ns[0]).map(|(s, b)| s / b).collect());
+        println!(
+            "  {name:<34} {:>9.2} µs/iter {:>10.0} {unit}/s   x baseline: median {:.2} \
+             [p10 {:.2}, p90 {:.2}]",
+            med / 1e3,
+            per_iter * 1e9 / med,
+            at(&ratios, 0.5),
+            at(&ratios, 0.1),
+            at(&ratios, 0.9),
+        );
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    last: Option<u64>,
+    batch: usize,
+    pieces: usize,
+}
+
+/// One replay cycle of live batches: each stores 512 blocks continuing open prefixes (parents
+/// at most `WINDOW / 2` batches old, so still resident) and first removes the 512 blocks stored
+/// `WINDOW` batches earlier. From the second cycle on the stream holds `WINDOW * 512` blocks.
+fn live_cycle() -> Vec<Batch> {
+    let mut rng = Rng(7);
+    let mut slots = [Slot::default(); SLOTS];
+    let b = BLOCK_SIZE as usize;
+    let mut stores: Vec<Vec<EventRecord>> = Vec::with_capacity(CYCLE);
+    let mut stored: Vec<Vec<WireHash>> = Vec::with_capacity(CYCLE);
+    for batch in 0..CYCLE {
+        let mut events = Vec::with_capacity(EVENTS_PER_BATCH);
+        let mut hashes = Vec::with_capacity(BLOCKS_PER_BATCH);
+        for _ in 0..EVENTS_PER_BATCH {
+            let slot = &mut slots[rng.below(SLOTS as u64) as usize];
+            let continues =
+                slot.last.is_some() && batch - slot.batch < WINDOW / 2 && slot.pieces < MAX_PIECES;
+            if !continues {
+                *slot = Slot::default();
+            }
+            let piece: Vec<u64> = (0..BLOCKS_PER_EVENT).map(|_| rng.next_u64()).collect();
+            let wire: Vec<WireHash> = piece.iter().map(|h| WireHash::Uint(*h)).collect();
+            hashes.extend(wire.iter().cloned());
+            events.push(EventRecord::Stored(StoredRecord::new(
+                wire,
+                slot.last.map(WireHash::Uint),
+                rng.tokens(BLOCKS_PER_EVENT * b),
+                BLOCK_SIZE,
+                Tier::Device,
+            )));
+            *slot = Slot { last: piece.last().copied(), batch, pieces: slot.pieces + 1 };
+        }
+        stores.push(events);
+        stored.push(hashes);
+    }
+    stores
+        .into_iter()
+        .enumerate()
+        .map(|(batch, stores)| {
+            let evicted = stored[(batch + CYCLE - WINDOW) % CYCLE].clone();
+            let mut events = vec![EventRecord::removed(evicted, Tier::Device)];
+            events.extend(stores);
+            decode(&encode(events))
+        })
+        .collect()
+}
+
+/// An `IndexActor` on its own arbiter, fed in cycle order, and what checks it.
+struct IndexUnderTest {
+    addr: Addr<IndexActor>,
+    view: ViewHandle,
+    shared: Arc<StreamShared>,
+    failures: Receiver<IndexFailed>,
+    next: u64,
+    /// Batches whose first `try_send` found the mailbox full.
+    full_batches: u64,
+    /// Failed `try_send` calls in all.
+    full_retries: u64,
+}
+
+impl IndexUnderTest {
+    fn start(arbiter: &ArbiterHandle) -> Self {
+        let shared = Arc::new(StreamShared::default());
+        let (tx, failures) = mpsc::channel();
+        let actor =
+            IndexActor::new(StreamIndex::new(IndexConfig::default()), Arc::clone(&shared), tx);
+        let view = actor.reader().handle();
+        let addr = IndexActor::start_in_arbiter(arbiter, |_| actor);
+        let snapshot = SnapshotBuilder::new(IndexConfig::default());
+        addr.do_send(InstallSnapshot {
+            epoch: 0,
+            snapshot: Box::new(snapshot),
+            watermark: 0,
+            deltas: Vec::new(),
+        });
+        IndexUnderTest { addr, view, shared, failures, next: 0, full_batches: 0, full_retries: 0 }
+    }
+
+    fn message(&mut self, batches: &[Batch]) -> ApplyBatch {
+        let seq = self.next;
+        self.next += 1;
+        ApplyBatch { epoch: 0, seq, batch: batches[seq as usize % CYCLE].clone() }
+    }
+
+    /// Sends `n` batches with `try_send` as the stream worker does, but waits instead of
+    /// resynchronizing while the mailbox is full; returns once readers see the last one.
+    fn try_send(&mut self, batches: &[Batch], n: u64) {
+        for _ in 0..n {
+            let mut msg = self.message(batches);
+            let mut first = true;
+            loop {
+                match self.addr.try_send(msg) {
+                    Ok(()) => break,
+                    Err(SendError::Full(back)) => {
+                        self.full_batches += u64::from(first);
+                        self.full_retries += 1;
+                        first = false;
+                        msg = back;
+                        std::thread::sleep(FULL_BACKOFF);
+                    }
+                    Err(SendError::Closed(_)) => panic!("index actor stopped"),
+                }
+            }
+        }
+        self.wait_visible();
+    }
+
+    /// Waits until readers see the last sent batch.
+    fn wait_visible(&self) {
+        let last = self.next.checked_sub(1);
+        while self.view.status().sequence != last {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
+    /// Panics unless every batch applied and the stream holds the steady-state block count.
+    fn check(&self, sys: &SystemRunner) {
+        let status = sys.block_on(self.addr.send(GetIndexStatus)).expect("answered");
+        let failed: Vec<IndexFailed> = self.failures.try_iter().collect();
+        assert!(failed.is_empty(), "index failures: {:?}", failed.first().map(|f| &f.reason));
+        assert!(status.synchronized, "unsynchronized: {:?}", status.error);
+        assert_eq!(status.device_blocks, (WINDOW * BLOCKS_PER_BATCH) as u64);
+        assert_eq!(self.shared.epoch.load(Ordering::Relaxed), 0);
+    }
+}
+
+/// The index's cases; criterion and the paired rounds time them with the same code.
+struct IndexCases<'a> {
+    sys: &'a SystemRunner,
+    batches: Vec<Batch>,
+    direct: StreamIndex,
+    direct_next: u64,
+    actor: IndexUnderTest,
+}
+
+/// The index's cases, baseline first.
+const INDEX_CASES: [&str; 3] =
+    ["baseline_direct_apply_publish", "send_await", "try_send_backpressure"];
+
+impl IndexCases<'_> {
+    /// Runs case `case` (an index into `INDEX_CASES`) for `iters` batches; returns the time.
+    fn time(&mut self, case: usize, iters: u64) -> Duration {
+        match case {
+            0 => {
+                let start = Instant::now();
+                for _ in 0..iters {
+                    let batch = self.batches[self.direct_next as usize % CYCLE].clone();
+                    self.direct.apply(self.direct_next, &batch).expect("bench batch applies");
+                    self.direct.publish();
+                    self.direct_next += 1;
+                }
+                start.elapsed()
+            }
+            1 => {
+                let (actor, batches) = (&mut self.actor, &self.batches);
+                self.sys.block_on(async {
+                    let start = Instant::now();
+                    for _ in 0..iters {
+                        let msg = actor.message(batches);
+                        actor.addr.send(msg).await.expect("answered");
+                    }
+                    start.elapsed()
+                })
+            }
+            _ => {
+                let start = Instant::now();
+                self.actor.try_send(&self.batches, iters);
+                start.elapsed()
+            }
+        }
+    }
+}
+
+fn bench_index(c: &mut Criterion, sys: &SystemRunner) {
+    let batches = live_cycle();
+    let mut direct = StreamIndex::new(IndexConfig::default());
+    direct.load_snapshot(&Batch::default(), 0).expect("empty snapshot");
+    let arbiter = Arbiter::new();
+    let actor = IndexUnderTest::start(&arbiter.handle());
+    let mut cases = IndexCases { sys, batches, direct, direct_next: 0, actor };
+    // Two cycles reach the steady state: the first fills, the second removes what it stores.
+    cases.time(0, 2 * CYCLE as u64);
+    assert_eq!(cases.direct.block_count(), WINDOW * BLOCKS_PER_BATCH);
+    cases.time(2, 2 * CYCLE as u64);
+    cases.actor.check(sys);
+    (cases.actor.full_batches, cases.actor.full_retries) = (0, 0);
+    let sent_before = cases.actor.next;
+
+    let mut g = c.benchmark_group(INDEX);
+    g.sample_size(10)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .throughput(Throughput::Elements(BLOCKS_PER_BATCH as u64));
+    for (case, name) in INDEX_CASES.iter().enumerate() {
+        g.bench_function(*name, |b| b.iter_custom(|iters| cases.time(case, iters)));
+    }
+    g.finish();
+    paired(INDEX, &INDEX_CASES, INDEX_ROUND, |case, n| cases.time(case, n), 1.0, "batches");
+    cases.actor.check(sys);
+
+    let first = &cases.batches[0];
+    let token_bytes: usize = first
+        .events
+        .iter()
+        .map(|e| match e {
+            Event::Stored(st) => 4 * first.tokens(st.tokens).len(),
+            _ => 0,
+        })
+        .sum();
+    let actor = &cases.actor;
+    println!(
+        "\n{INDEX}: {} of {} batches sent by try_send (warm-ups included) found the mailbox \
+         full ({} failed calls); in the service each is a resynchronization. A full mailbox \
+         holds {} batches = {:.0} MiB of token ids alone ({} KiB per batch).",
+        actor.full_batches,
+        actor.next - sent_before,
+        actor.full_retries,
+        INDEX_MAILBOX,
+        (INDEX_MAILBOX * token_bytes) as f64 / (1 << 20) as f64,
+        token_bytes >> 10,
+    );
+    drop(cases);
+    arbiter.stop();
+}
+
+/// Criterion's saved medians, read back so the bench can print ratios measured in this run.
+struct Estimates {
+    dir: PathBuf,
+    started: SystemTime,
+}
+
+impl Estimates {
+    fn new() -> Self {
+        let dir = match (std::env::var_os("CRITERION_HOME"), std::env::var_os("CARGO_TARGET_DIR")) {
+            (Some(home), _) => PathBuf::from(home),
+            (None, Some(target)) => PathBuf::from(target).join("criterion"),
+            (None, None) => PathBuf::from("../target/criterion"),
+        };
+        Estimates { dir, started: SystemTime::now() }
+    }
+
+    /// The median ns per iteration of `group/bench`, if it ran in this process.
+    fn median_ns(&self, group: &str, bench: &str) -> Option<f64> {
+        let path = self.dir.join(group).join(bench).join("new").join("estimates.json");
+        let modified = std::fs::metadata(&path).ok()?.modified().ok()?;
+        if modified < self.started {
+            return None;
+        }
+        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
+        json["median"]["point_estimate"].as_f64()
+    }
+
+    /// Prints `subject`'s median, its rate of `per_iter` `unit` and its time ratio to `baseline`.
+    fn print(&self, group: &str, subject: &str, baseline: &str, per_iter: f64, unit: &str) {
+        match (self.median_ns(group, subject), self.median_ns(group, baseline)) {
+            (Some(s), Some(b)) => println!(
+                "{group}: {subject} {:.2} µs/iter = {:.0} {unit}/s = {:.2} x {baseline}'s time \
+                 ({:.2} µs/iter, {:.0} {unit}/s)",
+                s / 1e3,
+                per_iter * 1e9 / s,
+                s / b,
+                b / 1e3,
+                per_iter * 1e9 / b,
+            ),
+            _ => println!("{group}: {subject} vs {baseline}: not both measured in this run"),
+        }
+    }
+}
+
+fn main() {
+    let estimates = Estimates::new();
+    let sys = System::new();
+    let mut c = Criterion::default().configure_from_args();
+    bench_router(&mut c, &sys);
+    bench_index(&mut c, &sys);
+    c.final_summary();
+    println!("\nratios measured in this run (medians):");
+    for s in ["send_same_arbiter", "send_other_arbiter", "send_other_arbiter_16_in_flight"] {
+        estimates.print(ROUTER, s, "baseline_direct_call", 1.0, "queries");
+    }
+    for s in ["send_await", "try_send_backpressure"] {
+        let blocks = BLOCKS_PER_BATCH as f64;
+        estimates.print(INDEX, s, "baseline_direct_apply_publish", 1.0, "batches");
+        estimates.print(INDEX, s, "baseline_direct_apply_publish", blocks, "blocks");
+    }
+}
