@@ -7,6 +7,9 @@
 //! - `decode_build_install_publish`: decode every payload, `SnapshotBuilder::add` it, install,
 //!   publish (which copies the map into the first view copy);
 //! - `build_install_publish`: the same from pre-decoded batches;
+//! - `decode_build_install_publish_sized`: the same with `SnapshotBuilder::with_capacity` told
+//!   the snapshot's size (what a resync of a running stream can pass: its current block count),
+//!   so the maps never rehash while they grow;
 //! - `decode_only`: decoding the 512 payloads alone;
 //! - `baseline_xxh3_128_tokens`: XXH3-128 over every block's token bytes, the least work any
 //!   content-keyed snapshot must do, measured in the same run.
@@ -20,7 +23,7 @@ use std::time::Duration;
 
 use common::{Estimates, BLOCK_SIZE, STREAM_BLOCKS};
 use criterion::{BatchSize, Criterion, SamplingMode, Throughput};
-use kvdir::index::StreamIndex;
+use kvdir::index::{SnapshotBuilder, StreamIndex};
 use kvdir::wire::{decode_batch, Batch};
 
 const GROUP: &str = "recovery_262144_blocks";
@@ -87,22 +90,29 @@ fn main() {
         )
     });
 
-    g.bench_function("decode_build_install_publish", |b| {
-        b.iter_batched(
-            fresh,
-            |mut index| {
-                let mut builder = index.snapshot_builder();
-                for p in &payloads {
-                    decode_batch(p, &mut scratch).expect("decodes");
-                    builder.add(&scratch).expect("applies");
-                }
-                index.install_snapshot(builder, 1);
-                index.publish();
-                index
-            },
-            BatchSize::PerIteration,
-        )
-    });
+    for (name, sized) in
+        [("decode_build_install_publish", false), ("decode_build_install_publish_sized", true)]
+    {
+        g.bench_function(name, |b| {
+            b.iter_batched(
+                fresh,
+                |mut index| {
+                    let mut builder = match sized {
+                        true => SnapshotBuilder::with_capacity(*index.config(), STREAM_BLOCKS),
+                        false => index.snapshot_builder(),
+                    };
+                    for p in &payloads {
+                        decode_batch(p, &mut scratch).expect("decodes");
+                        builder.add(&scratch).expect("applies");
+                    }
+                    index.install_snapshot(builder, 1);
+                    index.publish();
+                    index
+                },
+                BatchSize::PerIteration,
+            )
+        });
+    }
     g.finish();
     c.final_summary();
 
@@ -112,7 +122,13 @@ fn main() {
     assert_eq!(check.reader().handle().content_entries(), STREAM_BLOCKS);
 
     println!("\nratios measured in this run (median time for 262,144 blocks):");
-    for subject in ["decode_build_install_publish", "build_install_publish", "decode_only"] {
+    let subjects = [
+        "decode_build_install_publish",
+        "decode_build_install_publish_sized",
+        "build_install_publish",
+        "decode_only",
+    ];
+    for subject in subjects {
         estimates.print_time_ratio(GROUP, subject, "baseline_xxh3_128_tokens");
     }
 }

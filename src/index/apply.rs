@@ -2,15 +2,25 @@
 //!
 //! The same code serves live batches and snapshots; [`Mode`] holds the two differences: a live
 //! batch that names an unknown parent or tokenless hash is an error (an event was missed), a
-//! snapshot skips such orphans and keeps every other prefix. Changes to the content-key view go
-//! through a [`Sink`], which is either the live view's operation log or a map built aside.
+//! snapshot skips such orphans and keeps every other prefix. Changes to the content-key view are
+//! collected in order and handed to a [`Sink`], which is either the live view's operation log or
+//! a map built aside.
+//!
+//! The block table does not fit in cache, so before working on a group of engine hashes the
+//! code loads their home slots in one pass ([`Blocks::touch`]): the misses then overlap instead
+//! of being taken one after the other.
 
-use std::collections::HashMap;
+use std::hint::black_box;
 
+use super::blocks::{bit, Block, Blocks};
 use super::key::{ContentKey, KeyHasher};
-use super::view::{apply_to_map, PresenceMap, ViewOp};
-use super::{BuildMix, IndexError};
+use super::view::{apply_changes, apply_to_map, Change, PresenceMap, ViewOp};
+use super::IndexError;
 use crate::wire::{Batch, EngineHash, Event, Stored, Tier};
+
+/// Engine hashes whose slots are loaded ahead in one pass: enough to overlap the misses, few
+/// enough that the lines are still in L1 when used.
+const AHEAD: usize = 16;
 
 /// Live deltas or snapshot contents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,43 +55,27 @@ impl ApplyStats {
 
 /// Receives content-key changes.
 pub(crate) trait Sink {
+    /// Takes the changes collected so far, in order, leaving `changes` empty.
+    fn changes(&mut self, changes: &mut Vec<Change>);
+    /// A `ClearTier` or `ClearAll`, after the changes before it.
     fn op(&mut self, op: ViewOp);
 }
 
 impl Sink for PresenceMap {
+    fn changes(&mut self, changes: &mut Vec<Change>) {
+        apply_changes(self, changes);
+        changes.clear();
+    }
+
     fn op(&mut self, op: ViewOp) {
         apply_to_map(self, &op);
     }
 }
 
-fn bit(t: Tier) -> u8 {
-    match t {
-        Tier::Device => 1,
-        Tier::Host => 2,
-    }
-}
-
-/// An engine hash packed into bytes, so map entries need no 16-byte alignment.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct HashKey([u8; 16]);
-
-impl From<EngineHash> for HashKey {
-    fn from(h: EngineHash) -> Self {
-        HashKey(h.0.to_le_bytes())
-    }
-}
-
-/// One resident engine block.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Block {
-    key: ContentKey,
-    tiers: u8,
-}
-
 /// The writer's truth for one stream.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct Table {
-    blocks: HashMap<HashKey, Block, BuildMix>,
+    blocks: Blocks,
     pub device: u64,
     pub host: u64,
 }
@@ -94,11 +88,18 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl Table {
+    /// An empty table for a stream of at most `max_blocks` blocks, with room for `blocks`.
+    pub fn with_capacity(blocks: usize, max_blocks: usize) -> Self {
+        Table { blocks: Blocks::with_capacity(blocks, max_blocks), device: 0, host: 0 }
+    }
+
     /// Engine blocks held (the unit of `max_blocks_per_stream`).
     pub fn len(&self) -> usize {
         self.blocks.len()
     }
 
+    /// Applies every event; the view changes of the events applied before an error still reach
+    /// the sink, as each one did when it was its own operation.
     pub fn apply_batch(
         &mut self,
         batch: &Batch,
@@ -106,18 +107,43 @@ impl Table {
         sink: &mut impl Sink,
     ) -> Result<ApplyStats, IndexError> {
         let mut stats = ApplyStats::default();
+        let mut changes = Vec::with_capacity(batch.block_count());
+        let applied = self.apply_events(batch, ctx, sink, &mut changes, &mut stats);
+        sink.changes(&mut changes);
+        applied.map(|()| stats)
+    }
+
+    fn apply_events(
+        &mut self,
+        batch: &Batch,
+        ctx: &mut Ctx<'_>,
+        sink: &mut impl Sink,
+        out: &mut Vec<Change>,
+        stats: &mut ApplyStats,
+    ) -> Result<(), IndexError> {
         for event in &batch.events {
             match event {
-                Event::Stored(s) => self.stored(batch, s, ctx, sink, &mut stats)?,
+                Event::Stored(s) => self.stored(batch, s, ctx, out, stats)?,
                 Event::Removed { hashes, tier } => {
-                    for h in batch.hashes(*hashes) {
-                        self.remove(*h, *tier, sink, &mut stats);
+                    for group in batch.hashes(*hashes).chunks(AHEAD) {
+                        self.touch(group);
+                        for h in group {
+                            self.remove(*h, *tier, out, stats);
+                        }
                     }
                 }
-                Event::Cleared { tier } => self.clear(*tier, sink),
+                Event::Cleared { tier } => {
+                    sink.changes(out);
+                    self.clear(*tier, sink);
+                }
             }
         }
-        Ok(stats)
+        Ok(())
+    }
+
+    /// Loads the slots of `hashes` ahead of their use (see the module documentation).
+    fn touch(&self, hashes: &[EngineHash]) {
+        black_box(hashes.iter().fold(false, |acc, h| acc ^ self.blocks.touch(*h)));
     }
 
     fn stored(
@@ -125,7 +151,7 @@ impl Table {
         batch: &Batch,
         s: &Stored,
         ctx: &mut Ctx<'_>,
-        sink: &mut impl Sink,
+        out: &mut Vec<Change>,
         stats: &mut ApplyStats,
     ) -> Result<(), IndexError> {
         let b = ctx.hasher.block_size();
@@ -135,7 +161,7 @@ impl Table {
         let hashes = batch.hashes(s.hashes);
         let tokens = batch.tokens(s.tokens);
         if tokens.is_empty() {
-            return self.tokenless(hashes, s.tier, ctx.mode, sink, stats);
+            return self.tokenless(hashes, s.tier, ctx.mode, out, stats);
         }
         if tokens.len() != hashes.len() * b {
             let (blocks, expected) = (hashes.len(), hashes.len() * b);
@@ -147,9 +173,11 @@ impl Table {
                 block_size,
             });
         }
+        // Loaded before the parent's lookup, so that its miss and theirs overlap.
+        self.touch(&hashes[..hashes.len().min(AHEAD)]);
         let mut prev = match s.parent {
             None => None,
-            Some(p) => match self.blocks.get(&HashKey::from(p)) {
+            Some(p) => match self.blocks.get(p) {
                 Some(block) => Some(block.key),
                 None if ctx.mode == Mode::Snapshot => {
                     stats.orphans += hashes.len() as u64;
@@ -158,9 +186,12 @@ impl Table {
                 None => return Err(IndexError::UnknownParent(p)),
             },
         };
-        for (h, block) in hashes.iter().zip(tokens.chunks_exact(b)) {
+        for (i, (h, block)) in hashes.iter().zip(tokens.chunks_exact(b)).enumerate() {
+            if i > 0 && i % AHEAD == 0 {
+                self.touch(&hashes[i..hashes.len().min(i + AHEAD)]);
+            }
             let key = ctx.hasher.chain(prev, block);
-            self.store(*h, key, s.tier, ctx.max_blocks, sink, stats)?;
+            self.store(*h, key, s.tier, ctx.max_blocks, out, stats)?;
             prev = Some(key);
         }
         Ok(())
@@ -172,27 +203,37 @@ impl Table {
         key: ContentKey,
         tier: Tier,
         max_blocks: usize,
-        sink: &mut impl Sink,
+        out: &mut Vec<Change>,
         stats: &mut ApplyStats,
     ) -> Result<(), IndexError> {
-        let len = self.blocks.len();
-        match self.blocks.entry(HashKey::from(h)) {
-            std::collections::hash_map::Entry::Occupied(mut e) => {
-                if e.get().key != key {
+        match self.blocks.find(h) {
+            Ok(slot) => {
+                let block = self.blocks.at_mut(slot);
+                if block.key != key {
                     return Err(IndexError::HashConflict(h));
                 }
-                let block = e.get_mut();
-                Self::add_tier_counts(&mut self.device, &mut self.host, block, tier, sink, stats);
+                Self::add_tier_counts(&mut self.device, &mut self.host, block, tier, out, stats);
             }
-            std::collections::hash_map::Entry::Vacant(e) => {
-                if len >= max_blocks {
+            Err(at) => {
+                if self.blocks.len() >= max_blocks {
                     return Err(IndexError::LimitExceeded { limit: max_blocks });
                 }
-                let block = e.insert(Block { key, tiers: 0 });
-                Self::add_tier_counts(&mut self.device, &mut self.host, block, tier, sink, stats);
+                // A new block enters on exactly one tier: the counts of `add_tier_counts`.
+                let block = Block { key, tiers: bit(tier) };
+                self.blocks.insert_at(at, h, block);
+                *self.tier_count(tier) += 1;
+                out.push(Change { key, tier, add: true });
+                stats.stored += 1;
             }
         }
         Ok(())
+    }
+
+    fn tier_count(&mut self, tier: Tier) -> &mut u64 {
+        match tier {
+            Tier::Device => &mut self.device,
+            Tier::Host => &mut self.host,
+        }
     }
 
     fn tokenless(
@@ -200,19 +241,14 @@ impl Table {
         hashes: &[EngineHash],
         tier: Tier,
         mode: Mode,
-        sink: &mut impl Sink,
+        out: &mut Vec<Change>,
         stats: &mut ApplyStats,
     ) -> Result<(), IndexError> {
         for h in hashes {
-            match self.blocks.get_mut(&HashKey::from(*h)) {
-                Some(block) => Self::add_tier_counts(
-                    &mut self.device,
-                    &mut self.host,
-                    block,
-                    tier,
-                    sink,
-                    stats,
-                ),
+            match self.blocks.get_mut(*h) {
+                Some(block) => {
+                    Self::add_tier_counts(&mut self.device, &mut self.host, block, tier, out, stats)
+                }
                 None if mode == Mode::Snapshot => stats.orphans += 1,
                 None => return Err(IndexError::UnknownHash(*h)),
             }
@@ -225,7 +261,7 @@ impl Table {
         host: &mut u64,
         block: &mut Block,
         tier: Tier,
-        sink: &mut impl Sink,
+        out: &mut Vec<Change>,
         stats: &mut ApplyStats,
     ) {
         if block.tiers & bit(tier) != 0 {
@@ -236,28 +272,26 @@ impl Table {
             Tier::Device => device,
             Tier::Host => host,
         } += 1;
-        sink.op(ViewOp::Add(block.key, tier));
+        out.push(Change { key: block.key, tier, add: true });
         stats.stored += 1;
     }
 
-    fn remove(&mut self, h: EngineHash, tier: Tier, sink: &mut impl Sink, stats: &mut ApplyStats) {
-        let hk = HashKey::from(h);
-        let Some(block) = self.blocks.get_mut(&hk) else {
+    fn remove(&mut self, h: EngineHash, tier: Tier, out: &mut Vec<Change>, stats: &mut ApplyStats) {
+        let Ok(slot) = self.blocks.find(h) else {
             stats.unknown_removals += 1;
             return;
         };
+        let block = self.blocks.at_mut(slot);
         if block.tiers & bit(tier) == 0 {
             return;
         }
         block.tiers &= !bit(tier);
-        match tier {
-            Tier::Device => self.device -= 1,
-            Tier::Host => self.host -= 1,
-        }
-        sink.op(ViewOp::Remove(block.key, tier));
+        let (key, gone) = (block.key, block.tiers == 0);
+        *self.tier_count(tier) -= 1;
+        out.push(Change { key, tier, add: false });
         stats.removed += 1;
-        if block.tiers == 0 {
-            self.blocks.remove(&hk);
+        if gone {
+            self.blocks.remove_at(slot);
         }
     }
 
@@ -269,7 +303,7 @@ impl Table {
                 sink.op(ViewOp::ClearAll);
             }
             Some(t) => {
-                self.blocks.retain(|_, b| {
+                self.blocks.retain(|b| {
                     b.tiers &= !bit(t);
                     b.tiers != 0
                 });

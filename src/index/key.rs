@@ -5,6 +5,11 @@
 //! The key of a block therefore depends on every token before it, which is what makes a walk
 //! over a query's keys a prefix match. One call over a reused `16 + 4B` byte buffer is about
 //! twice as fast as the streaming API for the same digest (dependencies.md).
+//!
+//! For inputs over 240 bytes (every block from `B = 60` up) XXH3 with a seed first derives a
+//! 192-byte secret from the seed, on every call; [`KeyHasher`] derives it once and passes it
+//! in, which XXH3 defines to give the same digest (the test below checks it against the
+//! seeded call).
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
@@ -41,19 +46,56 @@ impl fmt::Debug for ContentKey {
     }
 }
 
+/// XXH3's default secret (`XXH3_kSecret` of the reference implementation).
+const DEFAULT_SECRET: [u8; 192] = [
+    0xb8, 0xfe, 0x6c, 0x39, 0x23, 0xa4, 0x4b, 0xbe, 0x7c, 0x01, 0x81, 0x2c, 0xf7, 0x21, 0xad, 0x1c,
+    0xde, 0xd4, 0x6d, 0xe9, 0x83, 0x90, 0x97, 0xdb, 0x72, 0x40, 0xa4, 0xa4, 0xb7, 0xb3, 0x67, 0x1f,
+    0xcb, 0x79, 0xe6, 0x4e, 0xcc, 0xc0, 0xe5, 0x78, 0x82, 0x5a, 0xd0, 0x7d, 0xcc, 0xff, 0x72, 0x21,
+    0xb8, 0x08, 0x46, 0x74, 0xf7, 0x43, 0x24, 0x8e, 0xe0, 0x35, 0x90, 0xe6, 0x81, 0x3a, 0x26, 0x4c,
+    0x3c, 0x28, 0x52, 0xbb, 0x91, 0xc3, 0x00, 0xcb, 0x88, 0xd0, 0x65, 0x8b, 0x1b, 0x53, 0x2e, 0xa3,
+    0x71, 0x64, 0x48, 0x97, 0xa2, 0x0d, 0xf9, 0x4e, 0x38, 0x19, 0xef, 0x46, 0xa9, 0xde, 0xac, 0xd8,
+    0xa8, 0xfa, 0x76, 0x3f, 0xe3, 0x9c, 0x34, 0x3f, 0xf9, 0xdc, 0xbb, 0xc7, 0xc7, 0x0b, 0x4f, 0x1d,
+    0x8a, 0x51, 0xe0, 0x4b, 0xcd, 0xb4, 0x59, 0x31, 0xc8, 0x9f, 0x7e, 0xc9, 0xd9, 0x78, 0x73, 0x64,
+    0xea, 0xc5, 0xac, 0x83, 0x34, 0xd3, 0xeb, 0xc3, 0xc5, 0x81, 0xa0, 0xff, 0xfa, 0x13, 0x63, 0xeb,
+    0x17, 0x0d, 0xdd, 0x51, 0xb7, 0xf0, 0xda, 0x49, 0xd3, 0x16, 0x55, 0x26, 0x29, 0xd4, 0x68, 0x9e,
+    0x2b, 0x16, 0xbe, 0x58, 0x7d, 0x47, 0xa1, 0xfc, 0x8f, 0xf8, 0xb8, 0xd1, 0x7a, 0xd0, 0x31, 0xce,
+    0x45, 0xcb, 0x3a, 0x8f, 0x95, 0x16, 0x04, 0x28, 0xaf, 0xd7, 0xfb, 0xca, 0xbb, 0x4b, 0x40, 0x7e,
+];
+
+/// Inputs longer than this take XXH3's long path, the only one where a seed and the secret
+/// derived from it give the same digest.
+const MID_SIZE_MAX: usize = 240;
+
+/// The secret XXH3 derives from `seed` for long inputs (`XXH3_initCustomSecret`): each 16-byte
+/// lane of the default secret with the seed added to its low half and subtracted from its high.
+fn seeded_secret(seed: u64) -> [u8; 192] {
+    let mut out = DEFAULT_SECRET;
+    for lane in out.chunks_exact_mut(16) {
+        let (lo, hi) = lane.split_at_mut(8);
+        let l = u64::from_le_bytes(lo.try_into().expect("8 bytes")).wrapping_add(seed);
+        let h = u64::from_le_bytes(hi.try_into().expect("8 bytes")).wrapping_sub(seed);
+        lo.copy_from_slice(&l.to_le_bytes());
+        hi.copy_from_slice(&h.to_le_bytes());
+    }
+    out
+}
+
 /// Computes chained content keys for one `(block_size, seed)` pair, reusing its buffer.
 #[derive(Debug, Clone)]
 pub struct KeyHasher {
     seed: u64,
     block_size: usize,
     buf: Vec<u8>,
+    /// Boxed so that holders of a hasher (the snapshot builder, in enums) stay small.
+    secret: Box<[u8; 192]>,
 }
 
 impl KeyHasher {
     /// A hasher for blocks of `block_size` tokens under `seed` (the stream's `hash_seed`).
     pub fn new(block_size: u32, seed: u64) -> Self {
         let block_size = block_size.max(1) as usize;
-        KeyHasher { seed, block_size, buf: vec![0; 16 + 4 * block_size] }
+        let buf = vec![0; 16 + 4 * block_size];
+        KeyHasher { seed, block_size, buf, secret: Box::new(seeded_secret(seed)) }
     }
 
     /// Tokens per block.
@@ -74,7 +116,7 @@ impl KeyHasher {
             }
             None => &self.buf[16..],
         };
-        ContentKey::from_u128(xxhash_rust::xxh3::xxh3_128_with_seed(input, self.seed))
+        ContentKey::from_u128(xxh3_seeded(input, self.seed, &self.secret))
     }
 
     /// Appends the keys of every complete block of `tokens` to `out`; a partial tail is ignored.
@@ -88,9 +130,35 @@ impl KeyHasher {
     }
 }
 
+/// `xxh3_128_with_seed(input, seed)`, given `secret = seeded_secret(seed)`.
+fn xxh3_seeded(input: &[u8], seed: u64, secret: &[u8; 192]) -> u128 {
+    if input.len() > MID_SIZE_MAX {
+        xxhash_rust::xxh3::xxh3_128_with_secret(input, secret)
+    } else {
+        xxhash_rust::xxh3::xxh3_128_with_seed(input, seed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_derived_secret_gives_the_seeded_digest_at_every_length() {
+        let input: Vec<u8> =
+            (0..2_000u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+        for seed in [0, 1, 1024, u64::MAX, 0x9e37_79b9_7f4a_7c15] {
+            let secret = seeded_secret(seed);
+            for len in (0..=600).chain([1_000, 1_024, 1_040, 2_000]) {
+                let want = xxhash_rust::xxh3::xxh3_128_with_seed(&input[..len], seed);
+                assert_eq!(
+                    xxh3_seeded(&input[..len], seed, &secret),
+                    want,
+                    "seed {seed} len {len}"
+                );
+            }
+        }
+    }
 
     fn hex(k: ContentKey) -> String {
         format!("{k:?}")

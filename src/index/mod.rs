@@ -12,6 +12,8 @@
 //! accepts no live batch until a snapshot or a full-state batch replaces its contents.
 
 mod apply;
+mod blocks;
+mod flat;
 mod key;
 mod stream;
 mod view;
@@ -80,7 +82,8 @@ pub enum IndexError {
 
 /// A fast hasher for keys that are already hashes (content keys, engine hashes): it folds the
 /// bytes and finishes with the murmur3 mixer, so every output bit depends on every input bit
-/// even for small sequential engine hashes.
+/// even for small sequential engine hashes. For `std` maps of such keys; the index's own tables
+/// are flat tables that hash their keys themselves.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct MixHasher(u64);
 

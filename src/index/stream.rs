@@ -12,7 +12,7 @@ use left_right::WriteHandle;
 
 use super::apply::{Ctx, Mode, Table};
 use super::key::KeyHasher;
-use super::view::{IndexReader, PresenceMap, StreamStatus, ViewData, ViewOp};
+use super::view::{Change, IndexReader, PresenceMap, StreamStatus, ViewData, ViewOp};
 use super::IndexError;
 use crate::wire::Batch;
 
@@ -64,6 +64,12 @@ impl std::fmt::Debug for StreamIndex {
 }
 
 impl Sink for WriteHandle<ViewData, ViewOp> {
+    fn changes(&mut self, changes: &mut Vec<Change>) {
+        if !changes.is_empty() {
+            self.append(ViewOp::Changes(std::mem::take(changes)));
+        }
+    }
+
     fn op(&mut self, op: ViewOp) {
         self.append(op);
     }
@@ -74,7 +80,7 @@ use super::apply::Sink;
 impl StreamIndex {
     /// An empty, unsynchronized index and the reader side of its view.
     pub fn new(config: IndexConfig) -> Self {
-        let (writer, read) = left_right::new::<ViewData, ViewOp>();
+        let (writer, read) = left_right::new_from_empty(ViewData::new(config.max_blocks));
         let reader = IndexReader {
             factory: read.factory(),
             block_size: config.block_size,
@@ -83,7 +89,7 @@ impl StreamIndex {
         let mut index = StreamIndex {
             config,
             hasher: KeyHasher::new(config.block_size, config.hash_seed),
-            table: Table::default(),
+            table: Table::with_capacity(0, config.max_blocks),
             sync: SyncState::Unsynchronized("waiting for the first snapshot".into()),
             sequence: None,
             writer,
@@ -208,11 +214,18 @@ pub struct SnapshotBuilder {
 impl SnapshotBuilder {
     /// An empty snapshot for a stream with these settings; it can be built on any thread.
     pub fn new(config: IndexConfig) -> Self {
+        Self::with_capacity(config, 0)
+    }
+
+    /// Like [`Self::new`], with room for `blocks` blocks (capped at `max_blocks`) reserved up
+    /// front, so that a snapshot of about that size is built without rehashing as it grows.
+    /// A hint only: the snapshot may hold more or fewer blocks.
+    pub fn with_capacity(config: IndexConfig, blocks: usize) -> Self {
         SnapshotBuilder {
             hasher: KeyHasher::new(config.block_size, config.hash_seed),
             max_blocks: config.max_blocks,
-            table: Table::default(),
-            map: PresenceMap::default(),
+            table: Table::with_capacity(blocks, config.max_blocks),
+            map: PresenceMap::with_capacity(blocks, config.max_blocks),
             stats: ApplyStats::default(),
         }
     }

@@ -6,13 +6,13 @@
 //! half-applied batch or snapshot is never visible. The view holds what matching needs: content
 //! key -> per-tier reference counts, plus the stream's status (sync flag, sequence, counts).
 
-use std::collections::HashMap;
+use std::hint::black_box;
 use std::sync::Arc;
 
 use left_right::{Absorb, ReadHandle, ReadHandleFactory};
 
+use super::flat::{FlatKey, FlatTable, Vacancy};
 use super::key::ContentKey;
-use super::BuildMix;
 use crate::wire::Tier;
 
 /// How many resident engine blocks carry a content key, per tier. Counts rather than flags keep
@@ -32,7 +32,24 @@ impl Presence {
     }
 }
 
-pub(crate) type PresenceMap = HashMap<ContentKey, Presence, BuildMix>;
+/// A content key with no resident block is not in the map, so all-zero counts mark a vacant slot.
+impl Vacancy for Presence {
+    fn is_vacant(&self) -> bool {
+        self.device == 0 && self.host == 0
+    }
+}
+
+impl FlatKey for ContentKey {
+    const FILLER: Self = ContentKey([0; 16]);
+
+    /// Content keys are XXH3 digests, uniform in every bit: the low 64 bits need no mixing.
+    fn hash64(&self) -> u64 {
+        let [a, b, c, d, e, f, g, h, ..] = self.0;
+        u64::from_le_bytes([a, b, c, d, e, f, g, h])
+    }
+}
+
+pub(crate) type PresenceMap = FlatTable<ContentKey, Presence>;
 
 /// What a stream reports about itself with every published view.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -50,37 +67,77 @@ pub struct StreamStatus {
 }
 
 /// The data behind one copy of the view.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub(crate) struct ViewData {
     map: PresenceMap,
     status: Arc<StreamStatus>,
 }
 
+impl ViewData {
+    /// An empty view of a stream of at most `max_blocks` blocks.
+    pub(crate) fn new(max_blocks: usize) -> Self {
+        ViewData { map: PresenceMap::with_limit(max_blocks), status: Arc::default() }
+    }
+}
+
+/// A resident engine block with content `key` entered (`add`) or left `tier`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Change {
+    pub key: ContentKey,
+    pub tier: Tier,
+    pub add: bool,
+}
+
 /// One change to the view.
 #[derive(Debug)]
 pub(crate) enum ViewOp {
-    Add(ContentKey, Tier),
-    Remove(ContentKey, Tier),
+    /// A batch's block changes, in order: one operation per batch rather than per block, so
+    /// that applying them can load a group of slots ahead ([`apply_changes`]).
+    Changes(Vec<Change>),
     ClearTier(Tier),
     ClearAll,
     Replace(Box<PresenceMap>),
     Status(Arc<StreamStatus>),
 }
 
-/// Applies a content-key change to a map; `Status` is not a map change and is ignored.
-pub(crate) fn apply_to_map(map: &mut PresenceMap, op: &ViewOp) {
-    match op {
-        ViewOp::Add(k, t) => *map.entry(*k).or_default().count(*t) += 1,
-        ViewOp::Remove(k, t) => {
-            if let Some(p) = map.get_mut(k) {
-                let c = p.count(*t);
-                *c = c.saturating_sub(1);
-                if p.device == 0 && p.host == 0 {
-                    map.remove(k);
-                }
+/// Changes whose slots are loaded in one pass before they are applied: the map does not fit
+/// in cache, and loads that do not wait on each other overlap their misses.
+const AHEAD: usize = 16;
+
+/// Applies changes in order.
+pub(crate) fn apply_changes(map: &mut PresenceMap, changes: &[Change]) {
+    for group in changes.chunks(AHEAD) {
+        black_box(group.iter().fold(false, |acc, c| acc ^ map.touch(&c.key)));
+        for c in group {
+            apply_change(map, c);
+        }
+    }
+}
+
+fn apply_change(map: &mut PresenceMap, c: &Change) {
+    match map.find(&c.key) {
+        Ok(slot) => {
+            let p = map.at_mut(slot);
+            let n = p.count(c.tier);
+            *n = if c.add { *n + 1 } else { n.saturating_sub(1) };
+            if p.is_vacant() {
+                map.remove_at(slot);
             }
         }
-        ViewOp::ClearTier(t) => map.retain(|_, p| {
+        Err(at) if c.add => {
+            let mut p = Presence::default();
+            *p.count(c.tier) = 1;
+            map.insert_at(at, c.key, p);
+        }
+        Err(_) => {}
+    }
+}
+
+/// Applies a change to a map; `Status` is not a map change and is ignored.
+pub(crate) fn apply_to_map(map: &mut PresenceMap, op: &ViewOp) {
+    match op {
+        ViewOp::Changes(changes) => apply_changes(map, changes),
+        ViewOp::ClearTier(t) => map.retain(|p| {
             *p.count(*t) = 0;
             p.device > 0 || p.host > 0
         }),

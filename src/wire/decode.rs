@@ -251,17 +251,30 @@ fn read_hashes(r: &mut Reader<'_>, batch: &mut Batch) -> Result<Span, WireError>
 fn read_tokens(r: &mut Reader<'_>, batch: &mut Batch) -> Result<Span, WireError> {
     let n = r.array_len("token_ids")?;
     let (_, start) = batch.arena_marks();
-    batch.reserve_tokens(n);
-    for _ in 0..n {
-        let t = match r.int("token_ids")? {
-            Int::U(v) if v <= i32::MAX as u64 => v as i32,
-            Int::I(v) if v >= i64::from(i32::MIN) => v as i32,
-            Int::U(v) => return Err(range("token_ids", v, "a 32-bit signed integer")),
-            Int::I(v) => return Err(range("token_ids", v, "a 32-bit signed integer")),
-        };
-        batch.arena_token(t);
+    // `array_len` bounded `n` by the bytes left, so this cannot be a hostile allocation; an
+    // error leaves the slots behind, which `decode_batch` clears before its next use.
+    let slots = batch.token_slots(n);
+    let mut done = 0;
+    while done < n {
+        // The fast path takes the common encodings; whatever it stops at (a negative id, a
+        // 64-bit one, a wrong type, anything in the last 7 bytes) goes through `read_token`,
+        // which accepts or rejects it exactly as before.
+        done += r.i32_fill(&mut slots[done..]);
+        if done < n {
+            slots[done] = read_token(r)?;
+            done += 1;
+        }
     }
     Ok(Span { start, len: n as u32 })
+}
+
+fn read_token(r: &mut Reader<'_>) -> Result<i32, WireError> {
+    match r.int("token_ids")? {
+        Int::U(v) if v <= i32::MAX as u64 => Ok(v as i32),
+        Int::I(v) if v >= i64::from(i32::MIN) => Ok(v as i32),
+        Int::U(v) => Err(range("token_ids", v, "a 32-bit signed integer")),
+        Int::I(v) => Err(range("token_ids", v, "a 32-bit signed integer")),
+    }
 }
 
 fn read_block_size(r: &mut Reader<'_>) -> Result<u32, WireError> {

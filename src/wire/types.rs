@@ -240,9 +240,12 @@ impl Batch {
         self.hashes.push(h);
     }
 
-    /// Arena access for the decoder: appends one token.
-    pub(super) fn arena_token(&mut self, t: i32) {
-        self.tokens.push(t);
+    /// Arena access for the decoder: appends `n` zeroed token slots and returns them, so the
+    /// decoder's fast path fills ids by index instead of pushing one at a time.
+    pub(super) fn token_slots(&mut self, n: usize) -> &mut [i32] {
+        let start = self.tokens.len();
+        self.tokens.resize(start + n, 0);
+        &mut self.tokens[start..]
     }
 
     /// Arena lengths, to open spans and roll back a dropped event.
@@ -254,11 +257,6 @@ impl Batch {
     pub(super) fn arena_truncate(&mut self, marks: (u32, u32)) {
         self.hashes.truncate(marks.0 as usize);
         self.tokens.truncate(marks.1 as usize);
-    }
-
-    /// Reserves token capacity for a declared array length.
-    pub(super) fn reserve_tokens(&mut self, n: usize) {
-        self.tokens.reserve(n);
     }
 }
 

@@ -1,0 +1,269 @@
+//! A flat open-addressing hash table for the index's two big maps (engine hash -> block, and
+//! content key -> presence).
+//!
+//! Why not `std::collections::HashMap`: both maps hold hundreds of thousands of entries that do
+//! not fit in cache, so their cost is cache misses and bytes. The std table keeps its control
+//! bytes apart from its entries (two misses per lookup) and sizes to a power of two (a stream of
+//! 2^18 blocks sat in 2^19 slots, half empty). Here an entry is its own occupancy mark (a value
+//! that [`Vacancy::is_vacant`] says is empty, which the index never stores), a key's home slot is
+//! `hash * capacity >> 64` so any capacity works, and growth stops at the capacity the table's
+//! entry limit needs. Collisions are resolved by Robin Hood linear probing: each run of entries
+//! is kept in home order, so a lookup stops as soon as it passes where its key would be, and a
+//! removal shifts back only the entries displaced behind it (no tombstones, so a stream that
+//! stores and removes forever keeps short probes). [`FlatTable::touch`] lets a caller load the
+//! home slots of many keys before working on them, so their misses overlap.
+
+use std::fmt;
+
+/// A key that hashes itself to 64 well-mixed bits.
+pub(crate) trait FlatKey: Copy + Eq {
+    /// The key stored in vacant slots (any value; vacancy is the value's).
+    const FILLER: Self;
+    fn hash64(&self) -> u64;
+}
+
+/// A value whose default is the empty-slot mark; the table never holds a vacant value.
+pub(crate) trait Vacancy: Copy + Default {
+    fn is_vacant(&self) -> bool;
+}
+
+/// Tables are at most `LOAD_NUM / LOAD_DEN` full (see `max_len`).
+const LOAD_NUM: usize = 3;
+const LOAD_DEN: usize = 4;
+
+/// Tables are at most 3/4 full: a full table costs 4/3 slots per entry, and probes stay short
+/// (a hit takes 2.5 slots on average at the fullest, far less after growth). At 4/5 the ingest
+/// bench's applies were 15 % slower (the slots a new key shifts grow as 1 / (1 - load)^2); at
+/// 7/10, 5 % faster for 7 % more bytes.
+fn max_len(capacity: usize) -> usize {
+    capacity / LOAD_DEN * LOAD_NUM + capacity % LOAD_DEN * LOAD_NUM / LOAD_DEN
+}
+
+/// The smallest capacity that holds `n` entries.
+fn capacity_for(n: usize) -> usize {
+    if n > usize::MAX / LOAD_DEN {
+        return usize::MAX; // only a growth bound (`limit`) can be this large
+    }
+    n / LOAD_NUM * LOAD_DEN + (n % LOAD_NUM * LOAD_DEN).div_ceil(LOAD_NUM)
+}
+
+/// The smallest capacity a growing table takes.
+const MIN_CAPACITY: usize = 16;
+
+/// See the module documentation.
+pub(crate) struct FlatTable<K, V> {
+    slots: Vec<(K, V)>,
+    len: usize,
+    /// Entries the table is ever expected to hold (`max_blocks`): growth stops at the capacity
+    /// for it instead of doubling past it. Only a bound on growth steps, never on entries.
+    limit: usize,
+}
+
+impl<K: FlatKey, V: Vacancy> FlatTable<K, V> {
+    /// An empty table that will not grow past the capacity for `limit` entries unless it must.
+    pub fn with_limit(limit: usize) -> Self {
+        FlatTable { slots: Vec::new(), len: 0, limit }
+    }
+
+    /// An empty table with room for `n` entries before it grows.
+    pub fn with_capacity(n: usize, limit: usize) -> Self {
+        let cap = capacity_for(n.min(limit));
+        FlatTable { slots: vec![(K::FILLER, V::default()); cap], len: 0, limit }
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    fn home(&self, k: &K) -> usize {
+        ((u128::from(k.hash64()) * self.slots.len() as u128) >> 64) as usize
+    }
+
+    fn next(&self, i: usize) -> usize {
+        if i + 1 == self.slots.len() {
+            0
+        } else {
+            i + 1
+        }
+    }
+
+    /// How far `at` is past the home slot of `k`, wrapping around the end.
+    fn dist(&self, k: &K, at: usize) -> usize {
+        let home = self.home(k);
+        if at >= home {
+            at - home
+        } else {
+            at + self.slots.len() - home
+        }
+    }
+
+    /// `Ok(slot)` of `k`, or `Err(slot)` where it would be inserted (`Err(0)` in a table with no
+    /// slots). Runs are in home order, so the search stops at the first entry whose home is
+    /// after `k`'s (it is nearer its home than `k` would be), or at a vacant slot.
+    pub fn find(&self, k: &K) -> Result<usize, usize> {
+        if self.slots.is_empty() {
+            return Err(0);
+        }
+        let mut i = self.home(k);
+        let mut d = 0;
+        loop {
+            let (key, v) = &self.slots[i];
+            if v.is_vacant() {
+                return Err(i);
+            }
+            if key == k {
+                return Ok(i);
+            }
+            if self.dist(key, i) < d {
+                return Err(i);
+            }
+            i = self.next(i);
+            d += 1;
+        }
+    }
+
+    pub fn get(&self, k: &K) -> Option<&V> {
+        self.find(k).ok().map(|i| &self.slots[i].1)
+    }
+
+    pub fn get_mut(&mut self, k: &K) -> Option<&mut V> {
+        self.find(k).ok().map(|i| &mut self.slots[i].1)
+    }
+
+    /// The value in an occupied slot returned by [`Self::find`].
+    pub fn at_mut(&mut self, slot: usize) -> &mut V {
+        &mut self.slots[slot].1
+    }
+
+    /// Inserts `k`, known to be absent, at `at` (its `Err` from [`Self::find`] since the last
+    /// change), growing first if the table is full, and returns its slot.
+    pub fn insert_at(&mut self, at: usize, k: K, v: V) -> usize {
+        debug_assert!(!v.is_vacant());
+        let at = if self.len + 1 > max_len(self.slots.len()) {
+            self.grow();
+            self.find(&k).expect_err("inserted keys are absent")
+        } else {
+            at
+        };
+        self.place(at, k, v);
+        self.len += 1;
+        at
+    }
+
+    /// Writes `(k, v)` at `at`, moving the rest of the run one slot on (len unchanged).
+    fn place(&mut self, at: usize, k: K, v: V) {
+        let mut end = at;
+        while !self.slots[end].1.is_vacant() {
+            end = self.next(end);
+        }
+        while end != at {
+            let prev = if end == 0 { self.slots.len() - 1 } else { end - 1 };
+            self.slots[end] = self.slots[prev];
+            end = prev;
+        }
+        self.slots[at] = (k, v);
+    }
+
+    fn grow(&mut self) {
+        let cap = self.slots.len();
+        let doubled = (2 * cap).max(MIN_CAPACITY);
+        let at_limit = capacity_for(self.limit);
+        let target = if cap < at_limit { doubled.min(at_limit) } else { doubled };
+        let new_cap = target.max(capacity_for(self.len + 1));
+        let old = std::mem::replace(&mut self.slots, vec![(K::FILLER, V::default()); new_cap]);
+        for (k, v) in old {
+            if !v.is_vacant() {
+                let at = self.find(&k).expect_err("keys are unique");
+                self.place(at, k, v);
+            }
+        }
+    }
+
+    /// Empties an occupied slot and moves the entries displaced behind it one slot back, up
+    /// to a vacant slot or an entry in its home slot, so runs stay in home order without gaps.
+    pub fn remove_at(&mut self, slot: usize) {
+        let mut hole = slot;
+        loop {
+            let j = self.next(hole);
+            let (k, v) = self.slots[j];
+            if v.is_vacant() || self.dist(&k, j) == 0 {
+                break;
+            }
+            self.slots[hole] = (k, v);
+            hole = j;
+        }
+        self.slots[hole] = (K::FILLER, V::default());
+        self.len -= 1;
+    }
+
+    /// Lets `f` update every value and removes those for which it returns false (it must
+    /// return false exactly when it leaves the value vacant).
+    pub fn retain(&mut self, mut f: impl FnMut(&mut V) -> bool) {
+        let Some(start) = self.slots.iter().position(|(_, v)| v.is_vacant()) else { return };
+        // From just after a vacant slot, a removal only pulls back entries not yet visited:
+        // shifting stops at the first vacant slot, at the latest at `start`.
+        let mut i = self.next(start);
+        let mut left = self.slots.len() - 1;
+        while left > 0 {
+            let v = &mut self.slots[i].1;
+            if !v.is_vacant() && !f(v) {
+                self.remove_at(i);
+                if !self.slots[i].1.is_vacant() {
+                    continue; // an unvisited entry moved into `i`: visit it
+                }
+            }
+            i = self.next(i);
+            left -= 1;
+        }
+    }
+
+    /// Removes every entry, keeping the capacity.
+    pub fn clear(&mut self) {
+        self.slots.fill((K::FILLER, V::default()));
+        self.len = 0;
+    }
+
+    /// Loads the home slot of `k` and the cache line after it (where a probe or a removal's
+    /// shift usually continues), so that a later operation on `k` finds them in cache; fold the
+    /// results into `std::hint::black_box` so the loads are not optimized away.
+    pub fn touch(&self, k: &K) -> bool {
+        if self.slots.is_empty() {
+            return false;
+        }
+        let home = self.home(k);
+        let ahead = (home + 64 / std::mem::size_of::<(K, V)>() + 1).min(self.slots.len() - 1);
+        self.slots[home].1.is_vacant() ^ self.slots[ahead].1.is_vacant()
+    }
+
+    /// The entries, in slot order.
+    pub fn iter(&self) -> impl Iterator<Item = (&K, &V)> {
+        self.slots.iter().filter(|(_, v)| !v.is_vacant()).map(|(k, v)| (k, v))
+    }
+}
+
+impl<K: FlatKey, V: Vacancy> Default for FlatTable<K, V> {
+    fn default() -> Self {
+        Self::with_limit(usize::MAX)
+    }
+}
+
+impl<K: Copy, V: Copy> Clone for FlatTable<K, V> {
+    fn clone(&self) -> Self {
+        FlatTable { slots: self.slots.clone(), len: self.len, limit: self.limit }
+    }
+
+    /// Reuses this table's allocation: a view copy takes a whole snapshot map this way.
+    fn clone_from(&mut self, source: &Self) {
+        self.slots.clone_from(&source.slots);
+        (self.len, self.limit) = (source.len, source.limit);
+    }
+}
+
+impl<K: FlatKey + fmt::Debug, V: Vacancy + fmt::Debug> fmt::Debug for FlatTable<K, V> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests;
