@@ -125,8 +125,16 @@ impl StreamActor {
         let name = format!("kvdir-{}-dp{}", self.spec.instance_name, self.spec.dp_rank);
         let id = WORKER_IDS.fetch_add(1, Ordering::Relaxed);
         let spawned = std::thread::Builder::new().name(name).spawn(move || {
-            if let (Err(e), Some(me)) = (worker::run(wctx, id), me.upgrade()) {
-                me.do_send(WorkerExited(e.to_string()));
+            // A panic must not end the stream silently: it is reported like a socket error.
+            let outcome =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker::run(wctx, id)));
+            let failure = match outcome {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) => Some("the stream thread panicked".to_string()),
+            };
+            if let (Some(reason), Some(me)) = (failure, me.upgrade()) {
+                me.do_send(WorkerExited(reason));
             }
         });
         if let Err(e) = spawned {
@@ -160,6 +168,11 @@ impl Handler<WorkerExited> for StreamActor {
 
     fn handle(&mut self, msg: WorkerExited, ctx: &mut Context<Self>) {
         tracing::error!(stream = %self.spec.instance_name, dp = self.spec.dp_rank, error = %msg.0, "stream worker failed; restarting");
+        // No credit while no worker follows the publisher.
+        self.shared.epoch.fetch_add(1, Ordering::AcqRel);
+        self.index.do_send(crate::index_actor::Invalidate {
+            reason: format!("stream worker failed: {}", msg.0),
+        });
         let delay = Duration::from_millis(200 * (1 << self.restarts.min(5)));
         ctx.run_later(delay, |_, ctx| ctx.stop());
     }
