@@ -44,14 +44,12 @@ pub fn run(flags: Flags) -> Result<(), String> {
     let svc =
         Service::start_directory(flags.clone(), demo.directory()).map_err(|e| e.to_string())?;
     let addr = svc.http_addr();
-    println!("kvdir demo listening on http://{addr}");
-    println!(
-        "  query:     curl -sS http://{addr}/v1/internal/kv-cache/query -d '{{\"token_ids\":[]}}'"
-    );
-    println!("  streams:   curl -sS http://{addr}/v1/internal/streams");
-    println!(
-        "  route:     curl -sS http://{addr}/v1/internal/route -d '{{\"token_ids\":[1,2,3]}}'"
-    );
+    say(&format!("kvdir demo listening on http://{addr}"));
+    let q = r#"-d '{"token_ids":[]}'"#;
+    say(&format!("  query:     curl -sS http://{addr}/v1/internal/kv-cache/query {q}"));
+    say(&format!("  streams:   curl -sS http://{addr}/v1/internal/streams"));
+    let r = r#"-d '{"token_ids":[1,2,3]}'"#;
+    say(&format!("  route:     curl -sS http://{addr}/v1/internal/route {r}"));
     let mut workload = Workload::new(WorkloadConfig {
         seed: 7,
         system_prompts: 4,
@@ -68,13 +66,19 @@ pub fn run(flags: Flags) -> Result<(), String> {
         let request = workload.next_request();
         demo.route_one(&addr.to_string(), request.session, &request.tokens);
         if Instant::now() >= next_summary {
-            println!("{}", demo.summary());
+            say(&demo.summary());
             next_summary += SUMMARY_EVERY;
         }
         std::thread::sleep(TICK);
     }
     svc.stop();
     Ok(())
+}
+
+/// Prints a line; a closed stdout (a reader that went away) must not stop the demo.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "{line}");
 }
 
 impl Demo {
