@@ -89,19 +89,9 @@ fn the_binary_serves_a_simulated_engines_cache() {
         "endpoint": ep.event, "replay_endpoint": ep.replay, "topic": "xllm-kv"}]});
     std::fs::write(&path, config.to_string()).unwrap();
     eng.process(0, &[1, 2, 3, 4, 5, 6, 7, 8, 9]).unwrap();
-    let mut child = kvdir()
-        .args(["--http_server_port=0", &format!("--kv_events_config_file={}", path.display())])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("kvdir listening on http://")
-        .unwrap_or_else(|| panic!("{line}"))
-        .to_string();
+    let config_flag = format!("--kv_events_config_file={}", path.display());
+    let (mut child, addr) =
+        spawn(&["--http_server_port=0", &config_flag], "kvdir listening on http://");
     let deadline = Instant::now() + Duration::from_secs(20);
     let body = loop {
         let body = post(&addr, r#"{"token_ids":[1,2,3,4,5,6,7,8,9]}"#);
@@ -118,6 +108,19 @@ fn the_binary_serves_a_simulated_engines_cache() {
     );
 }
 
+/// Starts the binary, reads the address from its first line (after `prefix`), and keeps
+/// draining its output so it never writes into a closed pipe.
+fn spawn(args: &[&str], prefix: &str) -> (std::process::Child, String) {
+    let mut child =
+        kvdir().args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+    let addr = line.trim().strip_prefix(prefix).unwrap_or_else(|| panic!("{line}")).to_string();
+    (child, addr)
+}
+
 fn post(addr: &str, body: &str) -> String {
     post_to(addr, "/v1/internal/kv-cache/query", body)
 }
@@ -125,19 +128,8 @@ fn post(addr: &str, body: &str) -> String {
 /// `kvdir --demo`: simulated engines in-process, all four streams synchronized, routes answered.
 #[test]
 fn the_demo_runs_without_any_setup() {
-    let mut child = kvdir()
-        .args(["--demo", "--demo_seconds=60", "--http_server_port=0"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("kvdir demo listening on http://")
-        .unwrap_or_else(|| panic!("{line}"))
-        .to_string();
+    let args = ["--demo", "--demo_seconds=60", "--http_server_port=0"];
+    let (mut child, addr) = spawn(&args, "kvdir demo listening on http://");
     let deadline = Instant::now() + Duration::from_secs(30);
     let (mut query, mut route) = (String::new(), String::new());
     while Instant::now() < deadline {
