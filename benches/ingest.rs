@@ -21,98 +21,12 @@ mod common;
 use std::hint::black_box;
 use std::time::Duration;
 
-use common::{Estimates, Rng, BLOCKS_PER_BATCH, BLOCKS_PER_EVENT, BLOCK_SIZE, EVENTS_PER_BATCH};
+use common::{live_cycle, Estimates, Shape, BLOCKS_PER_BATCH, BLOCK_SIZE};
 use criterion::{Criterion, Throughput};
 use kvdir::index::{ApplyStats, ContentKey, IndexConfig, KeyHasher, StreamIndex};
-use kvdir::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord, WireHash};
-use kvdir::wire::{decode_batch, encode_batch, Batch, Event, Tier};
+use kvdir::wire::{decode_batch, Batch, Event};
 
-/// Open prefixes that stores continue.
-const SLOTS: usize = 128;
-/// A prefix stops growing at this many pieces (256 blocks, 32,768 tokens).
-const MAX_PIECES: usize = 16;
 const GROUP: &str = "ingest_512_blocks_per_batch";
-
-/// A replayable live workload.
-#[derive(Debug, Clone, Copy)]
-struct Shape {
-    /// Batches in one replay cycle.
-    cycle: usize,
-    /// A batch's blocks are removed this many batches after they were stored.
-    window: usize,
-}
-
-impl Shape {
-    /// The stream: 245,760 resident blocks, near the default 262,144 limit.
-    const FULL: Shape = Shape { cycle: 640, window: 480 };
-    /// 8,192 resident blocks: the maps fit in cache, which isolates the cost of cache misses.
-    const SMALL: Shape = Shape { cycle: 64, window: 16 };
-
-    /// A prefix is continued only while its last piece is younger than this, in batches.
-    fn max_parent_age(self) -> usize {
-        self.window / 2
-    }
-
-    fn resident_blocks(self) -> usize {
-        self.window * BLOCKS_PER_BATCH
-    }
-}
-
-#[derive(Clone, Copy, Default)]
-struct Slot {
-    last: Option<u64>,
-    batch: usize,
-    pieces: usize,
-}
-
-/// The payloads of one replay cycle.
-fn live_cycle(shape: Shape) -> Vec<Vec<u8>> {
-    let Shape { cycle, window } = shape;
-    let mut rng = Rng::new(7);
-    let mut slots = [Slot::default(); SLOTS];
-    let b = BLOCK_SIZE as usize;
-    let mut stores: Vec<Vec<EventRecord>> = Vec::with_capacity(cycle);
-    let mut stored_hashes: Vec<Vec<WireHash>> = Vec::with_capacity(cycle);
-    for batch in 0..cycle {
-        let mut events = Vec::with_capacity(EVENTS_PER_BATCH);
-        let mut hashes = Vec::with_capacity(BLOCKS_PER_BATCH);
-        for _ in 0..EVENTS_PER_BATCH {
-            let slot = &mut slots[rng.below(SLOTS as u64) as usize];
-            let continues = slot.last.is_some()
-                && batch - slot.batch < shape.max_parent_age()
-                && slot.pieces < MAX_PIECES;
-            if !continues {
-                *slot = Slot::default();
-            }
-            let piece: Vec<u64> = (0..BLOCKS_PER_EVENT).map(|_| rng.next_u64()).collect();
-            let wire: Vec<WireHash> = piece.iter().map(|h| WireHash::Uint(*h)).collect();
-            hashes.extend(wire.iter().cloned());
-            events.push(EventRecord::Stored(StoredRecord::new(
-                wire,
-                slot.last.map(WireHash::Uint),
-                rng.tokens(BLOCKS_PER_EVENT * b),
-                BLOCK_SIZE,
-                Tier::Device,
-            )));
-            *slot = Slot { last: piece.last().copied(), batch, pieces: slot.pieces + 1 };
-        }
-        stores.push(events);
-        stored_hashes.push(hashes);
-    }
-    stores
-        .into_iter()
-        .enumerate()
-        .map(|(batch, stores)| {
-            // Engines evict before they store; the first cycle's removals name blocks not yet
-            // stored and are only counted, from the second cycle on every one is resident.
-            let evicted = stored_hashes[(batch + cycle - window) % cycle].clone();
-            let mut events = vec![EventRecord::removed(evicted, Tier::Device)];
-            events.extend(stores);
-            let rec = BatchRecord { timestamp: batch as f64, events, dp_rank: Some(0) };
-            encode_batch(&rec, BatchForm::Array, EventForm::Map)
-        })
-        .collect()
-}
 
 /// A synchronized stream replaying one cycle of batches from where it stopped.
 struct Replay<'a> {

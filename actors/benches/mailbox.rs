@@ -27,16 +27,21 @@
 //! percentiles of 3,000 single queries per router case, the paired rounds, how often the index
 //! mailbox was full, and at the end the ratios of criterion's medians measured in this run.
 
+#[path = "../../benches/common/mod.rs"]
+mod common;
+
 use std::collections::VecDeque;
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use actix::dev::{Request, SendError};
 use actix::prelude::*;
+use common::{
+    decode_all, live_cycle, percentile, Estimates, Rng, Shape, BLOCKS_PER_BATCH, BLOCK_SIZE,
+};
 use criterion::{Criterion, Throughput};
 use kvdir::index::{IndexConfig, SnapshotBuilder, StreamIndex, ViewHandle};
 use kvdir::query::QueryResponse;
@@ -47,11 +52,6 @@ use kvdir_actors::index_actor::{
     INDEX_MAILBOX,
 };
 use kvdir_actors::router_actor::{QueryCache, RegisterStream, RouterActor, StreamKey};
-
-/// Tokens per block.
-const BLOCK_SIZE: u32 = 128;
-/// Token ids are drawn from `0..VOCAB`.
-const VOCAB: u64 = 150_000;
 
 /// Streams registered with the router.
 const STREAMS: usize = 128;
@@ -71,44 +71,12 @@ const ROUTER_ROUND: u64 = 200;
 const INDEX_ROUND: u64 = 32;
 const ROUTER: &str = "router_query_128_streams_2048_tokens";
 
-/// Blocks per `BlockStored` event of a live batch.
-const BLOCKS_PER_EVENT: usize = 16;
-/// `BlockStored` events per live batch.
-const EVENTS_PER_BATCH: usize = 32;
-/// Stored blocks per live batch.
-const BLOCKS_PER_BATCH: usize = BLOCKS_PER_EVENT * EVENTS_PER_BATCH;
-/// Batches in one replay cycle.
-const CYCLE: usize = 64;
-/// A batch's blocks are removed this many batches after they were stored.
-const WINDOW: usize = 16;
-/// Open prefixes that stores continue.
-const SLOTS: usize = 128;
-/// A prefix stops growing at this many pieces.
-const MAX_PIECES: usize = 16;
+/// The live workload of the ingest bench at 8,192 resident blocks (`Shape::SMALL`).
+const LIVE: Shape = Shape::SMALL;
+const CYCLE: usize = LIVE.cycle;
 /// Sleep of the `try_send` producer while the mailbox is full.
 const FULL_BACKOFF: Duration = Duration::from_micros(20);
 const INDEX: &str = "index_mailbox_512_blocks_per_batch";
-
-/// splitmix64: a small seeded generator, so every run builds the same workload.
-struct Rng(u64);
-
-impl Rng {
-    fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-
-    fn tokens(&mut self, n: usize) -> Vec<i32> {
-        (0..n).map(|_| self.below(VOCAB) as i32).collect()
-    }
-}
 
 fn decode(payload: &[u8]) -> Batch {
     let mut b = Batch::default();
@@ -124,7 +92,7 @@ fn encode(events: Vec<EventRecord>) -> Vec<u8> {
 /// The router's streams: one snapshot of `PREFIXES` independent prefixes of `QUERY_BLOCKS`
 /// blocks, and the tokens of the first prefix (the query).
 fn router_snapshot() -> (Batch, Vec<i32>) {
-    let mut rng = Rng(11);
+    let mut rng = Rng::new(11);
     let b = BLOCK_SIZE as usize;
     let prefixes: Vec<(Vec<u64>, Vec<i32>)> = (0..PREFIXES)
         .map(|_| {
@@ -174,12 +142,6 @@ fn router(indexes: &[StreamIndex]) -> RouterActor {
 fn check_full_hit(r: &QueryResponse, tokens: usize) {
     assert_eq!(r.matches.len(), STREAMS);
     assert!(r.matches.iter().all(|m| m.device_hit_tokens == tokens as u64), "not a full hit");
-}
-
-/// Nearest-rank percentile of sorted durations.
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
 }
 
 /// Times `f` `TIMED` times, one call each, and prints p50 / p99 / max.
@@ -334,59 +296,6 @@ fn paired(
     }
 }
 
-#[derive(Clone, Copy, Default)]
-struct Slot {
-    last: Option<u64>,
-    batch: usize,
-    pieces: usize,
-}
-
-/// One replay cycle of live batches: each stores 512 blocks continuing open prefixes (parents
-/// at most `WINDOW / 2` batches old, so still resident) and first removes the 512 blocks stored
-/// `WINDOW` batches earlier. From the second cycle on the stream holds `WINDOW * 512` blocks.
-fn live_cycle() -> Vec<Batch> {
-    let mut rng = Rng(7);
-    let mut slots = [Slot::default(); SLOTS];
-    let b = BLOCK_SIZE as usize;
-    let mut stores: Vec<Vec<EventRecord>> = Vec::with_capacity(CYCLE);
-    let mut stored: Vec<Vec<WireHash>> = Vec::with_capacity(CYCLE);
-    for batch in 0..CYCLE {
-        let mut events = Vec::with_capacity(EVENTS_PER_BATCH);
-        let mut hashes = Vec::with_capacity(BLOCKS_PER_BATCH);
-        for _ in 0..EVENTS_PER_BATCH {
-            let slot = &mut slots[rng.below(SLOTS as u64) as usize];
-            let continues =
-                slot.last.is_some() && batch - slot.batch < WINDOW / 2 && slot.pieces < MAX_PIECES;
-            if !continues {
-                *slot = Slot::default();
-            }
-            let piece: Vec<u64> = (0..BLOCKS_PER_EVENT).map(|_| rng.next_u64()).collect();
-            let wire: Vec<WireHash> = piece.iter().map(|h| WireHash::Uint(*h)).collect();
-            hashes.extend(wire.iter().cloned());
-            events.push(EventRecord::Stored(StoredRecord::new(
-                wire,
-                slot.last.map(WireHash::Uint),
-                rng.tokens(BLOCKS_PER_EVENT * b),
-                BLOCK_SIZE,
-                Tier::Device,
-            )));
-            *slot = Slot { last: piece.last().copied(), batch, pieces: slot.pieces + 1 };
-        }
-        stores.push(events);
-        stored.push(hashes);
-    }
-    stores
-        .into_iter()
-        .enumerate()
-        .map(|(batch, stores)| {
-            let evicted = stored[(batch + CYCLE - WINDOW) % CYCLE].clone();
-            let mut events = vec![EventRecord::removed(evicted, Tier::Device)];
-            events.extend(stores);
-            decode(&encode(events))
-        })
-        .collect()
-}
-
 /// An `IndexActor` on its own arbiter, fed in cycle order, and what checks it.
 struct IndexUnderTest {
     addr: Addr<IndexActor>,
@@ -461,7 +370,7 @@ impl IndexUnderTest {
         let failed: Vec<IndexFailed> = self.failures.try_iter().collect();
         assert!(failed.is_empty(), "index failures: {:?}", failed.first().map(|f| &f.reason));
         assert!(status.synchronized, "unsynchronized: {:?}", status.error);
-        assert_eq!(status.device_blocks, (WINDOW * BLOCKS_PER_BATCH) as u64);
+        assert_eq!(status.device_blocks, LIVE.resident_blocks() as u64);
         assert_eq!(self.shared.epoch.load(Ordering::Relaxed), 0);
     }
 }
@@ -514,7 +423,7 @@ impl IndexCases<'_> {
 }
 
 fn bench_index(c: &mut Criterion, sys: &SystemRunner) {
-    let batches = live_cycle();
+    let batches = decode_all(&live_cycle(LIVE));
     let mut direct = StreamIndex::new(IndexConfig::default());
     direct.load_snapshot(&Batch::default(), 0).expect("empty snapshot");
     let arbiter = Arbiter::new();
@@ -522,7 +431,7 @@ fn bench_index(c: &mut Criterion, sys: &SystemRunner) {
     let mut cases = IndexCases { sys, batches, direct, direct_next: 0, actor };
     // Two cycles reach the steady state: the first fills, the second removes what it stores.
     cases.time(0, 2 * CYCLE as u64);
-    assert_eq!(cases.direct.block_count(), WINDOW * BLOCKS_PER_BATCH);
+    assert_eq!(cases.direct.block_count(), LIVE.resident_blocks());
     cases.time(2, 2 * CYCLE as u64);
     cases.actor.check(sys);
     (cases.actor.full_batches, cases.actor.full_retries) = (0, 0);
@@ -565,47 +474,26 @@ fn bench_index(c: &mut Criterion, sys: &SystemRunner) {
     arbiter.stop();
 }
 
-/// Criterion's saved medians, read back so the bench can print ratios measured in this run.
-struct Estimates {
-    dir: PathBuf,
-    started: SystemTime,
-}
-
-impl Estimates {
-    fn new() -> Self {
-        let dir = match (std::env::var_os("CRITERION_HOME"), std::env::var_os("CARGO_TARGET_DIR")) {
-            (Some(home), _) => PathBuf::from(home),
-            (None, Some(target)) => PathBuf::from(target).join("criterion"),
-            (None, None) => PathBuf::from("../target/criterion"),
-        };
-        Estimates { dir, started: SystemTime::now() }
-    }
-
-    /// The median ns per iteration of `group/bench`, if it ran in this process.
-    fn median_ns(&self, group: &str, bench: &str) -> Option<f64> {
-        let path = self.dir.join(group).join(bench).join("new").join("estimates.json");
-        let modified = std::fs::metadata(&path).ok()?.modified().ok()?;
-        if modified < self.started {
-            return None;
-        }
-        let json: serde_json::Value = serde_json::from_slice(&std::fs::read(path).ok()?).ok()?;
-        json["median"]["point_estimate"].as_f64()
-    }
-
-    /// Prints `subject`'s median, its rate of `per_iter` `unit` and its time ratio to `baseline`.
-    fn print(&self, group: &str, subject: &str, baseline: &str, per_iter: f64, unit: &str) {
-        match (self.median_ns(group, subject), self.median_ns(group, baseline)) {
-            (Some(s), Some(b)) => println!(
-                "{group}: {subject} {:.2} µs/iter = {:.0} {unit}/s = {:.2} x {baseline}'s time \
-                 ({:.2} µs/iter, {:.0} {unit}/s)",
-                s / 1e3,
-                per_iter * 1e9 / s,
-                s / b,
-                b / 1e3,
-                per_iter * 1e9 / b,
-            ),
-            _ => println!("{group}: {subject} vs {baseline}: not both measured in this run"),
-        }
+/// Prints `subject`'s median, its rate of `per_iter` `unit` and its time ratio to `baseline`.
+fn print_ratio(
+    e: &Estimates,
+    group: &str,
+    subject: &str,
+    baseline: &str,
+    per_iter: f64,
+    unit: &str,
+) {
+    match (e.median_ns(group, subject), e.median_ns(group, baseline)) {
+        (Some(s), Some(b)) => println!(
+            "{group}: {subject} {:.2} µs/iter = {:.0} {unit}/s = {:.2} x {baseline}'s time \
+             ({:.2} µs/iter, {:.0} {unit}/s)",
+            s / 1e3,
+            per_iter * 1e9 / s,
+            s / b,
+            b / 1e3,
+            per_iter * 1e9 / b,
+        ),
+        _ => println!("{group}: {subject} vs {baseline}: not both measured in this run"),
     }
 }
 
@@ -618,11 +506,11 @@ fn main() {
     c.final_summary();
     println!("\nratios measured in this run (medians):");
     for s in ["send_same_arbiter", "send_other_arbiter", "send_other_arbiter_16_in_flight"] {
-        estimates.print(ROUTER, s, "baseline_direct_call", 1.0, "queries");
+        print_ratio(&estimates, ROUTER, s, "baseline_direct_call", 1.0, "queries");
     }
     for s in ["send_await", "try_send_backpressure"] {
         let blocks = BLOCKS_PER_BATCH as f64;
-        estimates.print(INDEX, s, "baseline_direct_apply_publish", 1.0, "batches");
-        estimates.print(INDEX, s, "baseline_direct_apply_publish", blocks, "blocks");
+        print_ratio(&estimates, INDEX, s, "baseline_direct_apply_publish", 1.0, "batches");
+        print_ratio(&estimates, INDEX, s, "baseline_direct_apply_publish", blocks, "blocks");
     }
 }

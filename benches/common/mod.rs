@@ -164,11 +164,15 @@ impl Default for Estimates {
 impl Estimates {
     /// Call before the benches run: estimates older than this are ignored as stale.
     pub fn new() -> Self {
-        // The same lookup criterion does, minus its `cargo metadata` fallback; under
-        // `cargo bench` the working directory is the package root, so `target` matches it.
-        let dir = match (std::env::var_os("CRITERION_HOME"), std::env::var_os("CARGO_TARGET_DIR")) {
+        // Where criterion writes: `$CRITERION_HOME`, else `<target>/criterion`; the target
+        // directory is found from this bench binary (`<target>/<profile>/deps/<bench>`), which
+        // works for every package of the workspace and any `CARGO_TARGET_DIR`.
+        let target = std::env::current_exe()
+            .ok()
+            .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.to_path_buf()));
+        let dir = match (std::env::var_os("CRITERION_HOME"), target) {
             (Some(home), _) => PathBuf::from(home),
-            (None, Some(target)) => PathBuf::from(target).join("criterion"),
+            (None, Some(target)) => target.join("criterion"),
             (None, None) => PathBuf::from("target/criterion"),
         };
         Estimates { dir, started: SystemTime::now() }
@@ -222,4 +226,90 @@ pub fn fmt_ns(ns: f64) -> String {
     } else {
         format!("{ns:.0} ns")
     }
+}
+
+/// Open prefixes that stores continue.
+const SLOTS: usize = 128;
+/// A prefix stops growing at this many pieces (256 blocks, 32,768 tokens).
+const MAX_PIECES: usize = 16;
+/// A replayable live workload.
+#[derive(Debug, Clone, Copy)]
+pub struct Shape {
+    /// Batches in one replay cycle.
+    pub cycle: usize,
+    /// A batch's blocks are removed this many batches after they were stored.
+    pub window: usize,
+}
+
+impl Shape {
+    /// The stream: 245,760 resident blocks, near the default 262,144 limit.
+    pub const FULL: Shape = Shape { cycle: 640, window: 480 };
+    /// 8,192 resident blocks: the maps fit in cache, which isolates the cost of cache misses.
+    pub const SMALL: Shape = Shape { cycle: 64, window: 16 };
+
+    /// A prefix is continued only while its last piece is younger than this, in batches.
+    pub fn max_parent_age(self) -> usize {
+        self.window / 2
+    }
+
+    pub fn resident_blocks(self) -> usize {
+        self.window * BLOCKS_PER_BATCH
+    }
+}
+
+#[derive(Clone, Copy, Default)]
+struct Slot {
+    last: Option<u64>,
+    batch: usize,
+    pieces: usize,
+}
+
+/// The payloads of one replay cycle: each batch first removes the blocks stored `window`
+/// batches earlier, then stores 512 blocks continuing open prefixes.
+pub fn live_cycle(shape: Shape) -> Vec<Vec<u8>> {
+    let Shape { cycle, window } = shape;
+    let mut rng = Rng::new(7);
+    let mut slots = [Slot::default(); SLOTS];
+    let b = BLOCK_SIZE as usize;
+    let mut stores: Vec<Vec<EventRecord>> = Vec::with_capacity(cycle);
+    let mut stored_hashes: Vec<Vec<WireHash>> = Vec::with_capacity(cycle);
+    for batch in 0..cycle {
+        let mut events = Vec::with_capacity(EVENTS_PER_BATCH);
+        let mut hashes = Vec::with_capacity(BLOCKS_PER_BATCH);
+        for _ in 0..EVENTS_PER_BATCH {
+            let slot = &mut slots[rng.below(SLOTS as u64) as usize];
+            let continues = slot.last.is_some()
+                && batch - slot.batch < shape.max_parent_age()
+                && slot.pieces < MAX_PIECES;
+            if !continues {
+                *slot = Slot::default();
+            }
+            let piece: Vec<u64> = (0..BLOCKS_PER_EVENT).map(|_| rng.next_u64()).collect();
+            let wire: Vec<WireHash> = piece.iter().map(|h| WireHash::Uint(*h)).collect();
+            hashes.extend(wire.iter().cloned());
+            events.push(EventRecord::Stored(StoredRecord::new(
+                wire,
+                slot.last.map(WireHash::Uint),
+                rng.tokens(BLOCKS_PER_EVENT * b),
+                BLOCK_SIZE,
+                Tier::Device,
+            )));
+            *slot = Slot { last: piece.last().copied(), batch, pieces: slot.pieces + 1 };
+        }
+        stores.push(events);
+        stored_hashes.push(hashes);
+    }
+    stores
+        .into_iter()
+        .enumerate()
+        .map(|(batch, stores)| {
+            // Engines evict before they store; the first cycle's removals name blocks not yet
+            // stored and are only counted, from the second cycle on every one is resident.
+            let evicted = stored_hashes[(batch + cycle - window) % cycle].clone();
+            let mut events = vec![EventRecord::removed(evicted, Tier::Device)];
+            events.extend(stores);
+            let rec = BatchRecord { timestamp: batch as f64, events, dp_rank: Some(0) };
+            encode_batch(&rec, BatchForm::Array, EventForm::Map)
+        })
+        .collect()
 }
