@@ -22,8 +22,6 @@ pub use key::{ContentKey, KeyHasher};
 pub use stream::{ApplyStats, IndexConfig, SnapshotBuilder, StreamIndex};
 pub use view::{IndexReader, PrefixMatch, StreamStatus, ViewHandle};
 
-use std::hash::{BuildHasherDefault, Hasher};
-
 use thiserror::Error;
 
 use crate::wire::EngineHash;
@@ -79,36 +77,6 @@ pub enum IndexError {
     #[error("stream is not synchronized ({0}); waiting for a snapshot or a full-state batch")]
     NotSynchronized(String),
 }
-
-/// A fast hasher for keys that are already hashes (content keys, engine hashes): it folds the
-/// bytes and finishes with the murmur3 mixer, so every output bit depends on every input bit
-/// even for small sequential engine hashes. For `std` maps of such keys; the index's own tables
-/// are flat tables that hash their keys themselves.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct MixHasher(u64);
-
-impl Hasher for MixHasher {
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut b = [0u8; 8];
-            b[..chunk.len()].copy_from_slice(chunk);
-            self.0 = (self.0 ^ u64::from_le_bytes(b)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-            self.0 = self.0.rotate_left(31);
-        }
-    }
-
-    fn finish(&self) -> u64 {
-        let mut h = self.0;
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        h ^= h >> 33;
-        h = h.wrapping_mul(0xc4ce_b9fe_1a85_ec53);
-        h ^ (h >> 33)
-    }
-}
-
-/// `BuildHasher` for [`MixHasher`].
-pub type BuildMix = BuildHasherDefault<MixHasher>;
 
 #[cfg(test)]
 mod tests;
