@@ -234,9 +234,9 @@ impl DiscoveryActor {
         }
         let plan = plan(self.registry.instances(), &self.cfg, self.max_streams);
         for (name, why) in &plan.excluded {
-            if self.excluded.get(name) != Some(why) && why.contains("overlap")
-                || why.starts_with("port overflow")
-            {
+            // Logged once when it starts, not on every refresh.
+            let new = self.excluded.get(name) != Some(why);
+            if new && (why.contains("overlap") || why.starts_with("port overflow")) {
                 tracing::error!(instance = %name, reason = %why, "instance excluded from subscriptions");
             }
         }
