@@ -124,15 +124,18 @@ impl Handler<RouteRequest> for RouterActor {
 
     fn handle(&mut self, msg: RouteRequest, _: &mut Context<Self>) -> Self::Result {
         let answer = self.query(&msg.tokens);
+        let mut by_instance: HashMap<&str, Vec<&StreamMatch>> = HashMap::new();
+        for m in &answer.matches {
+            by_instance.entry(m.instance_name.as_str()).or_default().push(m);
+        }
         let cands: Vec<Candidate> = self
             .instances
             .iter()
             .map(|info| {
                 let mut c = info.candidate.clone();
-                c.hits = answer
-                    .matches
+                let matches = by_instance.get(c.name.as_str()).map_or(&[][..], Vec::as_slice);
+                c.hits = matches
                     .iter()
-                    .filter(|m| m.instance_name == c.name)
                     .map(|m| DpHit {
                         dp_rank: m.dp_rank,
                         synchronized: m.synchronized,
