@@ -33,6 +33,17 @@ pub struct StreamShared {
     pub pending_invalidation: Mutex<Option<String>>,
     /// Messages the worker could not deliver because the mailbox was full.
     pub mailbox_drops: AtomicU64,
+    /// The stream's instance name.
+    pub instance: String,
+    /// The stream's DP rank.
+    pub dp_rank: u32,
+}
+
+impl StreamShared {
+    /// Fresh shared state for the stream `instance`/`dp_rank`.
+    pub fn new(instance: &str, dp_rank: u32) -> Self {
+        StreamShared { instance: instance.to_string(), dp_rank, ..StreamShared::default() }
+    }
 }
 
 /// The index failed to apply something: the worker must resynchronize.
@@ -118,6 +129,19 @@ impl IndexActor {
         }
     }
 
+    /// An injected stall (tests only): stop taking messages until released, as an actor
+    /// starved of its arbiter would, while the thread keeps serving other actors.
+    fn stall_if_held(&self, ctx: &mut Context<Self>) {
+        let (instance, dp_rank) = (self.shared.instance.clone(), self.shared.dp_rank);
+        if crate::faults::index_held(&instance, dp_rank) {
+            ctx.wait(actix::fut::wrap_future(async move {
+                while crate::faults::index_held(&instance, dp_rank) {
+                    actix_rt::time::sleep(CHECK_INTERVAL).await;
+                }
+            }));
+        }
+    }
+
     fn apply(&mut self, epoch: u64, seq: u64, batch: &Batch) -> bool {
         match self.index.apply(seq, batch) {
             Ok(_) => true,
@@ -135,7 +159,10 @@ impl Actor for IndexActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.set_mailbox_capacity(INDEX_MAILBOX);
-        ctx.run_interval(CHECK_INTERVAL, |a, _| a.check_pending());
+        ctx.run_interval(CHECK_INTERVAL, |a, ctx| {
+            a.check_pending();
+            a.stall_if_held(ctx);
+        });
     }
 }
 

@@ -4,6 +4,7 @@
 //! - [`demo`]: the zero-setup demo with in-process simulated engines.
 //! - [`discovery`]: `DiscoveryActor`, the instance registry from etcd and stream reconciliation.
 //! - [`etcd_watch`]: list-then-watch of the registry keys, and the `/health` probe.
+//! - [`faults`]: fault injection points for end-to-end tests (feature `fault-injection`).
 //! - [`streams`]: starting and stopping a stream's actor pair.
 //! - [`stream_actor`]: `StreamActor`, one supervised subscription per instance/DP.
 //! - [`worker`]: the stream's I/O thread: SUB, monitor and snapshot DEALER, recovery.
@@ -14,6 +15,7 @@
 pub mod demo;
 pub mod discovery;
 pub mod etcd_watch;
+pub mod faults;
 pub mod http;
 pub mod index_actor;
 pub mod router_actor;

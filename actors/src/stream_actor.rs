@@ -54,6 +54,8 @@ pub struct StreamReport {
     pub skipped_events: u64,
     /// Worker restarts by the supervisor.
     pub restarts: u64,
+    /// The wait before the last restart, in ms (it doubles per restart, up to 6.4 s).
+    pub restart_backoff_ms: Option<u64>,
     /// The last fault.
     pub last_fault: Option<String>,
 }
@@ -84,6 +86,7 @@ pub struct StreamActor {
     stop: Arc<AtomicBool>,
     zmq: zmq::Context,
     restarts: u64,
+    backoff: Option<Duration>,
 }
 
 impl StreamActor {
@@ -106,6 +109,7 @@ impl StreamActor {
             stop: Arc::new(AtomicBool::new(false)),
             zmq,
             restarts: 0,
+            backoff: None,
         }
     }
 
@@ -174,6 +178,12 @@ impl Handler<WorkerExited> for StreamActor {
             reason: format!("stream worker failed: {}", msg.0),
         });
         let delay = Duration::from_millis(200 * (1 << self.restarts.min(5)));
+        self.backoff = Some(delay);
+        if let Ok(mut s) = self.status.lock() {
+            s.phase = "backoff";
+            s.connected = false;
+            s.last_fault = Some(format!("stream worker failed: {}", msg.0));
+        }
         ctx.run_later(delay, |_, ctx| ctx.stop());
     }
 }
@@ -208,6 +218,7 @@ impl Handler<GetStreamReport> for StreamActor {
             mailbox_drops: self.shared.mailbox_drops.load(Ordering::Relaxed),
             skipped_events: s.skipped_events,
             restarts: self.restarts,
+            restart_backoff_ms: self.backoff.map(|d| d.as_millis() as u64),
             last_fault: s.last_fault,
         })
     }

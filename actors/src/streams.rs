@@ -77,7 +77,7 @@ impl StreamSet {
         let key = StreamKey { instance_name: spec.instance_name.clone(), dp_rank: spec.dp_rank };
         let n = self.map.read().map(|m| m.len()).unwrap_or(0);
         let arb = &self.arbiters[n % self.arbiters.len()];
-        let shared = Arc::new(StreamShared::default());
+        let shared = Arc::new(StreamShared::new(&spec.instance_name, spec.dp_rank));
         let (tx, rx) = std::sync::mpsc::channel();
         let index = IndexActor::new(
             StreamIndex::new(spec.index_config(&self.limits)),

@@ -16,6 +16,7 @@ use kvdir::config::{Limits, StreamSpec};
 use kvdir::stream::{Action, Recovery, RecoveryConfig, RecoveryStats};
 use kvdir::wire::{decode_live, decode_snapshot_frame, Batch, SnapshotFrame};
 
+use crate::faults::{self, FaultPoint};
 use crate::index_actor::{
     ApplyBatch, IndexActor, IndexFailed, InstallSnapshot, Invalidate, StreamShared,
 };
@@ -96,6 +97,7 @@ fn max_frame(limits: &Limits) -> i64 {
 
 impl Worker {
     fn open(ctx: WorkerCtx, id: u64) -> Result<Worker, zmq::Error> {
+        faults::check(FaultPoint::WorkerOpen, &ctx.spec.instance_name, ctx.spec.dp_rank)?;
         let sub = ctx.zmq.socket(zmq::SUB)?;
         sub.set_linger(0)?;
         sub.set_rcvhwm(SUB_HWM)?;
@@ -110,17 +112,14 @@ impl Worker {
         monitor.connect(&mon_addr)?;
         sub.set_subscribe(ctx.spec.topic.as_bytes())?;
         sub.connect(&ctx.spec.endpoint)?;
+        // A restarted worker continues its predecessor's epochs and counters.
+        let status = ctx.status.lock().map(|s| s.clone()).unwrap_or_default();
+        let epoch = ctx.shared.epoch.load(Ordering::Acquire);
         let index_config = ctx.spec.index_config(&ctx.limits);
-        let recovery = Recovery::new(RecoveryConfig::from_limits(&ctx.limits), index_config);
-        Ok(Worker {
-            ctx,
-            sub,
-            monitor,
-            dealer: None,
-            recovery,
-            status: WorkerStatus::default(),
-            actions: Vec::new(),
-        })
+        let recovery = Recovery::new(RecoveryConfig::from_limits(&ctx.limits), index_config)
+            .continuing(epoch, status.stats);
+        let status = WorkerStatus { connected: false, ..status };
+        Ok(Worker { ctx, sub, monitor, dealer: None, recovery, status, actions: Vec::new() })
     }
 
     fn poll_once(&mut self) -> Result<(), zmq::Error> {
@@ -298,6 +297,8 @@ impl Worker {
 
     /// A fresh DEALER per request: an old one may still hold stale replies.
     fn request_snapshot(&mut self, start_seq: u64) -> Result<(), zmq::Error> {
+        let spec = &self.ctx.spec;
+        faults::check(FaultPoint::SnapshotRequest, &spec.instance_name, spec.dp_rank)?;
         let dealer = self.ctx.zmq.socket(zmq::DEALER)?;
         dealer.set_linger(0)?;
         dealer.set_maxmsgsize(max_frame(&self.ctx.limits))?;

@@ -137,6 +137,15 @@ impl Recovery {
         }
     }
 
+    /// Continues where a previous machine of the same stream left off (a restarted worker):
+    /// epochs keep increasing past `epoch`, so messages of the old machine stay stale, and the
+    /// counters keep counting from `stats`.
+    pub fn continuing(mut self, epoch: u64, stats: RecoveryStats) -> Self {
+        self.epoch = epoch;
+        self.stats = stats;
+        self
+    }
+
     /// Increments on every invalidation; index messages carry it so stale ones can be dropped.
     pub fn epoch(&self) -> u64 {
         self.epoch

@@ -96,6 +96,20 @@ fn a_gap_invalidates_and_resyncs_from_the_last_applied_sequence() {
 }
 
 #[test]
+fn a_continued_machine_keeps_counting_past_the_old_epoch_and_stats() {
+    let t0 = Instant::now();
+    let (old, _) = live_at(5, t0);
+    let mut m = machine().continuing(old.epoch() + 1, old.stats());
+    assert_eq!(m.epoch(), old.epoch() + 1);
+    assert_eq!(m.stats().recoveries, old.stats().recoveries);
+    let mut out = Vec::new();
+    m.on_connected(t0, &mut out);
+    m.on_snapshot_reply(9, &batch(), t0, &mut out);
+    m.on_snapshot_end(t0, &mut out);
+    assert_eq!(m.stats().recoveries, old.stats().recoveries + 1);
+}
+
+#[test]
 fn a_sequence_regression_means_the_publisher_restarted() {
     let t0 = Instant::now();
     let (mut m, mut out) = live_at(10, t0);
