@@ -9,12 +9,14 @@
 //! - [`config`]: command-line flags and the `kv_events_config_file`, validated with every
 //!   problem reported at once.
 //! - [`query`]: the query endpoint's strict input parsing and its response types.
+//! - [`metrics`]: a lock-free latency histogram and the Prometheus text format.
 //!
 //! The contract is `shared/docs/protocol.md`; the layout is `shared/docs/architecture.md`.
 
 pub mod car;
 pub mod config;
 pub mod index;
+pub mod metrics;
 pub mod query;
 pub mod registry;
 pub mod stream;

@@ -2,9 +2,12 @@
 //!
 //! Routes: `POST /v1/internal/kv-cache/query`, `GET /v1/internal/streams`,
 //! `POST /v1/internal/route`, `POST /v1/internal/heartbeat`, `GET /v1/internal/instances`,
-//! `GET /health`.
+//! `GET /health`, `GET /metrics` (Prometheus text; like `/health`, it needs no token).
 //! Internal routes need `X-Internal-Token` when a token is configured; it is compared in
 //! constant time. Bodies are read up to `--max_request_bytes`, then parsed strictly.
+
+use std::sync::Arc;
+use std::time::Instant;
 
 use actix::Addr;
 use actix_web::http::StatusCode;
@@ -16,8 +19,9 @@ use subtle::ConstantTimeEq;
 use thiserror::Error;
 
 use crate::discovery::{DiscoveryActor, GetInstances, Heartbeat};
+use crate::metrics::{self, Endpoint, ServiceMetrics, StreamSample};
 use crate::router_actor::{QueryCache, RouteRequest, RouterActor};
-use crate::stream_actor::GetStreamReport;
+use crate::stream_actor::{GetStreamReport, StreamReport};
 use crate::streams::StreamMap;
 
 /// What the handlers share.
@@ -34,6 +38,8 @@ pub struct AppState {
     pub max_request_bytes: usize,
     /// Largest token list.
     pub max_query_tokens: usize,
+    /// Request latencies and errors.
+    pub metrics: Arc<ServiceMetrics>,
 }
 
 /// Every error an HTTP client can see.
@@ -67,6 +73,21 @@ struct ErrorBody {
     error: String,
 }
 
+impl ApiError {
+    /// The `reason` label of `kvdir_http_errors_total`.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            ApiError::Unauthorized => "unauthorized",
+            ApiError::BadRequest(_) => "bad_request",
+            ApiError::PayloadTooLarge(_) => "payload_too_large",
+            ApiError::Conflict(_) => "conflict",
+            ApiError::NoCandidate(_) => "no_candidate",
+            ApiError::Unavailable(_) => "unavailable",
+            ApiError::NotFound(_) => "not_found",
+        }
+    }
+}
+
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
@@ -93,6 +114,7 @@ impl From<actix::MailboxError> for ApiError {
 /// Registers the routes.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route("/health", web::get().to(health))
+        .route("/metrics", web::get().to(prometheus))
         .route("/v1/internal/kv-cache/query", web::post().to(query))
         .route("/v1/internal/streams", web::get().to(streams))
         .route("/v1/internal/heartbeat", web::post().to(heartbeat))
@@ -155,13 +177,29 @@ async fn read_tokens(
     parse_query(&body, state.max_query_tokens).map_err(|e| ApiError::BadRequest(e.to_string()))
 }
 
+/// Records a request's latency and, if it failed, its error reason.
+fn observed<T>(
+    state: &AppState,
+    endpoint: Endpoint,
+    started: Instant,
+    result: Result<T, ApiError>,
+) -> Result<T, ApiError> {
+    let reason = result.as_ref().err().map(ApiError::reason);
+    state.metrics.observe(endpoint, started, reason);
+    result
+}
+
 async fn query(
     req: HttpRequest,
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let tokens = read_tokens(&req, payload, &state).await?;
-    let response = state.router.send(QueryCache { tokens }).await?;
+    let started = Instant::now();
+    let result = async {
+        let tokens = read_tokens(&req, payload, &state).await?;
+        Ok(state.router.send(QueryCache { tokens }).await?)
+    };
+    let response = observed(&state, Endpoint::Query, started, result.await)?;
     Ok(HttpResponse::Ok().json(response))
 }
 
@@ -170,23 +208,55 @@ async fn route_request(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let tokens = read_tokens(&req, payload, &state).await?;
-    let routed = state.router.send(RouteRequest { tokens }).await?;
-    let routed = routed.map_err(|e| ApiError::NoCandidate(e.to_string()))?;
+    let started = Instant::now();
+    let result = async {
+        let tokens = read_tokens(&req, payload, &state).await?;
+        let routed = state.router.send(RouteRequest { tokens }).await?;
+        routed.map_err(|e| ApiError::NoCandidate(e.to_string()))
+    };
+    let routed = observed(&state, Endpoint::Route, started, result.await)?;
     Ok(HttpResponse::Ok().json(routed))
+}
+
+/// Every running stream's report with its counters, ordered by instance and rank.
+async fn stream_reports(
+    state: &AppState,
+) -> Result<Vec<(StreamReport, Arc<metrics::StreamCounters>)>, ApiError> {
+    let running: Vec<_> = match state.streams.read() {
+        Ok(m) => m.values().map(|r| (r.stream.clone(), Arc::clone(&r.counters))).collect(),
+        Err(_) => Vec::new(),
+    };
+    let mut reports = Vec::with_capacity(running.len());
+    for (s, counters) in running {
+        reports.push((s.send(GetStreamReport).await?, counters));
+    }
+    reports.sort_by(|(a, _), (b, _)| {
+        (&a.instance_name, a.dp_rank).cmp(&(&b.instance_name, b.dp_rank))
+    });
+    Ok(reports)
+}
+
+async fn prometheus(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let reports = stream_reports(&state).await?;
+    let views = state.router.send(QueryCache { tokens: Vec::new() }).await?.matches;
+    let samples: Vec<StreamSample> = reports
+        .into_iter()
+        .map(|(report, counters)| {
+            let view = views
+                .iter()
+                .find(|v| v.instance_name == report.instance_name && v.dp_rank == report.dp_rank)
+                .cloned();
+            StreamSample { report, view, counters }
+        })
+        .collect();
+    let text = metrics::render(&samples, &state.metrics, metrics::resident_bytes());
+    Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4; charset=utf-8").body(text))
 }
 
 async fn streams(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
-    let addrs: Vec<_> = match state.streams.read() {
-        Ok(m) => m.values().map(|r| r.stream.clone()).collect(),
-        Err(_) => Vec::new(),
-    };
-    let mut reports = Vec::with_capacity(addrs.len());
-    for s in &addrs {
-        reports.push(s.send(GetStreamReport).await?);
-    }
-    reports.sort_by(|a, b| (&a.instance_name, a.dp_rank).cmp(&(&b.instance_name, b.dp_rank)));
+    let reports: Vec<StreamReport> =
+        stream_reports(&state).await?.into_iter().map(|(r, _)| r).collect();
     Ok(HttpResponse::Ok().json(serde_json::json!({ "streams": reports })))
 }
 

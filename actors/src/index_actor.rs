@@ -18,6 +18,8 @@ use actix::prelude::*;
 use kvdir::index::{IndexReader, SnapshotBuilder, StreamIndex, StreamStatus};
 use kvdir::wire::Batch;
 
+use crate::metrics::StreamCounters;
+
 /// Mailbox capacity of an index actor; a full mailbox makes the stream resynchronize.
 pub const INDEX_MAILBOX: usize = 256;
 
@@ -37,6 +39,8 @@ pub struct StreamShared {
     pub instance: String,
     /// The stream's DP rank.
     pub dp_rank: u32,
+    /// Counters for `/metrics`.
+    pub counters: Arc<StreamCounters>,
 }
 
 impl StreamShared {
@@ -144,7 +148,10 @@ impl IndexActor {
 
     fn apply(&mut self, epoch: u64, seq: u64, batch: &Batch) -> bool {
         match self.index.apply(seq, batch) {
-            Ok(_) => true,
+            Ok(_) => {
+                self.shared.counters.count_batch(batch);
+                true
+            }
             Err(e) => {
                 tracing::warn!(seq, error = %e, "batch rejected by the index; resynchronizing");
                 let _ = self.feedback.send(IndexFailed { epoch, reason: e.to_string() });

@@ -9,6 +9,7 @@
 //! - [`stream_actor`]: `StreamActor`, one supervised subscription per instance/DP.
 //! - [`worker`]: the stream's I/O thread: SUB, monitor and snapshot DEALER, recovery.
 //! - [`index_actor`]: `IndexActor`, the single writer of one stream's index.
+//! - [`metrics`]: per-stream and request counters and the `/metrics` rendering.
 //! - [`router_actor`]: `RouterActor`, answers queries from the published views.
 //! - [`http`]: routes and `ApiError`, the one place errors become status codes.
 
@@ -18,6 +19,7 @@ pub mod etcd_watch;
 pub mod faults;
 pub mod http;
 pub mod index_actor;
+pub mod metrics;
 pub mod router_actor;
 pub mod service;
 pub mod stream_actor;

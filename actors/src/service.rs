@@ -5,6 +5,7 @@
 //! actix system on a dedicated thread; [`Service`] is the handle to stop it or wait for it.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use actix::prelude::*;
@@ -184,6 +185,7 @@ async fn boot(
         token: flags.internal_api_token.clone(),
         max_request_bytes: flags.max_request_bytes,
         max_query_tokens: flags.max_query_tokens,
+        metrics: Arc::default(),
     });
     let addr = format!("{}:{}", flags.server_host, flags.http_server_port);
     let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(routes))

@@ -14,6 +14,7 @@ use kvdir::index::StreamIndex;
 use kvdir::registry::Identity;
 
 use crate::index_actor::{IndexActor, StreamShared};
+use crate::metrics::StreamCounters;
 use crate::router_actor::{RegisterStream, RouterActor, StreamKey, UnregisterStream};
 use crate::stream_actor::{Shutdown, StreamActor};
 
@@ -26,6 +27,8 @@ pub struct RunningStream {
     pub identity: Option<Identity>,
     /// The subscription.
     pub stream: Addr<StreamActor>,
+    /// Its counters for `/metrics`.
+    pub counters: Arc<StreamCounters>,
     index: Addr<IndexActor>,
 }
 
@@ -85,6 +88,7 @@ impl StreamSet {
             tx,
         );
         let reader = index.reader();
+        let counters = Arc::clone(&shared.counters);
         self.router
             .send(RegisterStream { key: key.clone(), reader, identity: identity.clone() })
             .await?;
@@ -95,7 +99,7 @@ impl StreamSet {
             StreamActor::new(s, limits, idx, shared, rx, zmq)
         });
         if let Ok(mut m) = self.map.write() {
-            m.insert(key, RunningStream { spec, identity, stream, index });
+            m.insert(key, RunningStream { spec, identity, stream, counters, index });
         }
         Ok(())
     }

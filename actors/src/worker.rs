@@ -319,7 +319,13 @@ impl Worker {
 
     fn publish_status(&mut self) {
         self.status.phase = self.recovery.phase_name();
-        self.status.stats = self.recovery.stats();
+        let stats = self.recovery.stats();
+        if stats.recoveries > self.status.stats.recoveries {
+            if let Some(took) = stats.last_recovery {
+                self.ctx.shared.counters.recovery.observe(took);
+            }
+        }
+        self.status.stats = stats;
         if let Ok(mut s) = self.ctx.status.lock() {
             s.clone_from(&self.status);
         }

@@ -1,0 +1,275 @@
+//! What `/metrics` exposes: per-stream counters kept by the index actor and the worker
+//! ([`StreamCounters`]), service-wide request latencies and errors ([`ServiceMetrics`]), and the
+//! rendering of both with the streams' reports and residency ([`render`]).
+//!
+//! Labels are bounded to `instance`, `dp_rank`, `tier` and `reason`: one series per stream (or
+//! per stream and tier), and a fixed set of error reasons.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use kvdir::metrics::{Exposition, Histogram, Kind};
+use kvdir::query::StreamMatch;
+use kvdir::wire::{Batch, Event, Tier};
+
+use crate::stream_actor::StreamReport;
+
+/// Counters of one stream, shared by its index actor (applied events) and worker (recoveries).
+#[derive(Debug, Default)]
+pub struct StreamCounters {
+    /// Live batches applied to the index.
+    pub batches_applied: AtomicU64,
+    /// Blocks stored, by tier (Device, Host).
+    pub blocks_stored: [AtomicU64; 2],
+    /// Blocks removed, by tier.
+    pub blocks_removed: [AtomicU64; 2],
+    /// `AllBlocksCleared` events applied.
+    pub cleared: AtomicU64,
+    /// How long each successful snapshot recovery took.
+    pub recovery: Histogram,
+}
+
+fn tier_index(t: Tier) -> usize {
+    match t {
+        Tier::Device => 0,
+        Tier::Host => 1,
+    }
+}
+
+impl StreamCounters {
+    /// Counts the events of a batch the index applied.
+    pub fn count_batch(&self, batch: &Batch) {
+        self.batches_applied.fetch_add(1, Ordering::Relaxed);
+        for ev in &batch.events {
+            let (slot, n) = match ev {
+                Event::Stored(s) => (&self.blocks_stored[tier_index(s.tier)], s.hashes.len),
+                Event::Removed { hashes, tier } => {
+                    (&self.blocks_removed[tier_index(*tier)], hashes.len)
+                }
+                Event::Cleared { .. } => (&self.cleared, 1),
+            };
+            slot.fetch_add(u64::from(n), Ordering::Relaxed);
+        }
+    }
+}
+
+/// The request kinds whose latency is measured.
+#[derive(Debug, Clone, Copy)]
+pub enum Endpoint {
+    /// `POST /v1/internal/kv-cache/query`.
+    Query,
+    /// `POST /v1/internal/route`.
+    Route,
+}
+
+/// Error reasons counted by `kvdir_http_errors_total`.
+pub const ERROR_REASONS: [&str; 7] = [
+    "unauthorized",
+    "bad_request",
+    "payload_too_large",
+    "conflict",
+    "no_candidate",
+    "unavailable",
+    "not_found",
+];
+
+/// Service-wide request metrics.
+#[derive(Debug, Default)]
+pub struct ServiceMetrics {
+    query: Histogram,
+    route: Histogram,
+    errors: [AtomicU64; ERROR_REASONS.len()],
+}
+
+impl ServiceMetrics {
+    /// Records a request that started at `started`; `error` is its reason when it failed.
+    pub fn observe(&self, endpoint: Endpoint, started: Instant, error: Option<&str>) {
+        let h = match endpoint {
+            Endpoint::Query => &self.query,
+            Endpoint::Route => &self.route,
+        };
+        h.observe(started.elapsed());
+        if let Some(reason) = error {
+            self.count_error(reason);
+        }
+    }
+
+    /// Counts an error response by reason (one of [`ERROR_REASONS`]).
+    pub fn count_error(&self, reason: &str) {
+        if let Some(i) = ERROR_REASONS.iter().position(|r| *r == reason) {
+            self.errors[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// What is known about one stream at scrape time.
+pub struct StreamSample {
+    /// The stream's report.
+    pub report: StreamReport,
+    /// Its published view (synchronized, residency), if the router has it.
+    pub view: Option<StreamMatch>,
+    /// Its counters.
+    pub counters: Arc<StreamCounters>,
+}
+
+/// Resident set size of this process, from `/proc/self/status`.
+pub fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Renders every metric in the Prometheus text format.
+pub fn render(streams: &[StreamSample], service: &ServiceMetrics, rss: Option<u64>) -> String {
+    let mut e = Exposition::default();
+    render_service(&mut e, streams, service, rss);
+    render_stream_counters(&mut e, streams);
+    render_applied(&mut e, streams);
+    render_views(&mut e, streams);
+    e.family(
+        "kvdir_recovery_duration_seconds",
+        Kind::Histogram,
+        "Time from losing synchronization to installing a snapshot.",
+    );
+    for s in streams {
+        let dp = s.report.dp_rank.to_string();
+        let labels = [("instance", s.report.instance_name.as_str()), ("dp_rank", dp.as_str())];
+        e.histogram("kvdir_recovery_duration_seconds", &labels, &s.counters.recovery.snapshot());
+    }
+    e.finish()
+}
+
+fn render_service(
+    e: &mut Exposition,
+    streams: &[StreamSample],
+    service: &ServiceMetrics,
+    rss: Option<u64>,
+) {
+    e.family("kvdir_streams", Kind::Gauge, "Streams kvdir follows.");
+    e.sample("kvdir_streams", &[], streams.len() as f64);
+    let unsynced = streams.iter().filter(|s| !s.view.as_ref().is_some_and(|v| v.synchronized));
+    e.family("kvdir_streams_unsynchronized", Kind::Gauge, "Streams that give no credit now.");
+    e.sample("kvdir_streams_unsynchronized", &[], unsynced.count() as f64);
+    let help = "Latency of POST /v1/internal/kv-cache/query, from request to response.";
+    e.family("kvdir_query_duration_seconds", Kind::Histogram, help);
+    e.histogram("kvdir_query_duration_seconds", &[], &service.query.snapshot());
+    let help = "Latency of POST /v1/internal/route, from request to response.";
+    e.family("kvdir_route_duration_seconds", Kind::Histogram, help);
+    e.histogram("kvdir_route_duration_seconds", &[], &service.route.snapshot());
+    e.family("kvdir_http_errors_total", Kind::Counter, "Error responses to query and route.");
+    for (reason, n) in ERROR_REASONS.iter().zip(&service.errors) {
+        e.sample(
+            "kvdir_http_errors_total",
+            &[("reason", reason)],
+            n.load(Ordering::Relaxed) as f64,
+        );
+    }
+    if let Some(rss) = rss {
+        e.family("process_resident_memory_bytes", Kind::Gauge, "Resident memory size in bytes.");
+        e.sample("process_resident_memory_bytes", &[], rss as f64);
+    }
+}
+
+/// Picks one per-tier counter pair out of a stream's counters.
+type TierSlots = fn(&StreamCounters) -> &[AtomicU64; 2];
+
+/// One per-stream family: its name, kind, help and value.
+type StreamFamily = (&'static str, Kind, &'static str, fn(&StreamSample) -> u64);
+
+const REPORT_FAMILIES: [StreamFamily; 9] = [
+    ("kvdir_live_messages_total", Kind::Counter, "Live messages received.", |s| s.report.messages),
+    ("kvdir_decode_errors_total", Kind::Counter, "Live messages that failed to decode.", |s| {
+        s.report.decode_errors
+    }),
+    ("kvdir_sequence_gaps_total", Kind::Counter, "Sequence gaps and regressions.", |s| {
+        s.report.gaps
+    }),
+    ("kvdir_recoveries_total", Kind::Counter, "Snapshots installed.", |s| s.report.recoveries),
+    ("kvdir_snapshot_failures_total", Kind::Counter, "Snapshots that failed.", |s| {
+        s.report.snapshot_failures
+    }),
+    ("kvdir_snapshot_bytes_total", Kind::Counter, "Snapshot bytes received.", |s| {
+        s.report.snapshot_bytes
+    }),
+    ("kvdir_mailbox_drops_total", Kind::Counter, "Messages a full index mailbox refused.", |s| {
+        s.report.mailbox_drops
+    }),
+    ("kvdir_skipped_events_total", Kind::Counter, "Out-of-scope events skipped.", |s| {
+        s.report.skipped_events
+    }),
+    ("kvdir_stream_restarts_total", Kind::Counter, "Stream thread restarts.", |s| {
+        s.report.restarts
+    }),
+];
+
+fn render_stream_counters(e: &mut Exposition, streams: &[StreamSample]) {
+    for (name, kind, help, value) in REPORT_FAMILIES {
+        e.family(name, kind, help);
+        for s in streams {
+            let dp = s.report.dp_rank.to_string();
+            let labels = [("instance", s.report.instance_name.as_str()), ("dp_rank", dp.as_str())];
+            e.sample(name, &labels, value(s) as f64);
+        }
+    }
+}
+
+fn render_applied(e: &mut Exposition, streams: &[StreamSample]) {
+    e.family("kvdir_batches_applied_total", Kind::Counter, "Live batches applied to the index.");
+    for s in streams {
+        let dp = s.report.dp_rank.to_string();
+        let labels = [("instance", s.report.instance_name.as_str()), ("dp_rank", dp.as_str())];
+        let n = s.counters.batches_applied.load(Ordering::Relaxed);
+        e.sample("kvdir_batches_applied_total", &labels, n as f64);
+    }
+    e.family("kvdir_all_blocks_cleared_total", Kind::Counter, "AllBlocksCleared events applied.");
+    for s in streams {
+        let dp = s.report.dp_rank.to_string();
+        let labels = [("instance", s.report.instance_name.as_str()), ("dp_rank", dp.as_str())];
+        let n = s.counters.cleared.load(Ordering::Relaxed);
+        e.sample("kvdir_all_blocks_cleared_total", &labels, n as f64);
+    }
+    let per_tier: [(&str, &str, TierSlots); 2] = [
+        ("kvdir_blocks_stored_total", "Blocks stored by applied BlockStored events.", |c| {
+            &c.blocks_stored
+        }),
+        ("kvdir_blocks_removed_total", "Blocks removed by applied BlockRemoved events.", |c| {
+            &c.blocks_removed
+        }),
+    ];
+    for (name, help, slots) in per_tier {
+        e.family(name, Kind::Counter, help);
+        for s in streams {
+            let dp = s.report.dp_rank.to_string();
+            for (tier, n) in ["device", "host"].iter().zip(slots(&s.counters)) {
+                let labels = [
+                    ("instance", s.report.instance_name.as_str()),
+                    ("dp_rank", &dp),
+                    ("tier", tier),
+                ];
+                e.sample(name, &labels, n.load(Ordering::Relaxed) as f64);
+            }
+        }
+    }
+}
+
+fn render_views(e: &mut Exposition, streams: &[StreamSample]) {
+    e.family("kvdir_stream_synchronized", Kind::Gauge, "1 when the stream gives credit.");
+    for s in streams {
+        let dp = s.report.dp_rank.to_string();
+        let labels = [("instance", s.report.instance_name.as_str()), ("dp_rank", dp.as_str())];
+        let synced = s.view.as_ref().is_some_and(|v| v.synchronized);
+        e.sample("kvdir_stream_synchronized", &labels, f64::from(u8::from(synced)));
+    }
+    e.family("kvdir_resident_blocks", Kind::Gauge, "Blocks resident per tier, as indexed.");
+    for s in streams {
+        let Some(v) = &s.view else { continue };
+        let dp = s.report.dp_rank.to_string();
+        for (tier, n) in [("device", v.device_blocks), ("host", v.host_blocks)] {
+            let labels =
+                [("instance", s.report.instance_name.as_str()), ("dp_rank", &dp), ("tier", tier)];
+            e.sample("kvdir_resident_blocks", &labels, n as f64);
+        }
+    }
+}
