@@ -193,6 +193,7 @@ impl Handler<InstallSnapshot> for IndexActor {
         if !self.current(msg.epoch) {
             return;
         }
+        let was_synchronized = self.index.is_synchronized();
         let stats = self.index.install_snapshot(*msg.snapshot, msg.watermark);
         for (seq, batch) in &msg.deltas {
             if !self.apply(msg.epoch, *seq, batch) {
@@ -200,13 +201,15 @@ impl Handler<InstallSnapshot> for IndexActor {
             }
         }
         self.index.publish();
-        tracing::info!(
-            watermark = msg.watermark,
-            deltas = msg.deltas.len(),
-            blocks = self.index.block_count(),
-            orphans = stats.orphans,
-            "snapshot installed"
-        );
+        let (stream, dp, blocks) =
+            (&self.shared.instance, self.shared.dp_rank, self.index.block_count());
+        let (watermark, orphans) = (msg.watermark, stats.orphans);
+        if was_synchronized {
+            // A periodic resync: routine, every resync_interval_ms per stream.
+            tracing::debug!(%stream, dp, watermark, blocks, orphans, "resync snapshot installed");
+        } else {
+            tracing::info!(%stream, dp, watermark, blocks, orphans, "synchronized by snapshot");
+        }
     }
 }
 

@@ -2,8 +2,11 @@
 
 use std::process::ExitCode;
 
-use kvdir::config::{parse_config_file, parse_flags, Command, DirectoryConfig, Flags, USAGE};
+use kvdir::config::{
+    parse_config_file, parse_flags, Command, DirectoryConfig, Flags, LogFormat, USAGE,
+};
 use kvdir_actors::Service;
+use tracing_subscriber::EnvFilter;
 
 fn load_directory(flags: &Flags) -> Result<Option<DirectoryConfig>, String> {
     let Some(path) = &flags.kv_events_config_file else { return Ok(None) };
@@ -12,17 +15,35 @@ fn load_directory(flags: &Flags) -> Result<Option<DirectoryConfig>, String> {
     parse_config_file(&text).map(Some).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-fn main() -> ExitCode {
-    tracing_subscriber::fmt()
+/// Logs go to stderr, filtered by `RUST_LOG` (default `info`), as text or one JSON object per
+/// line; colours only on a terminal. A `RUST_LOG` that does not parse is reported and replaced
+/// by `info`.
+fn init_logs(format: LogFormat) {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(spec) => EnvFilter::try_new(&spec).unwrap_or_else(|e| {
+            eprintln!("warning: RUST_LOG={spec:?} is not a valid filter ({e}); using info");
+            EnvFilter::new("info")
+        }),
+        Err(_) => EnvFilter::new("info"),
+    };
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let logs = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .init();
+        .with_ansi(ansi)
+        .with_env_filter(filter);
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).init(),
+    }
+}
+
+fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let flags = match parse_flags(&args) {
-        Ok(Command::Run(f)) => f,
+        Ok(Command::Run(f)) => {
+            init_logs(f.log_format);
+            f
+        }
         Ok(Command::Help) => {
             print!("{USAGE}");
             return ExitCode::SUCCESS;

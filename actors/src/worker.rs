@@ -211,8 +211,15 @@ impl Worker {
         Ok(())
     }
 
+    /// A fault found by the worker; WARN when it ends synchronization, DEBUG while recovering
+    /// (a publisher sending garbage must not flood the log).
     fn fault(&mut self, reason: String, seq: u64, now: Instant) {
-        tracing::warn!(stream = %self.ctx.spec.instance_name, dp = self.ctx.spec.dp_rank, seq, %reason, "stream fault");
+        let (stream, dp) = (&self.ctx.spec.instance_name, self.ctx.spec.dp_rank);
+        if self.recovery.phase_name() == "live" {
+            tracing::warn!(%stream, dp, seq, %reason, "stream fault");
+        } else {
+            tracing::debug!(%stream, dp, seq, %reason, "stream fault while recovering");
+        }
         self.recovery.on_fault(&reason, now, &mut self.actions);
         self.status.last_fault = Some(reason);
     }

@@ -162,3 +162,35 @@ fn post_to(addr: &str, path: &str, body: &str) -> String {
     let _ = s.read_to_string(&mut out);
     out
 }
+
+/// Runs a one-second demo with `envs` and `args` and returns its stderr lines.
+fn demo_logs(args: &[&str], envs: &[(&str, &str)]) -> Vec<String> {
+    let out = kvdir()
+        .args(["--demo", "--demo_seconds=1", "--http_server_port=0"])
+        .args(args)
+        .env_remove("RUST_LOG")
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stderr).lines().map(str::to_string).collect()
+}
+
+/// `--log_format=json` writes one JSON object per line; `RUST_LOG` filters by level.
+#[test]
+fn logs_are_text_or_json_and_filtered_by_rust_log() {
+    let json = demo_logs(&["--log_format=json"], &[]);
+    let connected = json
+        .iter()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap_or_else(|e| panic!("{e}: {l}"))
+        })
+        .filter(|v| v["level"] == "INFO" && v["message"] == "connected to publisher")
+        .count();
+    assert_eq!(connected, 4, "one INFO line per demo stream: {json:#?}");
+
+    let text = demo_logs(&[], &[]);
+    assert!(text.iter().any(|l| l.contains(" INFO ") && l.contains("connected to publisher")));
+    let quiet = demo_logs(&["--log_format=text"], &[("RUST_LOG", "warn")]);
+    assert!(quiet.iter().all(|l| !l.contains(" INFO ")), "RUST_LOG=warn hides INFO: {quiet:#?}");
+}

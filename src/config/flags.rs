@@ -31,6 +31,8 @@ FLAGS (--flag=value or --flag value):
     --check_config                 validate flags and the config file, then exit
     --demo                         run with in-process simulated engines (the default with no flags)
     --demo_seconds N               stop the demo after N seconds [default: run until Ctrl-C]
+    --log_format F                 text or json (one object per line), to stderr; filter
+                                   with RUST_LOG, e.g. RUST_LOG=kvdir_actors=debug [default: text]
     --help, --version
 ";
 
@@ -72,6 +74,30 @@ pub struct Flags {
     pub demo: bool,
     /// Stop the demo after this many seconds.
     pub demo_seconds: Option<u64>,
+    /// How log lines are written.
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written (to stderr).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl std::str::FromStr for LogFormat {
+    type Err = String;
+
+    fn from_str(v: &str) -> Result<Self, String> {
+        match v {
+            "text" => Ok(LogFormat::Text),
+            "json" => Ok(LogFormat::Json),
+            _ => Err(format!("--log_format={v:?} is not supported; use text or json")),
+        }
+    }
 }
 
 impl Default for Flags {
@@ -89,6 +115,7 @@ impl Default for Flags {
             route: RouteParams::default(),
             demo: false,
             demo_seconds: None,
+            log_format: LogFormat::Text,
         }
     }
 }
@@ -127,6 +154,7 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
         "etcd_addr" => flags.etcd_addr = v.to_string(),
         "etcd_namespace" => flags.etcd_namespace = v.to_string(),
         "load_balance_policy" => flags.route.policy = v.parse::<Policy>()?,
+        "log_format" => flags.log_format = v.parse()?,
         "demo_seconds" => flags.demo_seconds = Some(number(name, v, 1, 86_400)?),
         "car_prefill_lambda" => flags.route.lambda = fraction(name, v, 1.0)?,
         "car_host_hit_weight" => flags.route.host_weight = fraction(name, v, 1.0)?,

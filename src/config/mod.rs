@@ -9,7 +9,7 @@ mod flags;
 mod json;
 
 pub use file::{check_endpoint, parse_config_file};
-pub use flags::{parse_flags, Command, Flags, USAGE};
+pub use flags::{parse_flags, Command, Flags, LogFormat, USAGE};
 
 use std::fmt;
 use std::time::Duration;

@@ -111,6 +111,14 @@ fn flags_accept_both_forms_and_report_all_errors() {
     assert_eq!(f.kv_events_config_file, None, "an empty path disables the directory");
     assert_eq!(f.internal_api_token.as_deref(), Some("s3cret"));
     assert!(f.check_config);
+    assert_eq!(f.log_format, LogFormat::Text, "the default");
+
+    let Command::Run(f) = parse_flags(&["--log_format", "json"]).unwrap() else {
+        panic!("run expected")
+    };
+    assert_eq!(f.log_format, LogFormat::Json);
+    let err = parse_flags(&["--log_format=xml"]).unwrap_err();
+    assert_eq!(err.problems, ["--log_format=\"xml\" is not supported; use text or json"]);
 
     let err =
         parse_flags(&["--http_server_port=70000", "--bogus=1", "--max_request_bytes"]).unwrap_err();
