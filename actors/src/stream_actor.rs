@@ -164,6 +164,9 @@ impl Supervised for StreamActor {
     fn restarting(&mut self, _: &mut Self::Context) {
         self.stop.store(true, Ordering::Release);
         self.restarts += 1;
+        if let Ok(mut s) = self.status.lock() {
+            s.phase = "disconnected";
+        }
     }
 }
 

@@ -28,6 +28,27 @@ const MAX_BURST: usize = 256;
 /// Receive high-water mark of the SUB socket, in messages.
 const SUB_HWM: i32 = 100_000;
 
+/// The outcome of handing a message to the index actor.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delivery {
+    Sent,
+    /// The mailbox is full: counted, and the stream resynchronizes.
+    Full,
+    /// The actor has stopped: the stream is shutting down.
+    Closed,
+}
+
+impl Delivery {
+    /// An invalidation that did not fit is deferred, not a drop.
+    fn closed_or_sent(self) -> Delivery {
+        if self == Delivery::Closed {
+            Delivery::Closed
+        } else {
+            Delivery::Sent
+        }
+    }
+}
+
 /// What the worker reports about itself, read by the stream actor's status handler.
 #[derive(Debug, Clone, Default)]
 pub struct WorkerStatus {
@@ -260,40 +281,59 @@ impl Worker {
 
     fn run_action(&mut self, action: Action, now: Instant) -> Result<(), zmq::Error> {
         let epoch = self.recovery.epoch();
-        let sent = match action {
-            Action::Apply { seq, batch } => {
-                self.ctx.index.try_send(ApplyBatch { epoch, seq, batch }).is_ok()
-            }
+        let delivery = match action {
+            Action::Apply { seq, batch } => self.deliver(ApplyBatch { epoch, seq, batch }),
             Action::Install { snapshot, watermark, deltas } => {
-                let msg = InstallSnapshot { epoch, snapshot, watermark, deltas };
-                self.ctx.index.try_send(msg).is_ok()
+                self.deliver(InstallSnapshot { epoch, snapshot, watermark, deltas })
             }
             Action::Invalidate { reason } => {
                 tracing::warn!(stream = %self.ctx.spec.instance_name, dp = self.ctx.spec.dp_rank, %reason, "stream unsynchronized");
                 self.status.last_fault = Some(reason.clone());
-                if self.ctx.index.try_send(Invalidate { reason: reason.clone() }).is_err() {
+                let d = self.deliver(Invalidate { reason: reason.clone() });
+                if d == Delivery::Full {
                     self.defer_invalidation(reason);
                 }
-                true
+                d.closed_or_sent()
             }
             Action::RequestSnapshot { start_seq } => {
                 self.request_snapshot(start_seq)?;
-                true
+                Delivery::Sent
             }
             Action::CloseSnapshot => {
                 self.dealer = None;
-                true
+                Delivery::Sent
             }
         };
-        if !sent {
-            self.ctx.shared.mailbox_drops.fetch_add(1, Ordering::Relaxed);
-            let reason = format!(
-                "index mailbox full ({} messages); resynchronizing",
-                crate::index_actor::INDEX_MAILBOX
-            );
-            self.recovery.on_fault(&reason, now, &mut self.actions);
+        match delivery {
+            Delivery::Sent => {}
+            Delivery::Full => {
+                self.ctx.shared.mailbox_drops.fetch_add(1, Ordering::Relaxed);
+                let reason = format!(
+                    "index mailbox full ({} messages); resynchronizing",
+                    crate::index_actor::INDEX_MAILBOX
+                );
+                self.recovery.on_fault(&reason, now, &mut self.actions);
+            }
+            Delivery::Closed => {
+                // The index actor is gone: the stream is being stopped.
+                self.ctx.stop.store(true, Ordering::Release);
+                self.actions.clear();
+            }
         }
         Ok(())
+    }
+
+    fn deliver<M>(&self, msg: M) -> Delivery
+    where
+        M: actix::Message + Send + 'static,
+        M::Result: Send,
+        IndexActor: actix::Handler<M>,
+    {
+        match self.ctx.index.try_send(msg) {
+            Ok(()) => Delivery::Sent,
+            Err(actix::prelude::SendError::Full(_)) => Delivery::Full,
+            Err(actix::prelude::SendError::Closed(_)) => Delivery::Closed,
+        }
     }
 
     fn defer_invalidation(&self, reason: String) {
