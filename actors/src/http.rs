@@ -1,8 +1,8 @@
 //! The HTTP API (actix-web) and [`ApiError`], the one place that maps errors to status codes.
 //!
 //! Routes: `POST /v1/internal/kv-cache/query`, `GET /v1/internal/streams`,
-//! `POST /v1/internal/route`, `POST /v1/internal/heartbeat`, `GET /v1/internal/instances`,
-//! `GET /health`.
+//! `POST /v1/internal/route`, `GET /v1/internal/route/recent`, `POST /v1/internal/heartbeat`,
+//! `GET /v1/internal/instances`, `GET /health`.
 //! Internal routes need `X-Internal-Token` when a token is configured; it is compared in
 //! constant time. Bodies are read up to `--max_request_bytes`, then parsed strictly.
 
@@ -16,7 +16,7 @@ use subtle::ConstantTimeEq;
 use thiserror::Error;
 
 use crate::discovery::{DiscoveryActor, GetInstances, Heartbeat};
-use crate::router_actor::{QueryCache, RouteRequest, RouterActor};
+use crate::router_actor::{GetRecentRoutes, QueryCache, RouteRequest, RouterActor};
 use crate::stream_actor::GetStreamReport;
 use crate::streams::StreamMap;
 
@@ -98,6 +98,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/v1/internal/heartbeat", web::post().to(heartbeat))
         .route("/v1/internal/route", web::post().to(route_request))
         .route("/v1/internal/instances", web::get().to(instances))
+        .route("/v1/internal/route/recent", web::get().to(recent_routes))
         .default_service(web::to(not_found));
 }
 
@@ -174,6 +175,14 @@ async fn route_request(
     let routed = state.router.send(RouteRequest { tokens }).await?;
     let routed = routed.map_err(|e| ApiError::NoCandidate(e.to_string()))?;
     Ok(HttpResponse::Ok().json(routed))
+}
+
+async fn recent_routes(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    Ok(HttpResponse::Ok().json(state.router.send(GetRecentRoutes).await?))
 }
 
 async fn streams(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
