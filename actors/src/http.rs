@@ -2,7 +2,8 @@
 //!
 //! Routes: `POST /v1/internal/kv-cache/query`, `GET /v1/internal/streams`,
 //! `POST /v1/internal/route`, `GET /v1/internal/route/recent`, `POST /v1/internal/heartbeat`,
-//! `GET /v1/internal/instances`, `GET /health`.
+//! `GET /v1/internal/instances`, `GET /health`, and `GET /`, the status page
+//! ([`crate::status_page`]; static, served without a token: its script sends the token).
 //! Internal routes need `X-Internal-Token` when a token is configured; it is compared in
 //! constant time. Bodies are read up to `--max_request_bytes`, then parsed strictly.
 
@@ -99,6 +100,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/v1/internal/route", web::post().to(route_request))
         .route("/v1/internal/instances", web::get().to(instances))
         .route("/v1/internal/route/recent", web::get().to(recent_routes))
+        .route("/", web::get().to(crate::status_page::page))
         .default_service(web::to(not_found));
 }
 

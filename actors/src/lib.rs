@@ -10,6 +10,7 @@
 //! - [`index_actor`]: `IndexActor`, the single writer of one stream's index.
 //! - [`router_actor`]: `RouterActor`, answers queries from the published views.
 //! - [`http`]: routes and `ApiError`, the one place errors become status codes.
+//! - [`status_page`]: the live status page at `/` (one embedded HTML file).
 
 pub mod demo;
 pub mod discovery;
@@ -18,6 +19,7 @@ pub mod http;
 pub mod index_actor;
 pub mod router_actor;
 pub mod service;
+pub mod status_page;
 pub mod stream_actor;
 pub mod streams;
 pub mod worker;
