@@ -48,15 +48,7 @@ pub fn run(flags: Flags) -> Result<(), String> {
     let svc =
         Service::start_directory(flags.clone(), demo.directory()).map_err(|e| e.to_string())?;
     let addr = svc.http_addr();
-    say(&format!("kvdir demo listening on http://{addr}"));
-    let fragment = if demo.token.is_some() { "#token=..." } else { "" };
-    say(&format!("  status:    http://{addr}/{fragment}   (live page: open it in a browser)"));
-    let q = r#"-d '{"token_ids":[]}'"#;
-    say(&format!("  query:     curl -sS http://{addr}/v1/internal/kv-cache/query {q}"));
-    say(&format!("  streams:   curl -sS http://{addr}/v1/internal/streams"));
-    let r = r#"-d '{"token_ids":[1,2,3]}'"#;
-    say(&format!("  route:     curl -sS http://{addr}/v1/internal/route {r}"));
-    say(&format!("  decisions: curl -sS http://{addr}/v1/internal/route/recent"));
+    print_urls(&addr.to_string(), demo.token.is_some());
     let mut workload = Workload::new(WorkloadConfig {
         seed: 7,
         system_prompts: 4,
@@ -80,6 +72,20 @@ pub fn run(flags: Flags) -> Result<(), String> {
     }
     svc.stop();
     Ok(())
+}
+
+/// The URLs to open, the status page first; the first line is the address (tests read it).
+fn print_urls(addr: &str, with_token: bool) {
+    say(&format!("kvdir demo listening on http://{addr}"));
+    let (fragment, h) =
+        if with_token { ("#token=...", "-H 'X-Internal-Token: ...' ") } else { ("", "") };
+    say(&format!("  status:    http://{addr}/{fragment}   (live page: open it in a browser)"));
+    let q = r#"-d '{"token_ids":[]}'"#;
+    say(&format!("  query:     curl -sS {h}http://{addr}/v1/internal/kv-cache/query {q}"));
+    say(&format!("  streams:   curl -sS {h}http://{addr}/v1/internal/streams"));
+    let r = r#"-d '{"token_ids":[1,2,3]}'"#;
+    say(&format!("  route:     curl -sS {h}http://{addr}/v1/internal/route {r}"));
+    say(&format!("  decisions: curl -sS {h}http://{addr}/v1/internal/route/recent"));
 }
 
 /// Prints a line; a closed stdout (a reader that went away) must not stop the demo.

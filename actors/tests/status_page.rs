@@ -52,12 +52,10 @@ fn the_status_page_shows_live_streams_residency_and_decisions() {
         "{CHROMIUM} is missing; install Debian chromium: apt-get install chromium \
          (this test renders the status page in headless Chromium and never skips)"
     );
-    let args = ["--demo", "--demo_seconds=300", "--http_server_port=0"];
     let token_flag = format!("--internal_api_token={TOKEN}");
-    let kv = spawn(
-        &[&args[..], &["--server_host=127.0.0.1", &token_flag]].concat(),
-        "kvdir demo listening on http://",
-    );
+    let args = ["--demo", "--demo_seconds=300", "--http_server_port=0", "--server_host=127.0.0.1"];
+    let kv =
+        spawn(&[&args[..], &[token_flag.as_str()]].concat(), "kvdir demo listening on http://");
     let addr = kv.addr.clone();
     wait_until_filled(&addr);
     the_page_is_static_and_the_data_needs_the_token(&addr);
