@@ -1,7 +1,8 @@
 //! The zero-setup demo (`kvdir` with no flags, or `--demo`): three in-process simulated engines
 //! (four DP streams, Device and Host tiers) and kvdir subscribed to them, driven by a
 //! shared-prefix workload that kvdir itself routes with CAR. Nothing beyond Rust is needed: no
-//! etcd and no config file. It prints the URLs to open and a one-line summary every 5 s.
+//! etcd and no config file. It prints the URLs to open (the status page first) and a one-line
+//! summary every 5 s. With `--internal_api_token` its own route requests carry the token.
 //!
 //! The demo stands in for discovery: it knows each engine's identity, so its streams earn CAR
 //! credit, and it pushes the engines' queue lengths to the router as heartbeats would. Queues
@@ -36,20 +37,18 @@ struct Demo {
     requests: u64,
     input_tokens: u64,
     hit_tokens: u64,
+    /// `--internal_api_token`, sent with the demo's own route requests.
+    token: Option<String>,
 }
 
 /// Runs the demo until `flags.demo_seconds` pass (or forever).
 pub fn run(flags: Flags) -> Result<(), String> {
     let mut demo = Demo::start()?;
+    demo.token = flags.internal_api_token.clone();
     let svc =
         Service::start_directory(flags.clone(), demo.directory()).map_err(|e| e.to_string())?;
     let addr = svc.http_addr();
-    say(&format!("kvdir demo listening on http://{addr}"));
-    let q = r#"-d '{"token_ids":[]}'"#;
-    say(&format!("  query:     curl -sS http://{addr}/v1/internal/kv-cache/query {q}"));
-    say(&format!("  streams:   curl -sS http://{addr}/v1/internal/streams"));
-    let r = r#"-d '{"token_ids":[1,2,3]}'"#;
-    say(&format!("  route:     curl -sS http://{addr}/v1/internal/route {r}"));
+    print_urls(&addr.to_string(), demo.token.is_some());
     let mut workload = Workload::new(WorkloadConfig {
         seed: 7,
         system_prompts: 4,
@@ -73,6 +72,20 @@ pub fn run(flags: Flags) -> Result<(), String> {
     }
     svc.stop();
     Ok(())
+}
+
+/// The URLs to open, the status page first; the first line is the address (tests read it).
+fn print_urls(addr: &str, with_token: bool) {
+    say(&format!("kvdir demo listening on http://{addr}"));
+    let (fragment, h) =
+        if with_token { ("#token=...", "-H 'X-Internal-Token: ...' ") } else { ("", "") };
+    say(&format!("  status:    http://{addr}/{fragment}   (live page: open it in a browser)"));
+    let q = r#"-d '{"token_ids":[]}'"#;
+    say(&format!("  query:     curl -sS {h}http://{addr}/v1/internal/kv-cache/query {q}"));
+    say(&format!("  streams:   curl -sS {h}http://{addr}/v1/internal/streams"));
+    let r = r#"-d '{"token_ids":[1,2,3]}'"#;
+    say(&format!("  route:     curl -sS {h}http://{addr}/v1/internal/route {r}"));
+    say(&format!("  decisions: curl -sS {h}http://{addr}/v1/internal/route/recent"));
 }
 
 /// Prints a line; a closed stdout (a reader that went away) must not stop the demo.
@@ -111,6 +124,7 @@ impl Demo {
             requests: 0,
             input_tokens: 0,
             hit_tokens: 0,
+            token: None,
         })
     }
 
@@ -163,8 +177,10 @@ impl Demo {
     fn route_one(&mut self, addr: &str, session: usize, tokens: &[i32]) {
         let body = serde_json::json!({ "token_ids": tokens }).to_string();
         let timeout = Duration::from_secs(5);
-        let Ok(resp) =
-            kvdir_sim::http::request(addr, "POST", "/v1/internal/route", &[], Some(&body), timeout)
+        let headers: Vec<(&str, &str)> =
+            self.token.iter().map(|t| ("X-Internal-Token", t.as_str())).collect();
+        let path = "/v1/internal/route";
+        let Ok(resp) = kvdir_sim::http::request(addr, "POST", path, &headers, Some(&body), timeout)
         else {
             return;
         };

@@ -1,8 +1,10 @@
 //! The HTTP API (actix-web) and [`ApiError`], the one place that maps errors to status codes.
 //!
 //! Routes: `POST /v1/internal/kv-cache/query`, `GET /v1/internal/streams`,
-//! `POST /v1/internal/route`, `POST /v1/internal/heartbeat`, `GET /v1/internal/instances`,
-//! `GET /health`, `GET /metrics` (Prometheus text; like `/health`, it needs no token).
+//! `POST /v1/internal/route`, `GET /v1/internal/route/recent`, `POST /v1/internal/heartbeat`,
+//! `GET /v1/internal/instances`, `GET /health`, `GET /metrics` (Prometheus text; like `/health`,
+//! it needs no token), and `GET /`, the status page ([`crate::status_page`]; static, served
+//! without a token: its script sends the token).
 //! Internal routes need `X-Internal-Token` when a token is configured; it is compared in
 //! constant time. Bodies are read up to `--max_request_bytes`, then parsed strictly.
 
@@ -20,7 +22,7 @@ use thiserror::Error;
 
 use crate::discovery::{DiscoveryActor, GetInstances, Heartbeat};
 use crate::metrics::{self, Endpoint, ServiceMetrics, StreamSample};
-use crate::router_actor::{QueryCache, RouteRequest, RouterActor};
+use crate::router_actor::{GetRecentRoutes, QueryCache, RouteRequest, RouterActor};
 use crate::stream_actor::{GetStreamReport, StreamReport};
 use crate::streams::StreamMap;
 
@@ -120,6 +122,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/v1/internal/heartbeat", web::post().to(heartbeat))
         .route("/v1/internal/route", web::post().to(route_request))
         .route("/v1/internal/instances", web::get().to(instances))
+        .route("/v1/internal/route/recent", web::get().to(recent_routes))
+        .route("/", web::get().to(crate::status_page::page))
         .default_service(web::to(not_found));
 }
 
@@ -216,6 +220,14 @@ async fn route_request(
     };
     let routed = observed(&state, Endpoint::Route, started, result.await)?;
     Ok(HttpResponse::Ok().json(routed))
+}
+
+async fn recent_routes(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    Ok(HttpResponse::Ok().json(state.router.send(GetRecentRoutes).await?))
 }
 
 /// Every running stream's report with its counters, ordered by instance and rank.

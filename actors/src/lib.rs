@@ -12,6 +12,7 @@
 //! - [`metrics`]: per-stream and request counters and the `/metrics` rendering.
 //! - [`router_actor`]: `RouterActor`, answers queries from the published views.
 //! - [`http`]: routes and `ApiError`, the one place errors become status codes.
+//! - [`status_page`]: the live status page at `/` (one embedded HTML file).
 
 pub mod demo;
 pub mod discovery;
@@ -22,6 +23,7 @@ pub mod index_actor;
 pub mod metrics;
 pub mod router_actor;
 pub mod service;
+pub mod status_page;
 pub mod stream_actor;
 pub mod streams;
 pub mod worker;

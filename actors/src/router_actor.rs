@@ -2,14 +2,19 @@
 //! and the instance snapshot that discovery pushes.
 //!
 //! Messages: [`RegisterStream`], [`UnregisterStream`], [`QueryCache`], [`SetCandidates`],
-//! [`RouteRequest`].
+//! [`RouteRequest`], [`GetRecentRoutes`].
 //! A query's tokens are hashed once per distinct `(block_size, hash_seed)` and each stream's
-//! view is walked without locks; the handler does no I/O.
+//! view is walked without locks; the handler does no I/O. Every routing decision is also kept in
+//! a bounded ring ([`RecentRoutes`], the last 20, token counts only) for the status page.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
-use kvdir::car::{route, Candidate, DpHit, Rotation, RouteError, RouteParams, Routed};
+use kvdir::car::{
+    route, Candidate, DpHit, RecentRoutes, RecentRoutesReport, Rotation, RouteError, RouteParams,
+    Routed,
+};
 use kvdir::index::{ContentKey, IndexReader, KeyHasher, ViewHandle};
 use kvdir::query::{QueryResponse, StreamMatch};
 use kvdir::registry::Identity;
@@ -73,6 +78,11 @@ pub struct RouteRequest {
     pub tokens: Vec<i32>,
 }
 
+/// The latest routing decisions, newest first.
+#[derive(Message)]
+#[rtype(result = "RecentRoutesReport")]
+pub struct GetRecentRoutes;
+
 /// The query and routing side of the directory.
 #[derive(Default)]
 pub struct RouterActor {
@@ -81,6 +91,7 @@ pub struct RouterActor {
     instances: Vec<InstanceInfo>,
     params: RouteParams,
     rotation: Rotation,
+    recent: RecentRoutes,
 }
 
 impl Actor for RouterActor {
@@ -123,13 +134,36 @@ impl Handler<RouteRequest> for RouterActor {
     type Result = Result<Routed, RouteError>;
 
     fn handle(&mut self, msg: RouteRequest, _: &mut Context<Self>) -> Self::Result {
-        let answer = self.query(&msg.tokens);
+        let cands = self.candidates(&msg.tokens);
+        let routed = route(&cands, msg.tokens.len(), &self.params, &mut self.rotation);
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        self.recent.record(now, msg.tokens.len(), &routed);
+        routed
+    }
+}
+
+impl Handler<GetRecentRoutes> for RouterActor {
+    type Result = MessageResult<GetRecentRoutes>;
+
+    fn handle(&mut self, _: GetRecentRoutes, _: &mut Context<Self>) -> Self::Result {
+        MessageResult(self.recent.report())
+    }
+}
+
+impl RouterActor {
+    /// A router deciding with `params`.
+    pub fn new(params: RouteParams) -> Self {
+        RouterActor { params, ..RouterActor::default() }
+    }
+
+    /// The instance snapshot with each instance's per-DP hits for `tokens`.
+    fn candidates(&mut self, tokens: &[i32]) -> Vec<Candidate> {
+        let answer = self.query(tokens);
         let mut by_instance: HashMap<&str, Vec<&StreamMatch>> = HashMap::new();
         for m in &answer.matches {
             by_instance.entry(m.instance_name.as_str()).or_default().push(m);
         }
-        let cands: Vec<Candidate> = self
-            .instances
+        self.instances
             .iter()
             .map(|info| {
                 let mut c = info.candidate.clone();
@@ -146,15 +180,7 @@ impl Handler<RouteRequest> for RouterActor {
                     .collect();
                 c
             })
-            .collect();
-        route(&cands, msg.tokens.len(), &self.params, &mut self.rotation)
-    }
-}
-
-impl RouterActor {
-    /// A router deciding with `params`.
-    pub fn new(params: RouteParams) -> Self {
-        RouterActor { params, ..RouterActor::default() }
+            .collect()
     }
 
     /// Whether the stream was started for the instance's current process. Streams without an

@@ -1,17 +1,13 @@
 //! The `kvdir` binary as an operator runs it: flags, config checking with every problem
 //! reported, and a real run against a simulated engine, queried over HTTP.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+mod common;
+
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{kvdir, post_to, spawn};
 use kvdir_sim::{EngineConfig, SimEngine};
-
-fn kvdir() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_kvdir"))
-}
 
 fn repo_file(path: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..").join(path)
@@ -90,51 +86,37 @@ fn the_binary_serves_a_simulated_engines_cache() {
     std::fs::write(&path, config.to_string()).unwrap();
     eng.process(0, &[1, 2, 3, 4, 5, 6, 7, 8, 9]).unwrap();
     let config_flag = format!("--kv_events_config_file={}", path.display());
-    let (mut child, addr) =
-        spawn(&["--http_server_port=0", &config_flag], "kvdir listening on http://");
+    let kv = spawn(&["--http_server_port=0", &config_flag], "kvdir listening on http://");
     let deadline = Instant::now() + Duration::from_secs(20);
     let body = loop {
-        let body = post(&addr, r#"{"token_ids":[1,2,3,4,5,6,7,8,9]}"#);
+        let body = post_to(
+            &kv.addr,
+            "/v1/internal/kv-cache/query",
+            r#"{"token_ids":[1,2,3,4,5,6,7,8,9]}"#,
+        );
         if body.contains("\"device_hit_tokens\":8") || Instant::now() > deadline {
             break body;
         }
         std::thread::sleep(Duration::from_millis(20)); // poll interval, under the deadline
     };
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(kv);
     assert!(
         body.contains("\"synchronized\":true") && body.contains("\"device_hit_tokens\":8"),
         "{body}"
     );
 }
 
-/// Starts the binary, reads the address from its first line (after `prefix`), and keeps
-/// draining its output so it never writes into a closed pipe.
-fn spawn(args: &[&str], prefix: &str) -> (std::process::Child, String) {
-    let mut child =
-        kvdir().args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-    let addr = line.trim().strip_prefix(prefix).unwrap_or_else(|| panic!("{line}")).to_string();
-    (child, addr)
-}
-
-fn post(addr: &str, body: &str) -> String {
-    post_to(addr, "/v1/internal/kv-cache/query", body)
-}
-
 /// `kvdir --demo`: simulated engines in-process, all four streams synchronized, routes answered.
 #[test]
 fn the_demo_runs_without_any_setup() {
     let args = ["--demo", "--demo_seconds=60", "--http_server_port=0"];
-    let (mut child, addr) = spawn(&args, "kvdir demo listening on http://");
+    let kv = spawn(&args, "kvdir demo listening on http://");
+    let addr = &kv.addr;
     let deadline = Instant::now() + Duration::from_secs(30);
     let (mut query, mut route) = (String::new(), String::new());
     while Instant::now() < deadline {
-        query = post_to(&addr, "/v1/internal/kv-cache/query", r#"{"token_ids":[]}"#);
-        route = post_to(&addr, "/v1/internal/route", r#"{"token_ids":[1,2,3,4]}"#);
+        query = post_to(addr, "/v1/internal/kv-cache/query", r#"{"token_ids":[]}"#);
+        route = post_to(addr, "/v1/internal/route", r#"{"token_ids":[1,2,3,4]}"#);
         if query.matches("\"synchronized\":true").count() == 4
             && route.contains("\"prefill\":\"demo-")
         {
@@ -142,25 +124,12 @@ fn the_demo_runs_without_any_setup() {
         }
         std::thread::sleep(Duration::from_millis(50)); // poll interval, under the deadline
     }
-    let _ = child.kill();
-    let _ = child.wait();
+    drop(kv);
     assert_eq!(query.matches("\"synchronized\":true").count(), 4, "{query}");
     assert!(
         route.contains("\"policy\":\"CAR\"") && route.contains("\"prefill\":\"demo-"),
         "{route}"
     );
-}
-
-fn post_to(addr: &str, path: &str, body: &str) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    let req = format!(
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    );
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    out
 }
 
 /// Runs a one-second demo with `envs` and `args` and returns its stderr lines.

@@ -12,13 +12,17 @@
 //! and for decode-side (D) candidates `score = gpu_cache_usage_perc + waiting / max(waiting)`.
 //! Equal scores rotate between calls. Without any D candidate only a DEFAULT instance may serve
 //! alone.
+//!
+//! [`RecentRoutes`] keeps the last few decisions (token counts only) for the status page.
 
 mod policy;
+mod recent;
 
 pub use policy::{
     kv_hit_ratio, route, Candidate, CandidateReport, DpHit, Policy, Rotation, RouteError,
     RouteParams, Routed, Side,
 };
+pub use recent::{RecentRoutes, RecentRoutesReport, RouteRecord};
 
 #[cfg(test)]
 mod tests;
