@@ -86,6 +86,7 @@ fn print_urls(addr: &str, with_token: bool) {
     let r = r#"-d '{"token_ids":[1,2,3]}'"#;
     say(&format!("  route:     curl -sS {h}http://{addr}/v1/internal/route {r}"));
     say(&format!("  decisions: curl -sS {h}http://{addr}/v1/internal/route/recent"));
+    say(&format!("  metrics:   curl -sS http://{addr}/metrics"));
 }
 
 /// Prints a line; a closed stdout (a reader that went away) must not stop the demo.
