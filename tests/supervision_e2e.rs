@@ -114,3 +114,30 @@ fn a_full_index_mailbox_is_counted_and_resynchronizes() {
     let fault = s["last_fault"].as_str().unwrap_or_default();
     assert!(fault.contains("index mailbox full"), "the reason is reported: {s}");
 }
+
+#[test]
+fn queued_batches_are_bounded_in_bytes_not_only_in_messages() {
+    let eng = engine("big-batches", 1, 0);
+    let svc = service(streams_of(&eng), json!({"max_buffered_bytes": 64 << 10}));
+    agrees(&svc, &eng, 0, &[]);
+    let hold = faults::hold_index("big-batches", 0);
+    // Fewer messages than the mailbox holds, but several times the byte budget.
+    let published = 200;
+    for i in 0..published {
+        eng.process(0, &prompt(1000 + i * 1000, 8)).unwrap();
+    }
+    assert!(published < kvdir_actors::index_actor::INDEX_MAILBOX as i32);
+    eventually("the byte budget to refuse a batch", || {
+        let s = stream(&svc, "big-batches", 0);
+        match s["mailbox_drops"].as_u64() {
+            Some(n) if n > 0 => Ok(()),
+            _ => Err(s.to_string()),
+        }
+    });
+    drop(hold);
+    let last = prompt(1, 2);
+    eng.process(0, &last).unwrap();
+    assert_eq!(agrees(&svc, &eng, 0, &last), (32, 0), "exact again after a resync");
+    let fault = stream(&svc, "big-batches", 0)["last_fault"].to_string();
+    assert!(fault.contains("max_buffered_bytes = 65536"), "{fault}");
+}

@@ -330,7 +330,7 @@ impl IndexUnderTest {
     fn message(&mut self, batches: &[Batch]) -> ApplyBatch {
         let seq = self.next;
         self.next += 1;
-        ApplyBatch { epoch: 0, seq, batch: batches[seq as usize % CYCLE].clone() }
+        ApplyBatch { epoch: 0, seq, batch: batches[seq as usize % CYCLE].clone(), queued_bytes: 0 }
     }
 
     /// Sends `n` batches with `try_send` as the stream worker does, but waits instead of

@@ -35,6 +35,8 @@ pub struct StreamShared {
     pub pending_invalidation: Mutex<Option<String>>,
     /// Messages the worker could not deliver because the mailbox was full.
     pub mailbox_drops: AtomicU64,
+    /// Heap bytes of the live batches queued in the mailbox (bounded by `max_buffered_bytes`).
+    pub queued_bytes: AtomicU64,
     /// The stream's instance name.
     pub instance: String,
     /// The stream's DP rank.
@@ -69,6 +71,8 @@ pub struct ApplyBatch {
     pub seq: u64,
     /// The decoded batch.
     pub batch: Batch,
+    /// Its share of [`StreamShared::queued_bytes`], released when it is handled.
+    pub queued_bytes: u64,
 }
 
 /// Replace the contents with a snapshot and the deltas that continue it.
@@ -177,6 +181,7 @@ impl Handler<ApplyBatch> for IndexActor {
     type Result = ();
 
     fn handle(&mut self, msg: ApplyBatch, _: &mut Context<Self>) {
+        self.shared.queued_bytes.fetch_sub(msg.queued_bytes, Ordering::AcqRel);
         self.check_pending();
         if self.current(msg.epoch) {
             self.apply(msg.epoch, msg.seq, &msg.batch);

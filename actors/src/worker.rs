@@ -282,7 +282,7 @@ impl Worker {
     fn run_action(&mut self, action: Action, now: Instant) -> Result<(), zmq::Error> {
         let epoch = self.recovery.epoch();
         let delivery = match action {
-            Action::Apply { seq, batch } => self.deliver(ApplyBatch { epoch, seq, batch }),
+            Action::Apply { seq, batch } => self.deliver_batch(epoch, seq, batch),
             Action::Install { snapshot, watermark, deltas } => {
                 self.deliver(InstallSnapshot { epoch, snapshot, watermark, deltas })
             }
@@ -309,8 +309,9 @@ impl Worker {
             Delivery::Full => {
                 self.ctx.shared.mailbox_drops.fetch_add(1, Ordering::Relaxed);
                 let reason = format!(
-                    "index mailbox full ({} messages); resynchronizing",
-                    crate::index_actor::INDEX_MAILBOX
+                    "index mailbox full ({} messages or max_buffered_bytes = {}); resynchronizing",
+                    crate::index_actor::INDEX_MAILBOX,
+                    self.ctx.limits.max_buffered_bytes
                 );
                 self.recovery.on_fault(&reason, now, &mut self.actions);
             }
@@ -321,6 +322,23 @@ impl Worker {
             }
         }
         Ok(())
+    }
+
+    /// A live batch is also bounded in bytes: the mailbox may hold at most `max_buffered_bytes`
+    /// of queued batches, however few messages that is.
+    fn deliver_batch(&self, epoch: u64, seq: u64, batch: Batch) -> Delivery {
+        let bytes = batch.heap_bytes() as u64;
+        let queued = &self.ctx.shared.queued_bytes;
+        let budget = self.ctx.limits.max_buffered_bytes as u64;
+        if queued.fetch_add(bytes, Ordering::AcqRel).saturating_add(bytes) > budget {
+            queued.fetch_sub(bytes, Ordering::AcqRel);
+            return Delivery::Full;
+        }
+        let d = self.deliver(ApplyBatch { epoch, seq, batch, queued_bytes: bytes });
+        if d != Delivery::Sent {
+            queued.fetch_sub(bytes, Ordering::AcqRel);
+        }
+        d
     }
 
     fn deliver<M>(&self, msg: M) -> Delivery

@@ -52,7 +52,9 @@ async fn stale_epochs_are_dropped_and_deferred_invalidations_are_applied() {
     })
     .await
     .unwrap();
-    addr.send(ApplyBatch { epoch: 0, seq: 5, batch: stored(2, [3, 4]) }).await.unwrap();
+    addr.send(ApplyBatch { epoch: 0, seq: 5, batch: stored(2, [3, 4]), queued_bytes: 0 })
+        .await
+        .unwrap();
     let s = status_until(&addr, "the snapshot and a delta", |s| s.synchronized).await;
     assert_eq!((s.sequence, s.device_blocks), (Some(5), 2));
 
@@ -64,7 +66,9 @@ async fn stale_epochs_are_dropped_and_deferred_invalidations_are_applied() {
     assert_eq!(s.error.as_deref(), Some("index mailbox full (256 messages); resynchronizing"));
 
     // A batch queued before the fault is not applied.
-    addr.send(ApplyBatch { epoch: 0, seq: 6, batch: stored(3, [5, 6]) }).await.unwrap();
+    addr.send(ApplyBatch { epoch: 0, seq: 6, batch: stored(3, [5, 6]), queued_bytes: 0 })
+        .await
+        .unwrap();
     let s = addr.send(GetIndexStatus).await.unwrap();
     assert_eq!((s.sequence, s.device_blocks), (Some(5), 2), "the stale batch was dropped");
 
