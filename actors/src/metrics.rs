@@ -131,7 +131,7 @@ pub fn render(streams: &[StreamSample], service: &ServiceMetrics, rss: Option<u6
     e.family(
         "kvdir_recovery_duration_seconds",
         Kind::Histogram,
-        "Time from losing synchronization to installing a snapshot.",
+        "Time from requesting a snapshot to installing it (recoveries and periodic resyncs).",
     );
     for s in streams {
         let dp = s.report.dp_rank.to_string();
