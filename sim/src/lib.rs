@@ -37,7 +37,7 @@ pub mod workload;
 
 pub use cache::{block_hash, block_hashes, CacheEvent, CacheModel};
 pub use config::{EngineConfig, HashMode, RankEndpoints};
-pub use engine::SimEngine;
+pub use engine::{Published, SimEngine};
 pub use error::SimError;
 pub use etcd::{Registration, RegistrationOptions};
 pub use fault::{malformed_payload, Fault, SnapshotMode};
