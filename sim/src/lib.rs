@@ -18,11 +18,14 @@
 //!   kill it.
 //! - [`etcd_test`]: test support: a private etcd server per test, or the one CI names.
 //! - [`cli`]: the `kvdir-sim` binary's flags and the static-stream JSON it prints.
+//! - [`bench`]: the `kvdir-bench` load tool: engines publishing into a running kvdir while
+//!   HTTP clients query and route, and the report.
 //!
-//! The crate has one error type, [`SimError`].
+//! The crate's error type is [`SimError`]; the load tool has its own, [`bench::BenchError`].
 
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod cache;
 pub mod cli;
 pub mod config;
