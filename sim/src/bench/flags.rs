@@ -40,6 +40,7 @@ Engines:
   --engines N              simulated engines                                      [4]
   --dp_size N              DP ranks per engine (streams = engines x dp_size <= 128) [2]
   --block_size N           tokens per block; must equal kvdir's block_size        [128]
+  --topic T                topic of live messages; must equal kvdir's topic       [xllm-kv]
   --device_blocks N        Device blocks per rank                                 [1024]
   --host_blocks N          Host blocks per rank (0 = no Host tier)                [1024]
   --http_port P            HTTP port of engine 0 with --etcd_addr; engine k uses P + k*dp_size,
@@ -84,6 +85,8 @@ pub struct BenchOptions {
     pub dp_size: u32,
     /// Tokens per block.
     pub block_size: u32,
+    /// Topic frame of live messages.
+    pub topic: String,
     /// Device blocks per rank.
     pub device_blocks: usize,
     /// Host blocks per rank.
@@ -134,6 +137,7 @@ impl Default for BenchOptions {
             engines: 4,
             dp_size: 2,
             block_size: 128,
+            topic: "xllm-kv".to_string(),
             device_blocks: 1024,
             host_blocks: 1024,
             http_port: 0,
@@ -230,6 +234,7 @@ impl BenchOptions {
             "engines" => self.engines = number(name, value)?,
             "dp_size" => self.dp_size = number(name, value)?,
             "block_size" => self.block_size = number(name, value)?,
+            "topic" => self.topic = value.to_string(),
             "device_blocks" => self.device_blocks = number(name, value)?,
             "host_blocks" => self.host_blocks = number(name, value)?,
             "http_port" => self.http_port = number(name, value)?,

@@ -99,7 +99,7 @@ impl Fleet {
             Mode::Etcd { .. } => json!({ "discovery": {
                 "enabled": true,
                 "block_size": o.block_size,
-                "topic": self.engines[0].config().topic,
+                "topic": o.topic,
                 "refresh_interval_ms": 200,
             }}),
             Mode::Static => cli::static_streams_config(&self.engines),
@@ -155,6 +155,7 @@ fn engine_config(o: &BenchOptions, k: u32, http_port: u16) -> EngineConfig {
         name: format!("bench-{k}"),
         dp_size: o.dp_size,
         block_size: o.block_size,
+        topic: o.topic.clone(),
         device_capacity_blocks: o.device_blocks,
         host_capacity_blocks: o.host_blocks,
         http_port,

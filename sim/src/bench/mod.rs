@@ -193,6 +193,7 @@ fn applied(
         counters.insert(c, sum.sum());
     }
     let batches = streams.iter().map(|s| next(after, s).saturating_sub(next(before, s))).sum();
+    let last_fault = streams.iter().find_map(|s| after.get(s).and_then(|v| v.error.clone()));
     let wall = start.elapsed();
     Applied {
         batches,
@@ -202,6 +203,7 @@ fn applied(
         catch_up: wall.saturating_sub(publish_wall),
         lagging,
         counters,
+        last_fault,
     }
 }
 

@@ -33,6 +33,19 @@ pub struct Applied {
     pub lagging: Vec<String>,
     /// Advance of the streams report's counters (gaps, recoveries, mailbox drops ...).
     pub counters: BTreeMap<&'static str, u64>,
+    /// The first fault a stream reported after the load, if any.
+    pub last_fault: Option<String>,
+}
+
+impl Applied {
+    /// Counters that should not move during a healthy load, with their advance when they did.
+    /// A recovery during the load is a resnapshot: its batches reached kvdir by snapshot, not
+    /// live (the periodic resync, every `resync_interval_ms`, is one too).
+    pub fn faults(&self) -> Vec<(&'static str, u64)> {
+        let healthy = ["messages", "skipped_events"];
+        let moved = self.counters.iter().filter(|(k, v)| !healthy.contains(k) && **v > 0);
+        moved.map(|(k, v)| (*k, *v)).collect()
+    }
 }
 
 /// Everything a run measured.
@@ -153,14 +166,17 @@ impl Report {
         );
         self.ingest_text(&mut t);
         self.http_text(&mut t);
-        let _ = writeln!(
-            t,
-            "kvdir RSS: before {}, after {}{} (from {})",
-            mib(self.rss_before.bytes),
-            mib(self.rss_after.bytes),
-            self.rss_after.peak.map_or(String::new(), |p| format!(", peak {}", mib(Some(p)))),
-            self.rss_after.source
-        );
+        let _ = match self.rss_after.bytes {
+            None => writeln!(t, "kvdir RSS: {}", self.rss_after.source),
+            Some(_) => writeln!(
+                t,
+                "kvdir RSS: before {}, after {}{} (from {})",
+                mib(self.rss_before.bytes),
+                mib(self.rss_after.bytes),
+                self.rss_after.peak.map_or(String::new(), |p| format!(", peak {}", mib(Some(p)))),
+                self.rss_after.source
+            ),
+        };
         if let Some((answered, bad)) = self.heartbeats {
             let _ = writeln!(
                 t,
@@ -211,6 +227,17 @@ impl Report {
         };
         let counters: Vec<String> = a.counters.iter().map(|(k, v)| format!("{k} {v}")).collect();
         let _ = writeln!(t, "streams report during the load: {}", counters.join(", "));
+        let faults = a.faults();
+        if !faults.is_empty() {
+            let list: Vec<String> = faults.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            let _ = writeln!(
+                t,
+                "WARNING: kvdir's streams faulted during the load ({}): batches reached it by \
+                 resnapshot, not live; last fault: {:?}",
+                list.join(", "),
+                a.last_fault
+            );
+        }
     }
 
     /// Latency lines per kind, under load and in the baseline, and their ratios.
@@ -246,6 +273,8 @@ impl Report {
                 "batches_per_second": per_second(a.batches, a.wall),
                 "caught_up": a.caught_up, "catch_up_ms": ms(a.catch_up),
                 "lagging": a.lagging, "counters": a.counters,
+                "faults": a.faults().into_iter().collect::<BTreeMap<_, _>>(),
+                "last_fault": a.last_fault,
             },
             "load": self.load.iter().map(stats_json).collect::<Vec<_>>(),
             "baseline": self.baseline.iter().map(stats_json).collect::<Vec<_>>(),
@@ -254,5 +283,28 @@ impl Report {
             "rss_after": rss_json(&self.rss_after),
             "heartbeats": self.heartbeats.map(|(answered, bad)| json!({"answered": answered, "last_not_ok": bad})),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn moved_fault_counters_are_faults_and_received_messages_are_not() {
+        let mut applied = Applied {
+            batches: 3,
+            messages: 3,
+            wall: Duration::from_secs(1),
+            caught_up: true,
+            catch_up: Duration::ZERO,
+            lagging: Vec::new(),
+            counters: [("gaps", 0), ("skipped_events", 2), ("recoveries", 0)].into(),
+            last_fault: None,
+        };
+        assert_eq!(applied.faults(), []);
+        applied.counters.insert("decode_errors", 3);
+        applied.counters.insert("recoveries", 3);
+        assert_eq!(applied.faults(), [("decode_errors", 3), ("recoveries", 3)]);
     }
 }
