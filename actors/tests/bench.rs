@@ -61,6 +61,7 @@ fn a_short_etcd_load_reports_synchronized_streams_applied_events_throughput_and_
     assert_eq!(report.baseline.len(), 2, "query and route baselines: {text}");
     assert!(report.rss_after.bytes.is_some_and(|b| b > 1 << 20), "RSS: {text}");
     assert!(report.rss_after.source.starts_with("/proc/"), "{text}");
+    assert!(report.kvdir_cpu.is_some_and(|s| s > 0.0), "kvdir CPU: {text}");
     let (answered, not_ok) = report.heartbeats.expect("etcd mode sends heartbeats");
     assert!(answered > 0 && not_ok == 0, "heartbeats with the token: {text}");
     for line in ["synchronized: 4 streams", "applied by kvdir:", "ratio load / baseline, route"] {

@@ -5,7 +5,8 @@
 //! config. The child is killed when the [`Kvdir`] is dropped.
 //!
 //! Also reads kvdir's resident memory ([`Rss`]): `/proc/<pid>/status` when the pid is known,
-//! else the `process_resident_memory_bytes` gauge of `GET /metrics`.
+//! else the `process_resident_memory_bytes` gauge of `GET /metrics`; and, with the pid, its CPU
+//! time ([`cpu_seconds`]).
 
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader};
@@ -207,6 +208,16 @@ impl Rss {
     }
 }
 
+/// CPU seconds (user + system) process `pid` has used, from `/proc/<pid>/stat` (in ticks of
+/// 1/100 s, Linux's USER_HZ); `None` when unreadable.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name: state is field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat[stat.rfind(')')? + 1..].split_whitespace().collect();
+    let ticks = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    Some((ticks(11)? + ticks(12)?) as f64 / 100.0)
+}
+
 /// The value of an unlabelled Prometheus sample `name value`.
 fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines()
@@ -232,5 +243,7 @@ mod tests {
         let mut conn = Conn::new("127.0.0.1:1", None, std::time::Duration::from_millis(100));
         let rss = Rss::read(Some(std::process::id()), &mut conn);
         assert!(rss.bytes.is_some_and(|b| b > 0) && rss.peak >= rss.bytes, "{rss:?}");
+        assert!(cpu_seconds(std::process::id()).is_some_and(|s| s >= 0.0));
+        assert_eq!(cpu_seconds(u32::MAX), None);
     }
 }

@@ -40,7 +40,7 @@ pub use report::{Applied, Report};
 use clients::{with_clients, ClientPlan};
 use fleet::{Fleet, StreamName};
 use http::Conn;
-use kvdir::{Kvdir, Rss};
+use kvdir::{cpu_seconds, Kvdir, Rss};
 use probe::{Probe, StreamView, COUNTERS};
 
 /// Upper bound of one probe request.
@@ -133,6 +133,7 @@ fn measure(o: &BenchOptions, fleet: &mut Fleet, kvdir: &Kvdir) -> Result<Report,
         rate: o.client_rate,
     };
     let published_before = fleet.published()?;
+    let cpu_before = kvdir.pid.and_then(cpu_seconds);
     let start = Instant::now();
     let (requests, load) =
         with_clients(&plan, &prompts, || drive::run(fleet, o, start + o.duration))?;
@@ -141,6 +142,7 @@ fn measure(o: &BenchOptions, fleet: &mut Fleet, kvdir: &Kvdir) -> Result<Report,
     let published = minus(fleet.published()?, published_before);
     let (after, lagging) = probe.wait_caught_up(&fleet.last_sequences()?, o.sync_timeout)?;
     let applied = applied(&fleet.streams(), &before, &after, lagging, start, publish_wall);
+    let cpu = kvdir.pid.and_then(cpu_seconds).zip(cpu_before).map(|(a, b)| a - b);
     let rss_after = Rss::read(kvdir.pid, probe.conn());
     let baseline = match o.baseline.is_zero() {
         true => Vec::new(),
@@ -158,6 +160,7 @@ fn measure(o: &BenchOptions, fleet: &mut Fleet, kvdir: &Kvdir) -> Result<Report,
         baseline,
         rss_before,
         rss_after,
+        kvdir_cpu: cpu,
         heartbeats: fleet.heartbeats(),
         loadavg: (String::new(), loadavg()),
     })

@@ -73,6 +73,8 @@ pub struct Report {
     pub rss_before: Rss,
     /// kvdir's RSS after the load.
     pub rss_after: Rss,
+    /// CPU seconds kvdir used from the start of the load until it caught up (pid known).
+    pub kvdir_cpu: Option<f64>,
     /// `(answered, last answer not 200)` heartbeats, in etcd mode.
     pub heartbeats: Option<(u64, u64)>,
     /// `/proc/loadavg` at the start and the end.
@@ -177,6 +179,15 @@ impl Report {
                 self.rss_after.source
             ),
         };
+        if let Some(cpu) = self.kvdir_cpu {
+            let _ = writeln!(
+                t,
+                "kvdir CPU from the start of the load until caught up: {cpu:.2} s = {:.2} cores, \
+                 {:.0} µs per applied batch (HTTP requests included)",
+                cpu / self.applied.wall.as_secs_f64().max(1e-9),
+                cpu * 1e6 / self.applied.batches.max(1) as f64
+            );
+        }
         if let Some((answered, bad)) = self.heartbeats {
             let _ = writeln!(
                 t,
@@ -281,6 +292,7 @@ impl Report {
             "ratios": self.ratios().iter().map(|(k, p50, p99)| json!({"kind": k, "p50": p50, "p99": p99})).collect::<Vec<_>>(),
             "rss_before": rss_json(&self.rss_before),
             "rss_after": rss_json(&self.rss_after),
+            "kvdir_cpu_seconds": self.kvdir_cpu,
             "heartbeats": self.heartbeats.map(|(answered, bad)| json!({"answered": answered, "last_not_ok": bad})),
         })
     }
