@@ -47,6 +47,18 @@ impl Drop for RankHandle {
     }
 }
 
+/// What one rank has handed to its PUB socket since the engine started (restarts included;
+/// batches withheld by a fault and raw messages are not counted).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Published {
+    /// Live batches sent.
+    pub batches: u64,
+    /// Events in them (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`).
+    pub events: u64,
+    /// Blocks named by their stored and removed events (Host copies included).
+    pub blocks: u64,
+}
+
 /// A running simulated engine.
 pub struct SimEngine {
     config: Arc<EngineConfig>,
@@ -156,6 +168,11 @@ impl SimEngine {
     /// The sequence number the rank's next batch will carry (the current snapshot watermark).
     pub fn next_sequence(&self, rank: u32) -> Result<u64, SimError> {
         self.call(rank, |r| Ok(r.next_sequence()))
+    }
+
+    /// What `rank` has published so far.
+    pub fn published(&self, rank: u32) -> Result<Published, SimError> {
+        self.call(rank, |r| Ok(r.published()))
     }
 
     /// Switches a fault on or off for `rank`.

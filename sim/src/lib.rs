@@ -18,11 +18,14 @@
 //!   kill it.
 //! - [`etcd_test`]: test support: a private etcd server per test, or the one CI names.
 //! - [`cli`]: the `kvdir-sim` binary's flags and the static-stream JSON it prints.
+//! - [`bench`]: the `kvdir-bench` load tool: engines publishing into a running kvdir while
+//!   HTTP clients query and route, and the report.
 //!
-//! The crate has one error type, [`SimError`].
+//! The crate's error type is [`SimError`]; the load tool has its own, [`bench::BenchError`].
 
 #![forbid(unsafe_code)]
 
+pub mod bench;
 pub mod cache;
 pub mod cli;
 pub mod config;
@@ -37,7 +40,7 @@ pub mod workload;
 
 pub use cache::{block_hash, block_hashes, CacheEvent, CacheModel};
 pub use config::{EngineConfig, HashMode, RankEndpoints};
-pub use engine::SimEngine;
+pub use engine::{Published, SimEngine};
 pub use error::SimError;
 pub use etcd::{Registration, RegistrationOptions};
 pub use fault::{malformed_payload, Fault, SnapshotMode};

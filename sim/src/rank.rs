@@ -17,6 +17,7 @@ use kvdir::wire::{encode_batch, encode_live, Tier};
 use tracing::debug;
 
 use crate::cache::{CacheConfig, CacheEvent, CacheModel};
+use crate::engine::Published;
 use crate::fault::{Fault, FaultState};
 use crate::{EngineConfig, RankEndpoints, SimError};
 
@@ -106,6 +107,7 @@ pub(crate) struct RankState {
     cache: CacheModel,
     next_seq: u64,
     faults: FaultState,
+    published: Published,
 }
 
 impl RankState {
@@ -127,6 +129,7 @@ impl RankState {
             cache,
             next_seq: 0,
             faults,
+            published: Published::default(),
         }
     }
 
@@ -210,6 +213,10 @@ impl RankState {
         self.next_seq
     }
 
+    pub(crate) fn published(&self) -> Published {
+        self.published
+    }
+
     pub(crate) fn set_fault(&mut self, fault: Fault) {
         debug!(engine = %self.config.name, rank = self.rank, ?fault, "fault set");
         self.faults.apply(fault);
@@ -235,6 +242,7 @@ impl RankState {
     /// number is consumed either way).
     fn publish_batch(&mut self, events: Vec<CacheEvent>) -> Result<u64, SimError> {
         self.sockets()?;
+        let (count, blocks) = (events.len() as u64, event_blocks(&events));
         let payload = self.encode(events);
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -244,6 +252,9 @@ impl RankState {
         }
         let frames = encode_live(self.config.topic.as_bytes(), seq, payload);
         self.sockets()?.publisher.send_multipart(frames, 0).map_err(zmq_err(self.rank, "send"))?;
+        self.published.batches += 1;
+        self.published.events += count;
+        self.published.blocks += blocks;
         Ok(seq)
     }
 
@@ -277,6 +288,15 @@ impl RankState {
             CacheEvent::Cleared => EventRecord::cleared(None),
         }
     }
+}
+
+/// Blocks named by stored and removed events (a clear names none).
+fn event_blocks(events: &[CacheEvent]) -> u64 {
+    let blocks = |e: &CacheEvent| match e {
+        CacheEvent::Stored { hashes, .. } | CacheEvent::Removed { hashes, .. } => hashes.len(),
+        CacheEvent::Cleared => 0,
+    };
+    events.iter().map(blocks).sum::<usize>() as u64
 }
 
 fn cache_config(config: &EngineConfig) -> CacheConfig {

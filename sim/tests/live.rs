@@ -8,7 +8,7 @@ use std::time::Duration;
 use common::{blocks, start, Subscriber};
 use kvdir::wire::record::{BatchForm, EventForm};
 use kvdir::wire::{decode_live, Batch, EngineHash, Event, Tier, WireError};
-use kvdir_sim::{block_hashes, EngineConfig, Fault, HashMode, SimEngine, SimError};
+use kvdir_sim::{block_hashes, EngineConfig, Fault, HashMode, Published, SimEngine, SimError};
 
 const B: u32 = 4;
 
@@ -42,6 +42,20 @@ fn live_batches_decode_with_consecutive_sequences_from_zero_per_rank() {
         }
         assert_eq!(engine.next_sequence(rank).unwrap(), 3);
     }
+}
+
+#[test]
+fn published_counts_batches_events_and_blocks_but_not_withheld_batches() {
+    let engine = start(EngineConfig { device_capacity_blocks: 2, ..config() });
+    assert_eq!(engine.published(0).unwrap(), Published::default());
+    engine.process(0, &blocks(0, 2, B)).unwrap();
+    // Two new blocks evict the first two: one store of 2 and one removal of 2.
+    engine.process(0, &blocks(100, 2, B)).unwrap();
+    let want = Published { batches: 2, events: 3, blocks: 6 };
+    assert_eq!(engine.published(0).unwrap(), want);
+    engine.faults(0, Fault::DropNext(1)).unwrap();
+    engine.process(0, &blocks(200, 1, B)).unwrap();
+    assert_eq!(engine.published(0).unwrap(), want, "a withheld batch is not published");
 }
 
 #[test]

@@ -1,0 +1,198 @@
+//! The simulated engines of a run ([`Fleet`]) and how kvdir learns about them: the kvdir config
+//! file (static `streams`, or `discovery` with etcd) and, with etcd, one [`Registration`] per
+//! engine (leased key, LOADMETRICS, heartbeats).
+//!
+//! Static mode binds every rank on ephemeral 127.0.0.1 ports and names engine `k`
+//! `bench-<k>`. Etcd mode needs the discovery port rule (protocol.md section 5): engine `k`
+//! gets the HTTP port `base + k * dp_size` and binds events on `+10000 + r`, snapshots on
+//! `+30000 + r`; `base` is `--http_port`, or the first block of free ports found by probing.
+
+use std::net::TcpListener;
+
+use serde_json::{json, Value};
+
+use super::flags::{BenchOptions, Mode};
+use super::BenchError;
+use crate::{cli, EngineConfig, Published, Registration, RegistrationOptions, SimEngine, SimError};
+
+/// Discovery's default offsets (kvdir's `discovery.event_port_offset` / `replay_port_offset`).
+const EVENT_OFFSET: u32 = 10_000;
+const REPLAY_OFFSET: u32 = 30_000;
+/// Probed HTTP bases: `FIRST_BASE + i * BASE_STEP` for `i` in `0..BASES`.
+const FIRST_BASE: u32 = 20_000;
+const BASE_STEP: u32 = 200;
+const BASES: u32 = 50;
+
+/// One stream of the fleet as kvdir names it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StreamName {
+    /// The instance name.
+    pub instance: String,
+    /// The DP rank.
+    pub rank: u32,
+}
+
+impl std::fmt::Display for StreamName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.instance, self.rank)
+    }
+}
+
+/// The running engines and their registrations.
+pub struct Fleet {
+    /// Engines in order.
+    pub engines: Vec<SimEngine>,
+    registrations: Vec<Registration>,
+}
+
+impl Fleet {
+    /// Starts `--engines` engines by the port rule of the mode.
+    pub fn start(o: &BenchOptions) -> Result<Fleet, BenchError> {
+        let base = match o.mode {
+            Mode::Static => None,
+            Mode::Etcd { .. } => Some(http_base(o)?),
+        };
+        let mut engines = Vec::with_capacity(o.engines as usize);
+        for k in 0..o.engines {
+            let http_port = base.map_or(0, |b| (b + k * o.dp_size) as u16);
+            engines.push(SimEngine::start(engine_config(o, k, http_port))?);
+        }
+        Ok(Fleet { engines, registrations: Vec::new() })
+    }
+
+    /// Every stream in engine and rank order.
+    pub fn streams(&self) -> Vec<StreamName> {
+        let streams = self.engines.iter().flat_map(|e| {
+            let instance = e.instance_name();
+            (0..e.config().dp_size).map(move |rank| StreamName { instance: instance.clone(), rank })
+        });
+        streams.collect()
+    }
+
+    /// `(engine index, rank)` of every stream, in [`Fleet::streams`] order.
+    pub fn ranks(&self) -> Vec<(usize, u32)> {
+        let ranks = self.engines.iter().enumerate();
+        ranks.flat_map(|(e, eng)| (0..eng.config().dp_size).map(move |r| (e, r))).collect()
+    }
+
+    /// The last sequence each stream published (`None`: nothing yet), in stream order.
+    pub fn last_sequences(&self) -> Result<Vec<Option<u64>>, SimError> {
+        let next = |(e, r): (usize, u32)| self.engines[e].next_sequence(r);
+        self.ranks().into_iter().map(|s| Ok(next(s)?.checked_sub(1))).collect()
+    }
+
+    /// What all ranks have published.
+    pub fn published(&self) -> Result<Published, SimError> {
+        let mut sum = Published::default();
+        for (e, r) in self.ranks() {
+            let p = self.engines[e].published(r)?;
+            sum.batches += p.batches;
+            sum.events += p.events;
+            sum.blocks += p.blocks;
+        }
+        Ok(sum)
+    }
+
+    /// The kvdir config file for these engines: `discovery` in etcd mode, else `streams`.
+    pub fn kvdir_config(&self, o: &BenchOptions) -> Value {
+        match o.mode {
+            Mode::Etcd { .. } => json!({ "discovery": {
+                "enabled": true,
+                "block_size": o.block_size,
+                "topic": o.topic,
+                "refresh_interval_ms": 200,
+            }}),
+            Mode::Static => cli::static_streams_config(&self.engines),
+        }
+    }
+
+    /// In etcd mode, registers every engine (LOADMETRICS, heartbeats to `kvdir_addr`).
+    pub fn register(&mut self, o: &BenchOptions, kvdir_addr: &str) -> Result<(), BenchError> {
+        let Mode::Etcd { addr, namespace } = &o.mode else { return Ok(()) };
+        let opts = RegistrationOptions {
+            etcd: addr.clone(),
+            namespace: namespace.clone(),
+            backend_type: Some("xllm".to_string()),
+            heartbeat_to: o.heartbeat.map(|_| kvdir_addr.to_string()),
+            heartbeat_interval: o.heartbeat.unwrap_or_default(),
+            internal_token: o.internal_api_token.clone(),
+            write_loadmetrics: true,
+            ..RegistrationOptions::default()
+        };
+        for engine in &self.engines {
+            self.registrations.push(Registration::start(engine, opts.clone())?);
+        }
+        Ok(())
+    }
+
+    /// Reports each registered engine's load: no queue, its Device usage over all ranks.
+    pub fn report_load(&self) -> Result<(), SimError> {
+        for (engine, registration) in self.engines.iter().zip(&self.registrations) {
+            let c = engine.config();
+            let mut used = 0u64;
+            for rank in 0..c.dp_size {
+                used += engine.counts(rank)?.0;
+            }
+            let capacity = c.device_capacity_blocks as f64 * f64::from(c.dp_size);
+            registration.set_load(0, (used as f64 / capacity).clamp(0.0, 1.0));
+        }
+        Ok(())
+    }
+
+    /// `(answered, answered with a status other than 200)` heartbeats; `None` without any.
+    pub fn heartbeats(&self) -> Option<(u64, u64)> {
+        if self.registrations.is_empty() {
+            return None;
+        }
+        let answered = self.registrations.iter().map(Registration::heartbeats_answered).sum();
+        let bad = self.registrations.iter().filter_map(Registration::last_heartbeat_status);
+        Some((answered, bad.filter(|s| *s != 200).count() as u64))
+    }
+}
+
+fn engine_config(o: &BenchOptions, k: u32, http_port: u16) -> EngineConfig {
+    EngineConfig {
+        name: format!("bench-{k}"),
+        dp_size: o.dp_size,
+        block_size: o.block_size,
+        topic: o.topic.clone(),
+        device_capacity_blocks: o.device_blocks,
+        host_capacity_blocks: o.host_blocks,
+        http_port,
+        ..EngineConfig::default()
+    }
+}
+
+/// The HTTP port of engine 0 in etcd mode: `--http_port`, or a base whose ports are all free.
+fn http_base(o: &BenchOptions) -> Result<u32, BenchError> {
+    let streams = o.engines * o.dp_size;
+    if o.http_port != 0 {
+        let last = u32::from(o.http_port) + REPLAY_OFFSET + streams - 1;
+        if last > u32::from(u16::MAX) {
+            return Err(BenchError::Flags(vec![format!(
+                "--http_port = {} needs snapshot ports up to {last}, above 65535; \
+                 pick a port below {}",
+                o.http_port,
+                u32::from(u16::MAX) + 1 - REPLAY_OFFSET - streams
+            )]));
+        }
+        return Ok(u32::from(o.http_port));
+    }
+    let start = std::process::id() % BASES;
+    let bases = (0..BASES).map(|i| FIRST_BASE + ((start + i) % BASES) * BASE_STEP);
+    for base in bases {
+        let http = (0..o.engines).map(|k| base + k * o.dp_size);
+        let zmq = (0..streams).flat_map(|i| [base + EVENT_OFFSET + i, base + REPLAY_OFFSET + i]);
+        if http.chain(zmq).all(port_is_free) {
+            return Ok(base);
+        }
+    }
+    Err(BenchError::Flags(vec![format!(
+        "no free block of ports found for {streams} streams from {FIRST_BASE}; \
+         pass --http_port P with free ports P.., P+10000.., P+30000.."
+    )]))
+}
+
+fn port_is_free(port: u32) -> bool {
+    u16::try_from(port).is_ok_and(|p| TcpListener::bind(("127.0.0.1", p)).is_ok())
+}
