@@ -141,3 +141,18 @@ fn queued_batches_are_bounded_in_bytes_not_only_in_messages() {
     let fault = stream(&svc, "big-batches", 0)["last_fault"].to_string();
     assert!(fault.contains("max_buffered_bytes = 65536"), "{fault}");
 }
+
+#[test]
+fn a_batch_larger_than_the_byte_budget_still_applies_when_nothing_is_queued() {
+    let eng = engine("one-big-batch", 1, 0);
+    let svc = service(streams_of(&eng), json!({"max_buffered_bytes": 1}));
+    agrees(&svc, &eng, 0, &[]);
+    for first in [1, 5000, 9000] {
+        let p = prompt(first, 4);
+        eng.process(0, &p).unwrap();
+        assert_eq!(agrees(&svc, &eng, 0, &p), (64, 0));
+    }
+    let s = stream(&svc, "one-big-batch", 0);
+    assert_eq!(s["mailbox_drops"], 0, "an idle index takes any batch: {s}");
+    assert_eq!(s["recoveries"], 1, "applied live, no resnapshot: {s}");
+}

@@ -325,12 +325,14 @@ impl Worker {
     }
 
     /// A live batch is also bounded in bytes: the mailbox may hold at most `max_buffered_bytes`
-    /// of queued batches, however few messages that is.
+    /// of queued batches, however few messages that is. A batch is always taken by an empty
+    /// queue, so one batch larger than the budget still gets through instead of looping.
     fn deliver_batch(&self, epoch: u64, seq: u64, batch: Batch) -> Delivery {
         let bytes = batch.heap_bytes() as u64;
         let queued = &self.ctx.shared.queued_bytes;
         let budget = self.ctx.limits.max_buffered_bytes as u64;
-        if queued.fetch_add(bytes, Ordering::AcqRel).saturating_add(bytes) > budget {
+        let before = queued.fetch_add(bytes, Ordering::AcqRel);
+        if before > 0 && before.saturating_add(bytes) > budget {
             queued.fetch_sub(bytes, Ordering::AcqRel);
             return Delivery::Full;
         }
