@@ -156,3 +156,25 @@ fn a_batch_larger_than_the_byte_budget_still_applies_when_nothing_is_queued() {
     assert_eq!(s["mailbox_drops"], 0, "an idle index takes any batch: {s}");
     assert_eq!(s["recoveries"], 1, "applied live, no resnapshot: {s}");
 }
+
+/// Threads of this process whose name starts with `prefix` (Linux truncates names to 15 bytes).
+fn threads_named(prefix: &str) -> usize {
+    let tasks = std::fs::read_dir("/proc/self/task").expect("Linux /proc");
+    tasks
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with(prefix))
+        .count()
+}
+
+#[test]
+fn stopping_the_service_ends_every_stream_thread() {
+    let eng = engine("st", 2, 0);
+    let svc = service(streams_of(&eng), json!({}));
+    agrees(&svc, &eng, 0, &[]);
+    agrees(&svc, &eng, 1, &[]);
+    // The stream threads, and libzmq's threads, which take the name of the thread that made
+    // the first socket.
+    assert!(threads_named("kvdir-st-dp") >= 2, "one thread per DP stream");
+    svc.stop();
+    assert_eq!(threads_named("kvdir-st-dp"), 0, "stop returns after the stream threads end");
+}

@@ -17,6 +17,7 @@ use thiserror::Error;
 use crate::discovery::DiscoveryActor;
 use crate::http::{routes, AppState};
 use crate::router_actor::RouterActor;
+use crate::stream_actor::WorkerThreads;
 use crate::streams::StreamSet;
 
 /// Arbiters (threads) shared by the index actors.
@@ -43,6 +44,7 @@ pub struct Service {
     addr: SocketAddr,
     server: actix_web::dev::ServerHandle,
     router: Addr<RouterActor>,
+    threads: WorkerThreads,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -90,8 +92,8 @@ impl Service {
                 let sys = actix_rt::System::new();
                 sys.block_on(async move {
                     match boot(&flags, dir).await {
-                        Ok((server, addr, router, _arbiters)) => {
-                            let _ = tx.send(Ok((server.handle(), addr, router)));
+                        Ok((server, addr, router, threads, _arbiters)) => {
+                            let _ = tx.send(Ok((server.handle(), addr, router, threads)));
                             let _ = server.await;
                             System::current().stop();
                         }
@@ -102,9 +104,9 @@ impl Service {
                 });
             })
             .map_err(|_| StartError::Died)?;
-        let (server, addr, router) = rx.recv().map_err(|_| StartError::Died)??;
+        let (server, addr, router, threads) = rx.recv().map_err(|_| StartError::Died)??;
         tracing::info!(%addr, "kvdir ready");
-        Ok(Service { addr, server, router, thread: Some(thread) })
+        Ok(Service { addr, server, router, threads, thread: Some(thread) })
     }
 
     /// The router, for in-process callers (the demo pushes its instances there).
@@ -121,10 +123,11 @@ impl Service {
     pub fn wait(mut self) {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+            self.threads.stop_and_join();
         }
     }
 
-    /// Stops the HTTP server and every actor, and waits for the service thread.
+    /// Stops the HTTP server and every actor, and waits for the service and stream threads.
     pub fn stop(mut self) {
         self.shutdown();
     }
@@ -134,6 +137,7 @@ impl Service {
         if let Some(t) = self.thread.take() {
             std::thread::spawn(move || actix_rt::System::new().block_on(server.stop(true)));
             let _ = t.join();
+            self.threads.stop_and_join();
         }
     }
 }
@@ -145,10 +149,11 @@ impl Drop for Service {
 }
 
 /// Starts the actors and binds the server; runs inside the service's actix system.
-async fn boot(
-    flags: &Flags,
-    dir: Directory,
-) -> Result<(actix_web::dev::Server, SocketAddr, Addr<RouterActor>, Vec<Arbiter>), StartError> {
+/// What [`boot`] hands back: the server to run, its address, the router, the stream threads and
+/// the arbiters (kept alive while the server runs).
+type Booted = (actix_web::dev::Server, SocketAddr, Addr<RouterActor>, WorkerThreads, Vec<Arbiter>);
+
+async fn boot(flags: &Flags, dir: Directory) -> Result<Booted, StartError> {
     let Directory { streams: specs, discovery, limits } = dir;
     let limits = &limits;
     let mut params = flags.route.clone();
@@ -194,5 +199,5 @@ async fn boot(
         .bind(&addr)
         .map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
     let bound = server.addrs().first().copied().ok_or(StartError::Died)?;
-    Ok((server.run(), bound, router, arbiters))
+    Ok((server.run(), bound, router, set.threads(), arbiters))
 }

@@ -19,6 +19,33 @@ use crate::worker::{self, WorkerCtx, WorkerStatus};
 
 static WORKER_IDS: AtomicU64 = AtomicU64::new(0);
 
+/// A stream thread and its stop flag.
+type Thread = (std::thread::JoinHandle<()>, Arc<AtomicBool>);
+
+/// The stream threads of a service, so that stopping the service ends them and waits.
+#[derive(Debug, Clone, Default)]
+pub struct WorkerThreads(Arc<Mutex<Vec<Thread>>>);
+
+impl WorkerThreads {
+    fn add(&self, handle: std::thread::JoinHandle<()>, stop: Arc<AtomicBool>) {
+        if let Ok(mut all) = self.0.lock() {
+            all.retain(|(h, _)| !h.is_finished());
+            all.push((handle, stop));
+        }
+    }
+
+    /// Stops every thread and waits for it (each ends within one poll interval).
+    pub fn stop_and_join(&self) {
+        let all = self.0.lock().map(|mut all| std::mem::take(&mut *all)).unwrap_or_default();
+        for (_, stop) in &all {
+            stop.store(true, Ordering::Release);
+        }
+        for (h, _) in all {
+            let _ = h.join();
+        }
+    }
+}
+
 /// What a stream reports on the streams endpoint.
 #[derive(Debug, Clone, Serialize)]
 pub struct StreamReport {
@@ -85,6 +112,7 @@ pub struct StreamActor {
     status: Arc<Mutex<WorkerStatus>>,
     stop: Arc<AtomicBool>,
     zmq: zmq::Context,
+    threads: WorkerThreads,
     restarts: u64,
     backoff: Option<Duration>,
 }
@@ -98,6 +126,7 @@ impl StreamActor {
         shared: Arc<StreamShared>,
         feedback: Receiver<IndexFailed>,
         zmq: zmq::Context,
+        threads: WorkerThreads,
     ) -> Self {
         StreamActor {
             spec,
@@ -108,6 +137,7 @@ impl StreamActor {
             status: Arc::default(),
             stop: Arc::new(AtomicBool::new(false)),
             zmq,
+            threads,
             restarts: 0,
             backoff: None,
         }
@@ -141,9 +171,12 @@ impl StreamActor {
                 me.do_send(WorkerExited(reason));
             }
         });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start a stream thread");
-            ctx.stop();
+        match spawned {
+            Ok(handle) => self.threads.add(handle, Arc::clone(&self.stop)),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot start a stream thread");
+                ctx.stop();
+            }
         }
     }
 }

@@ -16,7 +16,7 @@ use kvdir::registry::Identity;
 use crate::index_actor::{IndexActor, StreamShared};
 use crate::metrics::StreamCounters;
 use crate::router_actor::{RegisterStream, RouterActor, StreamKey, UnregisterStream};
-use crate::stream_actor::{Shutdown, StreamActor};
+use crate::stream_actor::{Shutdown, StreamActor, WorkerThreads};
 
 /// A running stream.
 #[derive(Clone)]
@@ -43,17 +43,25 @@ pub struct StreamSet {
     zmq: zmq::Context,
     limits: Limits,
     map: StreamMap,
+    threads: WorkerThreads,
 }
 
 impl StreamSet {
     /// A set whose index and stream actors run on `arbiters` (round robin).
     pub fn new(router: Addr<RouterActor>, arbiters: Vec<ArbiterHandle>, limits: Limits) -> Self {
-        StreamSet { router, arbiters, zmq: zmq::Context::new(), limits, map: StreamMap::default() }
+        let (zmq, map, threads) =
+            (zmq::Context::new(), StreamMap::default(), WorkerThreads::default());
+        StreamSet { router, arbiters, zmq, limits, map, threads }
     }
 
     /// The router the streams register with.
     pub fn router(&self) -> &Addr<RouterActor> {
         &self.router
+    }
+
+    /// The threads of every stream started so far.
+    pub fn threads(&self) -> WorkerThreads {
+        self.threads.clone()
     }
 
     /// The running streams.
@@ -95,8 +103,9 @@ impl StreamSet {
         let index = IndexActor::start_in_arbiter(arb, |_| index);
         let (s, limits, zmq, idx) =
             (spec.clone(), self.limits.clone(), self.zmq.clone(), index.clone());
+        let threads = self.threads.clone();
         let stream = Supervisor::start_in_arbiter(arb, move |_| {
-            StreamActor::new(s, limits, idx, shared, rx, zmq)
+            StreamActor::new(s, limits, idx, shared, rx, zmq, threads)
         });
         if let Ok(mut m) = self.map.write() {
             m.insert(key, RunningStream { spec, identity, stream, counters, index });
