@@ -17,9 +17,10 @@ use kvdir::stream::{Action, Recovery, RecoveryConfig, RecoveryStats};
 use kvdir::wire::{decode_live, decode_snapshot_frame, Batch, SnapshotFrame};
 
 use crate::faults::{self, FaultPoint};
-use crate::index_actor::{
-    ApplyBatch, IndexActor, IndexFailed, InstallSnapshot, Invalidate, StreamShared,
-};
+use crate::index_actor::{IndexActor, IndexFailed, InstallSnapshot, Invalidate, StreamShared};
+
+mod deliver;
+use deliver::Delivery;
 
 /// Poll timeout: the resolution of timeouts, resyncs and the stop flag.
 const POLL_MS: i64 = 20;
@@ -27,27 +28,6 @@ const POLL_MS: i64 = 20;
 const MAX_BURST: usize = 256;
 /// Receive high-water mark of the SUB socket, in messages.
 const SUB_HWM: i32 = 100_000;
-
-/// The outcome of handing a message to the index actor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Delivery {
-    Sent,
-    /// The mailbox is full: counted, and the stream resynchronizes.
-    Full,
-    /// The actor has stopped: the stream is shutting down.
-    Closed,
-}
-
-impl Delivery {
-    /// An invalidation that did not fit is deferred, not a drop.
-    fn closed_or_sent(self) -> Delivery {
-        if self == Delivery::Closed {
-            Delivery::Closed
-        } else {
-            Delivery::Sent
-        }
-    }
-}
 
 /// What the worker reports about itself, read by the stream actor's status handler.
 #[derive(Debug, Clone, Default)]
@@ -99,13 +79,20 @@ struct Worker {
     recovery: Recovery,
     status: WorkerStatus,
     actions: Vec<Action>,
+    /// Whether the next invalidation is logged at WARN: once per loss of synchronization, so a
+    /// publisher that keeps failing does not fill the log.
+    warn_on_invalidate: bool,
 }
 
 /// Runs the worker until stopped; an error means sockets could not be set up.
 pub fn run(ctx: WorkerCtx, id: u64) -> Result<(), zmq::Error> {
     let mut w = Worker::open(ctx, id)?;
     while !w.ctx.stop.load(Ordering::Acquire) {
-        w.poll_once()?;
+        if let Err(e) = w.poll_once() {
+            // Counters of this poll (a gap found just before the failure) are not lost.
+            w.publish_status();
+            return Err(e);
+        }
     }
     Ok(())
 }
@@ -140,7 +127,18 @@ impl Worker {
         let recovery = Recovery::new(RecoveryConfig::from_limits(&ctx.limits), index_config)
             .continuing(epoch, status.stats);
         let status = WorkerStatus { connected: false, ..status };
-        Ok(Worker { ctx, sub, monitor, dealer: None, recovery, status, actions: Vec::new() })
+        let actions = Vec::new();
+        let warn_on_invalidate = true;
+        Ok(Worker {
+            ctx,
+            sub,
+            monitor,
+            dealer: None,
+            recovery,
+            status,
+            actions,
+            warn_on_invalidate,
+        })
     }
 
     fn poll_once(&mut self) -> Result<(), zmq::Error> {
@@ -287,7 +285,7 @@ impl Worker {
                 self.deliver(InstallSnapshot { epoch, snapshot, watermark, deltas })
             }
             Action::Invalidate { reason } => {
-                tracing::warn!(stream = %self.ctx.spec.instance_name, dp = self.ctx.spec.dp_rank, %reason, "stream unsynchronized");
+                self.log_invalidation(&reason);
                 self.status.last_fault = Some(reason.clone());
                 let d = self.deliver(Invalidate { reason: reason.clone() });
                 if d == Delivery::Full {
@@ -324,44 +322,6 @@ impl Worker {
         Ok(())
     }
 
-    /// A live batch is also bounded in bytes: the mailbox may hold at most `max_buffered_bytes`
-    /// of queued batches, however few messages that is. A batch is always taken by an empty
-    /// queue, so one batch larger than the budget still gets through instead of looping.
-    fn deliver_batch(&self, epoch: u64, seq: u64, batch: Batch) -> Delivery {
-        let bytes = batch.heap_bytes() as u64;
-        let queued = &self.ctx.shared.queued_bytes;
-        let budget = self.ctx.limits.max_buffered_bytes as u64;
-        let before = queued.fetch_add(bytes, Ordering::AcqRel);
-        if before > 0 && before.saturating_add(bytes) > budget {
-            queued.fetch_sub(bytes, Ordering::AcqRel);
-            return Delivery::Full;
-        }
-        let d = self.deliver(ApplyBatch { epoch, seq, batch, queued_bytes: bytes });
-        if d != Delivery::Sent {
-            queued.fetch_sub(bytes, Ordering::AcqRel);
-        }
-        d
-    }
-
-    fn deliver<M>(&self, msg: M) -> Delivery
-    where
-        M: actix::Message + Send + 'static,
-        M::Result: Send,
-        IndexActor: actix::Handler<M>,
-    {
-        match self.ctx.index.try_send(msg) {
-            Ok(()) => Delivery::Sent,
-            Err(actix::prelude::SendError::Full(_)) => Delivery::Full,
-            Err(actix::prelude::SendError::Closed(_)) => Delivery::Closed,
-        }
-    }
-
-    fn defer_invalidation(&self, reason: String) {
-        if let Ok(mut p) = self.ctx.shared.pending_invalidation.lock() {
-            *p = Some(reason);
-        }
-    }
-
     /// A fresh DEALER per request: an old one may still hold stale replies.
     fn request_snapshot(&mut self, start_seq: u64) -> Result<(), zmq::Error> {
         let spec = &self.ctx.spec;
@@ -386,6 +346,9 @@ impl Worker {
 
     fn publish_status(&mut self) {
         self.status.phase = self.recovery.phase_name();
+        if self.status.phase == "live" {
+            self.warn_on_invalidate = true;
+        }
         let stats = self.recovery.stats();
         if stats.recoveries > self.status.stats.recoveries {
             if let Some(took) = stats.last_recovery {
