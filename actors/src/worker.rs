@@ -22,15 +22,16 @@ use crate::index_actor::{IndexActor, IndexFailed, InstallSnapshot, Invalidate, S
 mod deliver;
 use deliver::Delivery;
 
-/// Poll timeout: the resolution of timeouts, resyncs and the stop flag.
-const POLL_MS: i64 = 20;
+/// Longest poll: how late the stop flag and index failures can be noticed on an idle stream.
+/// Recovery deadlines (snapshot timeouts, back-off, resync) wake the thread on time.
+const MAX_POLL: Duration = Duration::from_millis(100);
 /// Live messages read per poll before timers are looked at again.
 const MAX_BURST: usize = 256;
 /// Receive high-water mark of the SUB socket, in messages.
 const SUB_HWM: i32 = 100_000;
 
 /// What the worker reports about itself, read by the stream actor's status handler.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct WorkerStatus {
     /// Recovery phase name.
     pub phase: &'static str,
@@ -148,7 +149,7 @@ impl Worker {
             if let Some(d) = &self.dealer {
                 items.push(d.as_poll_item(zmq::POLLIN));
             }
-            zmq::poll(&mut items, POLL_MS)?;
+            zmq::poll(&mut items, self.poll_timeout_ms())?;
             (
                 items[0].is_readable(),
                 items[1].is_readable(),
@@ -344,6 +345,15 @@ impl Worker {
         Ok(())
     }
 
+    /// Until the recovery machine's next deadline, at most [`MAX_POLL`], at least 1 ms.
+    fn poll_timeout_ms(&self) -> i64 {
+        let wait = match self.recovery.next_deadline() {
+            Some(at) => at.saturating_duration_since(Instant::now()).min(MAX_POLL),
+            None => MAX_POLL,
+        };
+        wait.as_millis().max(1) as i64
+    }
+
     fn publish_status(&mut self) {
         self.status.phase = self.recovery.phase_name();
         if self.status.phase == "live" {
@@ -357,10 +367,9 @@ impl Worker {
         }
         self.status.stats = stats;
         if let Ok(mut s) = self.ctx.status.lock() {
-            s.clone_from(&self.status);
+            if *s != self.status {
+                s.clone_from(&self.status);
+            }
         }
     }
 }
-
-/// Polling interval as a `Duration`, for callers that wait on workers.
-pub const POLL_INTERVAL: Duration = Duration::from_millis(POLL_MS as u64);

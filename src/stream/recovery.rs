@@ -342,6 +342,18 @@ impl Recovery {
         out.push(Action::Install { snapshot: p.builder, watermark, deltas });
     }
 
+    /// When [`Recovery::on_tick`] next has something to do (a snapshot timeout, the end of a
+    /// back-off, the periodic resync), so a caller can sleep until then; `None` while
+    /// disconnected, when only an event can move the machine.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        match &self.phase {
+            Phase::Syncing(p) => Some(p.started + self.cfg.replay_timeout),
+            Phase::Backoff { until } => Some(*until),
+            Phase::Live { since_snapshot } => Some(*since_snapshot + self.cfg.resync_interval),
+            Phase::Disconnected => None,
+        }
+    }
+
     /// Timeouts, retries and the periodic resync.
     pub fn on_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
         match &self.phase {
