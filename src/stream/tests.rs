@@ -298,3 +298,19 @@ fn a_fault_resyncs_at_once() {
     m.on_fault("events[0]: block_hashes: truncated", t0, &mut out);
     assert_eq!(show(&mut out), ["invalidate: events[0]: block_hashes: truncated", "request 3"]);
 }
+
+#[test]
+fn the_next_deadline_follows_the_phase() {
+    let t0 = Instant::now();
+    let mut m = machine();
+    let mut out = Vec::new();
+    assert_eq!(m.next_deadline(), None, "disconnected: only an event moves it");
+    m.on_connected(t0, &mut out);
+    assert_eq!(m.next_deadline(), Some(t0 + cfg().replay_timeout), "the snapshot timeout");
+    let t1 = t0 + Duration::from_millis(300);
+    m.on_tick(t1, &mut out);
+    assert_eq!(m.phase_name(), "backoff");
+    assert_eq!(m.next_deadline(), Some(t1 + cfg().backoff_min), "the end of the back-off");
+    let (live, _) = live_at(5, t0);
+    assert_eq!(live.next_deadline(), Some(t0 + cfg().resync_interval), "the periodic resync");
+}
