@@ -13,16 +13,20 @@ use super::RankState;
 use crate::fault::{malformed_payload, SnapshotMode};
 
 impl RankState {
-    /// Answers every pending snapshot request without blocking.
-    pub(super) fn serve_snapshots(&mut self) {
+    /// Answers every pending snapshot request without blocking; whether there was any.
+    pub(super) fn serve_snapshots(&mut self) -> bool {
+        let mut served = false;
         loop {
-            let Some(sockets) = self.sockets.as_ref() else { return };
+            let Some(sockets) = self.sockets.as_ref() else { return served };
             match sockets.router.recv_multipart(zmq::DONTWAIT) {
-                Ok(request) => self.answer(request),
-                Err(zmq::Error::EAGAIN) => return,
+                Ok(request) => {
+                    self.answer(request);
+                    served = true;
+                }
+                Err(zmq::Error::EAGAIN) => return served,
                 Err(e) => {
                     warn!(engine = %self.config.name, rank = self.rank, error = %e, "snapshot receive failed");
-                    return;
+                    return served;
                 }
             }
         }
