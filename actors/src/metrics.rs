@@ -125,9 +125,8 @@ pub fn resident_bytes() -> Option<u64> {
 pub fn render(streams: &[StreamSample], service: &ServiceMetrics, rss: Option<u64>) -> String {
     let mut e = Exposition::default();
     render_service(&mut e, streams, service, rss);
-    render_stream_counters(&mut e, streams);
-    render_applied(&mut e, streams);
-    render_views(&mut e, streams);
+    render_per_stream(&mut e, streams);
+    render_per_tier(&mut e, streams);
     e.family(
         "kvdir_recovery_duration_seconds",
         Kind::Histogram,
@@ -178,7 +177,7 @@ type TierSlots = fn(&StreamCounters) -> &[AtomicU64; 2];
 /// One per-stream family: its name, kind, help and value.
 type StreamFamily = (&'static str, Kind, &'static str, fn(&StreamSample) -> u64);
 
-const REPORT_FAMILIES: [StreamFamily; 9] = [
+const STREAM_FAMILIES: [StreamFamily; 12] = [
     ("kvdir_live_messages_total", Kind::Counter, "Live messages received.", |s| s.report.messages),
     ("kvdir_decode_errors_total", Kind::Counter, "Live messages that failed to decode.", |s| {
         s.report.decode_errors
@@ -202,10 +201,19 @@ const REPORT_FAMILIES: [StreamFamily; 9] = [
     ("kvdir_stream_restarts_total", Kind::Counter, "Stream thread restarts.", |s| {
         s.report.restarts
     }),
+    ("kvdir_batches_applied_total", Kind::Counter, "Live batches applied to the index.", |s| {
+        s.counters.batches_applied.load(Ordering::Relaxed)
+    }),
+    ("kvdir_all_blocks_cleared_total", Kind::Counter, "AllBlocksCleared events applied.", |s| {
+        s.counters.cleared.load(Ordering::Relaxed)
+    }),
+    ("kvdir_stream_synchronized", Kind::Gauge, "1 when the stream gives credit.", |s| {
+        u64::from(s.view.as_ref().is_some_and(|v| v.synchronized))
+    }),
 ];
 
-fn render_stream_counters(e: &mut Exposition, streams: &[StreamSample]) {
-    for (name, kind, help, value) in REPORT_FAMILIES {
+fn render_per_stream(e: &mut Exposition, streams: &[StreamSample]) {
+    for (name, kind, help, value) in STREAM_FAMILIES {
         e.family(name, kind, help);
         for s in streams {
             let dp = s.report.dp_rank.to_string();
@@ -215,21 +223,7 @@ fn render_stream_counters(e: &mut Exposition, streams: &[StreamSample]) {
     }
 }
 
-fn render_applied(e: &mut Exposition, streams: &[StreamSample]) {
-    e.family("kvdir_batches_applied_total", Kind::Counter, "Live batches applied to the index.");
-    for s in streams {
-        let dp = s.report.dp_rank.to_string();
-        let labels = [("instance", s.report.instance_name.as_str()), ("dp_rank", dp.as_str())];
-        let n = s.counters.batches_applied.load(Ordering::Relaxed);
-        e.sample("kvdir_batches_applied_total", &labels, n as f64);
-    }
-    e.family("kvdir_all_blocks_cleared_total", Kind::Counter, "AllBlocksCleared events applied.");
-    for s in streams {
-        let dp = s.report.dp_rank.to_string();
-        let labels = [("instance", s.report.instance_name.as_str()), ("dp_rank", dp.as_str())];
-        let n = s.counters.cleared.load(Ordering::Relaxed);
-        e.sample("kvdir_all_blocks_cleared_total", &labels, n as f64);
-    }
+fn render_per_tier(e: &mut Exposition, streams: &[StreamSample]) {
     let per_tier: [(&str, &str, TierSlots); 2] = [
         ("kvdir_blocks_stored_total", "Blocks stored by applied BlockStored events.", |c| {
             &c.blocks_stored
@@ -251,16 +245,6 @@ fn render_applied(e: &mut Exposition, streams: &[StreamSample]) {
                 e.sample(name, &labels, n.load(Ordering::Relaxed) as f64);
             }
         }
-    }
-}
-
-fn render_views(e: &mut Exposition, streams: &[StreamSample]) {
-    e.family("kvdir_stream_synchronized", Kind::Gauge, "1 when the stream gives credit.");
-    for s in streams {
-        let dp = s.report.dp_rank.to_string();
-        let labels = [("instance", s.report.instance_name.as_str()), ("dp_rank", dp.as_str())];
-        let synced = s.view.as_ref().is_some_and(|v| v.synchronized);
-        e.sample("kvdir_stream_synchronized", &labels, f64::from(u8::from(synced)));
     }
     e.family("kvdir_resident_blocks", Kind::Gauge, "Blocks resident per tier, as indexed.");
     for s in streams {
