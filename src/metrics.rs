@@ -64,6 +64,13 @@ impl Histogram {
     }
 }
 
+/// Bytes of a `kB` field (`VmRSS:`, `VmHWM:` ...) of a Linux `/proc/<pid>/status` text.
+pub fn proc_status_bytes(status: &str, key: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// The kind of a metric family.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
@@ -160,6 +167,14 @@ mod tests {
         assert_eq!(s.cumulative[6], 2);
         assert_eq!(*s.cumulative.last().unwrap(), 2, "60 s is only in +Inf");
         assert!((s.sum_seconds - 60.00303).abs() < 1e-9);
+    }
+
+    #[test]
+    fn proc_status_fields_are_read_in_bytes() {
+        let status = "Name:\tkvdir\nVmHWM:\t   2048 kB\nVmRSS:\t   1024 kB\n";
+        assert_eq!(proc_status_bytes(status, "VmRSS:"), Some(1024 * 1024));
+        assert_eq!(proc_status_bytes(status, "VmHWM:"), Some(2048 * 1024));
+        assert_eq!(proc_status_bytes(status, "VmSwap:"), None);
     }
 
     #[test]

@@ -116,9 +116,7 @@ pub struct StreamSample {
 /// Resident set size of this process, from `/proc/self/status`.
 pub fn resident_bytes() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    kvdir::metrics::proc_status_bytes(&status, "VmRSS:")
 }
 
 /// Renders every metric in the Prometheus text format.

@@ -187,10 +187,7 @@ impl Rss {
         if let Some(pid) = pid {
             let path = format!("/proc/{pid}/status");
             let status = fs::read_to_string(&path).unwrap_or_default();
-            let kib = |key: &str| {
-                let line = status.lines().find(|l| l.starts_with(key))?;
-                line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|k| k * 1024)
-            };
+            let kib = |key| kvdir::metrics::proc_status_bytes(&status, key);
             return Rss { bytes: kib("VmRSS:"), peak: kib("VmHWM:"), source: path };
         }
         match conn.get("/metrics") {
