@@ -17,7 +17,7 @@ use kvdir::stream::{Action, Recovery, RecoveryConfig, RecoveryStats};
 use kvdir::wire::{decode_live, decode_snapshot_frame, Batch, SnapshotFrame};
 
 use crate::faults::{self, FaultPoint};
-use crate::index_actor::{IndexActor, IndexFailed, InstallSnapshot, Invalidate, StreamShared};
+use crate::index_actor::{IndexActor, IndexFailed, InstallSnapshot, StreamShared};
 
 mod deliver;
 use deliver::Delivery;
@@ -285,15 +285,7 @@ impl Worker {
             Action::Install { snapshot, watermark, deltas } => {
                 self.deliver(InstallSnapshot { epoch, snapshot, watermark, deltas })
             }
-            Action::Invalidate { reason } => {
-                self.log_invalidation(&reason);
-                self.status.last_fault = Some(reason.clone());
-                let d = self.deliver(Invalidate { reason: reason.clone() });
-                if d == Delivery::Full {
-                    self.defer_invalidation(reason);
-                }
-                d.closed_or_sent()
-            }
+            Action::Invalidate { reason } => self.deliver_invalidation(reason),
             Action::RequestSnapshot { start_seq } => {
                 self.request_snapshot(start_seq)?;
                 Delivery::Sent

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use kvdir::wire::Batch;
 
 use super::Worker;
-use crate::index_actor::{ApplyBatch, IndexActor};
+use crate::index_actor::{ApplyBatch, IndexActor, Invalidate};
 
 /// The outcome of handing a message to the index actor.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,17 +16,6 @@ pub(super) enum Delivery {
     Full,
     /// The actor has stopped: the stream is shutting down.
     Closed,
-}
-
-impl Delivery {
-    /// An invalidation that did not fit is deferred, not a drop.
-    pub(super) fn closed_or_sent(self) -> Delivery {
-        if self == Delivery::Closed {
-            Delivery::Closed
-        } else {
-            Delivery::Sent
-        }
-    }
 }
 
 impl Worker {
@@ -62,7 +51,21 @@ impl Worker {
         }
     }
 
-    pub(super) fn log_invalidation(&mut self, reason: &str) {
+    /// An invalidation that does not fit is left in the shared state for the index actor to
+    /// pick up, so it counts as sent, not as a drop.
+    pub(super) fn deliver_invalidation(&mut self, reason: String) -> Delivery {
+        self.log_invalidation(&reason);
+        self.status.last_fault = Some(reason.clone());
+        match self.deliver(Invalidate { reason: reason.clone() }) {
+            Delivery::Full => {
+                self.defer_invalidation(reason);
+                Delivery::Sent
+            }
+            other => other,
+        }
+    }
+
+    fn log_invalidation(&mut self, reason: &str) {
         let (stream, dp) = (&self.ctx.spec.instance_name, self.ctx.spec.dp_rank);
         if std::mem::take(&mut self.warn_on_invalidate) {
             tracing::warn!(%stream, dp, %reason, "stream unsynchronized");
@@ -71,7 +74,7 @@ impl Worker {
         }
     }
 
-    pub(super) fn defer_invalidation(&self, reason: String) {
+    fn defer_invalidation(&self, reason: String) {
         if let Ok(mut p) = self.ctx.shared.pending_invalidation.lock() {
             *p = Some(reason);
         }
