@@ -141,8 +141,9 @@ impl IndexActor {
     /// An injected stall (tests only): stop taking messages until released, as an actor
     /// starved of its arbiter would, while the thread keeps serving other actors.
     fn stall_if_held(&self, ctx: &mut Context<Self>) {
-        let (instance, dp_rank) = (self.shared.instance.clone(), self.shared.dp_rank);
-        if crate::faults::index_held(&instance, dp_rank) {
+        let dp_rank = self.shared.dp_rank;
+        if crate::faults::index_held(&self.shared.instance, dp_rank) {
+            let instance = self.shared.instance.clone();
             ctx.wait(actix::fut::wrap_future(async move {
                 while crate::faults::index_held(&instance, dp_rank) {
                     actix_rt::time::sleep(CHECK_INTERVAL).await;
