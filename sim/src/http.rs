@@ -154,7 +154,8 @@ pub fn request(
     parse_response(&raw)
 }
 
-fn connect(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
+/// Connects to the first address `addr` resolves to that answers within `timeout`.
+pub(crate) fn connect(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
     let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
     let mut last =
         io::Error::new(io::ErrorKind::InvalidInput, format!("{addr} resolves to nothing"));

@@ -8,8 +8,10 @@
 //! read by `Content-Length` or chunked encoding, up to [`MAX_BODY_BYTES`].
 
 use std::io::{self, BufRead, BufReader, Read, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::TcpStream;
 use std::time::Duration;
+
+use crate::http::connect;
 
 /// Largest response body read.
 const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
@@ -110,18 +112,6 @@ impl Conn {
         bytes.extend_from_slice(body);
         bytes
     }
-}
-
-fn connect(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
-    let mut last =
-        io::Error::new(io::ErrorKind::InvalidInput, format!("{addr} resolves to nothing"));
-    for a in addr.to_socket_addrs()? {
-        match TcpStream::connect_timeout(&a, timeout) {
-            Ok(stream) => return Ok(stream),
-            Err(e) => last = e,
-        }
-    }
-    Err(last)
 }
 
 fn invalid(what: String) -> io::Error {
