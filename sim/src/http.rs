@@ -112,11 +112,13 @@ fn read_head(stream: &mut TcpStream) -> io::Result<String> {
     Ok(String::from_utf8_lossy(&head).into_owned())
 }
 
-/// An HTTP response: status code and body.
+/// An HTTP response: status code, head and body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Response {
     /// The status code, such as 200.
     pub status: u16,
+    /// The status line and headers (lossy UTF-8).
+    pub head: String,
     /// The body as text (lossy UTF-8).
     pub body: String,
 }
@@ -178,8 +180,8 @@ fn parse_response(raw: &[u8]) -> io::Result<Response> {
         .and_then(|rest| rest.split_whitespace().nth(1))
         .and_then(|code| code.parse::<u16>().ok())
         .ok_or_else(bad)?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_string()).unwrap_or_default();
-    Ok(Response { status, body })
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    Ok(Response { status, head: head.to_string(), body: body.to_string() })
 }
 
 #[cfg(test)]
@@ -206,6 +208,7 @@ mod tests {
     fn responses_parse_and_garbage_does_not() {
         let r = parse_response(b"HTTP/1.1 409 Conflict\r\nA: b\r\n\r\n{\"x\":1}").unwrap();
         assert_eq!((r.status, r.body.as_str()), (409, "{\"x\":1}"));
+        assert_eq!(r.head, "HTTP/1.1 409 Conflict\r\nA: b");
         assert!(parse_response(b"SSH-2.0").is_err());
     }
 }

@@ -1,12 +1,12 @@
 //! Shared by the binary tests: spawning the `kvdir` binary (reading the address it prints) and
-//! a one-request-per-connection HTTP client for 127.0.0.1.
+//! a one-request-per-connection HTTP client for 127.0.0.1 (over `kvdir_sim::http::request`).
 
 // Each test crate compiles this module and uses only part of it.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 /// The `kvdir` binary of this build.
 pub fn kvdir() -> Command {
@@ -67,22 +67,10 @@ pub fn request(
     token: Option<&str>,
     body: Option<&str>,
 ) -> Reply {
-    let mut s = TcpStream::connect(addr).unwrap();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    if let Some(t) = token {
-        req.push_str(&format!("X-Internal-Token: {t}\r\n"));
-    }
-    let body = body.unwrap_or("");
-    req.push_str(&format!(
-        "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        body.len()
-    ));
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = String::new();
-    let _ = s.read_to_string(&mut out);
-    let status = out.split(' ').nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    Reply { status, head: head.to_string(), body: body.to_string() }
+    let headers: Vec<(&str, &str)> = token.map(|t| ("X-Internal-Token", t)).into_iter().collect();
+    let r = kvdir_sim::http::request(addr, method, path, &headers, body, Duration::from_secs(10))
+        .unwrap_or_else(|e| panic!("{method} {path} to {addr}: {e}"));
+    Reply { status: r.status, head: r.head, body: r.body }
 }
 
 /// `POST` of a JSON body without a token; the response body.
