@@ -420,3 +420,41 @@ fn kvdir_serves_while_etcd_is_down_and_says_so() {
         }
     });
 }
+
+#[test]
+fn only_instance_and_load_keys_are_read_and_loads_apply_on_the_first_listing() {
+    let etcd = etcd_endpoint();
+    let ns = format!("e2e-cache-{}", std::process::id());
+    // A CACHE namespace larger than a gRPC client's default 4 MiB message: listing the whole
+    // `XLLM:` prefix would transfer it, or fail.
+    let big = json!("x".repeat(1 << 20));
+    for i in 0..5 {
+        etcd_put(&etcd, &format!("/{ns}/XLLM:CACHE:block-{i}"), &big);
+    }
+    let a = engine_on(free_http_port(1), 1);
+    let opts = RegistrationOptions {
+        etcd: etcd.endpoint.clone(),
+        namespace: ns.clone(),
+        kind: 1,
+        ttl_s: 5,
+        write_loadmetrics: true,
+        ..RegistrationOptions::default()
+    };
+    // Registered, with its load (0 waiting), before kvdir starts: both come from the first
+    // listing, where LOADMETRICS sorts before PREFILL in key order. Nothing writes the load
+    // again, so a load dropped by the listing would stay unknown (null).
+    let _reg = Registration::start(&a, opts).expect("registration");
+    let svc = discovering(&etcd.endpoint, &ns, 128);
+    let name = a.instance_name();
+    let listed = eventually("the first listing with the instance and its load", || {
+        let r = instances(&svc);
+        let i = r["instances"].as_array().and_then(|v| v.iter().find(|i| i["name"] == name));
+        match i {
+            Some(i) if i["waiting_requests_num"] == 0 => Ok(r.clone()),
+            _ => Err(r.to_string()),
+        }
+    });
+    assert_eq!(listed["etcd_listings"], 1, "{listed}");
+    assert_eq!(listed["etcd_listed_keys"], 2, "the instance and its LOADMETRICS only: {listed}");
+    assert_eq!(listed["etcd_connected"], true, "{listed}");
+}

@@ -1,5 +1,5 @@
 //! Compatibility with vLLM's own publisher: every live message recorded from
-//! `ZmqEventPublisher` (shared/fixtures/vllm) decodes into exactly the events its
+//! `ZmqEventPublisher` (`tests/fixtures/vllm`, see its README) decodes into exactly the events its
 //! `expected.json` lists, with LoRA and multimodal events skipped and counted.
 
 use std::path::PathBuf;
@@ -10,12 +10,8 @@ use serde_json::Value;
 const TOPIC: &[u8] = b"kv@vllm";
 
 fn fixture_dir() -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures/vllm");
-    assert!(
-        dir.is_dir(),
-        "fixtures not found at {}: shared/ must sit beside the checkout",
-        dir.display()
-    );
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/vllm");
+    assert!(dir.is_dir(), "fixtures not found at {}", dir.display());
     dir
 }
 

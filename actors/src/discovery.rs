@@ -8,7 +8,7 @@
 //! cold, vanished ones stop, and a changed endpoint, DP topology or process identity restarts a
 //! stream with an empty index, so a replacement gets no credit before its own snapshot.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use actix::prelude::*;
@@ -26,19 +26,24 @@ use crate::streams::StreamSet;
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct EtcdListed {
-    /// Keys and values.
-    pub kvs: Vec<(String, Vec<u8>)>,
+    /// Keys, values and the revision of their last change.
+    pub kvs: Vec<(String, Vec<u8>, i64)>,
     /// The listing's revision; the watch starts after it.
     pub revision: i64,
 }
 
-/// One key change.
+/// One key change, with its etcd revision (`mod_revision`; 0 when unknown).
+///
+/// The prefixes are watched on one connection by separate watchers, and etcd orders events
+/// only within a watcher: a change of `XLLM:PREFILL:x` may arrive after a newer change of
+/// `XLLM:MIX:x`. So a change to an instance name older than the last one applied for that
+/// name is ignored.
 #[derive(Debug, Clone)]
 pub enum Change {
     /// Written.
-    Put(String, Vec<u8>),
+    Put(String, Vec<u8>, i64),
     /// Deleted (or its lease expired).
-    Delete(String),
+    Delete(String, i64),
 }
 
 /// Changes from the watch.
@@ -116,6 +121,8 @@ pub struct InstancesReport {
     pub etcd_error: Option<String>,
     /// Times the registry was listed.
     pub etcd_listings: u64,
+    /// Keys read by the last listing (instance and LOADMETRICS keys only).
+    pub etcd_listed_keys: usize,
     /// Every known instance in name order.
     pub instances: Vec<InstanceReport>,
 }
@@ -132,6 +139,9 @@ pub struct DiscoveryActor {
     etcd_connected: bool,
     etcd_error: Option<String>,
     listings: u64,
+    listed_keys: usize,
+    /// Per instance name, the revision of the last change applied to its instance keys.
+    revisions: HashMap<String, i64>,
     reconciling: bool,
 }
 
@@ -155,6 +165,8 @@ impl DiscoveryActor {
             etcd_connected: false,
             etcd_error: None,
             listings: 0,
+            listed_keys: 0,
+            revisions: HashMap::new(),
             reconciling: false,
         }
     }
@@ -162,7 +174,10 @@ impl DiscoveryActor {
     fn apply(&mut self, change: Change, ctx: &mut Context<Self>) {
         let now = Instant::now();
         match change {
-            Change::Put(key, value) => match parse_key(&self.prefix, &key) {
+            Change::Put(key, value, revision) => match parse_key(&self.prefix, &key) {
+                Some(RegistryKey::Instance(_, name)) if !self.newer(&name, revision) => {
+                    tracing::debug!(%key, revision, "ignoring a change older than one applied");
+                }
                 Some(RegistryKey::Instance(_, name)) => match parse_instance(&name, &value) {
                     Ok(record) => {
                         let outcome = self.registry.put(record, now);
@@ -181,12 +196,24 @@ impl DiscoveryActor {
                 }
                 None => {}
             },
-            Change::Delete(key) => {
+            Change::Delete(key, revision) => {
                 if let Some(RegistryKey::Instance(_, name)) = parse_key(&self.prefix, &key) {
-                    self.probe(name, ctx);
+                    if self.newer(&name, revision) {
+                        self.probe(name, ctx);
+                    }
                 }
             }
         }
+    }
+
+    /// Records `revision` for `name` if it is newer than the last applied (0 always is).
+    fn newer(&mut self, name: &str, revision: i64) -> bool {
+        let last = self.revisions.entry(name.to_string()).or_insert(0);
+        if revision != 0 && revision < *last {
+            return false;
+        }
+        *last = (*last).max(revision);
+        true
     }
 
     /// A registration vanished: `/health` decides between the grace period and SUSPECT.
@@ -295,11 +322,13 @@ impl Handler<EtcdListed> for DiscoveryActor {
     fn handle(&mut self, msg: EtcdListed, ctx: &mut Context<Self>) {
         self.etcd_connected = true;
         self.listings += 1;
+        self.listed_keys = msg.kvs.len();
+        self.revisions.clear();
         tracing::info!(keys = msg.kvs.len(), revision = msg.revision, "etcd registry listed");
         let listed: std::collections::BTreeSet<String> = msg
             .kvs
             .iter()
-            .filter_map(|(k, _)| match parse_key(&self.prefix, k) {
+            .filter_map(|(k, _, _)| match parse_key(&self.prefix, k) {
                 Some(RegistryKey::Instance(_, name)) => Some(name),
                 _ => None,
             })
@@ -310,8 +339,8 @@ impl Handler<EtcdListed> for DiscoveryActor {
             .map(|i| i.record.name.clone())
             .filter(|n| !listed.contains(n))
             .collect();
-        for (k, v) in msg.kvs {
-            self.apply(Change::Put(k, v), ctx);
+        for (k, v, revision) in msg.kvs {
+            self.apply(Change::Put(k, v, revision), ctx);
         }
         for name in gone {
             self.probe(name, ctx);
@@ -397,6 +426,7 @@ impl Handler<GetInstances> for DiscoveryActor {
             etcd_connected: self.etcd_connected,
             etcd_error: self.etcd_error.clone(),
             etcd_listings: self.listings,
+            etcd_listed_keys: self.listed_keys,
             instances,
         })
     }

@@ -6,16 +6,19 @@
 use std::time::Duration;
 
 use actix::Addr;
-use etcd_client::{Client, ConnectOptions, EventType, GetOptions, WatchOptions};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use kvdir::registry::watched_prefixes;
+use kvdir_etcd::{Client, Event};
 
 use crate::discovery::{Change, DiscoveryActor, EtcdDown, EtcdListed};
 
 /// Retry delays after a failure, doubling.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// Upper bound of one etcd call (a listing page).
+const ETCD_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Lists and watches `<prefix>XLLM:` forever, feeding `discovery`.
+/// Lists and watches the registry prefixes ([`watched_prefixes`]) under `prefix` forever,
+/// feeding `discovery`.
 pub async fn run(discovery: Addr<DiscoveryActor>, endpoint: String, prefix: String) {
     let mut backoff = BACKOFF_MIN;
     loop {
@@ -36,48 +39,44 @@ pub async fn run(discovery: Addr<DiscoveryActor>, endpoint: String, prefix: Stri
     }
 }
 
-/// One list-then-watch cycle; returns why it ended.
+/// One list-then-watch cycle; returns why it ended. The prefixes are listed at one revision
+/// (the first listing's), instances before loads, and watched on one connection from the
+/// next revision.
 async fn watch_once(
     discovery: &Addr<DiscoveryActor>,
     endpoint: &str,
     prefix: &str,
 ) -> Result<String, String> {
-    let opts = ConnectOptions::new()
-        .with_connect_timeout(Duration::from_secs(2))
-        .with_timeout(Duration::from_secs(5))
-        .with_keep_alive(Duration::from_secs(2), Duration::from_secs(2));
-    let err = |e: etcd_client::Error| format!("etcd {endpoint}: {e}");
-    let mut client = Client::connect([endpoint], Some(opts)).await.map_err(err)?;
-    let key = format!("{prefix}XLLM:");
-    let resp =
-        client.get(key.as_str(), Some(GetOptions::new().with_prefix())).await.map_err(err)?;
-    let revision = resp.header().map(|h| h.revision()).unwrap_or(0);
-    let kvs = resp
-        .kvs()
-        .iter()
-        .map(|kv| (String::from_utf8_lossy(kv.key()).into_owned(), kv.value().to_vec()))
-        .collect();
+    let client = Client::new(endpoint, ETCD_TIMEOUT).map_err(|e| e.to_string())?;
+    let prefixes = watched_prefixes(prefix);
+    let mut revision = 0;
+    let mut kvs = Vec::new();
+    for p in &prefixes {
+        let range = client.range_prefix(p.as_bytes(), revision).await.map_err(|e| e.to_string())?;
+        revision = range.revision;
+        kvs.extend(range.kvs.into_iter().map(|kv| (kv.key_str(), kv.value, kv.mod_revision)));
+    }
     discovery.send(EtcdListed { kvs, revision }).await.map_err(|e| e.to_string())?;
-    let wopts =
-        WatchOptions::new().with_prefix().with_start_revision(revision + 1).with_progress_notify();
-    let mut stream = client.watch(key.as_str(), Some(wopts)).await.map_err(err)?;
+    let watched: Vec<&[u8]> = prefixes.iter().map(|p| p.as_bytes()).collect();
+    let mut watch = client.watch(&watched, revision + 1, true).await.map_err(|e| e.to_string())?;
     loop {
-        let Some(resp) = stream.message().await.map_err(err)? else {
+        let Some(resp) = watch.next().await.map_err(|e| e.to_string())? else {
             return Ok("etcd watch ended; listing again".into());
         };
-        if resp.canceled() || resp.compact_revision() > 0 {
-            return Ok(format!("etcd watch cancelled ({}); listing again", resp.cancel_reason()));
+        if resp.canceled || resp.compact_revision > 0 {
+            let reason = if resp.compact_revision > 0 {
+                format!("revision {} was compacted", resp.compact_revision)
+            } else {
+                resp.cancel_reason
+            };
+            return Ok(format!("etcd watch cancelled ({reason}); listing again"));
         }
         let changes: Vec<Change> = resp
-            .events()
-            .iter()
-            .filter_map(|ev| {
-                let kv = ev.kv()?;
-                let key = String::from_utf8_lossy(kv.key()).into_owned();
-                Some(match ev.event_type() {
-                    EventType::Put => Change::Put(key, kv.value().to_vec()),
-                    EventType::Delete => Change::Delete(key),
-                })
+            .events
+            .into_iter()
+            .map(|event| match event {
+                Event::Put(kv) => Change::Put(kv.key_str(), kv.value, kv.mod_revision),
+                Event::Delete(kv) => Change::Delete(kv.key_str(), kv.mod_revision),
             })
             .collect();
         if !changes.is_empty() {
@@ -92,28 +91,16 @@ fn changes_msg(changes: Vec<Change>) -> crate::discovery::EtcdChanged {
 
 /// `GET http://<name>/health`, up to 2 tries of 1000 ms each; true on a 200.
 pub async fn probe_health(name: &str) -> bool {
+    let Ok(client) =
+        reqwest::Client::builder().no_proxy().timeout(Duration::from_millis(1000)).build()
+    else {
+        return false;
+    };
     for _ in 0..2 {
-        let attempt = tokio::time::timeout(Duration::from_millis(1000), get_health(name)).await;
-        if let Ok(Ok(true)) = attempt {
+        let answer = client.get(format!("http://{name}/health")).send().await;
+        if answer.is_ok_and(|r| r.status() == reqwest::StatusCode::OK) {
             return true;
         }
     }
     false
-}
-
-async fn get_health(name: &str) -> std::io::Result<bool> {
-    let mut s = tokio::net::TcpStream::connect(name).await?;
-    let req = format!("GET /health HTTP/1.1\r\nHost: {name}\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await?;
-    let mut buf = [0u8; 64];
-    let mut n = 0;
-    while n < 12 {
-        let m = s.read(&mut buf[n..]).await?;
-        if m == 0 {
-            break;
-        }
-        n += m;
-    }
-    let head = String::from_utf8_lossy(&buf[..n]);
-    Ok(head.split_whitespace().nth(1) == Some("200"))
 }

@@ -206,6 +206,13 @@ pub fn namespace_prefix(namespace: &str) -> String {
     }
 }
 
+/// The key prefixes kvdir lists and watches under a namespace `prefix`: the four instance
+/// types, then LOADMETRICS (so a listing applies loads after the instances they belong to).
+/// Nothing else under `XLLM:` is read; in particular not the `XLLM:CACHE:` namespace.
+pub fn watched_prefixes(prefix: &str) -> [String; 5] {
+    ["DEFAULT", "PREFILL", "DECODE", "MIX", "LOADMETRICS"].map(|t| format!("{prefix}XLLM:{t}:"))
+}
+
 /// Classifies a key under `prefix`; other keys give `None`.
 pub fn parse_key(prefix: &str, key: &str) -> Option<RegistryKey> {
     let rest = key.strip_prefix(prefix)?.strip_prefix("XLLM:")?;

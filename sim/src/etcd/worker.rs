@@ -1,11 +1,12 @@
 //! The etcd side of a [`super::Registration`]: one thread running a current-thread tokio runtime
-//! with one task that owns the client, the lease and its keepalive stream.
+//! with one task that owns the client and the lease.
 //!
 //! The task waits for either the next keepalive tick (every `ttl / 3`) or a command. A tick
-//! refreshes the lease and then makes sure the key exists: a lease that expired is replaced by
-//! a new one and the key put again; a key deleted by someone is put again. A keepalive stream
-//! that broke (etcd restarted) is opened again. The task ends on [`Command::Stop`] or when the
-//! registration's command channel closes, revoking the lease either way.
+//! refreshes the lease (one `/v3/lease/keepalive` call) and then makes sure the key exists: a
+//! lease that expired is replaced by a new one and the key put again; a key deleted by someone
+//! is put again. Each call is independent, so an etcd restart needs no reconnection step. The
+//! task ends on [`Command::Stop`] or when the registration's command channel closes, revoking
+//! the lease either way.
 
 use std::future::Future;
 use std::sync::mpsc::{self as std_mpsc, SyncSender};
@@ -13,7 +14,7 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use etcd_client::{Client, ConnectOptions, LeaseKeepAliveStream, LeaseKeeper, PutOptions};
+use kvdir_etcd::{Client, EtcdError};
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use tokio::time::{timeout, MissedTickBehavior};
 use tracing::{debug, warn};
@@ -79,7 +80,7 @@ fn run_thread(
         Err(e) => return reply(ready, Err(etcd_err(&setup.endpoint, "building a runtime", e))),
     };
     runtime.block_on(async move {
-        let mut worker = match Worker::connect(setup).await {
+        let mut worker = match Worker::connect(setup) {
             Ok(worker) => worker,
             Err(e) => return reply(ready, Err(e)),
         };
@@ -99,7 +100,7 @@ fn etcd_err(endpoint: &str, op: &'static str, detail: impl std::fmt::Display) ->
 async fn timed<T>(
     endpoint: &str,
     op: &'static str,
-    call: impl Future<Output = Result<T, etcd_client::Error>>,
+    call: impl Future<Output = Result<T, EtcdError>>,
 ) -> Result<T, SimError> {
     match timeout(ETCD_OP_TIMEOUT, call).await {
         Ok(Ok(value)) => Ok(value),
@@ -112,19 +113,14 @@ struct Worker {
     client: Client,
     setup: Setup,
     lease: Option<i64>,
-    keeper: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
     paused: bool,
 }
 
 impl Worker {
-    async fn connect(setup: Setup) -> Result<Worker, SimError> {
-        let options = ConnectOptions::new()
-            .with_connect_timeout(ETCD_OP_TIMEOUT)
-            .with_timeout(ETCD_OP_TIMEOUT);
-        let endpoint = setup.endpoint.clone();
-        let client =
-            timed(&endpoint, "connect", Client::connect([&endpoint], Some(options))).await?;
-        Ok(Worker { client, setup, lease: None, keeper: None, paused: false })
+    fn connect(setup: Setup) -> Result<Worker, SimError> {
+        let client = Client::new(&setup.endpoint, ETCD_OP_TIMEOUT)
+            .map_err(|e| etcd_err(&setup.endpoint, "connect", e))?;
+        Ok(Worker { client, setup, lease: None, paused: false })
     }
 
     /// Keepalive period: a third of the TTL, at least 100 ms.
@@ -147,7 +143,6 @@ impl Worker {
                     }
                     Some(Command::Pause(to)) => {
                         self.paused = true;
-                        self.keeper = None;
                         reply(to, ());
                     }
                     Some(Command::Resume(to)) => reply(to, self.resume().await),
@@ -170,25 +165,23 @@ impl Worker {
     /// A new lease, the instance key under it, and LOADMETRICS.
     async fn register(&mut self) -> Result<(), SimError> {
         let endpoint = &self.setup.endpoint;
-        let grant = self.client.lease_grant(self.setup.ttl_s, None);
-        let lease = timed(endpoint, "lease grant", grant).await?.id();
+        let lease =
+            timed(endpoint, "lease grant", self.client.lease_grant(self.setup.ttl_s)).await?;
         self.lease = Some(lease);
-        self.keeper = None;
         self.put_key(lease).await?;
         self.write_load().await
     }
 
     async fn put_key(&mut self, lease: i64) -> Result<(), SimError> {
-        let (key, value) = (self.setup.key.clone(), self.setup.value.clone());
-        let options = PutOptions::new().with_lease(lease);
-        let put = self.client.put(key, value, Some(options));
+        let (key, value) = (self.setup.key.as_bytes(), self.setup.value.as_bytes());
+        let put = self.client.put(key, value, lease);
         timed(&self.setup.endpoint, "put instance key", put).await.map(|_| ())
     }
 
     async fn write_load(&mut self) -> Result<(), SimError> {
-        let Some(key) = self.setup.load_key.clone() else { return Ok(()) };
+        let Some(key) = self.setup.load_key.as_deref() else { return Ok(()) };
         let value = self.setup.shared.load().to_json().to_string();
-        let put = self.client.put(key, value, None);
+        let put = self.client.put(key.as_bytes(), value.as_bytes(), 0);
         timed(&self.setup.endpoint, "put LOADMETRICS", put).await.map(|_| ())
     }
 
@@ -207,43 +200,18 @@ impl Worker {
             debug!(key = %self.setup.key, lease, "lease expired; registering again");
             return self.register().await;
         }
-        let get = self.client.get(self.setup.key.clone(), None);
-        let found = timed(&self.setup.endpoint, "get instance key", get).await?;
-        if found.kvs().is_empty() {
+        let get = self.client.get(self.setup.key.as_bytes());
+        if timed(&self.setup.endpoint, "get instance key", get).await?.is_none() {
             debug!(key = %self.setup.key, "instance key missing; putting it again");
             self.put_key(lease).await?;
         }
         Ok(())
     }
 
-    /// One keepalive round trip; `Ok(false)` when the lease no longer exists. A broken stream
-    /// is replaced once within the call.
+    /// One keepalive round trip; `Ok(false)` when the lease no longer exists.
     async fn keep_alive(&mut self, lease: i64) -> Result<bool, SimError> {
-        let mut last = None;
-        for _attempt in 0..2 {
-            match self.keep_alive_once(lease).await {
-                Ok(alive) => return Ok(alive),
-                Err(e) => {
-                    self.keeper = None;
-                    last = Some(e);
-                }
-            }
-        }
-        Err(last.unwrap_or_else(|| etcd_err(&self.setup.endpoint, "lease keepalive", "no attempt")))
-    }
-
-    async fn keep_alive_once(&mut self, lease: i64) -> Result<bool, SimError> {
-        let endpoint = self.setup.endpoint.clone();
-        if self.keeper.is_none() {
-            let open = self.client.lease_keep_alive(lease);
-            self.keeper = Some(timed(&endpoint, "open lease keepalive", open).await?);
-        }
-        let Some((keeper, stream)) = self.keeper.as_mut() else { return Ok(false) };
-        timed(&endpoint, "send lease keepalive", keeper.keep_alive()).await?;
-        match timed(&endpoint, "receive lease keepalive", stream.message()).await? {
-            Some(response) => Ok(response.ttl() > 0),
-            None => Err(etcd_err(&endpoint, "receive lease keepalive", "the stream ended")),
-        }
+        let call = self.client.lease_keep_alive(lease);
+        Ok(timed(&self.setup.endpoint, "lease keepalive", call).await? > 0)
     }
 
     /// Puts the key again under the old lease if it is still alive, else under a new one.
@@ -258,14 +226,10 @@ impl Worker {
         }
     }
 
+    /// Revokes the lease; one that expired meanwhile (e.g. while paused) is fine.
     async fn revoke(&mut self) -> Result<(), SimError> {
-        self.keeper = None;
         let Some(lease) = self.lease.take() else { return Ok(()) };
         let revoke = self.client.lease_revoke(lease);
-        match timed(&self.setup.endpoint, "lease revoke", revoke).await {
-            // Expired while paused: nothing left to revoke.
-            Err(SimError::Etcd { detail, .. }) if detail.contains("lease not found") => Ok(()),
-            other => other.map(|_| ()),
-        }
+        timed(&self.setup.endpoint, "lease revoke", revoke).await.map(|_| ())
     }
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use etcd_client::Client;
+use kvdir_etcd::Client;
 use kvdir_sim::etcd_test::EtcdServer;
 use kvdir_sim::{EngineConfig, SimEngine, SimError};
 use serde_json::Value;
@@ -66,9 +66,7 @@ pub struct EtcdReader {
 impl EtcdReader {
     pub fn new(etcd: &EtcdServer) -> EtcdReader {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let options = etcd_client::ConnectOptions::new().with_timeout(Duration::from_secs(2));
-        let connect = Client::connect([&etcd.endpoint], Some(options));
-        let client = runtime.block_on(connect).expect("the test connects to etcd");
+        let client = Client::new(&etcd.endpoint, Duration::from_secs(2)).expect("an etcd endpoint");
         EtcdReader { runtime, client }
     }
 
@@ -76,14 +74,8 @@ impl EtcdReader {
     pub fn get(&self, key: &str) -> Option<Kv> {
         let end = Instant::now() + DEADLINE;
         loop {
-            let mut client = self.client.clone();
-            match self.runtime.block_on(client.get(key, None)) {
-                Ok(found) => {
-                    return found
-                        .kvs()
-                        .first()
-                        .map(|kv| Kv { value: kv.value().to_vec(), lease: kv.lease() });
-                }
+            match self.runtime.block_on(self.client.get(key.as_bytes())) {
+                Ok(found) => return found.map(|kv| Kv { value: kv.value, lease: kv.lease }),
                 Err(e) if Instant::now() >= end => panic!("etcd get {key} failed: {e}"),
                 Err(_) => thread::sleep(Duration::from_millis(50)),
             }
@@ -91,8 +83,7 @@ impl EtcdReader {
     }
 
     pub fn delete(&self, key: &str) {
-        let mut client = self.client.clone();
-        self.runtime.block_on(client.delete(key, None)).expect("etcd delete");
+        self.runtime.block_on(self.client.delete(key.as_bytes())).expect("etcd delete");
     }
 }
 
