@@ -458,3 +458,76 @@ fn only_instance_and_load_keys_are_read_and_loads_apply_on_the_first_listing() {
     assert_eq!(listed["etcd_listed_keys"], 2, "the instance and its LOADMETRICS only: {listed}");
     assert_eq!(listed["etcd_connected"], true, "{listed}");
 }
+
+#[test]
+fn a_relist_keeps_a_suspect_instance_suspect_until_it_is_removed() {
+    let mut etcd = EtcdServer::private();
+    let svc = discovering(&etcd.endpoint, "e2e-relist", 128);
+    let eng = engine_on(free_http_port(1), 1);
+    let reg = register(&eng, &etcd, "e2e-relist", 1);
+    let name = eng.instance_name();
+    wait_state(&svc, &name, "ACTIVE", 1);
+    // The lease expires while /health keeps answering: LEASE_LOST, then SUSPECT after 3 s
+    // without heartbeats.
+    reg.pause();
+    wait_state(&svc, &name, "SUSPECT", 0);
+    etcd.restart(); // the watch dies and kvdir lists again, without the instance's key
+    eventually("a second listing", || {
+        let r = instances(&svc);
+        if r["etcd_listings"].as_u64() >= Some(2) {
+            Ok(())
+        } else {
+            Err(r.to_string())
+        }
+    });
+    // /health still answers 200, so probing again would bring the instance back to LEASE_LOST
+    // and restart its clock. It stays SUSPECT until it is removed (15 s after SUSPECT).
+    eventually("the SUSPECT instance to be removed", || match instance(&svc, &name) {
+        None => Ok(()),
+        Some(i) if i["state"] == "SUSPECT" => Err(i.to_string()),
+        Some(i) => panic!("a re-list changed the state of a SUSPECT instance: {i}"),
+    });
+}
+
+#[test]
+fn a_replacement_is_no_candidate_until_it_reports_its_own_load() {
+    let etcd = etcd_endpoint();
+    let ns = format!("e2e-newload-{}", std::process::id());
+    let svc = discovering(&etcd.endpoint, &ns, 128);
+    let eng = engine_on(free_http_port(1), 1);
+    let name = eng.instance_name();
+    let opts = |incarnation: &str, loads: bool| RegistrationOptions {
+        etcd: etcd.endpoint.clone(),
+        namespace: ns.clone(),
+        kind: 0,
+        incarnation_id: Some(incarnation.into()),
+        write_loadmetrics: loads,
+        ..RegistrationOptions::default()
+    };
+    let route = || {
+        let r = http(svc.http_addr(), "POST", "/v1/internal/route", &[], br#"{"token_ids":[1]}"#);
+        (r.status, r.body)
+    };
+    let first = Registration::start(&eng, opts("first", true)).expect("registration");
+    eventually("the first process to be routed to", || match route() {
+        (200, body) if body.contains(&name) => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
+    first.kill();
+    // The new process does not write LOADMETRICS: the old process's value stays in etcd.
+    let _second = Registration::start(&eng, opts("second", false)).expect("registration");
+    let replaced = eventually("the replacement, without a load", || match instance(&svc, &name) {
+        Some(i) if i["incarnation_id"] == "second" && i["state"] == "ACTIVE" => Ok(i),
+        other => Err(format!("{other:?}")),
+    });
+    assert!(replaced["waiting_requests_num"].is_null(), "{replaced}");
+    let (status, body) = route();
+    assert_eq!(status, 503, "no candidate without its own load report: {body}");
+    let beat = json!({"name": name, "incarnation_id": "second",
+                      "load_metrics": {"waiting_requests_num": 1, "gpu_cache_usage_perc": 0.1}});
+    let hb =
+        http(svc.http_addr(), "POST", "/v1/internal/heartbeat", &[], beat.to_string().as_bytes());
+    assert_eq!(hb.status, 200, "{}", hb.body);
+    let (status, body) = route();
+    assert_eq!(status, 200, "its own heartbeat makes it a candidate: {body}");
+}

@@ -12,14 +12,19 @@ use kvdir_sim::etcd_test::etcd_endpoint;
 use kvdir_sim::{EngineConfig, Registration, RegistrationOptions, SimEngine};
 use serde_json::json;
 
+/// A free HTTP port whose derived ports are free; tests running in parallel never get the
+/// same one (each call starts past the last one handed out).
 fn free_port() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
     let base = 25_000 + (std::process::id() % 50) as u16 * 150;
-    (base..base + 140)
-        .find(|&p| {
-            let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
-            free(p) && free(p + 10_000) && free(p + 30_000)
-        })
-        .expect("a free port")
+    loop {
+        let p = base + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        assert!(p < base + 140, "no free port in {base}..{}", base + 140);
+        let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+        if free(p) && free(p + 10_000) && free(p + 30_000) {
+            return p;
+        }
+    }
 }
 
 fn route(svc: &Service, tokens: &[i32]) -> Result<Routed, String> {
@@ -131,10 +136,77 @@ fn prompt_of(first: i32, blocks: usize) -> Vec<i32> {
     prompt(first, blocks)
 }
 
+/// An engine registered in etcd under `namespace` with a load report.
+fn registered(etcd: &str, namespace: &str) -> (SimEngine, Registration) {
+    let eng = SimEngine::start(EngineConfig {
+        http_port: free_port(),
+        block_size: B,
+        ..EngineConfig::default()
+    })
+    .unwrap();
+    let opts = RegistrationOptions {
+        etcd: etcd.into(),
+        namespace: namespace.into(),
+        kind: 0,
+        write_loadmetrics: true,
+        ..RegistrationOptions::default()
+    };
+    let reg = Registration::start(&eng, opts).unwrap();
+    (eng, reg)
+}
+
+#[test]
+fn routing_follows_etcd_without_discovery_and_static_streams_give_no_credit() {
+    let etcd = etcd_endpoint();
+    let ns = format!("e2e-static-{}", std::process::id());
+    let (eng, reg) = registered(&etcd.endpoint, &ns);
+    let flags =
+        Flags { etcd_addr: etcd.endpoint.clone(), etcd_namespace: ns.clone(), ..Flags::default() };
+    // Static streams of that very engine: the directory knows its cache, but static streams
+    // carry no process identity, so CAR gives them no credit.
+    let name = eng.instance_name();
+    let mut streams = streams_of(&eng);
+    streams[0]["instance_name"] = json!(name); // the name it has in etcd
+    let svc = service_with(streams, json!({}), flags.clone());
+    let p = prompt(1, 4);
+    eng.process(0, &p).unwrap();
+    eventually("the engine's blocks in the query answer", || {
+        let m = entry(&query(&svc, &p), &name, 0).clone();
+        if m.device_hit_tokens == 64 {
+            Ok(())
+        } else {
+            Err(format!("{m:?}"))
+        }
+    });
+    let routed = eventually("a route over the instance from etcd", || route(&svc, &p));
+    assert_eq!(routed.prefill, name);
+    let chosen = routed.candidates.iter().find(|c| c.chosen).unwrap();
+    assert_eq!(chosen.kv_hit_ratio, Some(0.0), "no credit from a static stream: {routed:?}");
+    let beat = json!({"name": name, "incarnation_id": reg.incarnation_id(),
+                      "load_metrics": {"waiting_requests_num": 3, "gpu_cache_usage_perc": 0.5}});
+    let hb =
+        http(svc.http_addr(), "POST", "/v1/internal/heartbeat", &[], beat.to_string().as_bytes());
+    assert_eq!(hb.status, 200, "heartbeats are accepted: {}", hb.body);
+    drop(svc);
+
+    // No kv_events_config_file at all: the same instance is routed to, with zero hit ratios.
+    let flags = Flags { http_server_port: 0, server_host: "127.0.0.1".into(), ..flags };
+    let bare = Service::start(flags, None).expect("kvdir starts");
+    let routed = eventually("a route without a directory", || route(&bare, &p));
+    assert_eq!(routed.prefill, name);
+    assert_eq!(routed.candidates[0].kv_hit_ratio, Some(0.0));
+}
+
 #[test]
 fn without_instances_the_route_is_a_503_that_says_why() {
+    let etcd = etcd_endpoint();
     let eng = engine("static", 1, 0);
-    let svc = service(streams_of(&eng), json!({}));
+    let flags = Flags {
+        etcd_addr: etcd.endpoint.clone(),
+        etcd_namespace: format!("e2e-empty-{}", std::process::id()),
+        ..Flags::default()
+    };
+    let svc = service_with(streams_of(&eng), json!({}), flags);
     let err = route(&svc, &[1, 2, 3]).unwrap_err();
     assert!(err.starts_with("503"), "{err}");
     assert!(err.contains("no instances are known"), "{err}");

@@ -145,7 +145,7 @@ impl Demo {
                 streams.push((spec, Some(id.clone())));
             }
         }
-        Directory { streams, discovery: None, limits: Limits::default() }
+        Directory { streams, discovery: None, registry: false, limits: Limits::default() }
     }
 
     /// Drains the queue model and tells the router the current loads.

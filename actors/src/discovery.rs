@@ -8,7 +8,7 @@
 //! cold, vanished ones stop, and a changed endpoint, DP topology or process identity restarts a
 //! stream with an empty index, so a replacement gets no credit before its own snapshot.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use actix::prelude::*;
@@ -26,24 +26,19 @@ use crate::streams::StreamSet;
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct EtcdListed {
-    /// Keys, values and the revision of their last change.
-    pub kvs: Vec<(String, Vec<u8>, i64)>,
+    /// Keys and values.
+    pub kvs: Vec<(String, Vec<u8>)>,
     /// The listing's revision; the watch starts after it.
     pub revision: i64,
 }
 
-/// One key change, with its etcd revision (`mod_revision`; 0 when unknown).
-///
-/// The prefixes are watched on one connection by separate watchers, and etcd orders events
-/// only within a watcher: a change of `XLLM:PREFILL:x` may arrive after a newer change of
-/// `XLLM:MIX:x`. So a change to an instance name older than the last one applied for that
-/// name is ignored.
+/// One key change, in etcd's revision order.
 #[derive(Debug, Clone)]
 pub enum Change {
     /// Written.
-    Put(String, Vec<u8>, i64),
+    Put(String, Vec<u8>),
     /// Deleted (or its lease expired).
-    Delete(String, i64),
+    Delete(String),
 }
 
 /// Changes from the watch.
@@ -63,6 +58,7 @@ pub struct EtcdDown {
 #[rtype(result = "()")]
 struct Probed {
     name: String,
+    ticket: u64,
     healthy: bool,
 }
 
@@ -130,6 +126,9 @@ pub struct InstancesReport {
 /// Discovery from etcd.
 pub struct DiscoveryActor {
     cfg: DiscoveryConfig,
+    /// Whether discovered instances get streams; without it the actor only keeps the
+    /// registry (states, loads, heartbeats) that routing needs.
+    subscribe: bool,
     max_streams: usize,
     etcd_addr: String,
     prefix: String,
@@ -140,22 +139,31 @@ pub struct DiscoveryActor {
     etcd_error: Option<String>,
     listings: u64,
     listed_keys: usize,
-    /// Per instance name, the revision of the last change applied to its instance keys.
-    revisions: HashMap<String, i64>,
     reconciling: bool,
 }
 
 impl DiscoveryActor {
-    /// Discovery on `etcd_addr` under `namespace`, starting streams through `set`.
+    /// The registry on `etcd_addr` under `namespace`; with `Some(cfg)`, discovered instances
+    /// also get streams through `set`.
     pub fn new(
-        cfg: DiscoveryConfig,
+        cfg: Option<DiscoveryConfig>,
         limits: &Limits,
         etcd_addr: String,
         namespace: &str,
         set: StreamSet,
     ) -> Self {
+        let subscribe = cfg.as_ref().is_some_and(|c| c.enabled);
+        let cfg = cfg.unwrap_or(DiscoveryConfig {
+            enabled: false,
+            block_size: 0,
+            topic: String::new(),
+            event_port_offset: 0,
+            replay_port_offset: 0,
+            refresh_interval: std::time::Duration::from_secs(1),
+        });
         DiscoveryActor {
             cfg,
+            subscribe,
             max_streams: limits.max_streams,
             etcd_addr,
             prefix: namespace_prefix(namespace),
@@ -166,7 +174,6 @@ impl DiscoveryActor {
             etcd_error: None,
             listings: 0,
             listed_keys: 0,
-            revisions: HashMap::new(),
             reconciling: false,
         }
     }
@@ -174,10 +181,7 @@ impl DiscoveryActor {
     fn apply(&mut self, change: Change, ctx: &mut Context<Self>) {
         let now = Instant::now();
         match change {
-            Change::Put(key, value, revision) => match parse_key(&self.prefix, &key) {
-                Some(RegistryKey::Instance(_, name)) if !self.newer(&name, revision) => {
-                    tracing::debug!(%key, revision, "ignoring a change older than one applied");
-                }
+            Change::Put(key, value) => match parse_key(&self.prefix, &key) {
                 Some(RegistryKey::Instance(_, name)) => match parse_instance(&name, &value) {
                     Ok(record) => {
                         let outcome = self.registry.put(record, now);
@@ -196,35 +200,23 @@ impl DiscoveryActor {
                 }
                 None => {}
             },
-            Change::Delete(key, revision) => {
-                if let Some(RegistryKey::Instance(_, name)) = parse_key(&self.prefix, &key) {
-                    if self.newer(&name, revision) {
-                        self.probe(name, ctx);
-                    }
-                }
-            }
+            Change::Delete(key) => match parse_key(&self.prefix, &key) {
+                Some(RegistryKey::Instance(_, name)) => self.probe(name, ctx),
+                Some(RegistryKey::Load(name)) => self.registry.load_deleted(&name),
+                None => {}
+            },
         }
     }
 
-    /// Records `revision` for `name` if it is newer than the last applied (0 always is).
-    fn newer(&mut self, name: &str, revision: i64) -> bool {
-        let last = self.revisions.entry(name.to_string()).or_insert(0);
-        if revision != 0 && revision < *last {
-            return false;
-        }
-        *last = (*last).max(revision);
-        true
-    }
-
-    /// A registration vanished: `/health` decides between the grace period and SUSPECT.
+    /// A registration vanished: `/health` decides between the grace period and SUSPECT. Only
+    /// an ACTIVE instance is probed (see [`Registry::deleted`]); the answer is dropped if the
+    /// name registered again meanwhile.
     fn probe(&mut self, name: String, ctx: &mut Context<Self>) {
-        if !self.registry.deleted(&name) {
-            return;
-        }
+        let Some(ticket) = self.registry.deleted(&name) else { return };
         let me = ctx.address();
         actix::spawn(async move {
             let healthy = crate::etcd_watch::probe_health(&name).await;
-            me.do_send(Probed { name, healthy });
+            me.do_send(Probed { name, ticket, healthy });
         });
     }
 
@@ -256,7 +248,7 @@ impl DiscoveryActor {
             tracing::warn!(instance = %name, "instance removed after SUSPECT timeout");
         }
         self.push_candidates();
-        if self.reconciling {
+        if self.reconciling || !self.subscribe {
             return;
         }
         let plan = plan(self.registry.instances(), &self.cfg, self.max_streams);
@@ -323,12 +315,12 @@ impl Handler<EtcdListed> for DiscoveryActor {
         self.etcd_connected = true;
         self.listings += 1;
         self.listed_keys = msg.kvs.len();
-        self.revisions.clear();
+        self.registry.clear_pending_loads();
         tracing::info!(keys = msg.kvs.len(), revision = msg.revision, "etcd registry listed");
         let listed: std::collections::BTreeSet<String> = msg
             .kvs
             .iter()
-            .filter_map(|(k, _, _)| match parse_key(&self.prefix, k) {
+            .filter_map(|(k, _)| match parse_key(&self.prefix, k) {
                 Some(RegistryKey::Instance(_, name)) => Some(name),
                 _ => None,
             })
@@ -339,8 +331,8 @@ impl Handler<EtcdListed> for DiscoveryActor {
             .map(|i| i.record.name.clone())
             .filter(|n| !listed.contains(n))
             .collect();
-        for (k, v, revision) in msg.kvs {
-            self.apply(Change::Put(k, v, revision), ctx);
+        for (k, v) in msg.kvs {
+            self.apply(Change::Put(k, v), ctx);
         }
         for name in gone {
             self.probe(name, ctx);
@@ -375,7 +367,7 @@ impl Handler<Probed> for DiscoveryActor {
 
     fn handle(&mut self, msg: Probed, _: &mut Context<Self>) {
         tracing::info!(instance = %msg.name, healthy = msg.healthy, "lease lost; /health probed");
-        self.registry.probed(&msg.name, msg.healthy, Instant::now());
+        self.registry.probed(&msg.name, msg.ticket, msg.healthy, Instant::now());
         self.push_candidates();
     }
 }

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use actix::Addr;
-use kvdir::registry::watched_prefixes;
+use kvdir::registry::{watched_prefixes, watched_range};
 use kvdir_etcd::{Client, Event};
 
 use crate::discovery::{Change, DiscoveryActor, EtcdDown, EtcdListed};
@@ -17,8 +17,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// Upper bound of one etcd call (a listing page).
 const ETCD_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Lists and watches the registry prefixes ([`watched_prefixes`]) under `prefix` forever,
-/// feeding `discovery`.
+/// Lists the registry prefixes ([`watched_prefixes`]) under `prefix` and watches
+/// [`watched_range`], forever, feeding `discovery`.
 pub async fn run(discovery: Addr<DiscoveryActor>, endpoint: String, prefix: String) {
     let mut backoff = BACKOFF_MIN;
     loop {
@@ -40,8 +40,8 @@ pub async fn run(discovery: Addr<DiscoveryActor>, endpoint: String, prefix: Stri
 }
 
 /// One list-then-watch cycle; returns why it ended. The prefixes are listed at one revision
-/// (the first listing's), instances before loads, and watched on one connection from the
-/// next revision.
+/// (the first listing's), instances before loads, then one range covering them is watched
+/// from the next revision (one watcher, so changes arrive in revision order).
 async fn watch_once(
     discovery: &Addr<DiscoveryActor>,
     endpoint: &str,
@@ -54,11 +54,12 @@ async fn watch_once(
     for p in &prefixes {
         let range = client.range_prefix(p.as_bytes(), revision).await.map_err(|e| e.to_string())?;
         revision = range.revision;
-        kvs.extend(range.kvs.into_iter().map(|kv| (kv.key_str(), kv.value, kv.mod_revision)));
+        kvs.extend(range.kvs.into_iter().map(|kv| (kv.key_str(), kv.value)));
     }
     discovery.send(EtcdListed { kvs, revision }).await.map_err(|e| e.to_string())?;
-    let watched: Vec<&[u8]> = prefixes.iter().map(|p| p.as_bytes()).collect();
-    let mut watch = client.watch(&watched, revision + 1, true).await.map_err(|e| e.to_string())?;
+    let range = [watched_range(prefix)];
+    let mut watch =
+        client.watch_ranges(&range, revision + 1, true).await.map_err(|e| e.to_string())?;
     loop {
         let Some(resp) = watch.next().await.map_err(|e| e.to_string())? else {
             return Ok("etcd watch ended; listing again".into());
@@ -75,8 +76,8 @@ async fn watch_once(
             .events
             .into_iter()
             .map(|event| match event {
-                Event::Put(kv) => Change::Put(kv.key_str(), kv.value, kv.mod_revision),
-                Event::Delete(kv) => Change::Delete(kv.key_str(), kv.mod_revision),
+                Event::Put(kv) => Change::Put(kv.key_str(), kv.value),
+                Event::Delete(kv) => Change::Delete(kv.key_str()),
             })
             .collect();
         if !changes.is_empty() {

@@ -54,33 +54,56 @@ pub struct Service {
 pub struct Directory {
     /// Streams started once; an identity lets them earn CAR credit.
     pub streams: Vec<(StreamSpec, Option<Identity>)>,
-    /// Discovery from etcd, if enabled.
+    /// Discovery from etcd (streams for discovered instances), if enabled.
     pub discovery: Option<DiscoveryConfig>,
+    /// Follow the instance registry in etcd at `--etcd_addr` (states, loads, heartbeats) for
+    /// routing, whether or not `discovery` subscribes to the instances. Off only where
+    /// something else supplies the candidates (the demo) or `--etcd_addr` is empty.
+    pub registry: bool,
     /// Limits.
     pub limits: Limits,
 }
 
 impl Service {
-    /// Starts everything and returns once the HTTP port accepts connections.
+    /// Starts everything and returns once the HTTP port accepts connections. The instance
+    /// registry follows etcd at `--etcd_addr` whatever the directory config says (unless that
+    /// flag is empty): the directory only supplies hit ratios.
     pub fn start(flags: Flags, directory: Option<DirectoryConfig>) -> Result<Service, StartError> {
+        let registry = !flags.etcd_addr.is_empty();
+        let etcd = if registry {
+            format!("instances, loads and heartbeats still follow etcd at {}", flags.etcd_addr)
+        } else {
+            "and --etcd_addr is empty: no instance registry, so routes answer 503".to_string()
+        };
         let streams = match directory.as_ref().map(|d| &d.source) {
             None => {
-                tracing::warn!("no kv_events_config_file: the directory is disabled and every query returns no streams");
+                tracing::warn!(
+                    "no kv_events_config_file: the KV directory is disabled, queries return no \
+                     streams and CAR uses zero prefill hit ratios; {etcd}"
+                );
                 Vec::new()
             }
-            Some(Source::Streams(s)) => s.iter().map(|spec| (spec.clone(), None)).collect(),
+            Some(Source::Streams(s)) => {
+                tracing::warn!(
+                    "static streams carry no process identity, so they give no CAR credit; {etcd}"
+                );
+                s.iter().map(|spec| (spec.clone(), None)).collect()
+            }
             Some(Source::Discovery(_)) => Vec::new(),
         };
         let discovery = match directory.as_ref().map(|d| &d.source) {
-            Some(Source::Discovery(d)) if d.enabled => Some(d.clone()),
+            Some(Source::Discovery(d)) if d.enabled && registry => Some(d.clone()),
             Some(Source::Discovery(_)) => {
-                tracing::warn!("discovery.enabled is false: the directory is disabled");
+                tracing::warn!(
+                    "discovery is off (enabled: false or no --etcd_addr): the KV directory is \
+                     disabled and CAR uses zero prefill hit ratios; {etcd}"
+                );
                 None
             }
             _ => None,
         };
         let limits = directory.map(|d| d.limits).unwrap_or_default();
-        Service::start_directory(flags, Directory { streams, discovery, limits })
+        Service::start_directory(flags, Directory { streams, discovery, registry, limits })
     }
 
     /// Starts everything for an explicit [`Directory`].
@@ -92,9 +115,15 @@ impl Service {
                 let sys = actix_rt::System::new();
                 sys.block_on(async move {
                     match boot(&flags, dir).await {
-                        Ok((server, addr, router, threads, _arbiters)) => {
+                        Ok((server, addr, router, threads, arbiters)) => {
                             let _ = tx.send(Ok((server.handle(), addr, router, threads)));
                             let _ = server.await;
+                            // Actors holding the stream set (discovery, index actors) are
+                            // dropped before `stop` returns, so nothing outlives the service.
+                            for arbiter in arbiters {
+                                arbiter.stop();
+                                let _ = arbiter.join();
+                            }
                             System::current().stop();
                         }
                         Err(e) => {
@@ -154,7 +183,7 @@ impl Drop for Service {
 type Booted = (actix_web::dev::Server, SocketAddr, Addr<RouterActor>, WorkerThreads, Vec<Arbiter>);
 
 async fn boot(flags: &Flags, dir: Directory) -> Result<Booted, StartError> {
-    let Directory { streams: specs, discovery, limits } = dir;
+    let Directory { streams: specs, discovery, registry, limits } = dir;
     let limits = &limits;
     let mut params = flags.route.clone();
     params.directory_enabled = !specs.is_empty() || discovery.is_some();
@@ -165,7 +194,7 @@ async fn boot(flags: &Flags, dir: Directory) -> Result<Booted, StartError> {
     }
     let router =
         RouterActor::start_in_arbiter(&Arbiter::new().handle(), move |_| RouterActor::new(params));
-    let arbiters: Vec<Arbiter> = (0..INDEX_ARBITERS).map(|_| Arbiter::new()).collect();
+    let mut arbiters: Vec<Arbiter> = (0..INDEX_ARBITERS).map(|_| Arbiter::new()).collect();
     let set = StreamSet::new(
         router.clone(),
         arbiters.iter().map(Arbiter::handle).collect(),
@@ -175,13 +204,16 @@ async fn boot(flags: &Flags, dir: Directory) -> Result<Booted, StartError> {
         set.start(spec, identity).await.map_err(|_| StartError::Died)?;
     }
     let streams = set.map();
-    let discovery = discovery.map(|d| {
+    let discovery = (registry || discovery.is_some()).then(|| {
         let (addr, ns) = (flags.etcd_addr.clone(), flags.etcd_namespace.clone());
         let set = set.clone();
         let limits = limits.clone();
-        DiscoveryActor::start_in_arbiter(&Arbiter::new().handle(), move |_| {
-            DiscoveryActor::new(d, &limits, addr, &ns, set)
-        })
+        let arbiter = Arbiter::new();
+        let actor = DiscoveryActor::start_in_arbiter(&arbiter.handle(), move |_| {
+            DiscoveryActor::new(discovery, &limits, addr, &ns, set)
+        });
+        arbiters.push(arbiter);
+        actor
     });
     let state = web::Data::new(AppState {
         router: router.clone(),

@@ -231,18 +231,30 @@ impl Client {
 
     /// Watches every key starting with one of `prefixes` from `start_revision`, on one
     /// connection. Watch ids follow the order of `prefixes`, from 0. etcd orders events within
-    /// one prefix's watcher; across watchers, a catching-up watcher's older events can arrive
-    /// after another's newer ones, so compare `mod_revision` where that matters.
+    /// one watcher; across watchers, a catching-up watcher's older events can arrive after
+    /// another's newer ones. To keep one order over several prefixes, watch one range.
     pub async fn watch(
         &self,
         prefixes: &[&[u8]],
         start_revision: i64,
         progress_notify: bool,
     ) -> Result<Watch, EtcdError> {
+        let ranges: Vec<(&[u8], Vec<u8>)> = prefixes.iter().map(|p| (*p, prefix_end(p))).collect();
+        self.watch_ranges(&ranges, start_revision, progress_notify).await
+    }
+
+    /// Watches the keys in `[start, end)` of each range from `start_revision`, one watcher
+    /// per range on one connection.
+    pub async fn watch_ranges<K: AsRef<[u8]>, E: AsRef<[u8]>>(
+        &self,
+        ranges: &[(K, E)],
+        start_revision: i64,
+        progress_notify: bool,
+    ) -> Result<Watch, EtcdError> {
         let mut body = String::new();
-        for prefix in prefixes {
+        for (start, end) in ranges {
             let create = json!({"create_request": {
-                "key": b64(prefix), "range_end": b64(&prefix_end(prefix)),
+                "key": b64(start.as_ref()), "range_end": b64(end.as_ref()),
                 "start_revision": start_revision.to_string(), "progress_notify": progress_notify}});
             body.push_str(&create.to_string());
             body.push('\n');

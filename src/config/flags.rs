@@ -21,7 +21,7 @@ FLAGS (--flag=value or --flag value):
     --internal_api_token TOKEN     require X-Internal-Token on internal endpoints
     --max_request_bytes N          largest accepted HTTP body [default: 4194304]
     --max_query_tokens N           largest accepted token_ids list [default: 1048576]
-    --etcd_addr HOST:PORT          etcd for discovery [default: 127.0.0.1:2379]
+    --etcd_addr HOST:PORT          etcd of the instance registry (routing, discovery) [default: 127.0.0.1:2379]
     --etcd_namespace NS            key prefix /NS/ of the instance registry [default: none]
     --load_balance_policy P        RR, SLO_AWARE or CAR [default: CAR]
     --car_prefill_lambda X         CAR weight of cache reuse against queue length, 0..=1 [default: 0.5]
@@ -150,7 +150,6 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
         "internal_api_token" => flags.internal_api_token = (!v.is_empty()).then(|| v.to_string()),
         "max_request_bytes" => flags.max_request_bytes = number(name, v, 64, 1 << 32)?,
         "max_query_tokens" => flags.max_query_tokens = number(name, v, 1, 1 << 28)?,
-        "etcd_addr" if v.is_empty() => return Err("--etcd_addr must not be empty".into()),
         "etcd_addr" => flags.etcd_addr = v.to_string(),
         "etcd_namespace" => flags.etcd_namespace = v.to_string(),
         "load_balance_policy" => flags.route.policy = v.parse::<Policy>()?,

@@ -9,11 +9,11 @@ mod state;
 pub use plan::{plan, wants_subscription, Plan, PlannedStream};
 pub use record::{
     namespace_prefix, parse_instance, parse_key, parse_load, split_host_port, watched_prefixes,
-    Identity, InstanceRecord, InstanceType, LoadMetrics, RecordError, RegistryKey,
+    watched_range, Identity, InstanceRecord, InstanceType, LoadMetrics, RecordError, RegistryKey,
 };
 pub use state::{
     HeartbeatError, Instance, InstanceState, PutOutcome, Registry, LEASE_LOST_GRACE,
-    SUSPECT_TIMEOUT,
+    MAX_PENDING_LOADS, SUSPECT_TIMEOUT,
 };
 
 #[cfg(test)]

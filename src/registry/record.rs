@@ -206,11 +206,20 @@ pub fn namespace_prefix(namespace: &str) -> String {
     }
 }
 
-/// The key prefixes kvdir lists and watches under a namespace `prefix`: the four instance
-/// types, then LOADMETRICS (so a listing applies loads after the instances they belong to).
-/// Nothing else under `XLLM:` is read; in particular not the `XLLM:CACHE:` namespace.
+/// The key prefixes kvdir lists under a namespace `prefix`: the four instance types, then
+/// LOADMETRICS (so a listing applies loads after the instances they belong to). Nothing else
+/// under `XLLM:` is listed; in particular not the `XLLM:CACHE:` namespace.
 pub fn watched_prefixes(prefix: &str) -> [String; 5] {
     ["DEFAULT", "PREFILL", "DECODE", "MIX", "LOADMETRICS"].map(|t| format!("{prefix}XLLM:{t}:"))
+}
+
+/// The one key range kvdir watches: from `XLLM:DECODE:` (the first of [`watched_prefixes`] in
+/// key order) to the end of `XLLM:PREFILL:` (the last), as `[start, end)`. One watcher keeps
+/// etcd's revision order across instance and load keys, which separate watchers on one stream
+/// do not. It leaves out `XLLM:CACHE:` (which sorts before `DECODE`); keys of other segments
+/// that sort inside it are ignored by [`parse_key`].
+pub fn watched_range(prefix: &str) -> (String, String) {
+    (format!("{prefix}XLLM:DECODE:"), format!("{prefix}XLLM:PREFILL;"))
 }
 
 /// Classifies a key under `prefix`; other keys give `None`.

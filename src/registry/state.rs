@@ -5,12 +5,14 @@
 //! | PUT, new name | ACTIVE |
 //! | PUT, same name, same process | ACTIVE; the index is kept |
 //! | PUT, same name, another process | replacement: old streams dropped, new ones start cold |
-//! | DELETE | the caller probes `/health`: 200 -> LEASE_LOST, else SUSPECT |
+//! | DELETE of an ACTIVE instance | the caller probes `/health`: 200 -> LEASE_LOST, else SUSPECT |
+//! | DELETE (or a re-list without it) while LEASE_LOST or SUSPECT | nothing: no new probe, timers run on |
+//! | a probe answer after a newer PUT | discarded |
 //! | LEASE_LOST and no heartbeat for 3 s | SUSPECT |
 //! | heartbeat with matching incarnation while SUSPECT | LEASE_LOST |
 //! | SUSPECT for 15 s | removed |
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
@@ -21,6 +23,8 @@ use super::record::{InstanceRecord, LoadMetrics};
 pub const LEASE_LOST_GRACE: Duration = Duration::from_millis(3000);
 /// SUSPECT for this long is removed.
 pub const SUSPECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// Loads kept for names not (yet) registered; more are dropped.
+pub const MAX_PENDING_LOADS: usize = 4096;
 
 /// An instance's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -47,6 +51,8 @@ pub struct Instance {
     pub last_heartbeat: Option<Instant>,
     /// The latest load report (etcd or heartbeat).
     pub load: Option<LoadMetrics>,
+    /// The `/health` probe in flight since a DELETE, if any (see [`Registry::deleted`]).
+    pub probe: Option<u64>,
 }
 
 /// What a PUT did.
@@ -84,6 +90,10 @@ pub enum HeartbeatError {
 #[derive(Debug, Default)]
 pub struct Registry {
     instances: BTreeMap<String, Instance>,
+    /// Loads for names not registered yet (a LOADMETRICS key can be seen before its instance).
+    pending_loads: HashMap<String, LoadMetrics>,
+    /// The last probe ticket handed out.
+    probes: u64,
 }
 
 impl Registry {
@@ -99,45 +109,56 @@ impl Registry {
 
     /// A registration was written.
     pub fn put(&mut self, record: InstanceRecord, now: Instant) -> PutOutcome {
-        let fresh = |record| Instance {
+        let fresh = |record, load| Instance {
             record,
             state: InstanceState::Active,
             since: now,
             last_heartbeat: None,
-            load: None,
+            load,
+            probe: None,
         };
         match self.instances.get_mut(&record.name) {
             None => {
-                self.instances.insert(record.name.clone(), fresh(record));
+                let load = self.pending_loads.remove(&record.name);
+                self.instances.insert(record.name.clone(), fresh(record, load));
                 PutOutcome::New
             }
             Some(i) if i.record.identity.same_process(&record.identity) => {
                 i.record = record;
+                i.probe = None;
                 if i.state != InstanceState::Active {
                     (i.state, i.since) = (InstanceState::Active, now);
                 }
                 PutOutcome::Refreshed
             }
             Some(i) => {
-                let load = i.load;
-                *i = fresh(record);
-                i.load = load;
+                // Another process: it is no candidate until it reports its own load.
+                *i = fresh(record, None);
                 PutOutcome::Replaced
             }
         }
     }
 
-    /// The registration disappeared; the caller probes `/health` and reports with
-    /// [`Registry::probed`]. Returns whether the instance was known.
-    pub fn deleted(&self, name: &str) -> bool {
-        self.instances.contains_key(name)
+    /// The registration of `name` disappeared (a DELETE, or a re-list without it). Returns a
+    /// probe ticket when the caller should probe `/health` and report with
+    /// [`Registry::probed`]: only for an ACTIVE instance with no probe in flight. An instance
+    /// already LEASE_LOST or SUSPECT keeps its state and the time it entered it.
+    pub fn deleted(&mut self, name: &str) -> Option<u64> {
+        let i = self.instances.get_mut(name)?;
+        if i.state != InstanceState::Active || i.probe.is_some() {
+            return None;
+        }
+        self.probes += 1;
+        i.probe = Some(self.probes);
+        i.probe
     }
 
-    /// The `/health` probe after a DELETE answered (`healthy`) or not.
-    pub fn probed(&mut self, name: &str, healthy: bool, now: Instant) {
-        if let Some(i) = self.instances.get_mut(name) {
+    /// The `/health` probe with `ticket` answered (`healthy`) or not. Ignored when the
+    /// instance registered again meanwhile (the ticket is no longer the pending one).
+    pub fn probed(&mut self, name: &str, ticket: u64, healthy: bool, now: Instant) {
+        if let Some(i) = self.instances.get_mut(name).filter(|i| i.probe == Some(ticket)) {
             let state = if healthy { InstanceState::LeaseLost } else { InstanceState::Suspect };
-            (i.state, i.since) = (state, now);
+            (i.state, i.since, i.probe) = (state, now, None);
         }
     }
 
@@ -166,11 +187,26 @@ impl Registry {
         Ok(())
     }
 
-    /// A load report from `XLLM:LOADMETRICS:<name>`.
+    /// A load report from `XLLM:LOADMETRICS:<name>`. For a name not registered yet it is
+    /// kept (up to [`MAX_PENDING_LOADS`] names) and applied when the instance appears.
     pub fn load(&mut self, name: &str, load: LoadMetrics) {
         if let Some(i) = self.instances.get_mut(name) {
             i.load = Some(load);
+        } else if self.pending_loads.len() < MAX_PENDING_LOADS
+            || self.pending_loads.contains_key(name)
+        {
+            self.pending_loads.insert(name.to_string(), load);
         }
+    }
+
+    /// The LOADMETRICS key of `name` was deleted.
+    pub fn load_deleted(&mut self, name: &str) {
+        self.pending_loads.remove(name);
+    }
+
+    /// Forgets loads kept for names that are not registered (before a re-list refills them).
+    pub fn clear_pending_loads(&mut self) {
+        self.pending_loads.clear();
     }
 
     /// Applies the timeouts; returns the names removed.

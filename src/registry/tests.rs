@@ -101,8 +101,8 @@ fn lease_loss_grace_suspect_and_removal() {
     let t = Instant::now();
     let mut reg = Registry::default();
     reg.put(record("h:1", 1, 1, Some("a")), t);
-    assert!(reg.deleted("h:1"));
-    reg.probed("h:1", true, t);
+    let ticket = reg.deleted("h:1").expect("an ACTIVE instance is probed");
+    reg.probed("h:1", ticket, true, t);
     assert_eq!(reg.get("h:1").unwrap().state, InstanceState::LeaseLost);
     reg.heartbeat("h:1", Some("a"), LOAD, t + Duration::from_secs(2)).unwrap();
     reg.tick(t + Duration::from_millis(4999));
@@ -119,9 +119,10 @@ fn lease_loss_grace_suspect_and_removal() {
         InstanceState::LeaseLost,
         "a heartbeat revives SUSPECT"
     );
-    reg.probed("h:1", false, t + Duration::from_secs(7));
-    assert!(reg.tick(t + Duration::from_secs(21)).is_empty());
-    assert_eq!(reg.tick(t + Duration::from_secs(22)), ["h:1"]);
+    reg.tick(t + Duration::from_secs(9));
+    assert_eq!(reg.get("h:1").unwrap().state, InstanceState::Suspect, "3 s without a heartbeat");
+    assert!(reg.tick(t + Duration::from_millis(23_999)).is_empty());
+    assert_eq!(reg.tick(t + Duration::from_secs(24)), ["h:1"]);
     assert!(reg.get("h:1").is_none());
 }
 
@@ -185,11 +186,83 @@ fn planning_follows_roles_ports_overlaps_and_capacity() {
     let small = plan(reg.instances(), &discovery(), 2);
     assert_eq!(small.streams.len(), 2, "the first instance in name order fits whole");
     assert!(why_in(&small, "127.0.0.1:8300").starts_with("capacity"));
-    reg.probed("127.0.0.1:8000", false, t);
+    let ticket = reg.deleted("127.0.0.1:8000").unwrap();
+    reg.probed("127.0.0.1:8000", ticket, false, t);
     let p = plan(reg.instances(), &discovery(), 128);
     assert_eq!(p.excluded["127.0.0.1:8000"], "SUSPECT");
 }
 
 fn why_in(p: &Plan, name: &str) -> String {
     p.excluded.get(name).cloned().unwrap_or_default()
+}
+
+#[test]
+fn a_relist_neither_probes_again_nor_restarts_the_timers() {
+    let t = Instant::now();
+    let mut reg = Registry::default();
+    reg.put(record("h:1", 1, 1, Some("a")), t);
+    let ticket = reg.deleted("h:1").unwrap();
+    assert_eq!(reg.deleted("h:1"), None, "one probe in flight at a time");
+    reg.probed("h:1", ticket, true, t);
+    // The watch is lost and etcd re-listed 2 s later, without the key: no new probe.
+    assert_eq!(reg.deleted("h:1"), None, "LEASE_LOST is not probed again");
+    assert_eq!(reg.get("h:1").unwrap().since, t, "the grace period keeps its start");
+    reg.tick(t + Duration::from_secs(3));
+    assert_eq!(reg.get("h:1").unwrap().state, InstanceState::Suspect);
+    assert_eq!(reg.deleted("h:1"), None, "SUSPECT is not probed again");
+    assert!(reg.heartbeat("h:1", Some("a"), LOAD, t + Duration::from_secs(4)).is_ok());
+    reg.tick(t + Duration::from_secs(7));
+    assert_eq!(reg.get("h:1").unwrap().state, InstanceState::Suspect);
+    assert_eq!(reg.tick(t + Duration::from_secs(22)), ["h:1"], "15 s after SUSPECT, not later");
+    assert!(reg.heartbeat("h:1", Some("a"), LOAD, t + Duration::from_secs(23)).is_err());
+}
+
+#[test]
+fn a_probe_answer_never_overrides_a_newer_registration() {
+    let t = Instant::now();
+    let mut reg = Registry::default();
+    reg.put(record("h:1", 1, 1, Some("a")), t);
+    let ticket = reg.deleted("h:1").unwrap();
+    reg.put(record("h:1", 1, 1, Some("a")), t + Duration::from_millis(100));
+    reg.probed("h:1", ticket, false, t + Duration::from_millis(900));
+    assert_eq!(reg.get("h:1").unwrap().state, InstanceState::Active, "the PUT came later");
+    let replaced = reg.deleted("h:1").unwrap();
+    reg.put(record("h:1", 1, 1, Some("b")), t + Duration::from_secs(1));
+    reg.probed("h:1", replaced, false, t + Duration::from_secs(2));
+    assert_eq!(reg.get("h:1").unwrap().state, InstanceState::Active, "nor after a replacement");
+}
+
+#[test]
+fn loads_before_their_instance_are_kept_and_replacements_start_without_one() {
+    let t = Instant::now();
+    let mut reg = Registry::default();
+    reg.load("h:1", LOAD);
+    reg.put(record("h:1", 1, 1, Some("a")), t);
+    assert_eq!(reg.get("h:1").unwrap().load, Some(LOAD), "the load seen first is applied");
+    reg.put(record("h:1", 1, 1, Some("b")), t);
+    assert_eq!(reg.get("h:1").unwrap().load, None, "a new process has no load of its own yet");
+    reg.load("h:2", LOAD);
+    reg.load_deleted("h:2");
+    reg.put(record("h:2", 1, 1, Some("c")), t);
+    assert_eq!(reg.get("h:2").unwrap().load, None, "a deleted LOADMETRICS key is forgotten");
+    for n in 0..MAX_PENDING_LOADS + 10 {
+        reg.load(&format!("x{n}:1"), LOAD);
+    }
+    reg.put(record("x4100:1", 1, 1, Some("d")), t);
+    assert_eq!(reg.get("x4100:1").unwrap().load, None, "pending loads are bounded");
+    reg.put(record("x0:1", 1, 1, Some("e")), t);
+    assert_eq!(reg.get("x0:1").unwrap().load, Some(LOAD));
+}
+
+#[test]
+fn the_watched_range_holds_every_listed_prefix_and_not_the_cache() {
+    for ns in ["", "/prod/"] {
+        let (start, end) = watched_range(ns);
+        let inside = |k: &str| start.as_str() <= k && k < end.as_str();
+        for p in watched_prefixes(ns) {
+            assert!(inside(&p) && inside(&format!("{p}host:1\u{7f}")), "{p}");
+        }
+        assert!(!inside(&format!("{ns}XLLM:CACHE:x")));
+        assert!(!inside(&format!("{ns}XLLM:PREFILL;")));
+    }
 }

@@ -61,9 +61,17 @@ pub fn service_with(streams: Vec<Value>, extra: Value, flags: Flags) -> Service 
         c.extend(e.clone());
     }
     let directory = parse_config_file(&config.to_string()).expect("valid test config");
-    let flags = Flags { http_server_port: 0, server_host: "127.0.0.1".into(), ..flags };
+    // The registry always follows etcd. A test that uses it gives a namespace (as every etcd
+    // test does, for isolation); otherwise point it at a port where nothing listens, so a
+    // developer's own etcd on 2379 cannot leak instances into the test.
+    let etcd_addr =
+        if flags.etcd_namespace.is_empty() { NO_ETCD.to_string() } else { flags.etcd_addr.clone() };
+    let flags = Flags { http_server_port: 0, server_host: "127.0.0.1".into(), etcd_addr, ..flags };
     Service::start(flags, Some(directory)).expect("kvdir starts")
 }
+
+/// An etcd address where nothing listens (port 1 needs root to bind and nothing uses it).
+pub const NO_ETCD: &str = "127.0.0.1:1";
 
 /// Starts kvdir with discovery (block size [`B`], topic `xllm-kv`, 100 ms refresh) on `etcd`
 /// under `namespace`, plus `extra` top-level config keys and `flags` (port 0 and the etcd
