@@ -104,6 +104,20 @@ fn max_frame(limits: &Limits) -> i64 {
     (limits.max_message_bytes as i64).saturating_mul(2).saturating_add(64 << 10)
 }
 
+/// ZMTP heartbeats: a PING every third of `timeout` (at least 100 ms); no traffic from the
+/// publisher for `timeout` closes the connection, which the socket monitor reports as a
+/// disconnect. libzmq publishers answer PINGs without any option set. Zero turns them off.
+fn set_heartbeats(sub: &zmq::Socket, timeout: std::time::Duration) -> Result<(), zmq::Error> {
+    let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    if timeout_ms == 0 {
+        return Ok(());
+    }
+    sub.set_heartbeat_ivl((timeout_ms / 3).max(100))?;
+    sub.set_heartbeat_timeout(timeout_ms)?;
+    // Asks the publisher to drop this connection too if kvdir goes silent that long.
+    sub.set_heartbeat_ttl(timeout_ms.clamp(100, 6_553_599))
+}
+
 impl Worker {
     fn open(ctx: WorkerCtx, id: u64) -> Result<Worker, zmq::Error> {
         faults::check(FaultPoint::WorkerOpen, &ctx.spec.instance_name, ctx.spec.dp_rank)?;
@@ -113,6 +127,7 @@ impl Worker {
         sub.set_maxmsgsize(max_frame(&ctx.limits))?;
         sub.set_reconnect_ivl(100)?;
         sub.set_reconnect_ivl_max(2000)?;
+        set_heartbeats(&sub, ctx.limits.publisher_timeout)?;
         let mon_addr = format!("inproc://kvdir-monitor-{id}");
         let events = zmq::SocketEvent::CONNECTED as i32 | zmq::SocketEvent::DISCONNECTED as i32;
         sub.monitor(&mon_addr, events)?;

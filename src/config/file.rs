@@ -19,6 +19,7 @@ const TOP: &[&str] = &[
     "max_buffered_bytes",
     "replay_timeout_ms",
     "resync_interval_ms",
+    "publisher_timeout_ms",
 ];
 const DISCOVERY: &[&str] = &[
     "enabled",
@@ -94,6 +95,7 @@ fn parse_limits(f: &mut Fields<'_>) -> Limits {
             as usize,
         replay_timeout: ms(f.int("replay_timeout_ms", 2000, 1, 3_600_000)),
         resync_interval: ms(f.int("resync_interval_ms", 30_000, 1, 86_400_000)),
+        publisher_timeout: ms(f.int("publisher_timeout_ms", 3000, 0, 600_000)),
     }
 }
 

@@ -61,6 +61,9 @@ pub struct Limits {
     pub replay_timeout: Duration,
     /// Period of snapshot reconciliation on a synchronized stream.
     pub resync_interval: Duration,
+    /// A publisher that answers nothing (no message, no ZMTP heartbeat reply) for this long
+    /// is treated as disconnected; zero turns heartbeats off.
+    pub publisher_timeout: Duration,
 }
 
 impl Default for Limits {
@@ -72,6 +75,7 @@ impl Default for Limits {
             max_buffered_bytes: 16 << 20,
             replay_timeout: Duration::from_millis(2000),
             resync_interval: Duration::from_millis(30_000),
+            publisher_timeout: Duration::from_millis(3000),
         }
     }
 }

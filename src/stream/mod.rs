@@ -12,7 +12,7 @@
 
 mod recovery;
 
-pub use recovery::{Action, Recovery, RecoveryConfig, RecoveryStats};
+pub use recovery::{Action, Recovery, RecoveryConfig, RecoveryStats, MAX_FAILED_RESYNCS};
 
 #[cfg(test)]
 mod tests;

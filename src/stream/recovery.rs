@@ -6,6 +6,12 @@ use crate::config::Limits;
 use crate::index::{IndexConfig, SnapshotBuilder};
 use crate::wire::Batch;
 
+/// Consecutive failed periodic resyncs after which a live stream loses its credit: a
+/// publisher that keeps sending live events but no longer answers snapshots could otherwise
+/// keep credit forever on an index that silently lost events. With the default 30 s resync
+/// interval that bounds unverified credit to about 90 s.
+pub const MAX_FAILED_RESYNCS: u32 = 3;
+
 /// The limits and timings recovery obeys.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecoveryConfig {
@@ -109,6 +115,8 @@ pub struct Recovery {
     next_seq: Option<u64>,
     epoch: u64,
     backoff: Duration,
+    /// Periodic resyncs that failed since the last installed snapshot.
+    failed_resyncs: u32,
     stats: RecoveryStats,
 }
 
@@ -133,6 +141,7 @@ impl Recovery {
             next_seq: None,
             epoch: 0,
             backoff,
+            failed_resyncs: 0,
             stats: RecoveryStats::default(),
         }
     }
@@ -338,6 +347,7 @@ impl Recovery {
         self.stats.last_recovery = Some(now.saturating_duration_since(p.started));
         self.backoff = self.cfg.backoff_min;
         self.phase = Phase::Live { since_snapshot: now };
+        self.failed_resyncs = 0;
         out.push(Action::CloseSnapshot);
         out.push(Action::Install { snapshot: p.builder, watermark, deltas });
     }
@@ -400,13 +410,27 @@ impl Recovery {
         self.fail_attempt(reason, keep_live, now, out);
     }
 
-    /// A periodic resync of a live stream stays live and retries at the next interval;
-    /// otherwise the stream stays unsynchronized and retries with back-off.
+    /// A periodic resync of a live stream stays live and retries at the next interval, up to
+    /// [`MAX_FAILED_RESYNCS`] in a row; otherwise the stream becomes unsynchronized and retries
+    /// with back-off.
     fn fail_attempt(&mut self, reason: &str, keep_live: bool, now: Instant, out: &mut Vec<Action>) {
         self.stats.snapshot_failures += 1;
         out.push(Action::CloseSnapshot);
         if keep_live {
-            self.phase = Phase::Live { since_snapshot: now };
+            self.failed_resyncs += 1;
+            if self.failed_resyncs < MAX_FAILED_RESYNCS {
+                self.phase = Phase::Live { since_snapshot: now };
+                return;
+            }
+            let reason = format!(
+                "{} periodic resyncs failed in a row (last: {reason}); no credit until a \
+                 snapshot succeeds",
+                self.failed_resyncs
+            );
+            self.failed_resyncs = 0;
+            self.invalidate(&reason, out);
+            self.phase = Phase::Backoff { until: now + self.backoff };
+            self.backoff = (self.backoff * 2).min(self.cfg.backoff_max);
             return;
         }
         self.invalidate(reason, out);

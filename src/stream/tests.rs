@@ -314,3 +314,44 @@ fn the_next_deadline_follows_the_phase() {
     let (live, _) = live_at(5, t0);
     assert_eq!(live.next_deadline(), Some(t0 + cfg().resync_interval), "the periodic resync");
 }
+
+#[test]
+fn consecutive_failed_resyncs_end_the_credit_and_a_success_resets_the_count() {
+    let t0 = Instant::now();
+    let (mut m, mut out) = live_at(3, t0);
+    let mut t = t0;
+    let mut fail_one_resync = |m: &mut Recovery, out: &mut Vec<Action>| {
+        t += Duration::from_secs(10);
+        m.on_tick(t, out);
+        m.on_snapshot_error("snapshot ended without a reply (publisher refused)", t, out);
+    };
+    for _ in 1..MAX_FAILED_RESYNCS {
+        fail_one_resync(&mut m, &mut out);
+        assert_eq!(show(&mut out), ["request 3", "close"], "live events keep the credit");
+        assert_eq!(m.phase_name(), "live");
+    }
+    fail_one_resync(&mut m, &mut out);
+    let shown = show(&mut out);
+    assert_eq!(shown.len(), 3, "{shown:?}");
+    assert!(
+        shown[2]
+            .starts_with("invalidate: 3 periodic resyncs failed in a row (last: snapshot ended"),
+        "{shown:?}"
+    );
+    assert_eq!(m.phase_name(), "backoff");
+
+    // Once a snapshot succeeds, the count starts again.
+    let (mut m, mut out) = live_at(3, t0);
+    let mut t = t0;
+    for round in 0..2 * MAX_FAILED_RESYNCS {
+        t += Duration::from_secs(10);
+        m.on_tick(t, &mut out);
+        if round % 2 == 0 {
+            m.on_snapshot_error("refused", t, &mut out);
+        } else {
+            m.on_snapshot_reply(3, &batch(), t, &mut out);
+            m.on_snapshot_end(t, &mut out);
+        }
+        assert_eq!(m.phase_name(), "live", "round {round}: {:?}", show(&mut out));
+    }
+}

@@ -1,0 +1,150 @@
+//! No stale credit from a silent or half-dead publisher: ZMTP heartbeats notice a publisher
+//! whose host vanished without closing the connection, and a publisher that keeps sending live
+//! events but refuses every snapshot loses its credit after a bounded number of resyncs.
+
+mod common;
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use common::*;
+use kvdir::stream::MAX_FAILED_RESYNCS;
+use kvdir_sim::{Fault, SnapshotMode};
+use serde_json::json;
+
+#[test]
+fn a_publisher_refusing_every_snapshot_loses_its_credit_while_live_events_flow() {
+    let eng = engine("refuser", 1, 0);
+    let svc = service(streams_of(&eng), json!({"resync_interval_ms": 100}));
+    let a = prompt(1, 2);
+    eng.process(0, &a).unwrap();
+    assert_eq!(agrees(&svc, &eng, 0, &a), (32, 0));
+    eng.faults(0, Fault::Snapshot(SnapshotMode::Refuse)).unwrap();
+    let mut first = 100;
+    let error = eventually("the stream to lose its credit", || {
+        // Live events keep flowing (and keep applying) meanwhile.
+        first += 10;
+        eng.process(0, &prompt(first, 1)).map_err(|e| e.to_string())?;
+        let m = entry(&query(&svc, &a), "refuser", 0).clone();
+        match m.error {
+            Some(e) if !m.synchronized && e.contains("periodic resyncs failed in a row") => Ok(e),
+            other => Err(format!("synchronized {} error {other:?}", m.synchronized)),
+        }
+    });
+    assert!(error.starts_with(&format!("{MAX_FAILED_RESYNCS} periodic resyncs")), "{error}");
+    assert_eq!(entry(&query(&svc, &a), "refuser", 0).device_hit_tokens, 0, "no credit");
+
+    // Once snapshots are answered again, the stream recovers by itself.
+    eng.faults(0, Fault::Snapshot(SnapshotMode::Normal)).unwrap();
+    assert_eq!(agrees(&svc, &eng, 0, &a), (32, 0));
+}
+
+#[test]
+fn a_publisher_host_that_goes_silent_is_detected_by_heartbeats() {
+    let eng = engine("silent", 1, 0);
+    let upstream = eng.endpoints()[0].event.trim_start_matches("tcp://").to_string();
+    let proxy = Blackhole::start(&upstream);
+    let mut streams = streams_of(&eng);
+    streams[0]["endpoint"] = json!(format!("tcp://{}", proxy.addr));
+    let svc = service(streams, json!({"publisher_timeout_ms": 600}));
+    let a = prompt(1, 2);
+    eng.process(0, &a).unwrap();
+    assert_eq!(agrees(&svc, &eng, 0, &a), (32, 0));
+
+    // The host "vanishes": the connection stays open but no byte passes any more, and new
+    // connections are refused. Nothing on the wire says so.
+    proxy.freeze();
+    eventually("the silent publisher to be seen as disconnected", || {
+        let m = entry(&query(&svc, &a), "silent", 0).clone();
+        match m.error.as_deref() {
+            Some(e) if !m.synchronized && e.contains("disconnected") => Ok(()),
+            other => Err(format!("synchronized {} error {other:?}", m.synchronized)),
+        }
+    });
+    assert_eq!(entry(&query(&svc, &a), "silent", 0).device_hit_tokens, 0, "no credit");
+}
+
+/// A TCP proxy to `upstream` that can go silent: after [`Blackhole::freeze`] it forwards
+/// nothing, keeps the open connections open and refuses new ones.
+struct Blackhole {
+    addr: String,
+    frozen: Arc<AtomicBool>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Blackhole {
+    fn start(upstream: &str) -> Blackhole {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.set_nonblocking(true).unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let (frozen, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let (f, s, up) = (Arc::clone(&frozen), Arc::clone(&stop), upstream.to_string());
+        let accept = thread::spawn(move || {
+            let mut pumps = Vec::new();
+            while !s.load(Ordering::Relaxed) && !f.load(Ordering::Relaxed) {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        let server = TcpStream::connect(&up).unwrap();
+                        pumps.push(pump(&client, &server, &f, &s));
+                        pumps.push(pump(&server, &client, &f, &s));
+                    }
+                    Err(_) => thread::sleep(Duration::from_millis(5)),
+                }
+            }
+            drop(listener); // frozen: new connections are refused
+            for p in pumps {
+                let _ = p.join();
+            }
+        });
+        Blackhole { addr, frozen, stop, threads: vec![accept] }
+    }
+
+    fn freeze(&self) {
+        self.frozen.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for Blackhole {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Copies `from` to `to` until stopped; while frozen it holds both sockets and copies nothing.
+fn pump(
+    from: &TcpStream,
+    to: &TcpStream,
+    frozen: &Arc<AtomicBool>,
+    stop: &Arc<AtomicBool>,
+) -> JoinHandle<()> {
+    let (mut from, mut to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
+    let (frozen, stop) = (Arc::clone(frozen), Arc::clone(stop));
+    from.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+    thread::spawn(move || {
+        let mut buf = [0u8; 64 * 1024];
+        while !stop.load(Ordering::Relaxed) {
+            if frozen.load(Ordering::Relaxed) {
+                thread::sleep(Duration::from_millis(20));
+                continue;
+            }
+            match from.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    if to.write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+                Err(_) => return,
+            }
+        }
+    })
+}
