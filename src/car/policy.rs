@@ -21,8 +21,12 @@ pub enum Policy {
     /// `[prompt_len, ms]` samples linearly (beyond the last sample, proportionally);
     /// D: `predicted_tpot` = the `[avg_len, batch, ms]` sample nearest to
     /// `(input_tokens, waiting + 1)`, scaled by `(waiting + 1) / batch`.
-    /// The smallest prediction wins; `meets_slo` says whether it is within `--target_ttft` or
-    /// `--target_tpot`. Instances without profiling data come last.
+    /// The smallest prediction wins; `meets_slo` says whether a prediction is within
+    /// `--target_ttft` (P) or `--target_tpot` (D). The targets never change the choice (the
+    /// smallest prediction meets its target whenever any candidate does); they classify it,
+    /// and the reason says when no candidate meets the target. Instances without profiling
+    /// data come last. (xllm-service also counts its own in-flight requests, which kvdir, a
+    /// router that does not forward the requests, cannot see.)
     SloAware,
     /// Cache-aware routing, see the module docs.
     Car,
@@ -136,6 +140,10 @@ pub struct CandidateReport {
     pub queue_cost: Option<f64>,
     /// Policy score or prediction; smaller wins.
     pub score: Option<f64>,
+    /// SLO_AWARE only: whether the prediction is within `--target_ttft` (P) or
+    /// `--target_tpot` (D); absent without a prediction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meets_slo: Option<bool>,
     /// Whether it was chosen.
     pub chosen: bool,
     /// Why it was or was not chosen.
@@ -362,16 +370,20 @@ pub fn route(
             dp_hits: if side(c) == Side::Prefill { c.hits.clone() } else { Vec::new() },
             queue_cost: None,
             score: None,
+            meets_slo: None,
             chosen: false,
             reason: r.clone().unwrap_or_default(),
         })
         .collect();
     let scored = [
-        (&p_list, &p_scores, &p_costs, Some(&p_ratios), Some(prefill)),
-        (&d_list, &d_scores, &d_costs, None, decode),
+        (&p_list, &p_scores, &p_costs, Some(&p_ratios), Some(prefill), p.target_ttft_ms),
+        (&d_list, &d_scores, &d_costs, None, decode, p.target_tpot_ms),
     ];
-    for (list, scores, costs, ratios, chosen) in scored {
+    for (list, scores, costs, ratios, chosen, target) in scored {
         explain(&mut reports, list, scores, costs, ratios, chosen, p.policy);
+        if p.policy == Policy::SloAware {
+            explain_slo(&mut reports, list, target);
+        }
     }
     Ok(Routed {
         policy: p.policy,
@@ -380,6 +392,24 @@ pub fn route(
         decode: decode.map(|i| cands[i].name.clone()),
         candidates: reports,
     })
+}
+
+/// SLO_AWARE: classifies each prediction against its `target` (ms) and says so when the
+/// chosen one misses it.
+fn explain_slo(reports: &mut [CandidateReport], list: &[usize], target: f64) {
+    for &i in list {
+        let r = &mut reports[i];
+        r.meets_slo = r.score.map(|s| s <= target);
+        if r.chosen && r.meets_slo == Some(false) {
+            r.reason = format!(
+                "lowest score, but its prediction {:.1} ms is above the target {target} ms: no \
+                 candidate meets it",
+                r.score.unwrap_or_default()
+            );
+        } else if r.chosen && r.meets_slo == Some(true) {
+            r.reason = format!("lowest score; within the target {target} ms");
+        }
+    }
 }
 
 fn explain(

@@ -188,6 +188,31 @@ fn slo_aware_uses_profiles_and_load() {
     assert_eq!(report(&r, "slow").score, Some(550.0));
     assert_eq!(r.prefill, "slow");
     assert_eq!(report(&r, "none").reason, "no profiling data");
+    assert_eq!(report(&r, "slow").meets_slo, Some(true), "550 ms is within the 1000 ms target");
+    assert_eq!(report(&r, "fast").meets_slo, Some(true), "880 ms too, though it loses");
+    assert_eq!(report(&r, "none").meets_slo, None, "no prediction, no verdict");
+    assert_eq!(report(&r, "slow").reason, "lowest score; within the target 1000 ms");
     assert_eq!("SLO_AWARE".parse::<Policy>(), Ok(Policy::SloAware));
     assert!("car".parse::<Policy>().unwrap_err().contains("not one of RR, SLO_AWARE, CAR"));
+}
+
+#[test]
+fn slo_aware_says_when_no_candidate_meets_the_targets() {
+    let mut a = cand("a", D, 1, &[]);
+    a.ttft_profile = vec![(100.0, 300.0)];
+    let p =
+        RouteParams { policy: Policy::SloAware, target_ttft_ms: 200.0, ..RouteParams::default() };
+    let r = route(&[a], 100, &p, &mut Rotation::default()).unwrap();
+    let a = report(&r, "a");
+    assert_eq!((a.chosen, a.meets_slo), (true, Some(false)));
+    assert_eq!(
+        a.reason,
+        "lowest score, but its prediction 600.0 ms is above the target 200 ms: no candidate meets it"
+    );
+    let json = serde_json::to_value(&r).unwrap();
+    assert_eq!(json["candidates"][0]["meets_slo"], false);
+    let car =
+        route(&[cand("b", D, 1, &[])], 100, &RouteParams::default(), &mut Rotation::default());
+    let json = serde_json::to_value(car.unwrap()).unwrap();
+    assert!(json["candidates"][0].get("meets_slo").is_none(), "only SLO_AWARE reports it");
 }
