@@ -16,8 +16,9 @@
 //!    the same drivers. The clock stops when every stream's `sequence` in the
 //!    query endpoint equals its engine's `next_sequence() - 1` and is synchronized ("caught
 //!    up"). Meanwhile `QUERY_CLIENTS` threads each send one `POST /v1/internal/kv-cache/query`
-//!    every `QUERY_INTERVAL` (one TCP connection per query, `Connection: close`), with prompts
-//!    of at most 2,048 tokens that share the workload's system prompts.
+//!    every `QUERY_INTERVAL` (one TCP connection per query, `Connection: close`, through
+//!    `kvdir_sim::http::request`), with prompts of at most 2,048 tokens that share the
+//!    workload's system prompts.
 //! 3. **Queries without ingest** (the latency baseline): the same clients for `IDLE_QUERIES`,
 //!    after `QUIET` seconds with neither ingest nor queries (what idle streams cost).
 //!
@@ -33,8 +34,7 @@
 //! logs (default `warn`, on stderr).
 
 use std::collections::{BTreeMap, HashMap};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -267,30 +267,18 @@ fn start_service(engines: &[SimEngine]) -> Service {
     Service::start(flags, Some(directory)).expect("kvdir starts")
 }
 
-/// One HTTP/1.1 request on a fresh connection (`Connection: close`); returns status and body.
+/// One request on a fresh connection (`kvdir_sim::http::request`); returns status and body.
 fn http(
     addr: SocketAddr,
     method: &str,
     path: &str,
     body: &[u8],
 ) -> std::io::Result<(u16, Vec<u8>)> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_nodelay(true)?;
-    s.set_read_timeout(Some(Duration::from_secs(10)))?;
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nContent-Length: {}\r\n\r\n",
-        body.len()
-    )
-    .into_bytes();
-    req.extend_from_slice(body);
-    s.write_all(&req)?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    let end = raw.windows(4).position(|w| w == b"\r\n\r\n").map_or(raw.len(), |p| p + 4);
-    let head = String::from_utf8_lossy(&raw[..end]);
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    Ok((status, raw[end..].to_vec()))
+    let text = std::str::from_utf8(body).expect("request bodies are JSON text");
+    let body = (!body.is_empty()).then_some(text);
+    let timeout = Duration::from_secs(10);
+    let r = kvdir_sim::http::request(&addr.to_string(), method, path, &[], body, timeout)?;
+    Ok((r.status, r.body.into_bytes()))
 }
 
 fn query_body(tokens: &[i32]) -> Vec<u8> {
@@ -483,6 +471,8 @@ fn thread_group(name: &str) -> &'static str {
         ("actix-rt", "actix threads (index, router, HTTP workers)"),
         ("actix-server", "HTTP acceptor"),
         ("query-client", "query clients"),
+        // The runtime thread of the shared blocking client behind `http` does the clients' I/O.
+        ("reqwest-", "query clients"),
         ("driver-", "drivers"),
     ]
     .iter()

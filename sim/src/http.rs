@@ -1,17 +1,22 @@
-//! Just enough HTTP/1.1 over std sockets: the engine's business-port server (`HealthServer`,
-//! `GET /health` only, bound on 127.0.0.1) and a one-shot client ([`request`]) used for
-//! heartbeats, for waiting on etcd's `/health`, and by tests.
+//! HTTP for the simulator: the engine's business-port server (`HealthServer`, `GET /health`
+//! only, bound on 127.0.0.1, over std sockets) and a one-shot client ([`request`], over
+//! `reqwest`'s blocking client) used for heartbeats, for waiting on etcd's `/health`, by the
+//! demo, benches and tests.
 //!
-//! Every exchange is one request per connection (`Connection: close`), with read and write
-//! timeouts and a size cap, so a silent or chatty peer cannot hold a thread.
+//! Every client exchange is one request per connection (`Connection: close`, no idle pool),
+//! bounded by one overall timeout, and reads at most [`MAX_BODY_BYTES`], so a silent or chatty
+//! peer cannot hold a thread. Server exchanges have read and write timeouts and a head cap.
 
+use std::error::Error as _;
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
+use reqwest::blocking::Client;
+use reqwest::header::{CONNECTION, CONTENT_TYPE};
 use tracing::debug;
 
 use crate::SimError;
@@ -20,8 +25,11 @@ use crate::SimError;
 const ACCEPT_POLL: Duration = Duration::from_millis(5);
 /// Read/write timeout of one server-side exchange.
 const SERVER_IO_TIMEOUT: Duration = Duration::from_millis(500);
-/// Largest request head or response the code reads.
-const MAX_MESSAGE_BYTES: usize = 64 * 1024;
+/// Largest request head the server reads.
+const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Largest response body a client reads. Large enough for the streams report of a big
+/// fleet (128 streams are several hundred KiB); it only stops a runaway peer.
+pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
 
 /// The `GET /health` server of a running engine; stops (and frees the port) on drop.
 pub(crate) struct HealthServer {
@@ -100,7 +108,7 @@ fn read_head(stream: &mut TcpStream) -> io::Result<String> {
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        if head.len() > MAX_MESSAGE_BYTES {
+        if head.len() > MAX_HEAD_BYTES {
             return Err(io::Error::new(io::ErrorKind::InvalidData, "request head too large"));
         }
         let n = stream.read(&mut buf)?;
@@ -123,9 +131,12 @@ pub struct Response {
     pub body: String,
 }
 
-/// Sends one request to `addr` (`host:port`) and reads the whole response. `body` (JSON) is
-/// sent with a `Content-Length`; `headers` are extra `(name, value)` pairs. `timeout` bounds the
-/// connect and every read and write.
+/// Sends one request to `http://{addr}{path}` (`addr` is `host:port`) and reads the whole
+/// response. `body` (JSON) is sent with `Content-Type: application/json`; `headers` are extra
+/// `(name, value)` pairs. `timeout` bounds the whole exchange, connect to last body byte.
+///
+/// Callable from any thread, including one inside a tokio runtime (an async test that starts an
+/// etcd, say): reqwest's blocking client panics there, so such a call runs on a scoped thread.
 pub fn request(
     addr: &str,
     method: &str,
@@ -134,54 +145,93 @@ pub fn request(
     body: Option<&str>,
     timeout: Duration,
 ) -> io::Result<Response> {
-    let mut stream = connect(addr, timeout)?;
-    stream.set_read_timeout(Some(timeout))?;
-    stream.set_write_timeout(Some(timeout))?;
-    let mut message = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    let exchange = || exchange(&format!("http://{addr}{path}"), method, headers, body, timeout);
+    if tokio::runtime::Handle::try_current().is_err() {
+        return exchange();
+    }
+    thread::scope(|s| match s.spawn(exchange).join() {
+        Ok(result) => result,
+        Err(panic) => std::panic::resume_unwind(panic),
+    })
+}
+
+fn exchange(
+    url: &str,
+    method: &str,
+    headers: &[(&str, &str)],
+    body: Option<&str>,
+    timeout: Duration,
+) -> io::Result<Response> {
+    let method = reqwest::Method::from_bytes(method.as_bytes()).map_err(|_| {
+        io::Error::new(io::ErrorKind::InvalidInput, format!("{method:?} is not an HTTP method"))
+    })?;
+    let mut builder =
+        shared_client()?.request(method, url).timeout(timeout).header(CONNECTION, "close");
     for (name, value) in headers {
-        message.push_str(&format!("{name}: {value}\r\n"));
+        builder = builder.header(*name, *value);
     }
     if let Some(body) = body {
-        message.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-            body.len()
-        ));
-    } else {
-        message.push_str("\r\n");
+        builder = builder.header(CONTENT_TYPE, "application/json").body(body.to_string());
     }
-    stream.write_all(message.as_bytes())?;
-    stream.flush()?;
-    let mut raw = Vec::new();
-    stream.take(MAX_MESSAGE_BYTES as u64).read_to_end(&mut raw)?;
-    parse_response(&raw)
+    let response = builder.send().map_err(io_error)?;
+    let mut head = format!("{:?} {}", response.version(), response.status());
+    for (name, value) in response.headers() {
+        head.push_str(&format!("\r\n{name}: {}", String::from_utf8_lossy(value.as_bytes())));
+    }
+    let status = response.status().as_u16();
+    let body = read_body(response)?;
+    Ok(Response { status, head, body: String::from_utf8_lossy(&body).into_owned() })
 }
 
-/// Connects to the first address `addr` resolves to that answers within `timeout`.
-pub(crate) fn connect(addr: &str, timeout: Duration) -> io::Result<TcpStream> {
-    let addrs: Vec<SocketAddr> = addr.to_socket_addrs()?.collect();
-    let mut last =
-        io::Error::new(io::ErrorKind::InvalidInput, format!("{addr} resolves to nothing"));
-    for a in addrs {
-        match TcpStream::connect_timeout(&a, timeout) {
-            Ok(stream) => return Ok(stream),
-            Err(e) => last = e,
+/// The client behind [`request`], built on first use and never dropped (dropping a blocking
+/// client inside a runtime would panic too). No idle pool and no proxy from the environment:
+/// every request is its own connection straight to `addr`.
+fn shared_client() -> io::Result<&'static Client> {
+    static CLIENT: OnceLock<Result<Client, String>> = OnceLock::new();
+    CLIENT
+        .get_or_init(|| {
+            let built = Client::builder().pool_max_idle_per_host(0).no_proxy().build();
+            built.map_err(|e| io_error(e).to_string())
+        })
+        .as_ref()
+        .map_err(|e| io::Error::other(format!("building the HTTP client: {e}")))
+}
+
+/// Reads a response body of at most [`MAX_BODY_BYTES`]; a longer one is an error, not a
+/// truncated body.
+pub(crate) fn read_body(response: reqwest::blocking::Response) -> io::Result<Vec<u8>> {
+    let too_long = || {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("response body over {MAX_BODY_BYTES} bytes"),
+        )
+    };
+    if response.content_length().is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return Err(too_long());
+    }
+    let mut body = Vec::new();
+    response.take(MAX_BODY_BYTES as u64 + 1).read_to_end(&mut body)?;
+    if body.len() > MAX_BODY_BYTES {
+        return Err(too_long());
+    }
+    Ok(body)
+}
+
+/// A reqwest error as an `io::Error` whose kind is the underlying one (`TimedOut`,
+/// `ConnectionRefused`, ...) and whose text carries the whole cause chain, since reqwest's own
+/// text ("error sending request for url ...") leaves out why.
+pub(crate) fn io_error(e: reqwest::Error) -> io::Error {
+    let mut kind = if e.is_timeout() { Some(io::ErrorKind::TimedOut) } else { None };
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(cause) = source {
+        if let Some(io) = cause.downcast_ref::<io::Error>() {
+            kind.get_or_insert(io.kind());
         }
+        text.push_str(&format!(": {cause}"));
+        source = cause.source();
     }
-    Err(last)
-}
-
-fn parse_response(raw: &[u8]) -> io::Result<Response> {
-    let text = String::from_utf8_lossy(raw);
-    let bad =
-        || io::Error::new(io::ErrorKind::InvalidData, format!("not an HTTP response: {text:.80}"));
-    let status_line = text.lines().next().ok_or_else(bad)?;
-    let status = status_line
-        .strip_prefix("HTTP/1.")
-        .and_then(|rest| rest.split_whitespace().nth(1))
-        .and_then(|code| code.parse::<u16>().ok())
-        .ok_or_else(bad)?;
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    Ok(Response { status, head: head.to_string(), body: body.to_string() })
+    io::Error::new(kind.unwrap_or(io::ErrorKind::Other), text)
 }
 
 #[cfg(test)]
@@ -204,11 +254,58 @@ mod tests {
         drop(again);
     }
 
+    /// A server that answers one connection with `response` and returns the request it read.
+    fn answer_once(response: String) -> (String, JoinHandle<String>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let server = thread::spawn(move || {
+            let (mut stream, _) = listener.accept().unwrap();
+            let head = read_head(&mut stream).unwrap();
+            stream.write_all(response.as_bytes()).unwrap();
+            head
+        });
+        (addr, server)
+    }
+
     #[test]
-    fn responses_parse_and_garbage_does_not() {
-        let r = parse_response(b"HTTP/1.1 409 Conflict\r\nA: b\r\n\r\n{\"x\":1}").unwrap();
+    fn head_chunked_body_and_headers_are_read_and_sent() {
+        let (addr, server) = answer_once(
+            "HTTP/1.1 409 Conflict\r\nA: b\r\nTransfer-Encoding: chunked\r\n\r\n\
+             3\r\n{\"x\r\n4\r\n\":1}\r\n0\r\n\r\n"
+                .to_string(),
+        );
+        let t = Duration::from_secs(2);
+        let r = request(&addr, "POST", "/p", &[("X-Internal-Token", "s")], Some("{}"), t).unwrap();
         assert_eq!((r.status, r.body.as_str()), (409, "{\"x\":1}"));
-        assert_eq!(r.head, "HTTP/1.1 409 Conflict\r\nA: b");
-        assert!(parse_response(b"SSH-2.0").is_err());
+        assert!(r.head.starts_with("HTTP/1.1 409 Conflict\r\n"), "{}", r.head);
+        assert!(r.head.contains("\r\na: b"), "{}", r.head);
+        let sent = server.join().unwrap().to_ascii_lowercase();
+        assert!(sent.starts_with("post /p http/1.1\r\n"), "{sent}");
+        for header in ["x-internal-token: s", "content-type: application/json", "connection: close"]
+        {
+            assert!(sent.contains(header), "{header} in {sent}");
+        }
+    }
+
+    #[test]
+    fn a_body_over_the_cap_and_a_silent_peer_are_errors() {
+        let big = format!("HTTP/1.1 200 OK\r\nContent-Length: {}\r\n\r\n", MAX_BODY_BYTES + 1);
+        let (addr, _server) = answer_once(big);
+        let t = Duration::from_secs(2);
+        let err = request(&addr, "GET", "/", &[], None, t).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
+
+        let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = silent.local_addr().unwrap().to_string();
+        let t = Duration::from_millis(200);
+        let err = request(&addr, "GET", "/", &[], None, t).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::TimedOut, "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_request_from_inside_a_runtime_does_not_panic() {
+        let (addr, _server) = answer_once("HTTP/1.1 204 No Content\r\n\r\n".to_string());
+        let r = request(&addr, "GET", "/", &[], None, Duration::from_secs(2)).unwrap();
+        assert_eq!(r.status, 204);
     }
 }

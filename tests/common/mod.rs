@@ -1,5 +1,6 @@
 //! End-to-end harness: a running kvdir service (real HTTP on 127.0.0.1, port 0) subscribed to
-//! simulated engines (real ZeroMQ on loopback), a tiny HTTP client, and polling with a deadline.
+//! simulated engines (real ZeroMQ on loopback), an HTTP helper over `kvdir_sim::http::request`,
+//! and polling with a deadline.
 //!
 //! Nothing here sleeps for synchronisation: [`eventually`] polls what a user would see (the
 //! query response, the streams report) every 20 ms until it holds or the deadline passes, and
@@ -7,8 +8,7 @@
 
 #![allow(dead_code)]
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use kvdir::config::{parse_config_file, Flags};
@@ -108,7 +108,7 @@ impl Response {
     }
 }
 
-/// A minimal HTTP/1.1 client: one request per connection.
+/// One request on its own connection; an empty `body` sends none. Panics on a transport error.
 pub fn http(
     addr: SocketAddr,
     method: &str,
@@ -116,24 +116,12 @@ pub fn http(
     headers: &[(&str, &str)],
     body: &[u8],
 ) -> Response {
-    let mut s = TcpStream::connect(addr).expect("connect to kvdir");
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).unwrap();
-    let _ = s.write_all(body);
-    let mut raw = Vec::new();
-    let _ = s.read_to_end(&mut raw);
-    let text = String::from_utf8_lossy(&raw).into_owned();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    Response { status, body: body.to_string() }
+    let text = std::str::from_utf8(body).expect("request bodies are JSON text");
+    let body = (!body.is_empty()).then_some(text);
+    let timeout = Duration::from_secs(10);
+    let r = kvdir_sim::http::request(&addr.to_string(), method, path, headers, body, timeout)
+        .unwrap_or_else(|e| panic!("{method} {path} to {addr}: {e}"));
+    Response { status: r.status, body: r.body }
 }
 
 /// POSTs a query and returns the parsed response.
