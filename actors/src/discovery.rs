@@ -280,9 +280,7 @@ async fn apply_plan(set: &StreamSet, desired: Vec<PlannedStream>) {
         .collect();
     for key in set.keys() {
         let keep = match (set.get(&key), want.get(&key)) {
-            (Some(run), Some(p)) => {
-                run.spec == p.spec && run.identity.as_ref() == Some(&p.identity)
-            }
+            (Some(run), Some(p)) => p.is_running_as(&run.spec, run.identity.as_ref()),
             _ => false,
         };
         if !keep {

@@ -17,10 +17,22 @@ use crate::config::{DiscoveryConfig, StreamSpec};
 pub struct PlannedStream {
     /// The stream's settings.
     pub spec: StreamSpec,
-    /// The process it belongs to; a change means a new stream with no credit.
+    /// The process it belongs to; another process means a new stream with no credit (a refresh
+    /// of the same one does not: see [`PlannedStream::is_running_as`]).
     pub identity: Identity,
     /// The instance's DP size; a change means new streams.
     pub dp_size: u32,
+}
+
+impl PlannedStream {
+    /// Whether a stream already running with `spec` for `identity` is this stream, so it keeps
+    /// its index: the same settings and the same process by [`Identity::same_process`]. A
+    /// refresh with the same `incarnation_id` but a new `register_ts_ms` (or other fields that
+    /// do not shape the streams) is the same process; a stream without an identity (static
+    /// configuration) never is.
+    pub fn is_running_as(&self, spec: &StreamSpec, identity: Option<&Identity>) -> bool {
+        self.spec == *spec && identity.is_some_and(|id| id.same_process(&self.identity))
+    }
 }
 
 /// The outcome of planning.

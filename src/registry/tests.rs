@@ -266,3 +266,62 @@ fn the_watched_range_holds_every_listed_prefix_and_not_the_cache() {
         assert!(!inside(&format!("{ns}XLLM:PREFILL;")));
     }
 }
+
+/// The streams `p` would leave running, as the discovery actor records them.
+fn running(p: &Plan) -> Vec<(crate::config::StreamSpec, Option<Identity>)> {
+    p.streams.iter().map(|s| (s.spec.clone(), Some(s.identity.clone()))).collect()
+}
+
+/// Whether every stream of `p` keeps the matching stream of `before` (and so its index).
+fn keeps_all(p: &Plan, before: &[(crate::config::StreamSpec, Option<Identity>)]) -> bool {
+    p.streams.len() == before.len()
+        && p.streams.iter().zip(before).all(|(s, (spec, id))| s.is_running_as(spec, id.as_ref()))
+}
+
+#[test]
+fn a_refresh_with_the_same_incarnation_keeps_the_streams_despite_a_new_register_ts() {
+    let t = Instant::now();
+    let mut reg = Registry::default();
+    let mut first = record("127.0.0.1:8000", 1, 2, Some("a"));
+    first.identity.register_ts_ms = Some(1_000);
+    reg.put(first, t);
+    let before = running(&plan(reg.instances(), &discovery(), 128));
+    assert_eq!(before.len(), 2);
+
+    // The engine re-registers (lease renewal, restart of its etcd client): a new timestamp,
+    // another role and new profiling data, but the same process.
+    let mut refresh = record("127.0.0.1:8000", 0, 2, Some("a"));
+    refresh.identity.register_ts_ms = Some(2_000);
+    refresh.ttft_profile = vec![(128.0, 30.0)];
+    assert_eq!(reg.put(refresh, t), PutOutcome::Refreshed);
+    let p = plan(reg.instances(), &discovery(), 128);
+    assert_ne!(p.streams[0].identity, before[0].1.clone().unwrap(), "the identity record changed");
+    assert!(keeps_all(&p, &before), "a refresh must not restart the streams cold");
+
+    // Another incarnation on the same address is a replacement: new streams.
+    reg.put(record("127.0.0.1:8000", 1, 2, Some("b")), t);
+    assert!(!keeps_all(&plan(reg.instances(), &discovery(), 128), &before));
+    // A statically configured stream (no identity) is never taken over.
+    assert!(!p.streams[0].is_running_as(&before[0].0, None));
+}
+
+#[test]
+fn register_ts_decides_replacement_only_when_both_lack_an_incarnation() {
+    let t = Instant::now();
+    let mut reg = Registry::default();
+    let mut old = record("127.0.0.1:8000", 1, 1, None);
+    old.identity.register_ts_ms = Some(5);
+    reg.put(old.clone(), t);
+    let before = running(&plan(reg.instances(), &discovery(), 128));
+    reg.put(old.clone(), t);
+    assert!(keeps_all(&plan(reg.instances(), &discovery(), 128), &before));
+    old.identity.register_ts_ms = Some(6);
+    assert_eq!(reg.put(old, t), PutOutcome::Replaced);
+    assert!(!keeps_all(&plan(reg.instances(), &discovery(), 128), &before));
+    // Gaining an incarnation id is another process too.
+    let now = running(&plan(reg.instances(), &discovery(), 128));
+    let mut upgraded = record("127.0.0.1:8000", 1, 1, Some("x"));
+    upgraded.identity.register_ts_ms = Some(6);
+    assert_eq!(reg.put(upgraded, t), PutOutcome::Replaced);
+    assert!(!keeps_all(&plan(reg.instances(), &discovery(), 128), &now));
+}
