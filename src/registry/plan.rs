@@ -3,8 +3,10 @@
 //! Only xLLM instances of type DEFAULT or PREFILL, and MIX instances acting as prefill, in state
 //! ACTIVE or LEASE_LOST, get streams: one per DP rank, on
 //! `tcp://host:(port + event_port_offset + r)` and `tcp://host:(port + replay_port_offset + r)`.
-//! An instance whose ports overflow, or whose endpoints overlap another's, is excluded with a
-//! reason; `max_streams` admits whole instances in name order.
+//! An instance whose `dp_size` exceeds `max_streams`, whose ports overflow, or whose endpoints
+//! overlap another's, is excluded with a reason ([`Exclusion`]); `max_streams` admits whole
+//! instances in name order. Registry values are hostile input: nothing here can overflow or
+//! allocate in proportion to a registered number.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -35,13 +37,83 @@ impl PlannedStream {
     }
 }
 
+/// Why an instance has no streams.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Exclusion {
+    /// Not a subscription target by backend, role or state (routine; see
+    /// [`wants_subscription`]).
+    NotTarget(String),
+    /// The name does not split into `host:port`.
+    Name,
+    /// More DP ranks than `max_streams` could ever admit: nothing is allocated for them.
+    DpSize {
+        /// The registered `dp_size`.
+        dp_size: u32,
+        /// The configured limit.
+        max_streams: usize,
+    },
+    /// The highest endpoint port would pass 65535.
+    PortOverflow {
+        /// The engine's HTTP port.
+        port: u16,
+        /// The highest DP rank.
+        last_rank: u32,
+        /// The port it reaches.
+        reaches: u64,
+    },
+    /// An endpoint equals one of another instance, or its own event and replay ranges meet.
+    Overlap(String),
+    /// Admitting it would pass `max_streams`.
+    Capacity {
+        /// Its streams.
+        streams: usize,
+        /// The configured limit.
+        max_streams: usize,
+    },
+}
+
+impl Exclusion {
+    /// Whether an operator must act (a hostile or misconfigured registration): logged at ERROR.
+    pub fn needs_operator(&self) -> bool {
+        matches!(
+            self,
+            Exclusion::Name
+                | Exclusion::DpSize { .. }
+                | Exclusion::PortOverflow { .. }
+                | Exclusion::Overlap(_)
+        )
+    }
+}
+
+impl std::fmt::Display for Exclusion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Exclusion::NotTarget(why) => f.write_str(why),
+            Exclusion::Name => f.write_str("name is not host:port"),
+            Exclusion::DpSize { dp_size, max_streams } => write!(
+                f,
+                "dp_size {dp_size} exceeds max_streams = {max_streams}: no streams for it"
+            ),
+            Exclusion::PortOverflow { port, last_rank, reaches } => write!(
+                f,
+                "port overflow: {port} + offset + dp rank {last_rank} reaches {reaches} > 65535"
+            ),
+            Exclusion::Overlap(why) => f.write_str(why),
+            Exclusion::Capacity { streams, max_streams } => write!(
+                f,
+                "capacity: {streams} more streams would exceed max_streams = {max_streams}"
+            ),
+        }
+    }
+}
+
 /// The outcome of planning.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Plan {
     /// Streams to run, in instance name then rank order.
     pub streams: Vec<PlannedStream>,
-    /// Instances without streams and why (role, state, backend, ports, capacity).
-    pub excluded: BTreeMap<String, String>,
+    /// Instances without streams and why (role, state, backend, DP size, ports, capacity).
+    pub excluded: BTreeMap<String, Exclusion>,
 }
 
 /// Whether an instance is a prefill-side subscription target by role and backend.
@@ -62,21 +134,29 @@ pub fn wants_subscription(i: &Instance) -> Result<(), String> {
     Ok(())
 }
 
-fn streams_for(i: &Instance, d: &DiscoveryConfig) -> Result<Vec<PlannedStream>, String> {
+/// The streams of one instance. `dp_size` is checked against `max_streams` before anything is
+/// allocated, and the port arithmetic is done in u64, so no registered value can overflow it.
+fn streams_for(
+    i: &Instance,
+    d: &DiscoveryConfig,
+    max_streams: usize,
+) -> Result<Vec<PlannedStream>, Exclusion> {
     let r = &i.record;
-    let (host, port) = split_host_port(&r.name).ok_or("name is not host:port")?;
-    let last =
-        u32::from(port) + u32::from(d.event_port_offset.max(d.replay_port_offset)) + r.dp_size - 1;
-    if last > 65_535 {
-        return Err(format!(
-            "port overflow: {port} + offset + dp rank {} reaches {last} > 65535",
-            r.dp_size - 1
-        ));
+    let (host, port) = split_host_port(&r.name).ok_or(Exclusion::Name)?;
+    let dp_size = r.dp_size.max(1);
+    if usize::try_from(dp_size).map_or(true, |n| n > max_streams) {
+        return Err(Exclusion::DpSize { dp_size, max_streams });
+    }
+    let last_rank = dp_size - 1;
+    let top = u64::from(d.event_port_offset.max(d.replay_port_offset));
+    let reaches = u64::from(port) + top + u64::from(last_rank);
+    if reaches > 65_535 {
+        return Err(Exclusion::PortOverflow { port, last_rank, reaches });
     }
     let ep = |offset: u16, rank: u32| {
-        format!("tcp://{host}:{}", u32::from(port) + u32::from(offset) + rank)
+        format!("tcp://{host}:{}", u64::from(port) + u64::from(offset) + u64::from(rank))
     };
-    Ok((0..r.dp_size)
+    Ok((0..dp_size)
         .map(|rank| PlannedStream {
             spec: StreamSpec {
                 instance_name: r.name.clone(),
@@ -88,7 +168,7 @@ fn streams_for(i: &Instance, d: &DiscoveryConfig) -> Result<Vec<PlannedStream>, 
                 hash_seed: 1024,
             },
             identity: r.identity.clone(),
-            dp_size: r.dp_size,
+            dp_size,
         })
         .collect())
 }
@@ -102,7 +182,10 @@ pub fn plan<'a>(
     let mut plan = Plan::default();
     let mut candidates: Vec<(String, Vec<PlannedStream>)> = Vec::new();
     for i in instances {
-        match wants_subscription(i).and_then(|()| streams_for(i, d)) {
+        let planned = wants_subscription(i)
+            .map_err(Exclusion::NotTarget)
+            .and_then(|()| streams_for(i, d, max_streams));
+        match planned {
             Ok(s) => candidates.push((i.record.name.clone(), s)),
             Err(reason) => {
                 plan.excluded.insert(i.record.name.clone(), reason);
@@ -113,10 +196,7 @@ pub fn plan<'a>(
     let mut used = 0usize;
     for (name, streams) in candidates {
         if used + streams.len() > max_streams {
-            let reason = format!(
-                "capacity: {} more streams would exceed max_streams = {max_streams}",
-                streams.len()
-            );
+            let reason = Exclusion::Capacity { streams: streams.len(), max_streams };
             plan.excluded.insert(name, reason);
             continue;
         }
@@ -129,7 +209,7 @@ pub fn plan<'a>(
 /// Excludes every instance that shares an endpoint (event or replay) with another.
 fn exclude_overlaps(
     candidates: &mut Vec<(String, Vec<PlannedStream>)>,
-    excluded: &mut BTreeMap<String, String>,
+    excluded: &mut BTreeMap<String, Exclusion>,
 ) {
     let mut owners: HashMap<&str, Vec<&str>> = HashMap::new();
     for (name, streams) in candidates.iter() {
@@ -139,7 +219,7 @@ fn exclude_overlaps(
             }
         }
     }
-    let mut clash: BTreeMap<String, String> = BTreeMap::new();
+    let mut clash: BTreeMap<String, Exclusion> = BTreeMap::new();
     for (ep, names) in &owners {
         if names.len() > 1 {
             for n in names {
@@ -149,7 +229,7 @@ fn exclude_overlaps(
                 } else {
                     format!("endpoint {ep} overlaps instance {}", others.join(", "))
                 };
-                clash.entry(n.to_string()).or_insert(reason);
+                clash.entry(n.to_string()).or_insert(Exclusion::Overlap(reason));
             }
         }
     }
