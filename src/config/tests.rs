@@ -163,3 +163,26 @@ fn endpoints_must_be_connectable_tcp() {
     assert!(check_endpoint("tcp://127.0.0.1").is_err());
     assert!(check_endpoint("ipc:///tmp/x").is_err());
 }
+
+#[test]
+fn duplicate_and_overlapping_endpoints_are_found_in_any_spelling() {
+    let text = r#"{"streams": [
+      {"instance_name": "a", "endpoint": "tcp://127.0.0.1:18000", "replay_endpoint": "tcp://127.0.0.1:38000"},
+      {"instance_name": "b", "endpoint": "tcp://localhost:18000", "replay_endpoint": "tcp://[::ffff:127.0.0.1]:38000"},
+      {"instance_name": "c", "endpoint": "tcp://Engine.example:1", "replay_endpoint": "tcp://LOCALHOST.:18000"},
+      {"instance_name": "d", "endpoint": "tcp://engine.example:01", "replay_endpoint": "tcp://[::1]:38000"}
+    ]}"#;
+    assert_eq!(
+        problems(text),
+        [
+            "streams[1].endpoint \"tcp://localhost:18000\" duplicates streams[0] \
+             (both are tcp://127.0.0.1:18000)",
+            "streams[3].endpoint \"tcp://engine.example:01\" duplicates streams[2] \
+             (both are tcp://engine.example:1)",
+            "streams[1].replay_endpoint \"tcp://[::ffff:127.0.0.1]:38000\" duplicates streams[0] \
+             (both are tcp://127.0.0.1:38000)",
+            "streams[2].replay_endpoint \"tcp://LOCALHOST.:18000\" overlaps the event endpoint \
+             of streams[0] (both are tcp://127.0.0.1:18000)",
+        ]
+    );
+}

@@ -8,11 +8,11 @@
 //! instances in name order. Registry values are hostile input: nothing here can overflow or
 //! allocate in proportion to a registered number.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use super::record::{split_host_port, Identity, InstanceType};
 use super::state::{Instance, InstanceState};
-use crate::config::{DiscoveryConfig, StreamSpec};
+use crate::config::{canonical_endpoint, DiscoveryConfig, StreamSpec};
 
 /// One stream discovery wants running.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -206,16 +206,19 @@ pub fn plan<'a>(
     plan
 }
 
-/// Excludes every instance that shares an endpoint (event or replay) with another.
+/// Excludes every instance that shares an endpoint (event or replay) with another, or whose own
+/// event and replay ranges meet. Endpoints are compared in canonical form, so `localhost:8000`
+/// and `127.0.0.1:8000` registered as two instances overlap.
 fn exclude_overlaps(
     candidates: &mut Vec<(String, Vec<PlannedStream>)>,
     excluded: &mut BTreeMap<String, Exclusion>,
 ) {
-    let mut owners: HashMap<&str, Vec<&str>> = HashMap::new();
+    let mut owners: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     for (name, streams) in candidates.iter() {
         for s in streams {
-            for ep in [s.spec.endpoint.as_str(), s.spec.replay_endpoint.as_str()] {
-                owners.entry(ep).or_default().push(name);
+            for ep in [&s.spec.endpoint, &s.spec.replay_endpoint] {
+                let key = canonical_endpoint(ep).unwrap_or_else(|| ep.clone());
+                owners.entry(key).or_default().push(name);
             }
         }
     }
@@ -223,7 +226,8 @@ fn exclude_overlaps(
     for (ep, names) in &owners {
         if names.len() > 1 {
             for n in names {
-                let others: Vec<&str> = names.iter().copied().filter(|o| o != n).collect();
+                let mut others: Vec<&str> = names.iter().copied().filter(|o| o != n).collect();
+                others.dedup();
                 let reason = if others.is_empty() {
                     format!("its event and replay ranges overlap at {ep}")
                 } else {

@@ -396,3 +396,24 @@ fn hostile_registry_values_are_refused_with_short_reasons() {
     );
     assert_eq!(parse_instance("h:1", padded.as_bytes()).unwrap().dp_size, 1);
 }
+
+#[test]
+fn one_engine_registered_under_two_spellings_overlaps_itself() {
+    let t = Instant::now();
+    let mut reg = Registry::default();
+    reg.put(record("localhost:8000", 1, 1, Some("a")), t);
+    reg.put(record("127.0.0.1:8000", 1, 1, Some("b")), t);
+    reg.put(record("127.0.0.1:8500", 1, 1, Some("c")), t);
+    let p = plan(reg.instances(), &discovery(), 128);
+    assert_eq!(
+        why_in(&p, "localhost:8000"),
+        "endpoint tcp://127.0.0.1:18000 overlaps instance 127.0.0.1:8000"
+    );
+    assert_eq!(
+        why_in(&p, "127.0.0.1:8000"),
+        "endpoint tcp://127.0.0.1:18000 overlaps instance localhost:8000"
+    );
+    assert!(p.excluded["localhost:8000"].needs_operator());
+    let names: Vec<&str> = p.streams.iter().map(|s| s.spec.instance_name.as_str()).collect();
+    assert_eq!(names, ["127.0.0.1:8500"]);
+}
