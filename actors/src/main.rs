@@ -74,6 +74,9 @@ fn main() -> ExitCode {
         };
     }
     if flags.check_config {
+        for warning in &flags.warnings {
+            tracing::warn!("{warning}");
+        }
         println!("configuration is valid");
         return ExitCode::SUCCESS;
     }

@@ -186,3 +186,27 @@ fn duplicate_and_overlapping_endpoints_are_found_in_any_spelling() {
         ]
     );
 }
+
+#[test]
+fn the_old_block_size_flag_starts_with_a_warning_instead_of_failing() {
+    let Command::Run(f) =
+        parse_flags(&["--block_size=128", "--http_server_port", "9000", "--block_size", "16"])
+            .unwrap()
+    else {
+        panic!("run expected")
+    };
+    assert_eq!(f.http_server_port, 9000, "the other flags still apply");
+    assert_eq!(f.warnings.len(), 2);
+    assert_eq!(
+        f.warnings[0],
+        "--block_size=128 does not configure the directory and is ignored (kept for xllm-service \
+         command lines); set block_size in the kv_events_config_file: discovery.block_size or \
+         streams[].block_size"
+    );
+    assert!(f.warnings[1].starts_with("--block_size=16 does not configure the directory"));
+    assert!(USAGE.contains("--block_size"));
+    let Command::Run(plain) = parse_flags(&["--http_server_port=9000"]).unwrap() else {
+        panic!("run expected")
+    };
+    assert!(plain.warnings.is_empty());
+}
