@@ -42,7 +42,7 @@ fn main() -> ExitCode {
     let flags = match parse_flags(&args) {
         Ok(Command::Run(f)) => {
             init_logs(f.log_format);
-            f
+            *f
         }
         Ok(Command::Help) => {
             print!("{USAGE}");

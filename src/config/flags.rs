@@ -44,7 +44,7 @@ FLAGS (--flag=value or --flag value):
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
     /// Run the service (or only check its configuration).
-    Run(Flags),
+    Run(Box<Flags>),
     /// Print usage.
     Help,
     /// Print the version.
@@ -212,7 +212,7 @@ pub fn parse_flags<S: AsRef<str>>(args: &[S]) -> Result<Command, ConfigError> {
         flags.demo = true;
     }
     if errors.is_empty() {
-        Ok(Command::Run(flags))
+        Ok(Command::Run(Box::new(flags)))
     } else {
         Err(ConfigError::new(errors))
     }

@@ -152,7 +152,11 @@ fn flags_accept_both_forms_and_report_all_errors() {
     };
     assert_eq!((f.route.policy, f.route.host_weight), (crate::car::Policy::Rr, 1.0));
     let no_args = Flags { demo: true, ..Flags::default() };
-    assert_eq!(parse_flags::<&str>(&[]).unwrap(), Command::Run(no_args), "no flags runs the demo");
+    assert_eq!(
+        parse_flags::<&str>(&[]).unwrap(),
+        Command::Run(Box::new(no_args)),
+        "no flags runs the demo"
+    );
 }
 
 #[test]
