@@ -45,7 +45,9 @@ fn check(bytes: &[u8], batch: &mut Batch) {
                 Event::Stored(s) => {
                     n += batch.hashes(s.hashes).len() + batch.tokens(s.tokens).len()
                 }
-                Event::Removed { hashes, .. } => n += batch.hashes(*hashes).len(),
+                Event::OutOfScope { hashes, .. } | Event::Removed { hashes, .. } => {
+                    n += batch.hashes(*hashes).len()
+                }
                 Event::Cleared { .. } => {}
             }
         }

@@ -148,7 +148,7 @@ fn out_of_scope_events_are_skipped_and_counted() {
     let mut named = stored(vec![WireHash::Uint(6)], None, Tier::Device);
     named.lora_name = Some("adapter".into());
     let mut mm = stored(vec![WireHash::Uint(7)], None, Tier::Device);
-    mm.extra_keys = vec!["image-hash".into()];
+    mm.extra_keys = vec![Some("image-hash".into())];
     let mut empty_name = stored(vec![WireHash::Uint(8)], None, Tier::Device);
     empty_name.lora_name = Some(String::new());
     let mut disk = stored(vec![WireHash::Uint(9)], None, Tier::Device);
@@ -172,8 +172,12 @@ fn out_of_scope_events_are_skipped_and_counted() {
     };
     for ev in [EventForm::Map, EventForm::Positional] {
         let b = decode(&encode_batch(&rec, BatchForm::Array, ev)).unwrap();
-        assert_eq!(b.events.len(), 1, "{ev:?}: only the store with an empty lora_name remains");
-        let Event::Stored(s) = b.events[0] else { panic!("store expected") };
+        assert_eq!(b.events.len(), 4, "{ev:?}: three out of scope, one with an empty lora_name");
+        for (i, h) in [5, 6, 7].into_iter().enumerate() {
+            let Event::OutOfScope { hashes, .. } = b.events[i] else { panic!("out of scope") };
+            assert_eq!(b.hashes(hashes), [EngineHash(h)], "only the hash is kept");
+        }
+        let Event::Stored(s) = b.events[3] else { panic!("store expected") };
         assert_eq!(b.hashes(s.hashes), [EngineHash(8)]);
         assert_eq!(b.tokens(s.tokens), [0, 1], "skipped events leave no tokens behind");
         assert_eq!(b.skipped.lora_or_multimodal, 3);
@@ -205,7 +209,7 @@ fn medium_selects_the_tier_and_cleared_without_medium_clears_both() {
         .map(|e| match e {
             Event::Stored(s) => Some(s.tier),
             Event::Cleared { tier } => *tier,
-            Event::Removed { tier, .. } => Some(*tier),
+            Event::Removed { tier, .. } | Event::OutOfScope { tier, .. } => Some(*tier),
         })
         .collect();
     assert_eq!(tiers, [Some(Tier::Device), Some(Tier::Host), Some(Tier::Device), None]);

@@ -14,8 +14,8 @@ use std::time::Instant;
 use actix::prelude::*;
 use kvdir::config::{DiscoveryConfig, Limits};
 use kvdir::registry::{
-    namespace_prefix, parse_instance, parse_key, parse_load, plan, HeartbeatError, LoadMetrics,
-    PlannedStream, Registry, RegistryKey,
+    namespace_prefix, parse_instance, parse_key, parse_load, plan, Exclusion, HeartbeatError,
+    LoadMetrics, PlannedStream, Registry, RegistryKey,
 };
 use serde::Serialize;
 
@@ -134,7 +134,7 @@ pub struct DiscoveryActor {
     prefix: String,
     registry: Registry,
     set: StreamSet,
-    excluded: BTreeMap<String, String>,
+    excluded: BTreeMap<String, Exclusion>,
     etcd_connected: bool,
     etcd_error: Option<String>,
     listings: u64,
@@ -255,7 +255,7 @@ impl DiscoveryActor {
         for (name, why) in &plan.excluded {
             // Logged once when it starts, not on every refresh.
             let new = self.excluded.get(name) != Some(why);
-            if new && (why.contains("overlap") || why.starts_with("port overflow")) {
+            if new && why.needs_operator() {
                 tracing::error!(instance = %name, reason = %why, "instance excluded from subscriptions");
             }
         }
@@ -280,9 +280,7 @@ async fn apply_plan(set: &StreamSet, desired: Vec<PlannedStream>) {
         .collect();
     for key in set.keys() {
         let keep = match (set.get(&key), want.get(&key)) {
-            (Some(run), Some(p)) => {
-                run.spec == p.spec && run.identity.as_ref() == Some(&p.identity)
-            }
+            (Some(run), Some(p)) => p.is_running_as(&run.spec, run.identity.as_ref()),
             _ => false,
         };
         if !keep {
@@ -410,7 +408,7 @@ impl Handler<GetInstances> for DiscoveryActor {
                         .filter(|k| k.instance_name == r.name)
                         .map(|k| k.dp_rank)
                         .collect(),
-                    excluded: self.excluded.get(&r.name).cloned(),
+                    excluded: self.excluded.get(&r.name).map(ToString::to_string),
                 }
             })
             .collect();

@@ -36,6 +36,9 @@ pub struct StreamShared {
     pub pending_invalidation: Mutex<Option<String>>,
     /// Messages the worker could not deliver because the mailbox was full.
     pub mailbox_drops: AtomicU64,
+    /// Live stores the index skipped as out of scope: children and tokenless replicas of
+    /// out-of-scope blocks (the decoder counts the marked stores in the worker's status).
+    pub skipped_out_of_scope: AtomicU64,
     /// Heap bytes of the live batches queued in the mailbox (bounded by `max_buffered_bytes`).
     pub queued_bytes: AtomicU64,
     /// The stream's instance name.
@@ -154,8 +157,9 @@ impl IndexActor {
 
     fn apply(&mut self, epoch: u64, seq: u64, batch: &Batch) -> bool {
         match self.index.apply(seq, batch) {
-            Ok(_) => {
+            Ok(stats) => {
                 self.shared.counters.count_batch(batch);
+                self.shared.skipped_out_of_scope.fetch_add(stats.out_of_scope, Ordering::Relaxed);
                 true
             }
             Err(e) => {

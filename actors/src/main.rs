@@ -42,7 +42,7 @@ fn main() -> ExitCode {
     let flags = match parse_flags(&args) {
         Ok(Command::Run(f)) => {
             init_logs(f.log_format);
-            f
+            *f
         }
         Ok(Command::Help) => {
             print!("{USAGE}");
@@ -74,6 +74,9 @@ fn main() -> ExitCode {
         };
     }
     if flags.check_config {
+        for warning in &flags.warnings {
+            tracing::warn!("{warning}");
+        }
         println!("configuration is valid");
         return ExitCode::SUCCESS;
     }

@@ -48,6 +48,8 @@ impl StreamCounters {
                     (&self.blocks_removed[tier_index(*tier)], hashes.len)
                 }
                 Event::Cleared { .. } => (&self.cleared, 1),
+                // Not indexed; counted as skipped by the decoder.
+                Event::OutOfScope { .. } => continue,
             };
             slot.fetch_add(u64::from(n), Ordering::Relaxed);
         }

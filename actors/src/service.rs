@@ -69,6 +69,9 @@ impl Service {
     /// registry follows etcd at `--etcd_addr` whatever the directory config says (unless that
     /// flag is empty): the directory only supplies hit ratios.
     pub fn start(flags: Flags, directory: Option<DirectoryConfig>) -> Result<Service, StartError> {
+        for warning in &flags.warnings {
+            tracing::warn!("{warning}");
+        }
         let registry = !flags.etcd_addr.is_empty();
         let etcd = if registry {
             format!("instances, loads and heartbeats still follow etcd at {}", flags.etcd_addr)

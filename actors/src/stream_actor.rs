@@ -77,7 +77,8 @@ pub struct StreamReport {
     pub dropped_batches: u64,
     /// Messages the index mailbox refused.
     pub mailbox_drops: u64,
-    /// Events the decoder skipped.
+    /// Events skipped as out of scope: by the decoder (unknown types, media, LoRA and
+    /// multimodal context) and by the index (stores chaining to or replicating those blocks).
     pub skipped_events: u64,
     /// Worker restarts by the supervisor.
     pub restarts: u64,
@@ -252,7 +253,8 @@ impl Handler<GetStreamReport> for StreamActor {
             snapshot_bytes: s.snapshot_bytes,
             dropped_batches: s.stats.dropped_batches,
             mailbox_drops: self.shared.mailbox_drops.load(Ordering::Relaxed),
-            skipped_events: s.skipped_events,
+            skipped_events: s.skipped_events
+                + self.shared.skipped_out_of_scope.load(Ordering::Relaxed),
             restarts: self.restarts,
             restart_backoff_ms: self.backoff.map(|d| d.as_millis() as u64),
             last_fault: s.last_fault,

@@ -140,8 +140,9 @@ impl Worker {
         let status = ctx.status.lock().map(|s| s.clone()).unwrap_or_default();
         let epoch = ctx.shared.epoch.load(Ordering::Acquire);
         let index_config = ctx.spec.index_config(&ctx.limits);
-        let recovery = Recovery::new(RecoveryConfig::from_limits(&ctx.limits), index_config)
-            .continuing(epoch, status.stats);
+        let recovery =
+            Recovery::new(RecoveryConfig::for_stream(&ctx.spec, &ctx.limits), index_config)
+                .continuing(epoch, status.stats);
         let status = WorkerStatus { connected: false, ..status };
         let actions = Vec::new();
         let warn_on_invalidate = true;

@@ -40,6 +40,22 @@ fn the_example_configs_are_valid() {
 }
 
 #[test]
+fn an_xllm_service_block_size_flag_is_accepted_with_a_warning() {
+    let config = repo_file("config/kv_events_discovery_config.json");
+    let out = kvdir()
+        .args(["--check_config", "--block_size=128"])
+        .arg(format!("--kv_events_config_file={}", config.display()))
+        .output()
+        .unwrap();
+    let (stdout, stderr) =
+        (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "{stdout} {stderr}");
+    assert_eq!(stdout.trim(), "configuration is valid");
+    assert!(stderr.contains("WARN"), "{stderr}");
+    assert!(stderr.contains("--block_size=128 does not configure the directory"), "{stderr}");
+}
+
+#[test]
 fn bad_flags_and_configs_exit_2_with_every_problem() {
     let out = kvdir().args(["--http_server_port=99999", "--nope=1"]).output().unwrap();
     assert_eq!(out.status.code(), Some(2));

@@ -35,6 +35,9 @@ fn summary(batch: &Batch) -> Vec<(&'static str, Vec<EngineHash>, usize, Option<T
             Event::Removed { hashes, tier } => {
                 ("removed", batch.hashes(*hashes).to_vec(), 0, Some(*tier))
             }
+            Event::OutOfScope { hashes, tier } => {
+                ("out of scope", batch.hashes(*hashes).to_vec(), 0, Some(*tier))
+            }
             Event::Cleared { tier } => ("cleared", Vec::new(), 0, *tier),
         })
         .collect()

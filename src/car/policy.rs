@@ -207,7 +207,9 @@ fn ineligible(c: &Candidate) -> Option<String> {
 /// The CAR hit ratio: the minimum over the DP ranks, 0 for a missing, unsynchronized or
 /// stale-identity rank.
 pub fn kv_hit_ratio(c: &Candidate, input_tokens: usize, host_weight: f64) -> f64 {
-    if input_tokens == 0 {
+    // Hits hold at most one entry per rank, so fewer entries than ranks means a missing rank;
+    // checking first also keeps a hostile `dp_size` (up to 2^32 - 1) from costing a loop.
+    if input_tokens == 0 || c.hits.len() < c.dp_size.max(1) as usize {
         return 0.0;
     }
     (0..c.dp_size.max(1))

@@ -93,6 +93,17 @@ fn a_multi_dp_instance_gets_its_minimum_and_bad_ranks_give_zero() {
 }
 
 #[test]
+fn a_hostile_dp_size_gives_zero_at_once_instead_of_a_four_billion_rank_loop() {
+    let mut hostile = cand("h", D, 0, &[(100, 0)]);
+    hostile.dp_size = u32::MAX;
+    let started = std::time::Instant::now();
+    assert_eq!(kv_hit_ratio(&hostile, 100, 0.5), 0.0, "its other ranks are missing");
+    let routed = pick(&[hostile, cand("b", D, 1, &[(0, 0)])], &params(0.5, 0.5));
+    assert_eq!(report(&routed, "h").kv_hit_ratio, Some(0.0));
+    assert!(started.elapsed() < std::time::Duration::from_secs(1), "{:?}", started.elapsed());
+}
+
+#[test]
 fn equal_scores_rotate_between_calls() {
     let cands =
         [cand("a", D, 0, &[(0, 0)]), cand("b", D, 0, &[(0, 0)]), cand("c", D, 0, &[(0, 0)])];

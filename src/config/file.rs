@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::endpoint::{canonical_endpoint, check_endpoint};
 use super::json::{kind, Fields};
 use super::{ConfigError, DirectoryConfig, DiscoveryConfig, Limits, Source, StreamSpec};
 
@@ -155,23 +156,23 @@ fn parse_stream(i: usize, v: &Value, errors: &mut Vec<String>) -> Option<StreamS
     Some(spec)
 }
 
-/// A connectable TCP endpoint: `tcp://host:port` with a concrete host and a port in 1..=65535.
-pub fn check_endpoint(ep: &str) -> Result<(), String> {
-    let Some(rest) = ep.strip_prefix("tcp://") else {
-        return Err("must start with tcp://".into());
-    };
-    let Some((host, port)) = rest.rsplit_once(':') else {
-        return Err("must be tcp://host:port".into());
-    };
-    if host.is_empty() || host == "*" || host == "0.0.0.0" || host == "[::]" {
-        return Err(format!("host {host:?} is not connectable; use the engine's address"));
-    }
-    match port.parse::<u16>() {
-        Ok(p) if p > 0 => Ok(()),
-        _ => Err(format!("port {port:?} is not in 1..=65535")),
+/// The key an endpoint is compared by: its canonical form, or itself when it has none (it is
+/// then already reported as invalid).
+fn same_socket(ep: &str) -> String {
+    canonical_endpoint(ep).unwrap_or_else(|| ep.to_string())
+}
+
+/// ` (both are tcp://...)` when `a` and `b` are spelled differently, else nothing.
+fn spelled(a: &str, b: &str, canonical: &str) -> String {
+    if a == b {
+        String::new()
+    } else {
+        format!(" (both are {canonical})")
     }
 }
 
+/// Duplicate instance/DP pairs, and endpoints that are one socket after canonicalization:
+/// duplicate event or replay endpoints, and replay endpoints that overlap event endpoints.
 fn check_unique(specs: &[StreamSpec], errors: &mut Vec<String>) {
     let mut pairs = HashMap::new();
     let mut events = HashMap::new();
@@ -182,21 +183,29 @@ fn check_unique(specs: &[StreamSpec], errors: &mut Vec<String>) {
                 s.instance_name, s.dp_rank
             ));
         }
-        if let Some(j) = first(&mut events, s.endpoint.clone(), i) {
-            errors.push(format!("streams[{i}].endpoint {:?} duplicates streams[{j}]", s.endpoint));
+        let key = same_socket(&s.endpoint);
+        if let Some(j) = first(&mut events, key.clone(), i) {
+            let also = spelled(&s.endpoint, &specs[j].endpoint, &key);
+            errors.push(format!(
+                "streams[{i}].endpoint {:?} duplicates streams[{j}]{also}",
+                s.endpoint
+            ));
         }
     }
     let mut replays = HashMap::new();
     for (i, s) in specs.iter().enumerate() {
-        if let Some(j) = first(&mut replays, s.replay_endpoint.clone(), i) {
+        let key = same_socket(&s.replay_endpoint);
+        if let Some(j) = first(&mut replays, key.clone(), i) {
+            let also = spelled(&s.replay_endpoint, &specs[j].replay_endpoint, &key);
             errors.push(format!(
-                "streams[{i}].replay_endpoint {:?} duplicates streams[{j}]",
+                "streams[{i}].replay_endpoint {:?} duplicates streams[{j}]{also}",
                 s.replay_endpoint
             ));
         }
-        if let Some(j) = events.get(&s.replay_endpoint) {
+        if let Some(&j) = events.get(&key) {
+            let also = spelled(&s.replay_endpoint, &specs[j].endpoint, &key);
             errors.push(format!(
-                "streams[{i}].replay_endpoint {:?} overlaps the event endpoint of streams[{j}]",
+                "streams[{i}].replay_endpoint {:?} overlaps the event endpoint of streams[{j}]{also}",
                 s.replay_endpoint
             ));
         }

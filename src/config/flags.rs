@@ -1,5 +1,7 @@
 //! Command-line flags in xllm-service style: `--flag=value` and `--flag value` both work.
-//! Unknown flags and bad values are collected and reported together.
+//! Unknown flags and bad values are collected and reported together. Flags of xllm-service that
+//! do not apply to kvdir (`--block_size`) are accepted with a warning in [`Flags::warnings`],
+//! so an existing command line still starts.
 
 use std::path::PathBuf;
 
@@ -33,6 +35,8 @@ FLAGS (--flag=value or --flag value):
     --demo_seconds N               stop the demo after N seconds [default: run until Ctrl-C]
     --log_format F                 text or json (one object per line), to stderr; filter
                                    with RUST_LOG, e.g. RUST_LOG=kvdir_actors=debug [default: text]
+    --block_size N                 accepted for xllm-service compatibility and ignored with a
+                                   warning: set block_size in the kv_events_config_file
     --help, --version
 ";
 
@@ -40,7 +44,7 @@ FLAGS (--flag=value or --flag value):
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
     /// Run the service (or only check its configuration).
-    Run(Flags),
+    Run(Box<Flags>),
     /// Print usage.
     Help,
     /// Print the version.
@@ -76,6 +80,8 @@ pub struct Flags {
     pub demo_seconds: Option<u64>,
     /// How log lines are written.
     pub log_format: LogFormat,
+    /// Flags accepted but ignored, one message each, for the service to log at start.
+    pub warnings: Vec<String>,
 }
 
 /// How log lines are written (to stderr).
@@ -116,6 +122,7 @@ impl Default for Flags {
             demo: false,
             demo_seconds: None,
             log_format: LogFormat::Text,
+            warnings: Vec::new(),
         }
     }
 }
@@ -159,6 +166,11 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
         "car_host_hit_weight" => flags.route.host_weight = fraction(name, v, 1.0)?,
         "target_ttft" => flags.route.target_ttft_ms = fraction(name, v, f64::MAX)?,
         "target_tpot" => flags.route.target_tpot_ms = fraction(name, v, f64::MAX)?,
+        "block_size" => flags.warnings.push(format!(
+            "--block_size={v} does not configure the directory and is ignored (kept for \
+             xllm-service command lines); set block_size in the kv_events_config_file: \
+             discovery.block_size or streams[].block_size"
+        )),
         _ => return Err(format!("unknown flag --{name}; run kvdir --help for the list")),
     }
     Ok(())
@@ -200,7 +212,7 @@ pub fn parse_flags<S: AsRef<str>>(args: &[S]) -> Result<Command, ConfigError> {
         flags.demo = true;
     }
     if errors.is_empty() {
-        Ok(Command::Run(flags))
+        Ok(Command::Run(Box::new(flags)))
     } else {
         Err(ConfigError::new(errors))
     }

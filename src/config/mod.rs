@@ -4,11 +4,13 @@
 //! uses `Duration`s and checked values. Every problem is collected and reported together, each
 //! naming the offending value and the fix.
 
+mod endpoint;
 mod file;
 mod flags;
 mod json;
 
-pub use file::{check_endpoint, parse_config_file};
+pub use endpoint::{canonical_endpoint, check_endpoint};
+pub use file::parse_config_file;
 pub use flags::{parse_flags, Command, Flags, LogFormat, USAGE};
 
 use std::fmt;

@@ -152,7 +152,11 @@ fn flags_accept_both_forms_and_report_all_errors() {
     };
     assert_eq!((f.route.policy, f.route.host_weight), (crate::car::Policy::Rr, 1.0));
     let no_args = Flags { demo: true, ..Flags::default() };
-    assert_eq!(parse_flags::<&str>(&[]).unwrap(), Command::Run(no_args), "no flags runs the demo");
+    assert_eq!(
+        parse_flags::<&str>(&[]).unwrap(),
+        Command::Run(Box::new(no_args)),
+        "no flags runs the demo"
+    );
 }
 
 #[test]
@@ -162,4 +166,51 @@ fn endpoints_must_be_connectable_tcp() {
     assert!(check_endpoint("tcp://0.0.0.0:18000").is_err());
     assert!(check_endpoint("tcp://127.0.0.1").is_err());
     assert!(check_endpoint("ipc:///tmp/x").is_err());
+}
+
+#[test]
+fn duplicate_and_overlapping_endpoints_are_found_in_any_spelling() {
+    let text = r#"{"streams": [
+      {"instance_name": "a", "endpoint": "tcp://127.0.0.1:18000", "replay_endpoint": "tcp://127.0.0.1:38000"},
+      {"instance_name": "b", "endpoint": "tcp://localhost:18000", "replay_endpoint": "tcp://[::ffff:127.0.0.1]:38000"},
+      {"instance_name": "c", "endpoint": "tcp://Engine.example:1", "replay_endpoint": "tcp://LOCALHOST.:18000"},
+      {"instance_name": "d", "endpoint": "tcp://engine.example:01", "replay_endpoint": "tcp://[::1]:38000"}
+    ]}"#;
+    assert_eq!(
+        problems(text),
+        [
+            "streams[1].endpoint \"tcp://localhost:18000\" duplicates streams[0] \
+             (both are tcp://127.0.0.1:18000)",
+            "streams[3].endpoint \"tcp://engine.example:01\" duplicates streams[2] \
+             (both are tcp://engine.example:1)",
+            "streams[1].replay_endpoint \"tcp://[::ffff:127.0.0.1]:38000\" duplicates streams[0] \
+             (both are tcp://127.0.0.1:38000)",
+            "streams[2].replay_endpoint \"tcp://LOCALHOST.:18000\" overlaps the event endpoint \
+             of streams[0] (both are tcp://127.0.0.1:18000)",
+        ]
+    );
+}
+
+#[test]
+fn the_old_block_size_flag_starts_with_a_warning_instead_of_failing() {
+    let Command::Run(f) =
+        parse_flags(&["--block_size=128", "--http_server_port", "9000", "--block_size", "16"])
+            .unwrap()
+    else {
+        panic!("run expected")
+    };
+    assert_eq!(f.http_server_port, 9000, "the other flags still apply");
+    assert_eq!(f.warnings.len(), 2);
+    assert_eq!(
+        f.warnings[0],
+        "--block_size=128 does not configure the directory and is ignored (kept for xllm-service \
+         command lines); set block_size in the kv_events_config_file: discovery.block_size or \
+         streams[].block_size"
+    );
+    assert!(f.warnings[1].starts_with("--block_size=16 does not configure the directory"));
+    assert!(USAGE.contains("--block_size"));
+    let Command::Run(plain) = parse_flags(&["--http_server_port=9000"]).unwrap() else {
+        panic!("run expected")
+    };
+    assert!(plain.warnings.is_empty());
 }

@@ -6,13 +6,22 @@
 //! collected in order and handed to a [`Sink`], which is either the live view's operation log or
 //! a map built aside.
 //!
+//! Blocks outside the index's scope ([`Event::OutOfScope`]: LoRA, multimodal or salted context)
+//! are remembered by engine hash with the [`OUT_OF_SCOPE`] flag, on their tiers, and never reach
+//! the view. A store whose parent is one of them, and a tokenless replica of one, is out of scope
+//! too (vLLM marks only the blocks that carry the context; the text blocks after them chain to
+//! them unmarked): remembered the same way and counted in [`ApplyStats::out_of_scope`], where it
+//! used to be taken for a child of an unknown parent and force a snapshot. They count against
+//! `max_blocks`, and removals and clears forget them like any block. A parent that is truly
+//! unknown is still an error in a live batch.
+//!
 //! The block table does not fit in cache, so before working on a group of engine hashes the
 //! code loads their home slots in one pass ([`Blocks::touch`]): the misses then overlap instead
 //! of being taken one after the other.
 
 use std::hint::black_box;
 
-use super::blocks::{bit, Block, Blocks};
+use super::blocks::{bit, Block, Blocks, OUT_OF_SCOPE, TIER_BITS};
 use super::key::{ContentKey, KeyHasher};
 use super::view::{apply_changes, apply_to_map, Change, PresenceMap, ViewOp};
 use super::IndexError;
@@ -41,6 +50,9 @@ pub struct ApplyStats {
     pub unknown_removals: u64,
     /// Snapshot blocks skipped because their parent is absent from the snapshot.
     pub orphans: u64,
+    /// `BlockStored` events skipped as out of scope by the index: children of out-of-scope
+    /// blocks and tokenless replicas of them (the decoder counts the marked ones it sees).
+    pub out_of_scope: u64,
 }
 
 impl ApplyStats {
@@ -50,6 +62,7 @@ impl ApplyStats {
         self.removed += o.removed;
         self.unknown_removals += o.unknown_removals;
         self.orphans += o.orphans;
+        self.out_of_scope += o.out_of_scope;
     }
 }
 
@@ -124,6 +137,9 @@ impl Table {
         for event in &batch.events {
             match event {
                 Event::Stored(s) => self.stored(batch, s, ctx, out, stats)?,
+                Event::OutOfScope { hashes, tier } => {
+                    self.out_of_scope(batch.hashes(*hashes), *tier, ctx.max_blocks)?
+                }
                 Event::Removed { hashes, tier } => {
                     for group in batch.hashes(*hashes).chunks(AHEAD) {
                         self.touch(group);
@@ -178,6 +194,10 @@ impl Table {
         let mut prev = match s.parent {
             None => None,
             Some(p) => match self.blocks.get(p) {
+                Some(block) if block.is_out_of_scope() => {
+                    stats.out_of_scope += 1;
+                    return self.out_of_scope(hashes, s.tier, ctx.max_blocks);
+                }
                 Some(block) => Some(block.key),
                 None if ctx.mode == Mode::Snapshot => {
                     stats.orphans += hashes.len() as u64;
@@ -209,7 +229,7 @@ impl Table {
         match self.blocks.find(h) {
             Ok(slot) => {
                 let block = self.blocks.at_mut(slot);
-                if block.key != key {
+                if block.is_out_of_scope() || block.key != key {
                     return Err(IndexError::HashConflict(h));
                 }
                 Self::add_tier_counts(&mut self.device, &mut self.host, block, tier, out, stats);
@@ -244,13 +264,48 @@ impl Table {
         out: &mut Vec<Change>,
         stats: &mut ApplyStats,
     ) -> Result<(), IndexError> {
+        let mut replicas_out_of_scope = false;
         for h in hashes {
             match self.blocks.get_mut(*h) {
+                Some(block) if block.is_out_of_scope() => {
+                    block.tiers |= bit(tier);
+                    replicas_out_of_scope = true;
+                }
                 Some(block) => {
                     Self::add_tier_counts(&mut self.device, &mut self.host, block, tier, out, stats)
                 }
                 None if mode == Mode::Snapshot => stats.orphans += 1,
                 None => return Err(IndexError::UnknownHash(*h)),
+            }
+        }
+        stats.out_of_scope += u64::from(replicas_out_of_scope);
+        Ok(())
+    }
+
+    /// Remembers out-of-scope blocks on `tier`. The same hash held in scope is a conflict: an
+    /// engine hash covers the block's context, so one block cannot be both.
+    fn out_of_scope(
+        &mut self,
+        hashes: &[EngineHash],
+        tier: Tier,
+        max_blocks: usize,
+    ) -> Result<(), IndexError> {
+        for h in hashes {
+            match self.blocks.find(*h) {
+                Ok(slot) => {
+                    let block = self.blocks.at_mut(slot);
+                    if !block.is_out_of_scope() {
+                        return Err(IndexError::HashConflict(*h));
+                    }
+                    block.tiers |= bit(tier);
+                }
+                Err(at) => {
+                    if self.blocks.len() >= max_blocks {
+                        return Err(IndexError::LimitExceeded { limit: max_blocks });
+                    }
+                    let block = Block { key: ContentKey([0; 16]), tiers: bit(tier) | OUT_OF_SCOPE };
+                    self.blocks.insert_at(at, *h, block);
+                }
             }
         }
         Ok(())
@@ -286,10 +341,13 @@ impl Table {
             return;
         }
         block.tiers &= !bit(tier);
-        let (key, gone) = (block.key, block.tiers == 0);
-        *self.tier_count(tier) -= 1;
-        out.push(Change { key, tier, add: false });
-        stats.removed += 1;
+        let (key, gone, in_scope) =
+            (block.key, block.tiers & TIER_BITS == 0, !block.is_out_of_scope());
+        if in_scope {
+            *self.tier_count(tier) -= 1;
+            out.push(Change { key, tier, add: false });
+            stats.removed += 1;
+        }
         if gone {
             self.blocks.remove_at(slot);
         }
@@ -305,6 +363,9 @@ impl Table {
             Some(t) => {
                 self.blocks.retain(|b| {
                     b.tiers &= !bit(t);
+                    if b.tiers & TIER_BITS == 0 {
+                        b.tiers = 0; // vacant, as `retain` requires of what it removes
+                    }
                     b.tiers != 0
                 });
                 match t {

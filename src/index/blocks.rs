@@ -9,6 +9,14 @@ use super::flat::{FlatKey, FlatTable, Vacancy};
 use super::key::ContentKey;
 use crate::wire::{EngineHash, Tier};
 
+/// The bits of `tiers` that are tiers.
+pub(crate) const TIER_BITS: u8 = 1 | 2;
+
+/// Set in `tiers` for a block outside the index's scope (LoRA, multimodal or salted context, or
+/// a descendant of such a block). Its key is meaningless and it is never in the view; it is
+/// kept so that its children and replicas are recognized, and counts against `max_blocks`.
+pub(crate) const OUT_OF_SCOPE: u8 = 4;
+
 /// The bit of `tiers` for a tier.
 pub(crate) fn bit(t: Tier) -> u8 {
     match t {
@@ -52,11 +60,19 @@ impl FlatKey for Wide {
     }
 }
 
-/// One resident engine block; `tiers == 0` only marks a vacant slot.
+/// One resident engine block; `tiers == 0` only marks a vacant slot, and a resident block has
+/// at least one tier bit (plus [`OUT_OF_SCOPE`] when it is outside the index's scope).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Block {
     pub key: ContentKey,
     pub tiers: u8,
+}
+
+impl Block {
+    /// Whether the block is outside the index's scope (see [`OUT_OF_SCOPE`]).
+    pub fn is_out_of_scope(&self) -> bool {
+        self.tiers & OUT_OF_SCOPE != 0
+    }
 }
 
 impl Default for Block {

@@ -7,8 +7,8 @@
 //!   published atomically after each batch or snapshot, so matching is one map probe per block
 //!   with no lock and no message.
 //!
-//! Invariants: a content key is in the view exactly when some engine block with that key is
-//! resident on some tier; an unsynchronized stream matches nothing; after any error the index
+//! Invariants: a content key is in the view exactly when some in-scope engine block with that key
+//! is resident on some tier (out-of-scope blocks are held by hash only, never in the view); an unsynchronized stream matches nothing; after any error the index
 //! accepts no live batch until a snapshot or a full-state batch replaces its contents.
 
 mod apply;
@@ -78,5 +78,7 @@ pub enum IndexError {
     NotSynchronized(String),
 }
 
+#[cfg(test)]
+mod scope_tests;
 #[cfg(test)]
 mod tests;

@@ -6,10 +6,11 @@ mod plan;
 mod record;
 mod state;
 
-pub use plan::{plan, wants_subscription, Plan, PlannedStream};
+pub use plan::{plan, wants_subscription, Exclusion, Plan, PlannedStream};
 pub use record::{
     namespace_prefix, parse_instance, parse_key, parse_load, split_host_port, watched_prefixes,
     watched_range, Identity, InstanceRecord, InstanceType, LoadMetrics, RecordError, RegistryKey,
+    MAX_NAME_BYTES, QUOTED_BYTES,
 };
 pub use state::{
     HeartbeatError, Instance, InstanceState, PutOutcome, Registry, LEASE_LOST_GRACE,

@@ -1,5 +1,10 @@
 //! Instance records as xLLM engines write them to etcd (protocol.md section 5), parsed leniently:
 //! a value that does not parse is an error for that key only, never for discovery as a whole.
+//!
+//! Values are hostile input: a name is at most [`MAX_NAME_BYTES`] (a DNS name and a port fit), and
+//! error messages quote at most [`QUOTED_BYTES`] of any value, so a 1 MiB value costs one parse
+//! and a short log line. Numbers that shape streams (`dp_size`) are bounded where streams are
+//! planned.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -101,6 +106,24 @@ struct Raw {
     tpot_profiling_data: Vec<(f64, f64, f64)>,
 }
 
+/// Longest instance name accepted: a 253-byte DNS name, brackets and a port fit.
+pub const MAX_NAME_BYTES: usize = 300;
+
+/// Longest excerpt of a value quoted in an error message.
+pub const QUOTED_BYTES: usize = 160;
+
+/// `s`, cut to [`QUOTED_BYTES`] on a character boundary with its full length noted.
+fn quoted(s: &str) -> String {
+    if s.len() <= QUOTED_BYTES {
+        return s.to_string();
+    }
+    let mut end = QUOTED_BYTES;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} bytes)", &s[..end], s.len())
+}
+
 /// Why a record was ignored.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RecordError {
@@ -125,12 +148,16 @@ pub enum RecordError {
 
 /// Parses an instance value stored under a key whose suffix is `key_name`.
 pub fn parse_instance(key_name: &str, value: &[u8]) -> Result<InstanceRecord, RecordError> {
-    let raw: Raw = serde_json::from_slice(value).map_err(|e| RecordError::Parse(e.to_string()))?;
+    let raw: Raw =
+        serde_json::from_slice(value).map_err(|e| RecordError::Parse(quoted(&e.to_string())))?;
     if raw.name != key_name {
-        return Err(RecordError::NameMismatch { key: key_name.into(), value: raw.name });
+        let (key, value) = (quoted(key_name), quoted(&raw.name));
+        return Err(RecordError::NameMismatch { key, value });
     }
     let kind = InstanceType::from_code(raw.kind).ok_or(RecordError::Type(raw.kind))?;
-    split_host_port(&raw.name).ok_or_else(|| RecordError::Name(raw.name.clone()))?;
+    if raw.name.len() > MAX_NAME_BYTES || split_host_port(&raw.name).is_none() {
+        return Err(RecordError::Name(quoted(&raw.name)));
+    }
     Ok(InstanceRecord {
         name: raw.name,
         kind,
@@ -222,11 +249,12 @@ pub fn watched_range(prefix: &str) -> (String, String) {
     (format!("{prefix}XLLM:DECODE:"), format!("{prefix}XLLM:PREFILL;"))
 }
 
-/// Classifies a key under `prefix`; other keys give `None`.
+/// Classifies a key under `prefix`; other keys give `None`, and so do names longer than
+/// [`MAX_NAME_BYTES`], which no engine can have.
 pub fn parse_key(prefix: &str, key: &str) -> Option<RegistryKey> {
     let rest = key.strip_prefix(prefix)?.strip_prefix("XLLM:")?;
     let (segment, name) = rest.split_once(':')?;
-    if name.is_empty() {
+    if name.is_empty() || name.len() > MAX_NAME_BYTES {
         return None;
     }
     let kind = match segment {

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::config::Limits;
+use crate::config::{Limits, StreamSpec};
 use crate::index::{IndexConfig, SnapshotBuilder};
 use crate::wire::Batch;
 
@@ -12,9 +12,11 @@ use crate::wire::Batch;
 /// interval that bounds unverified credit to about 90 s.
 pub const MAX_FAILED_RESYNCS: u32 = 3;
 
-/// The limits and timings recovery obeys.
+/// The stream and the limits and timings its recovery obeys.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecoveryConfig {
+    /// The stream's DP rank: every snapshot reply batch must carry it.
+    pub dp_rank: u32,
     /// Time allowed for a complete snapshot.
     pub replay_timeout: Duration,
     /// Period of snapshot reconciliation while synchronized.
@@ -28,9 +30,10 @@ pub struct RecoveryConfig {
 }
 
 impl RecoveryConfig {
-    /// Recovery settings from the configured limits.
-    pub fn from_limits(l: &Limits) -> Self {
+    /// Recovery settings of `spec`'s stream under the configured limits.
+    pub fn for_stream(spec: &StreamSpec, l: &Limits) -> Self {
         RecoveryConfig {
+            dp_rank: spec.dp_rank,
             replay_timeout: l.replay_timeout,
             resync_interval: l.resync_interval,
             max_buffered_bytes: l.max_buffered_bytes,
@@ -295,7 +298,8 @@ impl Recovery {
         }
     }
 
-    /// One snapshot reply message, already decoded.
+    /// One snapshot reply message, already decoded. A reply of another DP rank's state (a
+    /// publisher wired to the wrong replay port) fails the snapshot like a malformed one.
     pub fn on_snapshot_reply(
         &mut self,
         watermark: u64,
@@ -304,6 +308,13 @@ impl Recovery {
         out: &mut Vec<Action>,
     ) {
         let Phase::Syncing(p) = &mut self.phase else { return };
+        if batch.dp_rank != self.cfg.dp_rank {
+            let reason = format!(
+                "snapshot rejected: batch dp_rank {} does not match the stream's dp_rank {}",
+                batch.dp_rank, self.cfg.dp_rank
+            );
+            return self.fail(&reason, now, out);
+        }
         if p.watermark.is_some_and(|w| w != watermark) {
             let reason = format!("snapshot replies disagree on the watermark: {watermark}");
             return self.fail(&reason, now, out);
@@ -323,6 +334,11 @@ impl Recovery {
 
     /// The snapshot terminator: install it with the buffered deltas that continue it.
     pub fn on_snapshot_end(&mut self, now: Instant, out: &mut Vec<Action>) {
+        // A terminator after the attempt already failed (its reply was rejected) is ignored:
+        // the phase it failed into (back-off, or live for a resync) stands.
+        if !matches!(self.phase, Phase::Syncing(_)) {
+            return;
+        }
         let Phase::Syncing(p) = std::mem::replace(&mut self.phase, Phase::Disconnected) else {
             return;
         };

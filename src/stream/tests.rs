@@ -8,6 +8,7 @@ use crate::wire::{Batch, EngineHash, Tier};
 
 fn cfg() -> RecoveryConfig {
     RecoveryConfig {
+        dp_rank: 0,
         replay_timeout: Duration::from_millis(200),
         resync_interval: Duration::from_secs(10),
         max_buffered_bytes: 1 << 20,
@@ -201,6 +202,34 @@ fn a_refused_or_rejected_snapshot_fails() {
         shown[2].starts_with("invalidate: snapshot rejected: BlockStored block_size 4"),
         "{shown:?}"
     );
+}
+
+#[test]
+fn a_snapshot_of_another_dp_rank_is_rejected() {
+    let t0 = Instant::now();
+    let index = IndexConfig { block_size: 2, hash_seed: 1024, max_blocks: 100 };
+    let mut m = Recovery::new(RecoveryConfig { dp_rank: 1, ..cfg() }, index);
+    let mut out = Vec::new();
+    m.on_connected(t0, &mut out);
+    let rank0 = batch(); // dp_rank 0: rank 0's state served on rank 1's replay port
+    m.on_snapshot_reply(3, &rank0, t0, &mut out);
+    m.on_snapshot_end(t0, &mut out);
+    assert_eq!(
+        show(&mut out),
+        [
+            "request 0",
+            "close",
+            "invalidate: snapshot rejected: batch dp_rank 0 does not match the stream's dp_rank 1"
+        ]
+    );
+    assert_eq!((m.phase_name(), m.stats().recoveries), ("backoff", 0), "no credit from it");
+
+    m.on_tick(t0 + Duration::from_millis(100), &mut out);
+    let mut rank1 = batch();
+    rank1.dp_rank = 1;
+    m.on_snapshot_reply(3, &rank1, t0, &mut out);
+    m.on_snapshot_end(t0, &mut out);
+    assert_eq!(show(&mut out), ["request 0", "close", "install 3 []"]);
 }
 
 #[test]

@@ -118,7 +118,10 @@ struct Fields<'a> {
     tokens: Option<Span>,
     block_size: Option<u32>,
     medium: Option<&'a [u8]>,
-    extra_context: bool,
+    /// LoRA context (`lora_id` or `lora_name`): every block is out of scope.
+    lora: bool,
+    /// The first block whose `extra_keys` entry is set (vLLM sends one entry per block).
+    first_marked: Option<usize>,
 }
 
 fn decode_event(r: &mut Reader<'_>, batch: &mut Batch) -> Result<(), WireError> {
@@ -143,11 +146,7 @@ fn decode_event(r: &mut Reader<'_>, batch: &mut Batch) -> Result<(), WireError> 
         }
     }
     let kind = f.kind.ok_or(WireError::MissingKey { context: "event", key: "type" })?;
-    match finish_event(kind, &f, batch)? {
-        Some(event) => batch.events.push(event),
-        None => batch.arena_truncate(marks),
-    }
-    Ok(())
+    finish_event(kind, &f, batch, marks)
 }
 
 fn read_positional<'a>(
@@ -196,28 +195,49 @@ fn read_field<'a>(
         b"lora_id" => {
             if !r.eat_nil()? {
                 r.skip()?;
-                f.extra_context = true;
+                f.lora = true;
             }
         }
-        b"lora_name" => f.extra_context |= non_empty(r, false)?,
-        b"extra_keys" => f.extra_context |= non_empty(r, true)?,
+        b"lora_name" => f.lora |= non_empty(r)?,
+        b"extra_keys" => f.first_marked = first_marked(r)?,
         _ => r.skip()?,
     }
     Ok(())
 }
 
-/// Whether an optional context field is set: nil, `""` and `[]` are unset.
-fn non_empty(r: &mut Reader<'_>, array: bool) -> Result<bool, WireError> {
+/// Whether an optional string field is set: nil and `""` are unset.
+fn non_empty(r: &mut Reader<'_>) -> Result<bool, WireError> {
     if r.eat_nil()? {
         return Ok(false);
     }
-    let empty = match r.peek()? {
-        0xa0 if !array => true,
-        0x90 if array => true,
-        _ => false,
-    };
+    let empty = r.peek()? == 0xa0;
     r.skip()?;
     Ok(!empty)
+}
+
+/// The first block whose `extra_keys` entry is set (neither nil nor an empty tuple), or `None`
+/// when none is. vLLM sends one entry per block, set only on the blocks that carry multimodal,
+/// LoRA or salt context; a value that is not a list marks every block.
+fn first_marked(r: &mut Reader<'_>) -> Result<Option<usize>, WireError> {
+    if r.eat_nil()? {
+        return Ok(None);
+    }
+    if !matches!(r.peek()?, 0x90..=0x9f | 0xdc | 0xdd) {
+        r.skip()?;
+        return Ok(Some(0));
+    }
+    let mut first = None;
+    for i in 0..r.array_len("extra_keys")? {
+        if r.eat_nil()? {
+            continue;
+        }
+        let empty = r.peek()? == 0x90;
+        r.skip()?;
+        if !empty && first.is_none() {
+            first = Some(i);
+        }
+    }
+    Ok(first)
 }
 
 fn read_hash(r: &mut Reader<'_>, field: &'static str) -> Result<EngineHash, WireError> {
@@ -285,41 +305,72 @@ fn read_block_size(r: &mut Reader<'_>) -> Result<u32, WireError> {
     }
 }
 
-/// Turns the fields into an event; `Ok(None)` means the event is skipped (and counted).
+/// Turns the fields into events, or drops the event (counted) and its arena entries.
 fn finish_event(
     kind: &[u8],
     f: &Fields<'_>,
     batch: &mut Batch,
-) -> Result<Option<Event>, WireError> {
-    match kind {
-        b"BlockStored" => {
-            let hashes = f.hashes.ok_or(missing("BlockStored", "block_hashes"))?;
-            let tokens = f.tokens.ok_or(missing("BlockStored", "token_ids"))?;
-            let block_size = f.block_size.ok_or(missing("BlockStored", "block_size"))?;
-            if f.extra_context {
-                batch.skipped.lora_or_multimodal += 1;
-                return Ok(None);
-            }
-            let Some(tier) = tier_or_skip(f.medium, batch) else { return Ok(None) };
-            Ok(Some(Event::Stored(Stored { hashes, parent: f.parent, tokens, block_size, tier })))
-        }
+    marks: (u32, u32),
+) -> Result<(), WireError> {
+    let event = match kind {
+        b"BlockStored" => return finish_stored(f, batch, marks),
         b"BlockRemoved" => {
             let hashes = f.hashes.ok_or(missing("BlockRemoved", "block_hashes"))?;
-            let Some(tier) = tier_or_skip(f.medium, batch) else { return Ok(None) };
-            Ok(Some(Event::Removed { hashes, tier }))
+            tier_or_skip(f.medium, batch).map(|tier| Event::Removed { hashes, tier })
         }
         b"AllBlocksCleared" => match f.medium {
-            None => Ok(Some(Event::Cleared { tier: None })),
-            Some(_) => {
-                let Some(tier) = tier_or_skip(f.medium, batch) else { return Ok(None) };
-                Ok(Some(Event::Cleared { tier: Some(tier) }))
-            }
+            None => Some(Event::Cleared { tier: None }),
+            Some(_) => tier_or_skip(f.medium, batch).map(|t| Event::Cleared { tier: Some(t) }),
         },
         _ => {
             batch.skipped.unknown_type += 1;
-            Ok(None)
+            None
         }
+    };
+    match event {
+        Some(e) => batch.events.push(e),
+        None => batch.arena_truncate(marks),
     }
+    Ok(())
+}
+
+/// A `BlockStored`, in scope or not. LoRA context puts every block out of scope; `extra_keys`
+/// puts the first marked block and every block after it (they chain to it) out of scope, and
+/// the blocks before it stay in scope when the tokens split there. Out-of-scope blocks keep
+/// only their hashes ([`Event::OutOfScope`]); the event counts once as skipped.
+fn finish_stored(f: &Fields<'_>, batch: &mut Batch, marks: (u32, u32)) -> Result<(), WireError> {
+    let hashes = f.hashes.ok_or(missing("BlockStored", "block_hashes"))?;
+    let tokens = f.tokens.ok_or(missing("BlockStored", "token_ids"))?;
+    let block_size = f.block_size.ok_or(missing("BlockStored", "block_size"))?;
+    let n = hashes.len;
+    let marked = if f.lora { Some(0) } else { f.first_marked.filter(|&k| k < n as usize) };
+    let Some(tier) = Tier::from_medium(f.medium) else {
+        match marked {
+            Some(_) => batch.skipped.lora_or_multimodal += 1,
+            None => batch.skipped.out_of_scope_medium += 1,
+        }
+        batch.arena_truncate(marks);
+        return Ok(());
+    };
+    let stored = |hashes, tokens| {
+        Event::Stored(Stored { hashes, parent: f.parent, tokens, block_size, tier })
+    };
+    let Some(k) = marked else {
+        batch.events.push(stored(hashes, tokens));
+        return Ok(());
+    };
+    batch.skipped.lora_or_multimodal += 1;
+    let whole = u64::from(n) * u64::from(block_size);
+    let k = if tokens.len == 0 || u64::from(tokens.len) == whole { k as u32 } else { 0 };
+    let kept = if tokens.len == 0 { 0 } else { k * block_size };
+    if k > 0 {
+        let prefix = Span { start: hashes.start, len: k };
+        batch.events.push(stored(prefix, Span { start: tokens.start, len: kept }));
+    }
+    batch.tokens_truncate(if k > 0 { tokens.start + kept } else { marks.1 });
+    let rest = Span { start: hashes.start + k, len: n - k };
+    batch.events.push(Event::OutOfScope { hashes: rest, tier });
+    Ok(())
 }
 
 fn missing(context: &'static str, key: &'static str) -> WireError {

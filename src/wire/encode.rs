@@ -93,7 +93,13 @@ fn write_stored(w: &mut Writer, s: &StoredRecord, positional: bool) {
         key(w, positional, "extra_keys");
         w.array(s.extra_keys.len());
         for k in &s.extra_keys {
-            w.str(k);
+            match k {
+                Some(k) => {
+                    w.array(1);
+                    w.str(k);
+                }
+                None => w.nil(),
+            }
         }
     }
 }

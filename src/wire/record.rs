@@ -63,8 +63,10 @@ pub struct StoredRecord {
     pub lora_id: Option<i64>,
     /// LoRA adapter name; non-empty means out of scope.
     pub lora_name: Option<String>,
-    /// Multimodal or other extra keys; non-empty means out of scope.
-    pub extra_keys: Vec<String>,
+    /// vLLM's per-block `extra_keys` (multimodal hashes, LoRA name, cache salt): one entry per
+    /// block, written as a one-element tuple or nil. A set entry puts that block and the ones
+    /// after it out of scope; an empty list is not written.
+    pub extra_keys: Vec<Option<String>>,
 }
 
 impl StoredRecord {

@@ -92,11 +92,21 @@ pub struct Stored {
     pub tier: Tier,
 }
 
-/// One in-scope event.
+/// One event the index acts on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
     /// Blocks entered a tier.
     Stored(Stored),
+    /// Blocks entered a tier with LoRA, multimodal or salt context (`lora_id`, `lora_name`, or
+    /// their `extra_keys` entry): outside the index's scope. Only their hashes are kept, so that
+    /// the text blocks that chain to them (vLLM marks only the blocks that carry the context)
+    /// are known to be out of scope too rather than taken for children of an unknown parent.
+    OutOfScope {
+        /// The blocks' hashes, in prefix order.
+        hashes: Span,
+        /// Where they now reside.
+        tier: Tier,
+    },
     /// Blocks left a tier.
     Removed {
         /// The removed blocks' hashes.
@@ -178,7 +188,9 @@ impl Batch {
             .iter()
             .map(|e| match e {
                 Event::Stored(s) => s.hashes.len as usize,
-                Event::Removed { hashes, .. } => hashes.len as usize,
+                Event::OutOfScope { hashes, .. } | Event::Removed { hashes, .. } => {
+                    hashes.len as usize
+                }
                 Event::Cleared { .. } => 0,
             })
             .sum()
@@ -192,10 +204,13 @@ impl Batch {
     }
 
     /// Whether this batch is a full state: an unlimited `AllBlocksCleared` followed only by
-    /// `BlockStored` events. Applying it restores synchronization (protocol.md section 2.2).
+    /// `BlockStored` events (in or out of scope). Applying it restores synchronization
+    /// (protocol.md section 2.2).
     pub fn is_full_state(&self) -> bool {
         matches!(self.events.first(), Some(Event::Cleared { tier: None }))
-            && self.events[1..].iter().all(|e| matches!(e, Event::Stored(_)))
+            && self.events[1..]
+                .iter()
+                .all(|e| matches!(e, Event::Stored(_) | Event::OutOfScope { .. }))
     }
 
     /// Appends a `BlockStored` event.
@@ -210,6 +225,12 @@ impl Batch {
         let hashes = self.push_hashes(hashes);
         let tokens = self.push_tokens(tokens);
         self.events.push(Event::Stored(Stored { hashes, parent, tokens, block_size, tier }));
+    }
+
+    /// Appends a `BlockStored` event of out-of-scope blocks (see [`Event::OutOfScope`]).
+    pub fn push_out_of_scope(&mut self, hashes: &[EngineHash], tier: Tier) {
+        let hashes = self.push_hashes(hashes);
+        self.events.push(Event::OutOfScope { hashes, tier });
     }
 
     /// Appends a `BlockRemoved` event.
@@ -257,6 +278,12 @@ impl Batch {
     pub(super) fn arena_truncate(&mut self, marks: (u32, u32)) {
         self.hashes.truncate(marks.0 as usize);
         self.tokens.truncate(marks.1 as usize);
+    }
+
+    /// Drops token ids written after `mark`, keeping the hashes: an event whose tokens are not
+    /// needed is the last one written, so its tokens end the arena.
+    pub(super) fn tokens_truncate(&mut self, mark: u32) {
+        self.tokens.truncate(mark as usize);
     }
 }
 

@@ -1,0 +1,231 @@
+//! Unit tests of out-of-scope blocks (LoRA, multimodal, salted) and the blocks that chain to
+//! them, fed through the wire decoder as vLLM publishes them: `extra_keys` set only on the
+//! blocks that carry the context, text blocks after them unmarked.
+
+use super::*;
+use crate::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord};
+use crate::wire::{decode_batch, encode_batch, Batch, Tier};
+
+const B: u32 = 2;
+
+/// A `BlockStored` of `hashes` (tokens `10 * hash`, `10 * hash + 1` per block) on `tier`, with
+/// vLLM's per-block `extra_keys`.
+fn store(hashes: &[u64], parent: Option<u64>, extra: &[Option<&str>], tier: Tier) -> EventRecord {
+    let tokens = hashes.iter().flat_map(|h| [*h as i32 * 10, *h as i32 * 10 + 1]).collect();
+    let mut s =
+        StoredRecord::new(hashes.iter().map(|h| (*h).into()).collect(), None, tokens, B, tier);
+    s.parent = parent.map(Into::into);
+    s.extra_keys = extra.iter().map(|e| e.map(str::to_string)).collect();
+    EventRecord::Stored(s)
+}
+
+/// A tokenless replica of `hashes` on `tier`.
+fn replica(hashes: &[u64], tier: Tier) -> EventRecord {
+    let hs = hashes.iter().map(|h| (*h).into()).collect();
+    EventRecord::Stored(StoredRecord::new(hs, None, Vec::new(), B, tier))
+}
+
+/// The batch as vLLM's publisher sends it (map batch, map events), decoded.
+fn batch(events: Vec<EventRecord>) -> Batch {
+    let record = BatchRecord { timestamp: 1.0, events, dp_rank: None };
+    let mut b = Batch::default();
+    decode_batch(&encode_batch(&record, BatchForm::Map, EventForm::Map), &mut b).unwrap();
+    b
+}
+
+fn index(max_blocks: usize) -> (StreamIndex, ViewHandle) {
+    let mut idx = StreamIndex::new(IndexConfig { block_size: B, hash_seed: 1024, max_blocks });
+    idx.load_snapshot(&Batch::default(), 0).unwrap();
+    idx.publish();
+    let view = idx.reader().handle();
+    (idx, view)
+}
+
+fn apply(idx: &mut StreamIndex, seq: u64, b: &Batch) -> Result<ApplyStats, IndexError> {
+    let r = idx.apply(seq, b);
+    idx.publish();
+    r
+}
+
+/// Device and Host-only hit tokens of the prompt made of `hashes`' blocks.
+fn hits(view: &ViewHandle, hashes: &[u64]) -> (u64, u64) {
+    let tokens: Vec<i32> =
+        hashes.iter().flat_map(|h| [*h as i32 * 10, *h as i32 * 10 + 1]).collect();
+    let mut keys = Vec::new();
+    KeyHasher::new(B, 1024).prefix_keys(&tokens, &mut keys);
+    let m = view.match_prefix(&keys);
+    (m.device_hit_tokens, m.host_only_hit_tokens)
+}
+
+const SALT: Option<&str> = Some("cache-salt");
+const IMAGE: Option<&str> = Some("mm-hash-1");
+
+#[test]
+fn text_children_of_a_salted_first_block_are_skipped_not_unknown_parents() {
+    let (mut idx, view) = index(100);
+    // A salted request: the salt rides on its first block only.
+    let first = batch(vec![store(&[1, 2, 3], None, &[SALT, None, None], Tier::Device)]);
+    assert_eq!(first.skipped.lora_or_multimodal, 1);
+    apply(&mut idx, 0, &first).unwrap();
+    // Its decode continues in later batches: text blocks chaining to the salted ones, in one
+    // batch with a child of that child, then a tokenless Host copy of the whole chain.
+    let later = batch(vec![
+        store(&[4], Some(3), &[], Tier::Device),
+        store(&[5], Some(4), &[], Tier::Device),
+    ]);
+    let stats = apply(&mut idx, 1, &later).unwrap();
+    assert_eq!(stats.out_of_scope, 2, "both text stores are skipped and counted");
+    let copy = apply(&mut idx, 2, &batch(vec![replica(&[1, 2, 3, 4, 5], Tier::Host)])).unwrap();
+    assert_eq!(copy.out_of_scope, 1, "a tokenless replica of them is skipped too");
+
+    let s = view.status();
+    assert!(s.synchronized, "{:?}", s.error);
+    assert_eq!((s.sequence, s.device_blocks, s.host_blocks), (Some(2), 0, 0), "none indexed");
+    assert_eq!(hits(&view, &[1, 2, 3, 4, 5]), (0, 0), "no credit for salted context");
+    assert_eq!(idx.block_count(), 5, "remembered, and counted against max_blocks_per_stream");
+}
+
+#[test]
+fn blocks_before_the_first_image_stay_in_scope_and_keep_their_children() {
+    let (mut idx, view) = index(100);
+    // Text 1, 2, then a block overlapping an image, then text 4 chaining to it.
+    let mm = batch(vec![store(&[1, 2, 3, 4], None, &[None, None, IMAGE, None], Tier::Device)]);
+    assert_eq!(mm.skipped.lora_or_multimodal, 1);
+    apply(&mut idx, 0, &mm).unwrap();
+    assert_eq!(hits(&view, &[1, 2, 3, 4]), (4, 0), "the text prefix before the image counts");
+    // Another request with the same text prefix and other text after it.
+    let text = batch(vec![
+        store(&[7], Some(2), &[], Tier::Device),
+        store(&[8], Some(4), &[], Tier::Device),
+    ]);
+    let stats = apply(&mut idx, 1, &text).unwrap();
+    assert_eq!((stats.stored, stats.out_of_scope), (1, 1));
+    assert_eq!(hits(&view, &[1, 2, 7]), (6, 0));
+    assert_eq!(view.status().device_blocks, 3);
+}
+
+#[test]
+fn removals_and_clears_forget_out_of_scope_blocks_and_a_truly_unknown_parent_still_recovers() {
+    let (mut idx, view) = index(100);
+    apply(&mut idx, 0, &batch(vec![store(&[1, 2], None, &[SALT, None], Tier::Device)])).unwrap();
+    let err = apply(&mut idx, 1, &batch(vec![store(&[9], Some(99), &[], Tier::Device)]));
+    assert_eq!(err.unwrap_err(), IndexError::UnknownParent(crate::wire::EngineHash(99)));
+    assert!(!view.status().synchronized, "an unknown parent still forces a snapshot");
+
+    let (mut idx, _) = index(100);
+    apply(&mut idx, 0, &batch(vec![store(&[1, 2], None, &[SALT, None], Tier::Device)])).unwrap();
+    let mut gone = batch(vec![EventRecord::removed(vec![2u64.into()], Tier::Device)]);
+    apply(&mut idx, 1, &gone).unwrap();
+    assert_eq!(idx.block_count(), 1, "a removal forgets the block");
+    let child_of_removed = batch(vec![store(&[3], Some(2), &[], Tier::Device)]);
+    assert!(matches!(apply(&mut idx, 2, &child_of_removed), Err(IndexError::UnknownParent(_))));
+
+    let (mut idx, _) = index(100);
+    apply(&mut idx, 0, &batch(vec![store(&[1, 2], None, &[SALT, None], Tier::Device)])).unwrap();
+    apply(&mut idx, 1, &batch(vec![replica(&[1, 2], Tier::Host)])).unwrap();
+    gone = batch(vec![EventRecord::cleared(Some(Tier::Device))]);
+    apply(&mut idx, 2, &gone).unwrap();
+    assert_eq!(idx.block_count(), 2, "still on Host");
+    apply(&mut idx, 3, &batch(vec![store(&[3], Some(2), &[], Tier::Host)])).unwrap();
+    apply(&mut idx, 4, &batch(vec![EventRecord::cleared(None)])).unwrap();
+    assert_eq!(idx.block_count(), 0, "AllBlocksCleared forgets them");
+    let after_clear = batch(vec![store(&[4], Some(3), &[], Tier::Device)]);
+    assert!(matches!(apply(&mut idx, 5, &after_clear), Err(IndexError::UnknownParent(_))));
+}
+
+#[test]
+fn out_of_scope_blocks_count_against_max_blocks_per_stream() {
+    let (mut idx, view) = index(3);
+    apply(&mut idx, 0, &batch(vec![store(&[1, 2], None, &[SALT, None], Tier::Device)])).unwrap();
+    let err = apply(&mut idx, 1, &batch(vec![store(&[3, 4], Some(2), &[], Tier::Device)]));
+    assert_eq!(err.unwrap_err(), IndexError::LimitExceeded { limit: 3 });
+    assert!(!view.status().synchronized);
+}
+
+#[test]
+fn a_snapshot_keeps_children_of_out_of_scope_blocks_out_of_scope_not_orphans() {
+    let (mut idx, view) = index(100);
+    let snapshot = batch(vec![
+        store(&[1, 2], None, &[IMAGE, None], Tier::Device),
+        store(&[3], Some(2), &[], Tier::Device),
+        store(&[5, 6], None, &[], Tier::Device),
+    ]);
+    let mut builder = idx.snapshot_builder();
+    let stats = builder.add(&snapshot).unwrap();
+    assert_eq!((stats.orphans, stats.out_of_scope, stats.stored), (0, 1, 2));
+    idx.install_snapshot(builder, 7);
+    idx.publish();
+    assert_eq!(hits(&view, &[5, 6]), (4, 0));
+    // The live child of an out-of-scope block from the snapshot is skipped too.
+    let child = apply(&mut idx, 7, &batch(vec![store(&[4], Some(3), &[], Tier::Device)])).unwrap();
+    assert_eq!(child.out_of_scope, 1);
+    assert!(view.status().synchronized);
+}
+
+#[test]
+fn one_hash_cannot_be_both_in_and_out_of_scope() {
+    let (mut idx, _) = index(100);
+    apply(&mut idx, 0, &batch(vec![store(&[1], None, &[], Tier::Device)])).unwrap();
+    let err = apply(&mut idx, 1, &batch(vec![store(&[1], None, &[IMAGE], Tier::Host)]));
+    assert_eq!(err.unwrap_err(), IndexError::HashConflict(crate::wire::EngineHash(1)));
+}
+
+#[test]
+fn a_full_state_batch_may_hold_out_of_scope_blocks() {
+    let full = batch(vec![
+        EventRecord::cleared(None),
+        store(&[1], None, &[IMAGE], Tier::Device),
+        store(&[2], Some(1), &[], Tier::Device),
+    ]);
+    assert!(full.is_full_state());
+    let mut idx = StreamIndex::new(IndexConfig { block_size: B, hash_seed: 1024, max_blocks: 10 });
+    let stats = idx.apply(0, &full).unwrap();
+    assert_eq!(stats.out_of_scope, 1);
+    assert!(idx.is_synchronized());
+}
+
+#[test]
+fn the_decoder_splits_a_store_at_its_first_marked_block() {
+    use crate::wire::{EngineHash, Event};
+    let shape = |b: &Batch| -> Vec<(bool, Vec<EngineHash>, usize)> {
+        b.events
+            .iter()
+            .map(|e| match e {
+                Event::Stored(s) => (true, b.hashes(s.hashes).to_vec(), s.tokens.len as usize),
+                Event::OutOfScope { hashes, .. } => (false, b.hashes(*hashes).to_vec(), 0),
+                other => panic!("unexpected {other:?}"),
+            })
+            .collect()
+    };
+    let hs = |v: &[u128]| v.iter().map(|h| EngineHash(*h)).collect::<Vec<_>>();
+    let mm = batch(vec![store(&[1, 2, 3, 4], None, &[None, None, IMAGE, None], Tier::Device)]);
+    assert_eq!(shape(&mm), [(true, hs(&[1, 2]), 4), (false, hs(&[3, 4]), 0)]);
+    assert_eq!(mm.tokens(crate::wire::Span { start: 0, len: 4 }), [10, 11, 20, 21]);
+    let unmarked = batch(vec![store(&[1, 2], None, &[None, None], Tier::Device)]);
+    assert_eq!(shape(&unmarked), [(true, hs(&[1, 2]), 4)], "entries of None mark nothing");
+    assert_eq!(unmarked.skipped.lora_or_multimodal, 0);
+
+    let mut lora =
+        StoredRecord::new(vec![1u64.into(), 2u64.into()], None, vec![1, 2, 3, 4], B, Tier::Device);
+    lora.lora_name = Some("adapter".into());
+    let lora = batch(vec![EventRecord::Stored(lora)]);
+    assert_eq!(shape(&lora), [(false, hs(&[1, 2]), 0)], "LoRA covers every block");
+    let mut odd =
+        StoredRecord::new(vec![1u64.into(), 2u64.into()], None, vec![1, 2, 3], B, Tier::Device);
+    odd.extra_keys = vec![None, IMAGE.map(str::to_string)];
+    assert_eq!(
+        shape(&batch(vec![EventRecord::Stored(odd)])),
+        [(false, hs(&[1, 2]), 0)],
+        "no split without whole blocks"
+    );
+
+    let record = BatchRecord {
+        timestamp: 1.0,
+        events: vec![store(&[1, 2], None, &[None, SALT], Tier::Host)],
+        dp_rank: None,
+    };
+    let mut positional = Batch::default();
+    decode_batch(&encode_batch(&record, BatchForm::Array, EventForm::Positional), &mut positional)
+        .unwrap();
+    assert_eq!(shape(&positional), [(true, hs(&[1]), 2), (false, hs(&[2]), 0)]);
+}
