@@ -168,7 +168,11 @@ pub fn hits(
     tokens: &[i32],
 ) -> Result<(u64, u64), String> {
     let r = query(svc, tokens);
-    let m = entry(&r, instance, rank);
+    let m = r
+        .matches
+        .iter()
+        .find(|m| m.instance_name == instance && m.dp_rank == rank)
+        .ok_or_else(|| format!("no stream {instance}/{rank} (yet)"))?;
     if !m.synchronized {
         return Err(format!("unsynchronized: {:?}", m.error));
     }
