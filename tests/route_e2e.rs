@@ -53,25 +53,8 @@ fn follows_formula(r: &Routed, lambda: f64) {
 fn the_route_follows_cache_and_queue() {
     let etcd = etcd_endpoint();
     let svc = discovery_service(&etcd.endpoint, "e2e-route", json!({}), Flags::default());
-    let start = |_: usize| {
-        let eng = SimEngine::start(EngineConfig {
-            http_port: free_port(),
-            block_size: B,
-            ..EngineConfig::default()
-        })
-        .unwrap();
-        let opts = RegistrationOptions {
-            etcd: etcd.endpoint.clone(),
-            namespace: "e2e-route".into(),
-            kind: 0,
-            write_loadmetrics: true,
-            ..RegistrationOptions::default()
-        };
-        let reg = Registration::start(&eng, opts).unwrap();
-        (eng, reg)
-    };
-    let (a, ra) = start(0);
-    let (b, rb) = start(1);
+    let (a, ra) = registered(&etcd.endpoint, "e2e-route");
+    let (b, rb) = registered(&etcd.endpoint, "e2e-route");
     let cached_part = prompt(1, 4);
     a.process(0, &cached_part).unwrap();
     let prompt = prompt(1, 8); // A holds the first half
