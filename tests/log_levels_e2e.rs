@@ -1,7 +1,8 @@
 //! Log levels as an operator reads them, captured from the service's real tracing output while
 //! a simulated engine keeps failing: a stream that loses synchronization is reported once at
 //! WARN, its further failed retries only at DEBUG, and the next loss after it was live again is
-//! a WARN again. (Its own test binary: the log subscriber is process-wide.)
+//! a WARN again; an unreachable etcd is one WARN, its retries DEBUG. (Its own test binary: the
+//! log subscriber is process-wide.)
 
 mod common;
 
@@ -62,4 +63,16 @@ fn a_failing_stream_warns_once_per_loss_of_synchronization() {
     eng.process(0, &b).unwrap();
     assert_eq!(agrees(&svc, &eng, 0, &b), (16, 0));
     assert_eq!(lines("WARN", "refuser", "stream unsynchronized"), 2, "a new loss warns again");
+
+    // The registry's etcd (nowhere, in this test) is retried with back-off: one WARN for the
+    // outage, the retries at DEBUG.
+    let count = |level: &str, what: &str| {
+        let log = String::from_utf8_lossy(&LOG.lock().unwrap()).into_owned();
+        log.lines().filter(|l| l.contains(level) && l.contains(what)).count()
+    };
+    eventually("several etcd retries", || match count("DEBUG", "etcd still unavailable") {
+        n if n >= 2 => Ok(()),
+        n => Err(format!("{n} DEBUG retries so far")),
+    });
+    assert_eq!(count("WARN", "etcd unavailable; serving what is known"), 1, "one WARN per outage");
 }

@@ -354,7 +354,12 @@ impl Handler<EtcdDown> for DiscoveryActor {
     type Result = ();
 
     fn handle(&mut self, msg: EtcdDown, _: &mut Context<Self>) {
-        tracing::warn!(error = %msg.error, "etcd unavailable; serving what is known and retrying");
+        // One WARN per outage (or change of error); the retries every few seconds log at DEBUG.
+        if self.etcd_connected || self.etcd_error.as_deref() != Some(msg.error.as_str()) {
+            tracing::warn!(error = %msg.error, "etcd unavailable; serving what is known and retrying");
+        } else {
+            tracing::debug!(error = %msg.error, "etcd still unavailable; retrying");
+        }
         self.etcd_connected = false;
         self.etcd_error = Some(msg.error);
     }
