@@ -72,6 +72,11 @@ pub(crate) trait Sink {
     fn changes(&mut self, changes: &mut Vec<Change>);
     /// A `ClearTier` or `ClearAll`, after the changes before it.
     fn op(&mut self, op: ViewOp);
+    /// Whether a clear must also arrive as one removal [`Change`] per block it clears (the
+    /// shared index keeps no per-stream map that a `ClearTier` op could act on).
+    fn clears_per_block(&self) -> bool {
+        false
+    }
 }
 
 impl Sink for PresenceMap {
@@ -353,7 +358,32 @@ impl Table {
         }
     }
 
+    /// One change per resident (block, tier): `add` for all of them, or their removal.
+    pub fn changes_of_all(&self, add: bool, out: &mut Vec<Change>) {
+        for b in self.blocks.iter() {
+            for tier in [Tier::Device, Tier::Host] {
+                if b.tiers & bit(tier) != 0 {
+                    out.push(Change { key: b.key, tier, add });
+                }
+            }
+        }
+    }
+
     fn clear(&mut self, tier: Option<Tier>, sink: &mut impl Sink) {
+        if sink.clears_per_block() {
+            let mut out = Vec::new();
+            match tier {
+                None => self.changes_of_all(false, &mut out),
+                Some(t) => out.extend(
+                    self.blocks.iter().filter(|b| b.tiers & bit(t) != 0).map(|b| Change {
+                        key: b.key,
+                        tier: t,
+                        add: false,
+                    }),
+                ),
+            }
+            sink.changes(&mut out);
+        }
         match tier {
             None => {
                 self.blocks.clear();

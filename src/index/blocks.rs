@@ -179,6 +179,11 @@ impl Blocks {
         self.wide.retain(f);
     }
 
+    /// Every block, narrow hashes first.
+    pub fn iter(&self) -> impl Iterator<Item = &Block> {
+        self.narrow.iter().map(|(_, b)| b).chain(self.wide.iter().map(|(_, b)| b))
+    }
+
     pub fn clear(&mut self) {
         self.narrow.clear();
         self.wide.clear();

@@ -15,10 +15,15 @@ mod apply;
 mod blocks;
 mod flat;
 mod key;
+mod shared;
 mod stream;
 mod view;
 
 pub use key::{ContentKey, KeyHasher};
+pub use shared::{
+    SharedError, SharedHandle, SharedIndex, SharedMatches, SharedReader, SharedSnapshot,
+    StreamWriter, MAX_STREAMS,
+};
 pub use stream::{ApplyStats, IndexConfig, SnapshotBuilder, StreamIndex};
 pub use view::{IndexReader, PrefixMatch, StreamStatus, ViewHandle};
 

@@ -1,0 +1,187 @@
+//! The reader side of the shared index: one walk over a query's keys for every stream at once.
+//!
+//! The walk starts with the set of synchronized streams and narrows it block by block: a stream
+//! stops at its first block absent from both of its tiers (protocol: "the matched prefix walks
+//! the query's complete blocks from the first and stops at the first block absent from both
+//! tiers of that stream"). Per-stream counts are kept as runs: while the sets of streams
+//! matching a block on Device and Host-only stay the same from block to block (a prefix held
+//! by every worker, a conversation held by one), the walk only extends the run, and each stream
+//! is credited once per run, not once per block.
+
+use std::sync::Arc;
+
+use left_right::{ReadHandle, ReadHandleFactory};
+
+use super::super::key::{ContentKey, KeyHasher};
+use super::super::view::StreamStatus;
+use super::holders::{SharedData, MAX_STREAMS};
+
+/// Per-stream matched prefix lengths of one query, in blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedMatches {
+    /// Streams synchronized when the query was read (the others report zero).
+    pub synchronized: u128,
+    /// Streams with at least one matched block.
+    pub hit: u128,
+    device: [u32; MAX_STREAMS],
+    host_only: [u32; MAX_STREAMS],
+    block_size: u32,
+}
+
+impl SharedMatches {
+    fn empty(block_size: u32, synchronized: u128) -> Self {
+        SharedMatches {
+            synchronized,
+            hit: 0,
+            device: [0; MAX_STREAMS],
+            host_only: [0; MAX_STREAMS],
+            block_size,
+        }
+    }
+
+    /// Matched blocks of stream `slot` on Device and only on Host.
+    pub fn blocks(&self, slot: u8) -> (u32, u32) {
+        let i = usize::from(slot) % MAX_STREAMS;
+        (self.device[i], self.host_only[i])
+    }
+
+    /// `device_hit_tokens` and `host_only_hit_tokens` of stream `slot`.
+    pub fn tokens(&self, slot: u8) -> (u64, u64) {
+        let (d, h) = self.blocks(slot);
+        let b = u64::from(self.block_size);
+        (u64::from(d) * b, u64::from(h) * b)
+    }
+
+    /// The streams with a hit, in slot order, with their Device and Host-only blocks.
+    pub fn iter(&self) -> impl Iterator<Item = (u8, u32, u32)> + '_ {
+        Bits(self.hit).map(|s| (s, self.device[usize::from(s)], self.host_only[usize::from(s)]))
+    }
+
+    fn credit(&mut self, device: u128, host_only: u128, blocks: u32) {
+        if blocks == 0 {
+            return;
+        }
+        for s in Bits(device) {
+            self.device[usize::from(s)] += blocks;
+        }
+        for s in Bits(host_only) {
+            self.host_only[usize::from(s)] += blocks;
+        }
+        self.hit |= device | host_only;
+    }
+}
+
+/// The set bits of a `u128`, lowest first.
+struct Bits(u128);
+
+impl Iterator for Bits {
+    type Item = u8;
+
+    fn next(&mut self) -> Option<u8> {
+        if self.0 == 0 {
+            return None;
+        }
+        let s = self.0.trailing_zeros() as u8;
+        self.0 &= self.0 - 1;
+        Some(s)
+    }
+}
+
+/// The walk (see the module documentation).
+pub(crate) fn walk(data: &SharedData, keys: &[ContentKey], block_size: u32) -> SharedMatches {
+    let mut out = SharedMatches::empty(block_size, data.synced);
+    let mut candidates = data.synced;
+    let (mut run_dev, mut run_host, mut run) = (0u128, 0u128, 0u32);
+    for k in keys {
+        if candidates == 0 {
+            break;
+        }
+        let Some(h) = data.map.get(k) else { break };
+        let set = data.sets_of(*h);
+        candidates &= set.device | set.host;
+        let (dev, host) = (set.device & candidates, set.host & !set.device & candidates);
+        if (dev, host) != (run_dev, run_host) {
+            out.credit(run_dev, run_host, run);
+            (run_dev, run_host, run) = (dev, host, 0);
+        }
+        run += 1;
+    }
+    out.credit(run_dev, run_host, run);
+    out
+}
+
+/// A source of reader handles; cheap to clone and shareable between threads.
+#[derive(Clone)]
+pub struct SharedReader {
+    pub(crate) factory: ReadHandleFactory<SharedData>,
+    pub(crate) block_size: u32,
+    pub(crate) hash_seed: u64,
+}
+
+impl std::fmt::Debug for SharedReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedReader").field("block_size", &self.block_size).finish()
+    }
+}
+
+impl SharedReader {
+    /// A handle for one reading thread, with its own hasher and key buffer.
+    pub fn handle(&self) -> SharedHandle {
+        SharedHandle {
+            handle: self.factory.handle(),
+            hasher: KeyHasher::new(self.block_size, self.hash_seed),
+            keys: Vec::new(),
+            block_size: self.block_size,
+        }
+    }
+}
+
+/// One reader's handle on the shared view. `Send`, not `Sync`: one per reading thread.
+pub struct SharedHandle {
+    handle: ReadHandle<SharedData>,
+    hasher: KeyHasher,
+    keys: Vec<ContentKey>,
+    block_size: u32,
+}
+
+impl std::fmt::Debug for SharedHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SharedHandle").field("block_size", &self.block_size).finish()
+    }
+}
+
+impl SharedHandle {
+    /// Hashes `tokens` once (complete blocks only) and walks the shared view once.
+    pub fn query(&mut self, tokens: &[i32]) -> SharedMatches {
+        self.keys.clear();
+        self.hasher.prefix_keys(tokens, &mut self.keys);
+        let Some(view) = self.handle.enter() else {
+            return SharedMatches::empty(self.block_size, 0);
+        };
+        walk(&view, &self.keys, self.block_size)
+    }
+
+    /// Walks keys already computed under this index's block size and seed.
+    pub fn match_keys(&self, keys: &[ContentKey]) -> SharedMatches {
+        match self.handle.enter() {
+            Some(view) => walk(&view, keys, self.block_size),
+            None => SharedMatches::empty(self.block_size, 0),
+        }
+    }
+
+    /// The published status of stream `slot`; `None` for a free slot.
+    pub fn status(&self, slot: u8) -> Option<Arc<StreamStatus>> {
+        let view = self.handle.enter()?;
+        view.status.get(usize::from(slot)).cloned().flatten()
+    }
+
+    /// Distinct content keys held by any stream (for memory accounting and tests).
+    pub fn content_entries(&self) -> usize {
+        self.handle.enter().map(|v| v.map.len()).unwrap_or(0)
+    }
+
+    /// Content keys held by two streams or more.
+    pub fn shared_entries(&self) -> usize {
+        self.handle.enter().map(|v| v.shared_keys()).unwrap_or(0)
+    }
+}

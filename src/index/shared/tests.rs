@@ -1,0 +1,204 @@
+//! Unit tests of the shared index: per-stream prefixes from one walk, the synchronized mask,
+//! publishing, snapshot installs, stream removal and slot reuse, and a concurrent reader that
+//! must never see half a batch.
+
+use super::*;
+use crate::wire::{EngineHash, Tier};
+
+const B: u32 = 2;
+
+fn config(max_blocks: usize) -> IndexConfig {
+    IndexConfig { block_size: B, hash_seed: 1024, max_blocks }
+}
+
+/// A synchronized, empty stream.
+fn stream(index: &SharedIndex) -> StreamWriter {
+    let mut s = index.add_stream(config(100)).unwrap();
+    s.load_snapshot(&Batch::default(), 0).unwrap();
+    s.publish();
+    s
+}
+
+fn stored(hashes: &[u128], parent: Option<u128>, tokens: &[i32], tier: Tier) -> Batch {
+    let mut b = Batch::default();
+    let hs: Vec<_> = hashes.iter().map(|v| EngineHash(*v)).collect();
+    b.push_stored(&hs, parent.map(EngineHash), tokens, B, tier);
+    b
+}
+
+fn removed(hashes: &[u128], tier: Tier) -> Batch {
+    let mut b = Batch::default();
+    let hs: Vec<_> = hashes.iter().map(|v| EngineHash(*v)).collect();
+    b.push_removed(&hs, tier);
+    b
+}
+
+fn apply(s: &mut StreamWriter, b: &Batch) {
+    s.apply(0, b).unwrap();
+    s.publish();
+}
+
+/// (device_hit_tokens, host_only_hit_tokens) of one stream.
+fn hits(r: &mut SharedHandle, s: &StreamWriter, tokens: &[i32]) -> (u64, u64) {
+    r.query(tokens).tokens(s.slot())
+}
+
+#[test]
+fn one_walk_gives_every_stream_its_own_prefix_and_tiers() {
+    let index = SharedIndex::new(B, 1024, 128);
+    let mut r = index.reader().handle();
+    let (mut a, mut b, c) = (stream(&index), stream(&index), stream(&index));
+    apply(&mut a, &stored(&[1, 2, 3], None, &[1, 2, 3, 4, 5, 6], Tier::Device));
+    apply(&mut b, &stored(&[7], None, &[1, 2], Tier::Device));
+    apply(&mut b, &stored(&[8, 9], Some(7), &[3, 4, 5, 6], Tier::Host));
+    apply(&mut b, &stored(&[8], Some(7), &[3, 4], Tier::Device));
+    let m = r.query(&[1, 2, 3, 4, 5, 6, 7]);
+    assert_eq!(m.tokens(a.slot()), (6, 0));
+    assert_eq!(m.tokens(b.slot()), (4, 2), "a block on both tiers counts once, as Device");
+    assert_eq!(m.tokens(c.slot()), (0, 0));
+    assert_eq!(m.iter().collect::<Vec<_>>(), [(a.slot(), 3, 0), (b.slot(), 2, 1)]);
+    apply(&mut a, &removed(&[2], Tier::Device));
+    assert_eq!(hits(&mut r, &a, &[1, 2, 3, 4, 5, 6]), (2, 0), "stops at its first absent block");
+    assert_eq!(hits(&mut r, &b, &[1, 2, 3, 4, 5, 6]), (4, 2), "other streams walk on");
+    assert_eq!(hits(&mut r, &b, &[3, 4]), (0, 0), "a block only matches after its prefix");
+}
+
+#[test]
+fn unsynchronized_streams_match_nothing_and_changes_wait_for_a_publish() {
+    let index = SharedIndex::new(B, 1024, 128);
+    let mut r = index.reader().handle();
+    let mut a = stream(&index);
+    a.apply(1, &stored(&[1], None, &[1, 2], Tier::Device)).unwrap();
+    assert_eq!(hits(&mut r, &a, &[1, 2]), (0, 0), "not yet published");
+    a.commit();
+    assert_eq!(hits(&mut r, &a, &[1, 2]), (0, 0), "committed, not yet published");
+    index.publish();
+    assert_eq!(hits(&mut r, &a, &[1, 2]), (2, 0));
+    a.invalidate("gap");
+    a.publish();
+    assert_eq!(hits(&mut r, &a, &[1, 2]), (0, 0));
+    let status = r.status(a.slot()).unwrap();
+    assert_eq!((status.synchronized, status.error.as_deref()), (false, Some("gap")));
+    let err = a.apply(2, &stored(&[2], Some(1), &[3, 4], Tier::Device)).unwrap_err();
+    assert!(matches!(err, IndexError::NotSynchronized(_)));
+    let fresh = index.add_stream(config(10)).unwrap();
+    index.publish();
+    assert!(!r.status(fresh.slot()).unwrap().synchronized, "a new stream waits for a snapshot");
+}
+
+#[test]
+fn a_periodic_resync_keeps_the_old_contents_visible_until_the_install_is_published() {
+    let index = SharedIndex::new(B, 1024, 128);
+    let mut r = index.reader().handle();
+    let mut a = stream(&index);
+    apply(&mut a, &stored(&[1, 2], None, &[1, 2, 3, 4], Tier::Device));
+    let mut snap = a.snapshot_builder();
+    snap.add(&stored(&[1], None, &[1, 2], Tier::Host)).unwrap();
+    snap.add(&stored(&[5], None, &[9, 9], Tier::Device)).unwrap();
+    assert_eq!(hits(&mut r, &a, &[1, 2, 3, 4]), (4, 0), "building aside changes nothing");
+    a.install_snapshot(snap, 10);
+    assert_eq!(hits(&mut r, &a, &[1, 2, 3, 4]), (4, 0), "installed, not yet published");
+    a.publish();
+    assert_eq!(hits(&mut r, &a, &[1, 2, 3, 4]), (0, 2));
+    assert_eq!(hits(&mut r, &a, &[9, 9]), (2, 0));
+    let status = r.status(a.slot()).unwrap();
+    assert_eq!((status.sequence, status.device_blocks, status.host_blocks), (Some(9), 1, 1));
+    assert_eq!(r.content_entries(), 2, "the old contents' keys are gone");
+}
+
+#[test]
+fn a_failed_snapshot_unsynchronizes_and_keeps_the_old_contents_masked() {
+    let index = SharedIndex::new(B, 1024, 128);
+    let mut r = index.reader().handle();
+    let mut a = stream(&index);
+    apply(&mut a, &stored(&[1], None, &[1, 2], Tier::Device));
+    let mut bad = stored(&[1], None, &[1, 2], Tier::Device);
+    bad.push_stored(&[EngineHash(1)], None, &[3, 4], B, Tier::Device);
+    assert!(matches!(a.load_snapshot(&bad, 5), Err(IndexError::HashConflict(_))));
+    a.publish();
+    assert_eq!(hits(&mut r, &a, &[1, 2]), (0, 0));
+    assert_eq!(r.content_entries(), 1);
+}
+
+#[test]
+fn clears_remove_per_block_and_a_tier_clear_keeps_the_other_tier() {
+    let index = SharedIndex::new(B, 1024, 128);
+    let mut r = index.reader().handle();
+    let (mut a, mut b) = (stream(&index), stream(&index));
+    for s in [&mut a, &mut b] {
+        apply(s, &stored(&[1, 2], None, &[1, 2, 3, 4], Tier::Device));
+        apply(s, &stored(&[1], None, &[], Tier::Host));
+    }
+    let mut clear = Batch::default();
+    clear.push_cleared(Some(Tier::Device));
+    apply(&mut a, &clear);
+    assert_eq!(hits(&mut r, &a, &[1, 2, 3, 4]), (0, 2));
+    assert_eq!(hits(&mut r, &b, &[1, 2, 3, 4]), (4, 0));
+    let mut all = Batch::default();
+    all.push_cleared(None);
+    apply(&mut a, &all);
+    assert_eq!(hits(&mut r, &a, &[1, 2, 3, 4]), (0, 0));
+    assert_eq!(r.shared_entries(), 0, "b alone holds every key again");
+    assert_eq!(r.content_entries(), 2);
+}
+
+#[test]
+fn dropping_a_stream_removes_its_bits_and_frees_its_slot_for_a_clean_stream() {
+    let index = SharedIndex::new(B, 1024, 2);
+    let mut r = index.reader().handle();
+    let mut a = stream(&index);
+    let b = stream(&index);
+    assert_eq!(index.add_stream(config(10)).unwrap_err(), SharedError::Full { max: 2 });
+    apply(&mut a, &stored(&[1, 2], None, &[1, 2, 3, 4], Tier::Device));
+    let slot = a.slot();
+    drop(a);
+    assert_eq!(r.content_entries(), 0);
+    assert!(r.status(slot).is_none());
+    let c = stream(&index);
+    assert_eq!(c.slot(), slot);
+    assert_eq!(hits(&mut r, &c, &[1, 2, 3, 4]), (0, 0));
+    drop(b);
+}
+
+#[test]
+fn streams_of_other_settings_are_refused() {
+    let index = SharedIndex::new(B, 1024, 4);
+    let err = index.add_stream(IndexConfig { block_size: 4, ..config(10) }).unwrap_err();
+    assert!(err.to_string().contains("block_size 4"), "{err}");
+    assert!(index.add_stream(IndexConfig { hash_seed: 1, ..config(10) }).is_err());
+}
+
+#[test]
+fn a_reader_on_another_thread_never_sees_half_a_batch() {
+    // Each batch moves the stream from prefix X to prefix Y (removals and stores together), so
+    // a reader must always see exactly one of them whole.
+    let index = SharedIndex::new(B, 1024, 4);
+    let mut a = stream(&index);
+    let (x, y) = ([1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]);
+    apply(&mut a, &stored(&[1, 2, 3], None, &x, Tier::Device));
+    let slot = a.slot();
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let reader = index.reader();
+        let done = &done;
+        let seen = scope.spawn(move || {
+            let mut r = reader.handle();
+            let mut reads = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Acquire) || reads < 100 {
+                let (hx, hy) = (r.query(&x).tokens(slot), r.query(&y).tokens(slot));
+                assert_eq!(hx.0 + hy.0, 6, "half a batch: {hx:?} {hy:?}");
+                reads += 1;
+            }
+        });
+        let (mut from, mut to) = ([1u128, 2, 3], [11u128, 12, 13]);
+        for i in 0..2_000 {
+            let mut batch = removed(&from, Tier::Device);
+            let tokens = if i % 2 == 0 { &y } else { &x };
+            batch.push_stored(&to.map(EngineHash), None, tokens, B, Tier::Device);
+            apply(&mut a, &batch);
+            (from, to) = (to, from);
+        }
+        done.store(true, std::sync::atomic::Ordering::Release);
+        seen.join().unwrap();
+    });
+}
