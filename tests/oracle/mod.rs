@@ -1,0 +1,415 @@
+//! The naive model and the generators shared by the oracle property tests
+//! (`index_oracle.rs`: one `StreamIndex`; `shared_oracle.rs`: many streams in one
+//! `SharedIndex`). Random event sequences (stores, tokenless replicas, removals per tier,
+//! clears, full-state batches, snapshots with orphans, limit hits, invalidations) are resolved
+//! against the model and applied to both; the model is the spec.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use kvdir::index::{IndexError, StreamIndex, StreamWriter};
+use kvdir::wire::{Batch, EngineHash, Tier};
+use proptest::prelude::*;
+
+pub const B: u32 = 2;
+pub const SEED: u64 = 1024;
+pub const MAX_BLOCKS: usize = 16;
+
+/// A block hash chosen at run time: an existing block of the model (most of the time), or any
+/// id from a small space, so that unknown parents, unknown hashes, conflicts and aliases occur.
+#[derive(Debug, Clone, Copy)]
+pub enum Pick {
+    Known(usize),
+    Any(u8),
+}
+
+/// One generated event, before its picks are resolved against the model.
+#[derive(Debug, Clone)]
+pub enum GenEv {
+    Store { parent: Option<Pick>, hashes: Vec<u8>, tokens: Vec<i32>, tier: Tier },
+    Tokenless { hashes: Vec<Pick>, tier: Tier },
+    Remove { hashes: Vec<Pick>, tier: Tier },
+    Clear(Option<Tier>),
+}
+
+/// One event with concrete hash ids.
+#[derive(Debug, Clone)]
+pub enum Ev {
+    Store { parent: Option<u8>, hashes: Vec<u8>, tokens: Vec<i32>, tier: Tier },
+    Tokenless { hashes: Vec<u8>, tier: Tier },
+    Remove { hashes: Vec<u8>, tier: Tier },
+    Clear(Option<Tier>),
+}
+
+#[derive(Debug, Clone)]
+pub enum Op {
+    Live(Vec<GenEv>),
+    FullState(Vec<GenEv>),
+    Snapshot(Vec<GenEv>),
+    Invalidate,
+    QueryKnown { pick: usize, extra: Vec<i32> },
+    Query(Vec<i32>),
+}
+
+pub fn tier() -> impl Strategy<Value = Tier> {
+    prop_oneof![Just(Tier::Device), Just(Tier::Host)]
+}
+
+pub fn pick() -> impl Strategy<Value = Pick> {
+    prop_oneof![30 => any::<usize>().prop_map(Pick::Known), 1 => (0u8..=255).prop_map(Pick::Any)]
+}
+
+pub fn picks() -> impl Strategy<Value = Vec<Pick>> {
+    prop::collection::vec(pick(), 1..4)
+}
+
+pub fn store() -> impl Strategy<Value = GenEv> {
+    let parent = prop::option::weighted(0.6, pick());
+    let hashes = prop::collection::vec(0u8..=255, 1..4);
+    (parent, hashes, tier(), any::<u64>()).prop_map(|(parent, hashes, tier, seed)| {
+        // Tokens from a 3-letter alphabet: equal content under different hashes happens.
+        let n = hashes.len() * B as usize;
+        let tokens = (0..n).map(|i| ((seed >> (2 * i)) % 3) as i32).collect();
+        GenEv::Store { parent, hashes, tokens, tier }
+    })
+}
+
+pub fn tokenless() -> impl Strategy<Value = GenEv> {
+    (picks(), tier()).prop_map(|(hashes, tier)| GenEv::Tokenless { hashes, tier })
+}
+
+pub fn event() -> impl Strategy<Value = GenEv> {
+    prop_oneof![
+        6 => store(),
+        2 => tokenless(),
+        2 => (picks(), tier()).prop_map(|(hashes, tier)| GenEv::Remove { hashes, tier }),
+        1 => prop::option::weighted(0.8, tier()).prop_map(GenEv::Clear),
+    ]
+}
+
+pub fn op() -> impl Strategy<Value = Op> {
+    let stores = prop::collection::vec(prop_oneof![3 => store(), 1 => tokenless()], 0..10);
+    prop_oneof![
+        8 => prop::collection::vec(event(), 1..4).prop_map(Op::Live),
+        2 => stores.clone().prop_map(Op::FullState),
+        2 => stores.prop_map(Op::Snapshot),
+        1 => Just(Op::Invalidate),
+        6 => (any::<usize>(), prop::collection::vec(0i32..3, 0..5))
+            .prop_map(|(pick, extra)| Op::QueryKnown { pick, extra }),
+        1 => prop::collection::vec(0i32..3, 0..8).prop_map(Op::Query),
+    ]
+}
+
+/// A concrete id for a pick; `None` when a known block was asked for and there is none.
+pub fn resolve_pick(model: &Model, p: Pick) -> Option<u8> {
+    match p {
+        Pick::Known(_) if model.blocks.is_empty() => None,
+        Pick::Known(i) => Some(*model.blocks.keys().nth(i % model.blocks.len()).unwrap()),
+        Pick::Any(id) => Some(id),
+    }
+}
+
+pub fn resolve(model: &Model, events: &[GenEv]) -> Vec<Ev> {
+    let many = |ps: &[Pick]| ps.iter().filter_map(|p| resolve_pick(model, *p)).collect();
+    events
+        .iter()
+        .map(|e| match e {
+            GenEv::Store { parent, hashes, tokens, tier } => Ev::Store {
+                parent: parent.and_then(|p| resolve_pick(model, p)),
+                hashes: hashes.clone(),
+                tokens: tokens.clone(),
+                tier: *tier,
+            },
+            GenEv::Tokenless { hashes, tier } => {
+                Ev::Tokenless { hashes: many(hashes), tier: *tier }
+            }
+            GenEv::Remove { hashes, tier } => Ev::Remove { hashes: many(hashes), tier: *tier },
+            GenEv::Clear(t) => Ev::Clear(*t),
+        })
+        .collect()
+}
+
+pub fn eh(id: u8) -> EngineHash {
+    EngineHash(u128::from(id) * 0x1_0000_0001 + 7)
+}
+
+/// An unlimited clear followed only by stores (tokenless ones included).
+pub fn is_full_state(events: &[Ev]) -> bool {
+    matches!(events.first(), Some(Ev::Clear(None)))
+        && events[1..].iter().all(|e| matches!(e, Ev::Store { .. } | Ev::Tokenless { .. }))
+}
+
+pub fn to_batch(events: &[Ev], full_state: bool) -> Batch {
+    let mut b = Batch::default();
+    if full_state {
+        b.push_cleared(None);
+    }
+    for e in events {
+        match e {
+            Ev::Store { parent, hashes, tokens, tier } => {
+                let hs: Vec<_> = hashes.iter().map(|h| eh(*h)).collect();
+                b.push_stored(&hs, parent.map(eh), tokens, B, *tier);
+            }
+            Ev::Tokenless { hashes, tier } => {
+                let hs: Vec<_> = hashes.iter().map(|h| eh(*h)).collect();
+                b.push_stored(&hs, None, &[], B, *tier);
+            }
+            Ev::Remove { hashes, tier } => {
+                let hs: Vec<_> = hashes.iter().map(|h| eh(*h)).collect();
+                b.push_removed(&hs, *tier);
+            }
+            Ev::Clear(t) => b.push_cleared(*t),
+        }
+    }
+    b
+}
+
+/// The naive content key: a fresh buffer per block, no reuse.
+pub fn naive_key(prev: Option<u128>, block: &[i32]) -> u128 {
+    let mut bytes = Vec::new();
+    if let Some(p) = prev {
+        bytes.extend_from_slice(&p.to_le_bytes());
+    }
+    for t in block {
+        bytes.extend_from_slice(&t.to_le_bytes());
+    }
+    xxhash_rust::xxh3::xxh3_128_with_seed(&bytes, SEED)
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ModelBlock {
+    pub key: u128,
+    pub device: bool,
+    pub host: bool,
+    /// The full token prefix ending with this block, to generate hitting queries.
+    pub prefix: Vec<i32>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Model {
+    pub blocks: BTreeMap<u8, ModelBlock>,
+    pub synced: bool,
+    pub sequence: Option<u64>,
+}
+
+pub fn set(b: &mut ModelBlock, t: Tier, on: bool) {
+    match t {
+        Tier::Device => b.device = on,
+        Tier::Host => b.host = on,
+    }
+}
+
+impl Model {
+    pub fn apply(&mut self, events: &[Ev], snapshot: bool) -> Result<(), IndexError> {
+        for e in events {
+            match e {
+                Ev::Store { parent, hashes, tokens, tier } => {
+                    self.store(*parent, hashes, tokens, *tier, snapshot)?
+                }
+                Ev::Tokenless { hashes, tier } => {
+                    for h in hashes {
+                        match self.blocks.get_mut(h) {
+                            Some(b) => set(b, *tier, true),
+                            None if snapshot => {}
+                            None => return Err(IndexError::UnknownHash(eh(*h))),
+                        }
+                    }
+                }
+                Ev::Remove { hashes, tier } => {
+                    for h in hashes {
+                        if let Some(b) = self.blocks.get_mut(h) {
+                            set(b, *tier, false);
+                            if !b.device && !b.host {
+                                self.blocks.remove(h);
+                            }
+                        }
+                    }
+                }
+                Ev::Clear(None) => self.blocks.clear(),
+                Ev::Clear(Some(t)) => {
+                    for b in self.blocks.values_mut() {
+                        set(b, *t, false);
+                    }
+                    self.blocks.retain(|_, b| b.device || b.host);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn store(
+        &mut self,
+        parent: Option<u8>,
+        hashes: &[u8],
+        tokens: &[i32],
+        tier: Tier,
+        snapshot: bool,
+    ) -> Result<(), IndexError> {
+        let (mut prev, mut prefix) = match parent {
+            None => (None, Vec::new()),
+            Some(p) => match self.blocks.get(&p) {
+                Some(b) => (Some(b.key), b.prefix.clone()),
+                None if snapshot => return Ok(()),
+                None => return Err(IndexError::UnknownParent(eh(p))),
+            },
+        };
+        for (h, block) in hashes.iter().zip(tokens.chunks(B as usize)) {
+            let key = naive_key(prev, block);
+            prefix.extend_from_slice(block);
+            let len = self.blocks.len();
+            match self.blocks.get_mut(h) {
+                Some(b) if b.key != key => return Err(IndexError::HashConflict(eh(*h))),
+                Some(b) => set(b, tier, true),
+                None if len >= MAX_BLOCKS => {
+                    return Err(IndexError::LimitExceeded { limit: MAX_BLOCKS })
+                }
+                None => {
+                    let mut b = ModelBlock { key, prefix: prefix.clone(), ..Default::default() };
+                    set(&mut b, tier, true);
+                    self.blocks.insert(*h, b);
+                }
+            }
+            prev = Some(key);
+        }
+        Ok(())
+    }
+
+    pub fn hits(&self, tokens: &[i32]) -> (u64, u64) {
+        let (mut dev, mut host, mut prev) = (0, 0, None);
+        if !self.synced {
+            return (0, 0);
+        }
+        for block in tokens.chunks_exact(B as usize) {
+            let key = naive_key(prev, block);
+            let on =
+                |f: fn(&ModelBlock) -> bool| self.blocks.values().any(|b| b.key == key && f(b));
+            if on(|b| b.device) {
+                dev += u64::from(B);
+            } else if on(|b| b.host) {
+                host += u64::from(B);
+            } else {
+                break;
+            }
+            prev = Some(key);
+        }
+        (dev, host)
+    }
+}
+
+/// What the generated cases exercised, so a degenerate generator fails the test.
+#[derive(Debug, Default)]
+pub struct Coverage {
+    pub device_hits: u64,
+    pub host_only_hits: u64,
+    pub errors: std::collections::BTreeMap<&'static str, u64>,
+    pub synced_checks: u64,
+}
+
+pub fn error_kind(e: &IndexError) -> &'static str {
+    match e {
+        IndexError::UnknownParent(_) => "unknown parent",
+        IndexError::UnknownHash(_) => "unknown hash",
+        IndexError::HashConflict(_) => "conflict",
+        IndexError::LimitExceeded { .. } => "limit",
+        IndexError::NotSynchronized(_) => "not synchronized",
+        _ => "other",
+    }
+}
+
+/// The writer under test: one stream's index, alone or in a shared index.
+pub trait Writer {
+    fn apply_batch(&mut self, seq: u64, batch: &Batch) -> Result<(), IndexError>;
+    fn load(&mut self, batch: &Batch, watermark: u64) -> Result<(), IndexError>;
+    fn unsync(&mut self, reason: &str);
+}
+
+impl Writer for StreamIndex {
+    fn apply_batch(&mut self, seq: u64, batch: &Batch) -> Result<(), IndexError> {
+        self.apply(seq, batch).map(|_| ())
+    }
+    fn load(&mut self, batch: &Batch, watermark: u64) -> Result<(), IndexError> {
+        self.load_snapshot(batch, watermark).map(|_| ())
+    }
+    fn unsync(&mut self, reason: &str) {
+        self.invalidate(reason)
+    }
+}
+
+impl Writer for StreamWriter {
+    fn apply_batch(&mut self, seq: u64, batch: &Batch) -> Result<(), IndexError> {
+        self.apply(seq, batch).map(|_| ())
+    }
+    fn load(&mut self, batch: &Batch, watermark: u64) -> Result<(), IndexError> {
+        self.load_snapshot(batch, watermark).map(|_| ())
+    }
+    fn unsync(&mut self, reason: &str) {
+        self.invalidate(reason)
+    }
+}
+
+pub fn apply_op(
+    idx: &mut impl Writer,
+    model: &mut Model,
+    op: &Op,
+    seq: u64,
+) -> Result<Option<IndexError>, TestCaseError> {
+    match op {
+        Op::Live(gen) | Op::FullState(gen) => {
+            let events = resolve(model, gen);
+            let prepend = matches!(op, Op::FullState(_));
+            let got = idx.apply_batch(seq, &to_batch(&events, prepend));
+            let full = prepend || is_full_state(&events);
+            let want = if model.synced || full {
+                let mut next =
+                    if full { Model { synced: true, ..Model::default() } } else { model.clone() };
+                let r = next.apply(&events, false);
+                *model = next;
+                model.synced = r.is_ok();
+                if r.is_ok() {
+                    model.sequence = Some(seq);
+                }
+                r
+            } else {
+                Err(IndexError::NotSynchronized(String::new()))
+            };
+            match (&got, &want) {
+                (Err(IndexError::NotSynchronized(_)), Err(IndexError::NotSynchronized(_))) => {}
+                _ => prop_assert_eq!(got.clone().map(|_| ()), want, "live {:?}", events),
+            }
+            Ok(got.err())
+        }
+        Op::Snapshot(gen) => {
+            let events = resolve(model, gen);
+            let got = idx.load(&to_batch(&events, false), seq + 1);
+            let mut next = Model { synced: true, sequence: Some(seq), ..Model::default() };
+            let want = next.apply(&events, true);
+            if want.is_ok() {
+                *model = next;
+            } else {
+                model.synced = false;
+            }
+            prop_assert_eq!(got.clone().map(|_| ()), want, "snapshot {:?}", events);
+            Ok(got.err())
+        }
+        Op::Invalidate => {
+            idx.unsync("test");
+            model.synced = false;
+            Ok(None)
+        }
+        Op::QueryKnown { .. } | Op::Query(_) => Ok(None),
+    }
+}
+
+pub fn query_tokens(model: &Model, op: &Op) -> Vec<i32> {
+    match op {
+        Op::QueryKnown { pick, extra } if !model.blocks.is_empty() => {
+            let b = model.blocks.values().nth(pick % model.blocks.len()).unwrap();
+            let mut t = b.prefix.clone();
+            t.extend_from_slice(extra);
+            t
+        }
+        Op::Query(t) => t.clone(),
+        _ => Vec::new(),
+    }
+}
