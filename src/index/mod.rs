@@ -7,8 +7,13 @@
 //!   published atomically after each batch or snapshot, so matching is one map probe per block
 //!   with no lock and no message.
 //!
+//! [`SharedIndex`] (`shared/`) is the layout the service moves to: one view for all streams of
+//! the same block size and seed (`content key -> Device and Host stream sets`), with each
+//! stream's writer state kept per stream in a [`StreamWriter`]; see its module documentation.
+//!
 //! Invariants: a content key is in the view exactly when some in-scope engine block with that key
-//! is resident on some tier (out-of-scope blocks are held by hash only, never in the view); an unsynchronized stream matches nothing; after any error the index
+//! is resident on some tier (out-of-scope blocks are held by hash only, never in the view); an
+//! unsynchronized stream matches nothing; after any error the index
 //! accepts no live batch until a snapshot or a full-state batch replaces its contents.
 
 mod apply;
