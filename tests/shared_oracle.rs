@@ -255,8 +255,17 @@ fn shared_index_agrees_with_one_naive_model_per_stream() {
     let cov = cov.into_inner();
     println!("coverage: {cov:?}");
     assert!(cov.device_hits > 1_000 && cov.host_only_hits > 300, "{cov:?}");
-    for kind in ["unknown parent", "conflict", "limit", "not synchronized", "installed aside"] {
-        assert!(cov.errors.get(kind).copied().unwrap_or(0) > 20, "too few {kind}: {cov:?}");
+    // Five streams share the steps, so each one reaches its 16-block limit less often than the
+    // single stream of index_oracle.rs does (23 to 39 times in 256 cases).
+    for (kind, floor) in [
+        ("unknown parent", 20),
+        ("conflict", 20),
+        ("limit", 5),
+        ("not synchronized", 20),
+        ("installed aside", 20),
+    ] {
+        let n = cov.errors.get(kind).copied().unwrap_or(0);
+        assert!(n > floor, "too few {kind}: {cov:?}");
     }
     assert!(cov.errors.get("multi-stream hits").copied().unwrap_or(0) > 1_000, "{cov:?}");
     assert!(cov.synced_checks > 20_000, "{cov:?}");
