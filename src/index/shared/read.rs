@@ -8,6 +8,7 @@
 //! by every worker, a conversation held by one), the walk only extends the run, and each stream
 //! is credited once per run, not once per block.
 
+use std::hint::black_box;
 use std::sync::Arc;
 
 use left_right::{ReadHandle, ReadHandleFactory};
@@ -87,14 +88,26 @@ impl Iterator for Bits {
     }
 }
 
+/// Keys whose slots are loaded in one pass before they are probed: the keys are known up
+/// front, so the misses of a long walk into a map much larger than the cache overlap instead
+/// of coming one after the other.
+const AHEAD: usize = 16;
+
+fn touch(data: &SharedData, keys: &[ContentKey]) {
+    black_box(keys.iter().fold(false, |acc, k| acc ^ data.map.touch(k)));
+}
+
 /// The walk (see the module documentation).
 pub(crate) fn walk(data: &SharedData, keys: &[ContentKey], block_size: u32) -> SharedMatches {
     let mut out = SharedMatches::empty(block_size, data.synced);
     let mut candidates = data.synced;
     let (mut run_dev, mut run_host, mut run) = (0u128, 0u128, 0u32);
-    for k in keys {
+    for (i, k) in keys.iter().enumerate() {
         if candidates == 0 {
             break;
+        }
+        if i % AHEAD == 0 {
+            touch(data, &keys[i..keys.len().min(i + AHEAD)]);
         }
         let Some(h) = data.map.get(k) else { break };
         let set = data.sets_of(*h);
