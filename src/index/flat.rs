@@ -166,7 +166,7 @@ impl<K: FlatKey, V: Vacancy> FlatTable<K, V> {
 
     /// Grows by half, not double: a table is then 1/2 to 3/4 full rather than 3/8 to 3/4. In
     /// the peer bench (128 streams in one shared index) that took the heap from 138 to 96-113
-    /// bytes per (block, worker), for about 5 % more ingest CPU (more, smaller rehashes).
+    /// bytes per (block, worker), for 5-10 % more ingest CPU (more, smaller rehashes).
     fn grow(&mut self) {
         let cap = self.slots.len();
         let grown = (cap + cap / 2).max(MIN_CAPACITY);
