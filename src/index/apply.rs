@@ -359,14 +359,17 @@ impl Table {
     }
 
     /// One change per resident (block, tier): `add` for all of them, or their removal.
+    /// Out-of-scope blocks are never in the view, so they make no change.
     pub fn changes_of_all(&self, add: bool, out: &mut Vec<Change>) {
-        for b in self.blocks.iter() {
-            for tier in [Tier::Device, Tier::Host] {
-                if b.tiers & bit(tier) != 0 {
-                    out.push(Change { key: b.key, tier, add });
-                }
-            }
+        for tier in [Tier::Device, Tier::Host] {
+            self.changes_of_tier(tier, add, out);
         }
+    }
+
+    /// One change per in-scope block resident on `tier`.
+    fn changes_of_tier(&self, tier: Tier, add: bool, out: &mut Vec<Change>) {
+        let on = |b: &&Block| b.tiers & bit(tier) != 0 && !b.is_out_of_scope();
+        out.extend(self.blocks.iter().filter(on).map(|b| Change { key: b.key, tier, add }));
     }
 
     fn clear(&mut self, tier: Option<Tier>, sink: &mut impl Sink) {
@@ -374,13 +377,7 @@ impl Table {
             let mut out = Vec::new();
             match tier {
                 None => self.changes_of_all(false, &mut out),
-                Some(t) => out.extend(
-                    self.blocks.iter().filter(|b| b.tiers & bit(t) != 0).map(|b| Change {
-                        key: b.key,
-                        tier: t,
-                        add: false,
-                    }),
-                ),
+                Some(t) => self.changes_of_tier(t, false, &mut out),
             }
             sink.changes(&mut out);
         }

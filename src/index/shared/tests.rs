@@ -202,3 +202,34 @@ fn a_reader_on_another_thread_never_sees_half_a_batch() {
         seen.join().unwrap();
     });
 }
+
+#[test]
+fn out_of_scope_blocks_never_reach_the_shared_view_and_leave_it_cleanly() {
+    // A LoRA block (out of scope), a text block chained to it, and a plain block: only the
+    // plain one is in the view, and clearing, a snapshot install and removal emit no change for
+    // the others (a removal of a key no stream holds would trip the view's debug assertion).
+    let index = SharedIndex::new(B, 1024, 4);
+    let mut r = index.reader().handle();
+    let mut a = stream(&index);
+    let mut b = Batch::default();
+    b.push_out_of_scope(&[EngineHash(1)], Tier::Device);
+    b.push_stored(&[EngineHash(2)], Some(EngineHash(1)), &[3, 4], B, Tier::Device);
+    b.push_stored(&[EngineHash(3)], None, &[5, 6], B, Tier::Device);
+    b.push_stored(&[EngineHash(1)], None, &[], B, Tier::Host);
+    apply(&mut a, &b);
+    assert_eq!(a.block_count(), 3);
+    assert_eq!((r.content_entries(), hits(&mut r, &a, &[5, 6])), (1, (2, 0)));
+    let mut host = Batch::default();
+    host.push_cleared(Some(Tier::Host));
+    apply(&mut a, &host);
+    a.load_snapshot(&b, 9).unwrap();
+    a.publish();
+    assert_eq!((r.content_entries(), hits(&mut r, &a, &[5, 6])), (1, (2, 0)));
+    let mut all = Batch::default();
+    all.push_cleared(None);
+    apply(&mut a, &all);
+    assert_eq!(r.content_entries(), 0);
+    apply(&mut a, &b);
+    drop(a);
+    assert_eq!(r.content_entries(), 0);
+}
