@@ -13,7 +13,7 @@
 //! - [`query`]: the query endpoint's strict input parsing and its response types.
 //! - [`metrics`]: a lock-free latency histogram and the Prometheus text format.
 //!
-//! The contract is `shared/docs/protocol.md`; the layout is `shared/docs/architecture.md`.
+//! The contract is `docs/contract.md`; the layout is in the README.
 
 pub mod car;
 pub mod config;

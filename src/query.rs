@@ -1,4 +1,4 @@
-//! The internal query API's input and output (protocol.md section 6), without any HTTP.
+//! The internal query API's input and output (contract.md section 6), without any HTTP.
 //!
 //! Input is `{"token_ids": [int, ...]}` (other keys are ignored). Token ids must be integers in
 //! `0..=i32::MAX`, and the list no longer than the configured limit; every violation is a

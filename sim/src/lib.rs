@@ -1,5 +1,5 @@
 //! kvdir-sim: a simulated xLLM engine that speaks the publisher side of the kvdir wire contract
-//! (`shared/docs/protocol.md` sections 2 and 3), for end-to-end tests, benches and the demo.
+//! (`shared/docs/contract.md` sections 2 and 3), for end-to-end tests, benches and the demo.
 //!
 //! Module map:
 //! - [`config`]: [`EngineConfig`] (ports, DP size, block size, tiers, wire dialect) and its

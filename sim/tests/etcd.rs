@@ -1,4 +1,4 @@
-//! Engines register in a real etcd like xLLM engines (protocol.md section 5): the instance key
+//! Engines register in a real etcd like xLLM engines (contract.md section 5): the instance key
 //! and JSON as kvdir parses them, the lease, pause/resume/kill, re-put of a deleted key, the
 //! namespace, LOADMETRICS, heartbeats, and surviving an etcd restart.
 //!

@@ -48,7 +48,7 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// Resource and recovery limits (protocol.md section 4).
+/// Resource and recovery limits (contract.md section 4).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
     /// Maximum subscription streams, one per instance/DP.

@@ -1,4 +1,4 @@
-//! One subscription's recovery logic (protocol.md section 3), as a pure state machine.
+//! One subscription's recovery logic (contract.md section 3), as a pure state machine.
 //!
 //! The stream actor owns the sockets and feeds [`Recovery`] what happens (live batches,
 //! snapshot replies, connects, disconnects, faults, clock ticks); the machine answers with
