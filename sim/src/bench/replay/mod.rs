@@ -1,0 +1,90 @@
+//! `kvdir-bench replay`: replays a request trace (Mooncake format, [`trace`]) through the real
+//! routing path and reports what routing did to prefix-cache hits and TTFT ([`ReplayReport`]).
+//!
+//! For each policy ([`ReplayOptions::policies`]: `--policy`, then RR for comparison) a run
+//! starts from nothing, through the load tool's modules:
+//! 1. `--engines` fresh [`crate::SimEngine`]s with 512-token blocks and no Host tier
+//!    ([`super::fleet`]), registered in etcd under a namespace private to the run;
+//! 2. a fresh kvdir started with `--spawn_kvdir`, the policy and the CAR knobs, discovering the
+//!    engines ([`super::kvdir`]); the run waits until every stream is synchronized and every
+//!    instance has a load report ([`super::probe`]);
+//! 3. the requests, in trace order, paced at `--speed` ([`step`]): routed by kvdir, run on the
+//!    chosen engine, queued in simulated time ([`clock`]);
+//! 4. waits until kvdir applied every batch, for the streams' fault counters.
+//!
+//! The engines and kvdir of a run are stopped before the next one starts.
+
+use std::time::{Duration, Instant};
+
+use super::flags::BenchOptions;
+use super::http::Conn;
+use super::kvdir::Kvdir;
+use super::probe::Probe;
+use super::{applied, fleet::Fleet, BenchError};
+
+pub mod clock;
+pub mod flags;
+pub mod report;
+pub mod step;
+pub mod trace;
+
+pub use flags::{parse_replay_args, ReplayCommand, ReplayOptions, REPLAY_HELP};
+pub use report::{PolicyRun, ReplayReport};
+use step::Replayer;
+use trace::Trace;
+
+/// Upper bound of one route request or probe.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Replays the trace with every policy and returns the report.
+pub fn run(o: &ReplayOptions) -> Result<ReplayReport, BenchError> {
+    let trace = Trace::read(&o.trace, o.requests)?;
+    let mut runs = Vec::new();
+    for policy in o.policies() {
+        runs.push(run_policy(o, &trace, policy)?);
+    }
+    Ok(ReplayReport::new(o, &trace, runs))
+}
+
+/// One run with `policy` on fresh engines and a fresh kvdir.
+fn run_policy(o: &ReplayOptions, trace: &Trace, policy: &str) -> Result<PolicyRun, BenchError> {
+    let b = o.bench_options(policy);
+    let mut fleet = Fleet::start(&b)?;
+    let mut kvdir = Kvdir::start(&b, &fleet.kvdir_config(&b))?;
+    match replay_on(o, &b, trace, &mut fleet, &kvdir) {
+        Ok(mut run) => {
+            run.policy = policy.to_string();
+            Ok(run)
+        }
+        Err(e) => Err(kvdir.explain(e)),
+    }
+}
+
+fn replay_on(
+    o: &ReplayOptions,
+    b: &BenchOptions,
+    trace: &Trace,
+    fleet: &mut Fleet,
+    kvdir: &Kvdir,
+) -> Result<PolicyRun, BenchError> {
+    fleet.register(b, &kvdir.addr)?;
+    let conn = || Conn::new(&kvdir.addr, o.internal_api_token.clone(), REQUEST_TIMEOUT);
+    let mut probe = Probe::new(conn(), fleet.streams());
+    probe.wait_synchronized(true, o.sync_timeout)?;
+    let before = probe.views()?;
+    let mut replayer = Replayer::new(o, fleet, conn());
+    let first = trace.requests[0].timestamp_ms;
+    let start = Instant::now();
+    for r in &trace.requests {
+        let arrival = Duration::from_millis(r.timestamp_ms - first);
+        replayer.pace(arrival, start, o.speed);
+        replayer.step(r, arrival)?;
+    }
+    let wall = start.elapsed();
+    let (outcomes, mut routes, max_lag) = (replayer.outcomes, replayer.routes, replayer.max_lag);
+    routes.latencies.sort();
+    routes.wall = wall;
+    let (after, lagging) = probe.wait_caught_up(&fleet.last_sequences()?, o.sync_timeout)?;
+    let applied = applied(&fleet.streams(), &before, &after, lagging, start, wall);
+    Ok(PolicyRun::new(o.engines as usize, &outcomes, routes, applied, max_lag))
+}
