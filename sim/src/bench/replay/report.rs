@@ -183,6 +183,10 @@ pub struct ReplayReport {
     pub input_tokens: u64,
     /// The one-cache bound.
     pub bound: Bound,
+    /// The hit share of one LRU with the fleet's capacity ([`Trace::pooled_lru`]).
+    pub pooled_lru: f64,
+    /// That LRU's blocks: `--engines x --cache_blocks`.
+    pub pooled_blocks: usize,
     /// One run per policy, in order.
     pub runs: Vec<PolicyRun>,
 }
@@ -208,6 +212,8 @@ impl ReplayReport {
             requests,
             input_tokens: trace.input_tokens(),
             bound: trace.bound(),
+            pooled_lru: trace.pooled_lru(o.cache_blocks * o.engines as usize),
+            pooled_blocks: o.cache_blocks * o.engines as usize,
             runs,
         }
     }
@@ -226,6 +232,7 @@ impl ReplayReport {
             "requests": self.requests,
             "input_tokens": self.input_tokens,
             "bound": { "token_share": bound, "block_share": self.bound.block_share },
+            "pooled_lru_token_share": self.pooled_lru,
             "runs": self.runs.iter().map(|r| r.json(bound)).collect::<Vec<_>>(),
             "hit_share_over_rr": self.over_rr(),
         })
@@ -239,6 +246,12 @@ impl ReplayReport {
             "bound (one cache that never evicts): {:.1} % of input tokens, {:.1} % of blocks",
             self.bound.token_share * 100.0,
             self.bound.block_share * 100.0
+        );
+        let _ = writeln!(
+            t,
+            "reference (one LRU with the fleet's {} blocks): {:.1} % of input tokens",
+            self.pooled_blocks,
+            self.pooled_lru * 100.0
         );
         self.runs.iter().for_each(|r| r.text(self.bound.token_share, &mut t));
         if let Some(x) = self.over_rr() {
