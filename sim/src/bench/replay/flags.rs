@@ -163,7 +163,7 @@ impl ReplayOptions {
             "dp_size" => self.dp_size = number(name, value)?,
             "cache_blocks" => self.cache_blocks = number(name, value)?,
             "speed" => match number::<f64>(name, value)? {
-                s if s == 0.0 => self.speed = None,
+                0.0 => self.speed = None,
                 s if s.is_finite() && s > 0.0 => self.speed = Some(s),
                 _ => return Err(format!("--speed = {value} is not a positive factor (0 = none)")),
             },

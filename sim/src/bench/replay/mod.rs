@@ -54,6 +54,7 @@ fn run_policy(o: &ReplayOptions, trace: &Trace, policy: &str) -> Result<PolicyRu
     match replay_on(o, &b, trace, &mut fleet, &kvdir) {
         Ok(mut run) => {
             run.policy = policy.to_string();
+            run.speed = o.speed;
             Ok(run)
         }
         Err(e) => Err(kvdir.explain(e)),

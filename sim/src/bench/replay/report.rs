@@ -45,7 +45,12 @@ pub struct PolicyRun {
     pub applied: Applied,
     /// Worst lag behind the paced schedule.
     pub max_lag: Duration,
+    /// The pacing, `None` without.
+    pub speed: Option<f64>,
 }
+
+/// A lag behind the schedule worth a warning.
+const LATE: Duration = Duration::from_secs(1);
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let n = sorted.len();
@@ -85,6 +90,7 @@ impl PolicyRun {
             routes,
             applied,
             max_lag,
+            speed: None,
         }
     }
 
@@ -161,7 +167,17 @@ impl PolicyRun {
             warnings.push(format!("route errors {:?}", self.routes.errors));
         }
         if !self.applied.faults().is_empty() {
-            warnings.push(format!("stream faults {:?}", self.applied.faults()));
+            warnings.push(format!(
+                "stream counters moved {:?} (a periodic resync, every resync_interval_ms, is a \
+                 recovery too)",
+                self.applied.faults()
+            ));
+        }
+        if let Some(speed) = self.speed.filter(|_| self.max_lag > LATE) {
+            warnings.push(format!(
+                "the tool fell up to {:.0} ms behind the trace at --speed {speed}; lower it",
+                ms(self.max_lag)
+            ));
         }
         if !self.applied.caught_up {
             warnings.push("kvdir had not applied every batch at the end".to_string());
