@@ -10,6 +10,7 @@ use super::super::BenchError;
 use super::clock::Cost;
 use super::trace::TRACE_BLOCK;
 use crate::cli::{choice, flag_pairs, number};
+use kvdir::car::Policy;
 
 /// `kvdir-bench replay --help`.
 pub const REPLAY_HELP: &str = "\
@@ -60,7 +61,7 @@ pub struct ReplayOptions {
     /// The ranks' cost model.
     pub cost: Cost,
     /// The policy of the first run.
-    pub policy: &'static str,
+    pub policy: Policy,
     /// Whether to replay with RR afterwards.
     pub compare_rr: bool,
     /// kvdir flags for CAR.
@@ -91,7 +92,7 @@ impl Default for ReplayOptions {
             cache_blocks: 2048,
             speed: Some(30.0),
             cost: Cost { overhead: Duration::from_millis(5), per_token: Duration::from_micros(50) },
-            policy: "CAR",
+            policy: Policy::Car,
             compare_rr: true,
             car_args: Vec::new(),
             etcd_addr: String::new(),
@@ -114,7 +115,13 @@ pub enum ReplayCommand {
     Run(Box<ReplayOptions>),
 }
 
-const POLICIES: [(&str, &str); 3] = [("CAR", "CAR"), ("RR", "RR"), ("SLO_AWARE", "SLO_AWARE")];
+const POLICIES: [(&str, Policy); 3] =
+    [("CAR", Policy::Car), ("RR", Policy::Rr), ("SLO_AWARE", Policy::SloAware)];
+
+/// The policy's name on kvdir's command line and in reports: `CAR`, `RR`, `SLO_AWARE`.
+pub fn policy_name(policy: Policy) -> &'static str {
+    POLICIES.iter().find(|(_, p)| *p == policy).map_or("?", |(name, _)| name)
+}
 
 /// Parses the arguments after `replay`.
 pub fn parse_replay_args<I>(args: I) -> Result<ReplayCommand, BenchError>
@@ -217,17 +224,18 @@ impl ReplayOptions {
     }
 
     /// The policies to replay with, in order.
-    pub fn policies(&self) -> Vec<&'static str> {
-        match self.compare_rr && self.policy != "RR" {
-            true => vec![self.policy, "RR"],
+    pub fn policies(&self) -> Vec<Policy> {
+        match self.compare_rr && self.policy != Policy::Rr {
+            true => vec![self.policy, Policy::Rr],
             false => vec![self.policy],
         }
     }
 
     /// The load tool's options for one run with `policy`: etcd mode, a private namespace per
     /// run, 512-token blocks, no Host tier, the spawned kvdir with the policy and CAR knobs.
-    pub fn bench_options(&self, policy: &str) -> BenchOptions {
-        let mut kvdir_args = vec![format!("--load_balance_policy={policy}")];
+    pub fn bench_options(&self, policy: Policy) -> BenchOptions {
+        let name = policy_name(policy);
+        let mut kvdir_args = vec![format!("--load_balance_policy={name}")];
         kvdir_args.extend(self.car_args.iter().cloned());
         kvdir_args.extend(self.kvdir_args.iter().cloned());
         BenchOptions {
@@ -238,7 +246,7 @@ impl ReplayOptions {
             host_blocks: 0,
             mode: Mode::Etcd {
                 addr: self.etcd_addr.clone(),
-                namespace: format!("{}-{}", self.namespace, policy.to_ascii_lowercase()),
+                namespace: format!("{}-{}", self.namespace, name.to_ascii_lowercase()),
             },
             spawn_kvdir: Some(self.spawn_kvdir.clone()),
             kvdir_args,
@@ -263,9 +271,9 @@ mod tests {
     fn defaults_and_the_bench_options_of_a_run() {
         let args = ["--trace=t.jsonl", "--etcd_addr=127.0.0.1:2379", "--spawn_kvdir=/bin/kvdir"];
         let Ok(ReplayCommand::Run(o)) = parse(&args) else { panic!("valid") };
-        assert_eq!((o.engines, o.dp_size, o.cache_blocks, o.policy), (8, 1, 2048, "CAR"));
-        assert_eq!(o.policies(), ["CAR", "RR"]);
-        let b = o.bench_options("RR");
+        assert_eq!((o.engines, o.dp_size, o.cache_blocks, o.policy), (8, 1, 2048, Policy::Car));
+        assert_eq!(o.policies(), [Policy::Car, Policy::Rr]);
+        let b = o.bench_options(Policy::Rr);
         assert_eq!((b.block_size, b.device_blocks, b.host_blocks), (512, 2048, 0));
         assert_eq!(b.kvdir_args, ["--load_balance_policy=RR"]);
         let Mode::Etcd { namespace, .. } = b.mode else { panic!("etcd mode") };

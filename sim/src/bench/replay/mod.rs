@@ -29,7 +29,8 @@ pub mod step;
 pub mod trace;
 
 pub use flags::{parse_replay_args, ReplayCommand, ReplayOptions, REPLAY_HELP};
-pub use report::{PolicyRun, ReplayReport};
+use kvdir::car::Policy;
+pub use report::{PolicyRun, ReplayReport, RunSetup};
 use step::Replayer;
 use trace::Trace;
 
@@ -47,23 +48,17 @@ pub fn run(o: &ReplayOptions) -> Result<ReplayReport, BenchError> {
 }
 
 /// One run with `policy` on fresh engines and a fresh kvdir.
-fn run_policy(o: &ReplayOptions, trace: &Trace, policy: &str) -> Result<PolicyRun, BenchError> {
+fn run_policy(o: &ReplayOptions, trace: &Trace, policy: Policy) -> Result<PolicyRun, BenchError> {
     let b = o.bench_options(policy);
     let mut fleet = Fleet::start(&b)?;
     let mut kvdir = Kvdir::start(&b, &fleet.kvdir_config(&b))?;
-    match replay_on(o, &b, trace, &mut fleet, &kvdir) {
-        Ok(mut run) => {
-            run.policy = policy.to_string();
-            run.speed = o.speed;
-            Ok(run)
-        }
-        Err(e) => Err(kvdir.explain(e)),
-    }
+    let run = RunSetup { policy, engines: o.engines as usize, speed: o.speed };
+    replay_on(o, (&b, run), trace, &mut fleet, &kvdir).map_err(|e| kvdir.explain(e))
 }
 
 fn replay_on(
     o: &ReplayOptions,
-    b: &BenchOptions,
+    (b, run): (&BenchOptions, RunSetup),
     trace: &Trace,
     fleet: &mut Fleet,
     kvdir: &Kvdir,
@@ -87,5 +82,5 @@ fn replay_on(
     routes.wall = wall;
     let (after, lagging) = probe.wait_caught_up(&fleet.last_sequences()?, o.sync_timeout)?;
     let applied = applied(&fleet.streams(), &before, &after, lagging, start, wall);
-    Ok(PolicyRun::new(o.engines as usize, &outcomes, routes, applied, max_lag))
+    Ok(PolicyRun::new(run, &outcomes, routes, applied, max_lag))
 }

@@ -18,15 +18,27 @@ use serde_json::{json, Value};
 
 use super::super::clients::KindStats;
 use super::super::report::Applied;
-use super::flags::ReplayOptions;
+use super::flags::{policy_name, ReplayOptions};
 use super::step::Outcome;
 use super::trace::{Bound, Trace};
+use kvdir::car::Policy;
+
+/// What a run was.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RunSetup {
+    /// The policy kvdir ran with.
+    pub policy: Policy,
+    /// Engines in the fleet.
+    pub engines: usize,
+    /// The pacing, `None` without.
+    pub speed: Option<f64>,
+}
 
 /// What one policy run measured.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PolicyRun {
     /// The policy kvdir ran with.
-    pub policy: String,
+    pub policy: Policy,
     /// Routed (and executed) requests.
     pub routed: u64,
     /// Prompt tokens of the routed requests.
@@ -67,20 +79,20 @@ fn ms(d: Duration) -> f64 {
 impl PolicyRun {
     /// Sums the outcomes of a run over `engines` engines.
     pub fn new(
-        engines: usize,
+        run: RunSetup,
         outcomes: &[Outcome],
         routes: KindStats,
         applied: Applied,
         max_lag: Duration,
     ) -> PolicyRun {
-        let mut per_engine = vec![0; engines];
+        let mut per_engine = vec![0; run.engines];
         outcomes.iter().for_each(|o| per_engine[o.engine] += 1);
         let with = outcomes.iter().filter_map(|o| Some((o.predicted?, o.hit_tokens)));
         let (n, matched) = with.fold((0, 0), |(n, m), (p, h)| (n + 1, m + u64::from(p == h)));
         let mut ttfts: Vec<Duration> = outcomes.iter().map(|o| o.ttft).collect();
         ttfts.sort();
         PolicyRun {
-            policy: String::new(),
+            policy: run.policy,
             routed: outcomes.len() as u64,
             input_tokens: outcomes.iter().map(|o| o.input_tokens).sum(),
             hit_tokens: outcomes.iter().map(|o| o.hit_tokens).sum(),
@@ -90,7 +102,7 @@ impl PolicyRun {
             routes,
             applied,
             max_lag,
-            speed: None,
+            speed: run.speed,
         }
     }
 
@@ -114,7 +126,7 @@ impl PolicyRun {
 
     fn json(&self, bound: f64) -> Value {
         json!({
-            "policy": self.policy,
+            "policy": policy_name(self.policy),
             "routed": self.routed,
             "route_errors": self.routes.errors,
             "input_tokens": self.input_tokens,
@@ -151,7 +163,7 @@ impl PolicyRun {
             t,
             "{:<9} routed {}  hit share {:.1} % ({:.0} % of bound)  TTFT p50 {:.0} ms p99 {:.0} \
              ms  imbalance {:.2}  predicted = realized {}  route p50 {:.2} ms p99 {:.2} ms",
-            self.policy,
+            policy_name(self.policy),
             self.routed,
             share * 100.0,
             share / bound.max(1e-9) * 100.0,
@@ -183,7 +195,7 @@ impl PolicyRun {
             warnings.push("kvdir had not applied every batch at the end".to_string());
         }
         for w in warnings {
-            let _ = writeln!(t, "WARNING ({}): {w}", self.policy);
+            let _ = writeln!(t, "WARNING ({}): {w}", policy_name(self.policy));
         }
     }
 }
@@ -236,7 +248,7 @@ impl ReplayReport {
 
     /// The first run's hit share over RR's, when both ran.
     pub fn over_rr(&self) -> Option<f64> {
-        let rr = self.runs.iter().skip(1).find(|r| r.policy == "RR")?;
+        let rr = self.runs.iter().skip(1).find(|r| r.policy == Policy::Rr)?;
         Some(self.runs[0].hit_share() / rr.hit_share().max(1e-9))
     }
 
@@ -271,7 +283,7 @@ impl ReplayReport {
         );
         self.runs.iter().for_each(|r| r.text(self.bound.token_share, &mut t));
         if let Some(x) = self.over_rr() {
-            let _ = writeln!(t, "hit share {} / RR: {x:.2}x", self.runs[0].policy);
+            let _ = writeln!(t, "hit share {} / RR: {x:.2}x", policy_name(self.runs[0].policy));
         }
         t
     }
