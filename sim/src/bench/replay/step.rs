@@ -153,22 +153,56 @@ impl<'a> Replayer<'a> {
 
     /// The chosen rank and kvdir's predicted Device hit on it.
     fn rank(&self, engine: usize, routed: &Value) -> (usize, Option<u64>) {
-        let name = &routed["prefill"];
-        let chosen =
-            routed["candidates"].as_array().into_iter().flatten().find(|c| c["name"] == *name);
-        let hits: Vec<(usize, u64)> = chosen
-            .and_then(|c| c["dp_hits"].as_array())
-            .into_iter()
-            .flatten()
-            .filter_map(|h| {
-                Some((h["dp_rank"].as_u64()? as usize, h["device_hit_tokens"].as_u64()?))
-            })
-            .filter(|(rank, _)| *rank < self.dp_size)
-            .collect();
-        let free = |rank: usize| self.servers.free_at(engine, rank);
-        match hits.iter().max_by_key(|(rank, hit)| (*hit, std::cmp::Reverse(free(*rank)))) {
-            Some(&(rank, hit)) => (rank, Some(hit)),
-            None => ((0..self.dp_size).min_by_key(|k| free(*k)).unwrap_or(0), None),
-        }
+        choose_rank(routed, self.dp_size, |rank| self.servers.free_at(engine, rank))
+    }
+}
+
+/// The rank of the chosen instance (`prefill`) with the longest predicted Device hit in the
+/// route answer's `dp_hits`, ties to the rank `free_at` first; without predictions, the rank
+/// free first. Returns it with its prediction.
+fn choose_rank(
+    routed: &Value,
+    dp_size: usize,
+    free_at: impl Fn(usize) -> Duration,
+) -> (usize, Option<u64>) {
+    let name = &routed["prefill"];
+    let candidates = routed["candidates"].as_array().into_iter().flatten();
+    let chosen = candidates.into_iter().find(|c| c["name"] == *name);
+    let hits = chosen.and_then(|c| c["dp_hits"].as_array()).into_iter().flatten();
+    let hits = hits.filter_map(|h| {
+        let rank = h["dp_rank"].as_u64().filter(|r| *r < dp_size as u64)? as usize;
+        Some((rank, h["device_hit_tokens"].as_u64()?))
+    });
+    let best = hits.max_by_key(|(rank, hit)| (*hit, std::cmp::Reverse(free_at(*rank))));
+    match best {
+        Some((rank, hit)) => (rank, Some(hit)),
+        None => ((0..dp_size).min_by_key(|k| free_at(*k)).unwrap_or(0), None),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn routed(hits: &[(u64, u64)]) -> Value {
+        let dp_hits: Vec<Value> =
+            hits.iter().map(|(r, h)| json!({"dp_rank": r, "device_hit_tokens": h})).collect();
+        json!({"prefill": "e1", "candidates": [
+            {"name": "e0", "dp_hits": [{"dp_rank": 0, "device_hit_tokens": 9999}]},
+            {"name": "e1", "dp_hits": dp_hits},
+        ]})
+    }
+
+    #[test]
+    fn the_rank_with_the_longest_predicted_hit_of_the_chosen_instance_wins() {
+        let free = |rank: usize| Duration::from_millis([30, 10, 20][rank]);
+        assert_eq!(choose_rank(&routed(&[(0, 512), (1, 0), (2, 1024)]), 3, free), (2, Some(1024)));
+        assert_eq!(
+            choose_rank(&routed(&[(0, 512), (1, 512), (2, 0)]), 3, free),
+            (1, Some(512)),
+            "a tie goes to the rank free first"
+        );
+        assert_eq!(choose_rank(&routed(&[]), 3, free), (1, None), "no prediction: free first");
+        assert_eq!(choose_rank(&routed(&[(7, 512)]), 3, free), (1, None), "ranks out of range");
     }
 }
