@@ -37,14 +37,38 @@ use trace::Trace;
 /// Upper bound of one route request or probe.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The longest paced replay of one policy, in wall time.
+const MAX_WALL: Duration = Duration::from_secs(3600);
+
 /// Replays the trace with every policy and returns the report.
 pub fn run(o: &ReplayOptions) -> Result<ReplayReport, BenchError> {
     let trace = Trace::read(&o.trace, o.requests)?;
+    check_wall(&trace, o.speed)?;
     let mut runs = Vec::new();
     for policy in o.policies() {
         runs.push(run_policy(o, &trace, policy)?);
     }
     Ok(ReplayReport::new(o, &trace, runs))
+}
+
+/// Refuses a pacing under which one policy's replay would take more than [`MAX_WALL`].
+fn check_wall(trace: &Trace, speed: Option<f64>) -> Result<(), BenchError> {
+    let (Some(first), Some(last)) = (trace.requests.first(), trace.requests.last()) else {
+        return Ok(());
+    };
+    let span = Duration::from_millis(last.timestamp_ms - first.timestamp_ms);
+    match speed.map(|s| span.div_f64(s)) {
+        Some(wall) if wall > MAX_WALL => Err(BenchError::Flags(vec![format!(
+            "--speed {} makes the {} requests ({:.0} s of trace) take {:.0} s per policy, more \
+             than {} s; raise --speed or lower --requests",
+            speed.unwrap_or_default(),
+            trace.requests.len(),
+            span.as_secs_f64(),
+            wall.as_secs_f64(),
+            MAX_WALL.as_secs()
+        )])),
+        _ => Ok(()),
+    }
 }
 
 /// One run with `policy` on fresh engines and a fresh kvdir.
@@ -83,4 +107,25 @@ fn replay_on(
     let (after, lagging) = probe.wait_caught_up(&fleet.last_sequences()?, o.sync_timeout)?;
     let applied = applied(&fleet.streams(), &before, &after, lagging, start, wall);
     Ok(PolicyRun::new(run, &outcomes, routes, applied, max_lag))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::trace::TraceRequest;
+    use super::*;
+
+    #[test]
+    fn a_pacing_slower_than_an_hour_per_policy_is_refused() {
+        let at = |index, timestamp_ms| TraceRequest {
+            index,
+            timestamp_ms,
+            input_length: 1,
+            hash_ids: vec![],
+        };
+        let trace = Trace { requests: vec![at(0, 0), at(1, 7_200_000)] };
+        assert!(check_wall(&trace, Some(2.0)).is_ok(), "3600 s is the limit itself");
+        assert!(check_wall(&trace, None).is_ok(), "no pacing");
+        let err = check_wall(&trace, Some(1.0)).unwrap_err().to_string();
+        assert!(err.contains("take 7200 s per policy, more than 3600 s; raise --speed"), "{err}");
+    }
 }
