@@ -18,8 +18,8 @@ use serde_json::{json, Value};
 use crate::{EngineConfig, HashMode, RegistrationOptions, SimEngine, SimError};
 
 mod args;
-use args::choice;
-pub(crate) use args::{flag_pairs, number};
+
+pub(crate) use args::{choice, flag_pairs, number};
 
 /// With `--http_port`, engine `k` uses `http_port + k * HTTP_PORT_STRIDE`.
 pub const HTTP_PORT_STRIDE: u16 = 100;

@@ -1,6 +1,7 @@
-//! The `kvdir-bench` binary's command line: help, flag errors, and `--write_config` against a
-//! kvdir that never comes (the run against a real kvdir is in `actors/tests/bench.rs`, where
-//! the `kvdir` binary is built).
+//! The `kvdir-bench` binary's command line: help and flag errors (also of `replay`), a missing
+//! trace, and `--write_config` against a kvdir that never comes (the runs against a real kvdir
+//! are in `actors/tests/bench.rs` and `actors/tests/replay.rs`, where the `kvdir` binary is
+//! built).
 
 use std::net::TcpListener;
 use std::process::Command;
@@ -52,4 +53,39 @@ fn write_config_writes_the_static_streams_then_fails_naming_the_missing_kvdir() 
         (&"bench-0".into(), &16.into())
     );
     let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn replay_help_lists_its_flags() {
+    let out = Command::new(BIN).args(["replay", "--help"]).output().expect("the binary runs");
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in ["--trace", "--engines", "--cache_blocks", "--speed", "--policy", "--json"] {
+        assert!(help.contains(flag), "{flag} missing from {help}");
+    }
+}
+
+#[test]
+fn replay_with_bad_flags_exits_with_status_2_and_names_every_problem() {
+    let out = Command::new(BIN)
+        .args(["replay", "--engines=0", "--speed=fast", "--etcd_addr=127.0.0.1:1"])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for needle in ["--trace FILE is required", "--spawn_kvdir PATH", "--engines = 0", "--speed"] {
+        assert!(stderr.contains(needle), "{needle} missing from {stderr}");
+    }
+}
+
+#[test]
+fn replay_of_a_missing_trace_fails_naming_the_file() {
+    let out = Command::new(BIN)
+        .args(["replay", "--trace=/nonexistent/t.jsonl", "--etcd_addr=127.0.0.1:1"])
+        .args(["--spawn_kvdir=/nonexistent/kvdir"])
+        .output()
+        .expect("runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot read /nonexistent/t.jsonl"), "{stderr}");
 }

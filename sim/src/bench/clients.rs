@@ -60,7 +60,7 @@ pub struct KindStats {
 }
 
 impl KindStats {
-    fn new(kind: Kind) -> KindStats {
+    pub(crate) fn new(kind: Kind) -> KindStats {
         KindStats { kind, latencies: Vec::new(), errors: BTreeMap::new(), wall: Duration::ZERO }
     }
 

@@ -18,6 +18,7 @@ pub const HELP: &str = "\
 kvdir-bench: drive a running kvdir with simulated engines and HTTP clients, print a report
 
 USAGE: kvdir-bench [--flag=value | --flag value]...
+       kvdir-bench replay --trace FILE ...   replay a request trace (kvdir-bench replay --help)
 
 How kvdir learns about the engines (one of):
   --etcd_addr H:P          register every engine in this etcd (leased key, LOADMETRICS,
@@ -359,7 +360,7 @@ impl BenchOptions {
 }
 
 /// Adds a problem unless `addr` (`host:port`) names this host.
-fn check_loopback(flag: &str, addr: &str, problems: &mut Vec<String>) {
+pub(crate) fn check_loopback(flag: &str, addr: &str, problems: &mut Vec<String>) {
     let addr = addr.trim_start_matches("http://");
     let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
     let host = host.trim_start_matches('[').trim_end_matches(']');

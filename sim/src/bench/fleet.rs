@@ -139,6 +139,14 @@ impl Fleet {
         Ok(())
     }
 
+    /// Reports engine `engine`'s load (`waiting` requests, Device `usage` in 0..=1), when it is
+    /// registered; the replay's simulated queues set it before every routing decision.
+    pub fn set_load(&self, engine: usize, waiting: u64, usage: f64) {
+        if let Some(registration) = self.registrations.get(engine) {
+            registration.set_load(waiting, usage.clamp(0.0, 1.0));
+        }
+    }
+
     /// `(answered, answered with a status other than 200)` heartbeats; `None` without any.
     pub fn heartbeats(&self) -> Option<(u64, u64)> {
         if self.registrations.is_empty() {

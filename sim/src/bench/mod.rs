@@ -13,7 +13,9 @@
 //! 6. runs the same clients `--baseline_seconds` without ingest, for ratios in the same run.
 //!
 //! Modules: [`flags`] (options, `--help`), [`fleet`], [`kvdir`], [`probe`], [`drive`],
-//! [`clients`], [`http`], [`report`]. The one error type is [`BenchError`].
+//! [`clients`], [`http`], [`report`]; [`replay`] is the `kvdir-bench replay` subcommand, which
+//! replays a request trace through the same fleet, kvdir and probe. The one error type is
+//! [`BenchError`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -31,6 +33,7 @@ pub mod fleet;
 pub mod http;
 pub mod kvdir;
 pub mod probe;
+pub mod replay;
 pub mod report;
 
 pub use clients::{Kind, KindStats};
@@ -65,6 +68,9 @@ pub enum BenchError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// A trace file is malformed.
+    #[error("trace {0}")]
+    Trace(String),
     /// kvdir did not answer as expected.
     #[error("kvdir: {0}")]
     Kvdir(String),
@@ -175,7 +181,7 @@ fn minus(a: Published, b: Published) -> Published {
 }
 
 /// What kvdir applied between the two views.
-fn applied(
+pub(crate) fn applied(
     streams: &[StreamName],
     before: &HashMap<StreamName, StreamView>,
     after: &HashMap<StreamName, StreamView>,

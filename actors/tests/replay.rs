@@ -1,0 +1,76 @@
+//! `kvdir-bench replay` (`kvdir_sim::bench::replay`) against the real `kvdir` binary, as a user
+//! runs it: a short prefix of the Mooncake conversation trace (in the repository under
+//! `sim/data/mooncake/`), engines registered in etcd, kvdir spawned and discovering them, CAR
+//! then RR; the test reads the JSON report. Needs `etcd` (test support uses `KVDIR_TEST_ETCD` or
+//! starts a private one); everything binds 127.0.0.1.
+
+use kvdir_sim::bench::replay::{self, ReplayCommand, ReplayOptions};
+use kvdir_sim::etcd_test::etcd_endpoint;
+use serde_json::Value;
+
+const CONVERSATION: &str =
+    concat!(env!("CARGO_MANIFEST_DIR"), "/../sim/data/mooncake/conversation_trace.jsonl");
+
+/// Parses flags as the binary does, with this build's `kvdir` and the test's etcd.
+fn options(etcd: &str, flags: &[&str]) -> ReplayOptions {
+    let mut args = vec![
+        format!("--spawn_kvdir={}", env!("CARGO_BIN_EXE_kvdir")),
+        format!("--etcd_addr={etcd}"),
+        format!("--trace={CONVERSATION}"),
+    ];
+    args.extend(flags.iter().map(|f| f.to_string()));
+    match replay::parse_replay_args(args) {
+        Ok(ReplayCommand::Run(o)) => *o,
+        other => panic!("{flags:?}: {other:?}"),
+    }
+}
+
+fn f(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
+}
+
+/// A run's JSON: every request routed and executed, no error or stream fault, figures in range.
+fn assert_sane(run: &Value, requests: u64, engines: usize, bound: f64) {
+    assert_eq!(run["routed"], requests, "every request routed: {run:#}");
+    assert_eq!(run["route_errors"], serde_json::json!({}), "{run:#}");
+    assert_eq!(run["stream_faults"], serde_json::json!({}), "{run:#}");
+    assert_eq!(run["caught_up"], true, "{run:#}");
+    let share = f(&run["hit_share"]);
+    assert!((0.0..=bound).contains(&share), "hit share {share} outside [0, {bound}]: {run:#}");
+    let per_engine = run["requests_per_engine"].as_array().expect("a list");
+    assert_eq!(per_engine.len(), engines, "{run:#}");
+    assert_eq!(per_engine.iter().map(|n| n.as_u64().unwrap()).sum::<u64>(), requests);
+    assert!(f(&run["imbalance"]) >= 1.0, "{run:#}");
+    let (p50, p99) = (f(&run["ttft_ms"]["p50"]), f(&run["ttft_ms"]["p99"]));
+    assert!(0.0 < p50 && p50 <= p99, "TTFT percentiles: {run:#}");
+    let (d50, d99) = (f(&run["decision_ms"]["p50"]), f(&run["decision_ms"]["p99"]));
+    assert!(0.0 < d50 && d50 <= d99, "decision cost: {run:#}");
+}
+
+/// 500 conversation requests (the first 170 s of the trace, whose bound is 16 %) on 4 engines
+/// with 1024 blocks each (a quarter of their blocks: eviction happens), unpaced: CAR keeps
+/// conversations on the engine that has their prefix (about 7 % of tokens hit), RR spreads them
+/// evenly (about 5 %).
+#[test]
+fn a_conversation_prefix_replays_with_car_then_rr_and_car_hits_more() {
+    let etcd = etcd_endpoint();
+    let ns = format!("--etcd_namespace=replay-test-{}", std::process::id());
+    let flags = ["--requests=500", "--engines=4", "--cache_blocks=1024", "--speed=0", "--json"];
+    let o = options(&etcd.endpoint, &[&flags[..], &[ns.as_str()]].concat());
+    let report = replay::run(&o).expect("the replay completes");
+    let json = report.json();
+    assert_eq!(json["requests"], 500, "{json:#}");
+    let bound = f(&json["bound"]["token_share"]);
+    assert!(0.0 < bound && bound < 1.0, "{json:#}");
+    let runs = json["runs"].as_array().expect("runs");
+    let policies: Vec<&str> = runs.iter().map(|r| r["policy"].as_str().unwrap()).collect();
+    assert_eq!(policies, ["CAR", "RR"], "{json:#}");
+    runs.iter().for_each(|run| assert_sane(run, 500, 4, bound));
+    let (car, rr) = (f(&runs[0]["hit_share"]), f(&runs[1]["hit_share"]));
+    assert!(car >= rr, "CAR {car} below RR {rr}: {json:#}");
+    assert!(f(&json["hit_share_over_rr"]) >= 1.0, "{json:#}");
+    let predicted = &runs[0]["prediction"];
+    assert_eq!(predicted["requests"], 500, "kvdir predicts a hit for every request: {json:#}");
+    assert!((0.0..=1.0).contains(&f(&predicted["share"])), "{json:#}");
+    assert_eq!(report.runs[1].imbalance(), 1.0, "RR gives each engine 125: {json:#}");
+}

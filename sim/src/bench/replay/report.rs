@@ -1,0 +1,290 @@
+//! The replay's report ([`ReplayReport`], one [`PolicyRun`] per policy), as text or JSON.
+//!
+//! - hit share: prompt tokens the engine had cached on Device when it ran the request (as it
+//!   reports them, complete blocks only), over all prompt tokens of the routed requests;
+//! - bound: the same share with one cache that never evicts ([`Trace::bound`]), which no
+//!   router over finite engines can beat;
+//! - TTFT: simulated, from the FIFO model ([`super::clock`]);
+//! - imbalance: the most requests any engine got over the mean per engine (1 = even);
+//! - prediction: of the requests kvdir gave a Device hit for on the chosen rank, the share
+//!   whose prediction equalled what the engine then reported (stale when events are in flight);
+//! - decision cost: wall latency of `POST /v1/internal/route`, as the tool saw it.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use super::super::clients::KindStats;
+use super::super::report::Applied;
+use super::flags::{policy_name, ReplayOptions};
+use super::step::Outcome;
+use super::trace::{Bound, Trace};
+use kvdir::car::Policy;
+
+/// What a run was.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RunSetup {
+    /// The policy kvdir ran with.
+    pub policy: Policy,
+    /// Engines in the fleet.
+    pub engines: usize,
+    /// The pacing, `None` without.
+    pub speed: Option<f64>,
+}
+
+/// What one policy run measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PolicyRun {
+    /// The policy kvdir ran with.
+    pub policy: Policy,
+    /// Routed (and executed) requests.
+    pub routed: u64,
+    /// Prompt tokens of the routed requests.
+    pub input_tokens: u64,
+    /// Of those, cached on Device at execution.
+    pub hit_tokens: u64,
+    /// Simulated TTFTs, sorted.
+    pub ttfts: Vec<Duration>,
+    /// Requests per engine, in engine order.
+    pub per_engine: Vec<u64>,
+    /// Requests with a prediction, and those whose prediction matched.
+    pub predicted: (u64, u64),
+    /// Route latencies (sorted) and failures.
+    pub routes: KindStats,
+    /// What kvdir applied, with its streams' fault counters.
+    pub applied: Applied,
+    /// Worst lag behind the paced schedule.
+    pub max_lag: Duration,
+    /// The pacing, `None` without.
+    pub speed: Option<f64>,
+}
+
+/// A lag behind the schedule worth a warning.
+const LATE: Duration = Duration::from_secs(1);
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let n = sorted.len();
+    match n {
+        0 => Duration::ZERO,
+        _ => sorted[(((p / 100.0) * n as f64).ceil() as usize).clamp(1, n) - 1],
+    }
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+impl PolicyRun {
+    /// Sums the outcomes of a run over `engines` engines.
+    pub fn new(
+        run: RunSetup,
+        outcomes: &[Outcome],
+        routes: KindStats,
+        applied: Applied,
+        max_lag: Duration,
+    ) -> PolicyRun {
+        let mut per_engine = vec![0; run.engines];
+        outcomes.iter().for_each(|o| per_engine[o.engine] += 1);
+        let with = outcomes.iter().filter_map(|o| Some((o.predicted?, o.hit_tokens)));
+        let (n, matched) = with.fold((0, 0), |(n, m), (p, h)| (n + 1, m + u64::from(p == h)));
+        let mut ttfts: Vec<Duration> = outcomes.iter().map(|o| o.ttft).collect();
+        ttfts.sort();
+        PolicyRun {
+            policy: run.policy,
+            routed: outcomes.len() as u64,
+            input_tokens: outcomes.iter().map(|o| o.input_tokens).sum(),
+            hit_tokens: outcomes.iter().map(|o| o.hit_tokens).sum(),
+            ttfts,
+            per_engine,
+            predicted: (n, matched),
+            routes,
+            applied,
+            max_lag,
+            speed: run.speed,
+        }
+    }
+
+    /// Hit tokens over input tokens.
+    pub fn hit_share(&self) -> f64 {
+        self.hit_tokens as f64 / self.input_tokens.max(1) as f64
+    }
+
+    /// Most requests on one engine over the mean.
+    pub fn imbalance(&self) -> f64 {
+        let max = self.per_engine.iter().copied().max().unwrap_or(0) as f64;
+        let mean = self.routed as f64 / self.per_engine.len().max(1) as f64;
+        max / mean.max(1e-9)
+    }
+
+    /// Share of predictions that matched; `None` without predictions.
+    pub fn prediction_share(&self) -> Option<f64> {
+        let (n, matched) = self.predicted;
+        (n > 0).then(|| matched as f64 / n as f64)
+    }
+
+    fn json(&self, bound: f64) -> Value {
+        json!({
+            "policy": policy_name(self.policy),
+            "routed": self.routed,
+            "route_errors": self.routes.errors,
+            "input_tokens": self.input_tokens,
+            "hit_tokens": self.hit_tokens,
+            "hit_share": self.hit_share(),
+            "share_of_bound": self.hit_share() / bound.max(1e-9),
+            "ttft_ms": {
+                "p50": ms(percentile(&self.ttfts, 50.0)),
+                "p99": ms(percentile(&self.ttfts, 99.0)),
+                "max": ms(self.ttfts.last().copied().unwrap_or_default()),
+            },
+            "requests_per_engine": self.per_engine,
+            "imbalance": self.imbalance(),
+            "prediction": {
+                "requests": self.predicted.0,
+                "matched": self.predicted.1,
+                "share": self.prediction_share(),
+            },
+            "decision_ms": {
+                "p50": ms(self.routes.percentile(50.0)),
+                "p99": ms(self.routes.percentile(99.0)),
+                "max": ms(self.routes.max()),
+            },
+            "wall_seconds": self.routes.wall.as_secs_f64(),
+            "max_lag_ms": ms(self.max_lag),
+            "caught_up": self.applied.caught_up,
+            "stream_faults": self.applied.faults().into_iter().collect::<BTreeMap<_, _>>(),
+        })
+    }
+
+    fn text(&self, bound: f64, t: &mut String) {
+        let share = self.hit_share();
+        let _ = writeln!(
+            t,
+            "{:<9} routed {}  hit share {:.1} % ({:.0} % of bound)  TTFT p50 {:.0} ms p99 {:.0} \
+             ms  imbalance {:.2}  predicted = realized {}  route p50 {:.2} ms p99 {:.2} ms",
+            policy_name(self.policy),
+            self.routed,
+            share * 100.0,
+            share / bound.max(1e-9) * 100.0,
+            ms(percentile(&self.ttfts, 50.0)),
+            ms(percentile(&self.ttfts, 99.0)),
+            self.imbalance(),
+            self.prediction_share().map_or("n/a".to_string(), |s| format!("{:.1} %", s * 100.0)),
+            ms(self.routes.percentile(50.0)),
+            ms(self.routes.percentile(99.0)),
+        );
+        let mut warnings = Vec::new();
+        if !self.routes.errors.is_empty() {
+            warnings.push(format!("route errors {:?}", self.routes.errors));
+        }
+        if !self.applied.faults().is_empty() {
+            warnings.push(format!(
+                "stream counters moved {:?} (a periodic resync, every resync_interval_ms, is a \
+                 recovery too)",
+                self.applied.faults()
+            ));
+        }
+        if let Some(speed) = self.speed.filter(|_| self.max_lag > LATE) {
+            warnings.push(format!(
+                "the tool fell up to {:.0} ms behind the trace at --speed {speed}; lower it",
+                ms(self.max_lag)
+            ));
+        }
+        if !self.applied.caught_up {
+            warnings.push("kvdir had not applied every batch at the end".to_string());
+        }
+        for w in warnings {
+            let _ = writeln!(t, "WARNING ({}): {w}", policy_name(self.policy));
+        }
+    }
+}
+
+/// The whole replay.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplayReport {
+    /// One line describing the setup.
+    pub setup: String,
+    /// Requests replayed.
+    pub requests: usize,
+    /// Their prompt tokens.
+    pub input_tokens: u64,
+    /// The one-cache bound.
+    pub bound: Bound,
+    /// The hit share of one LRU with the fleet's capacity ([`Trace::pooled_lru`]).
+    pub pooled_lru: f64,
+    /// That LRU's blocks: `--engines x --cache_blocks`.
+    pub pooled_blocks: usize,
+    /// One run per policy, in order.
+    pub runs: Vec<PolicyRun>,
+}
+
+impl ReplayReport {
+    /// The report of `runs` over `trace`.
+    pub fn new(o: &ReplayOptions, trace: &Trace, runs: Vec<PolicyRun>) -> ReplayReport {
+        let speed = o.speed.map_or("no pacing".to_string(), |s| format!("speed {s}x"));
+        let setup = format!(
+            "{} requests of {}; {} engines x {} DP, {} Device blocks of 512 tokens per engine; \
+             prefill {} µs per uncached token + {} ms per request (simulated); {speed}",
+            trace.requests.len(),
+            o.trace.display(),
+            o.engines,
+            o.dp_size,
+            o.cache_blocks,
+            o.cost.per_token.as_micros(),
+            o.cost.overhead.as_millis(),
+        );
+        let requests = trace.requests.len();
+        ReplayReport {
+            setup,
+            requests,
+            input_tokens: trace.input_tokens(),
+            bound: trace.bound(),
+            pooled_lru: trace.pooled_lru(o.cache_blocks * o.engines as usize),
+            pooled_blocks: o.cache_blocks * o.engines as usize,
+            runs,
+        }
+    }
+
+    /// The first run's hit share over RR's, when both ran.
+    pub fn over_rr(&self) -> Option<f64> {
+        let rr = self.runs.iter().skip(1).find(|r| r.policy == Policy::Rr)?;
+        Some(self.runs[0].hit_share() / rr.hit_share().max(1e-9))
+    }
+
+    /// The report as JSON.
+    pub fn json(&self) -> Value {
+        let bound = self.bound.token_share;
+        json!({
+            "setup": self.setup,
+            "requests": self.requests,
+            "input_tokens": self.input_tokens,
+            "bound": { "token_share": bound, "block_share": self.bound.block_share },
+            "pooled_lru_token_share": self.pooled_lru,
+            "runs": self.runs.iter().map(|r| r.json(bound)).collect::<Vec<_>>(),
+            "hit_share_over_rr": self.over_rr(),
+        })
+    }
+
+    /// The plain-text report.
+    pub fn text(&self) -> String {
+        let mut t = format!("kvdir-bench replay: {}\n", self.setup);
+        let _ = writeln!(
+            t,
+            "bound (one cache that never evicts): {:.1} % of input tokens, {:.1} % of blocks",
+            self.bound.token_share * 100.0,
+            self.bound.block_share * 100.0
+        );
+        let _ = writeln!(
+            t,
+            "reference (one LRU with the fleet's {} blocks): {:.1} % of input tokens",
+            self.pooled_blocks,
+            self.pooled_lru * 100.0
+        );
+        self.runs.iter().for_each(|r| r.text(self.bound.token_share, &mut t));
+        if let Some(x) = self.over_rr() {
+            let _ = writeln!(t, "hit share {} / RR: {x:.2}x", policy_name(self.runs[0].policy));
+        }
+        t
+    }
+}
