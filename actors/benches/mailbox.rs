@@ -1,20 +1,22 @@
 //! Mailbox benchmarks of the actix service: what the actor messages themselves cost, with the
 //! same work done by a direct call as the baseline measured in the same run.
 //!
-//! - `router_query_128_streams_2048_tokens`: a 2,048-token query (16 blocks of 128) through
-//!   `RouterActor` with 128 registered streams, each holding the query's 16 blocks among 1,024
-//!   (the router's worst case: every stream hits the whole prefix). Subjects: `addr.send(QueryCache)`
-//!   awaited from the router's own arbiter (`send_same_arbiter`), from another thread as the HTTP
-//!   workers do (`send_other_arbiter`), and 16 queries kept in flight from another thread
-//!   (`send_other_arbiter_16_in_flight`, the actor's throughput). Baseline: `RouterActor::query`
-//!   called directly on an identical router.
+//! - `router_query_128_streams_2048_tokens`: a 2,048-token query (16 blocks of 128) against
+//!   128 streams in one shared index, each holding the query's 16 blocks among 1,024 (the
+//!   router's worst case: every stream hits the whole prefix). Baseline: `Indexes::query`, what
+//!   the query endpoint's handler calls (no mailbox). Subjects: the same read followed by a
+//!   `RouteRequest` with its hits (no instances, so the answer is "no candidate"), awaited
+//!   from the router's own arbiter (`send_same_arbiter`), from another thread as the HTTP
+//!   workers do (`send_other_arbiter`), and 16 kept in flight from another thread
+//!   (`send_other_arbiter_16_in_flight`): what a route pays for its mailbox hop.
 //! - `index_mailbox_512_blocks_per_batch`: live batches of 512 stored + 512 removed blocks (the
 //!   ingest bench's workload, block size 128, kept at 8,192 resident blocks) through an
 //!   `IndexActor` on its own arbiter, synchronized first by an empty `InstallSnapshot`. Subjects:
 //!   `ApplyBatch` sent and awaited one at a time (`send_await`), and `try_send` from a plain
 //!   thread as the stream worker does, retrying after 20 µs while the mailbox is full
 //!   (`try_send_backpressure`; the clock stops when the last batch is visible to readers).
-//!   Baseline: the same `StreamIndex::apply` + `publish` called directly. Every message owns its
+//!   Baseline: the same `StreamWriter::apply` + `publish` called directly (in an index of its
+//!   own). Every message owns its
 //!   batch, so every case, baseline included, clones the pre-decoded batch per iteration.
 //!
 //! After criterion, each group is measured again in 30 **paired rounds**: every case runs a
@@ -43,7 +45,9 @@ use common::{
     decode_all, live_cycle, percentile, Estimates, Rng, Shape, BLOCKS_PER_BATCH, BLOCK_SIZE,
 };
 use criterion::{Criterion, Throughput};
-use kvdir::index::{IndexConfig, SnapshotBuilder, StreamIndex, ViewHandle};
+use kvdir::index::{
+    IndexConfig, SharedHandle, SharedIndex, SharedSnapshot, StreamLabel, StreamWriter,
+};
 use kvdir::query::QueryResponse;
 use kvdir::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord, WireHash};
 use kvdir::wire::{decode_batch, encode_batch, Batch, Event, Tier};
@@ -51,7 +55,8 @@ use kvdir_actors::index_actor::{
     ApplyBatch, GetIndexStatus, IndexActor, IndexFailed, InstallSnapshot, StreamShared,
     INDEX_MAILBOX,
 };
-use kvdir_actors::router_actor::{QueryCache, RegisterStream, RouterActor, StreamKey};
+use kvdir_actors::indexes::Indexes;
+use kvdir_actors::router_actor::{RouteRequest, RouterActor};
 
 /// Streams registered with the router.
 const STREAMS: usize = 128;
@@ -115,28 +120,24 @@ fn router_snapshot() -> (Batch, Vec<i32>) {
     (decode(&encode(events)), prefixes[0].1.clone())
 }
 
-/// `STREAMS` synchronized indexes holding `snapshot`; they must outlive their readers' use.
-fn router_indexes(snapshot: &Batch) -> Vec<StreamIndex> {
-    (0..STREAMS)
-        .map(|_| {
-            let mut index = StreamIndex::new(IndexConfig::default());
-            index.load_snapshot(snapshot, 0).expect("router snapshot applies");
-            index.publish();
-            index
+/// `STREAMS` synchronized streams holding `snapshot` in one shared index; the writers must
+/// outlive the reads.
+fn router_indexes(snapshot: &Batch) -> (Indexes, Vec<StreamWriter>) {
+    let indexes = Indexes::default();
+    let writers = (0..STREAMS)
+        .map(|i| {
+            let label = StreamLabel {
+                instance_name: format!("inst-{:02}", i / 8),
+                dp_rank: (i % 8) as u32,
+                identity: None,
+            };
+            let mut w = indexes.add_stream(IndexConfig::default(), label).expect("a free slot");
+            w.load_snapshot(snapshot, 0).expect("router snapshot applies");
+            w.publish();
+            w
         })
-        .collect()
-}
-
-/// A router that knows every stream of `indexes`, registered through its own handler.
-fn router(indexes: &[StreamIndex]) -> RouterActor {
-    let mut router = RouterActor::default();
-    let mut ctx = Context::<RouterActor>::new();
-    for (i, index) in indexes.iter().enumerate() {
-        let key =
-            StreamKey { instance_name: format!("inst-{:02}", i / 8), dp_rank: (i % 8) as u32 };
-        router.handle(RegisterStream { key, reader: index.reader(), identity: None }, &mut ctx);
-    }
-    router
+        .collect();
+    (indexes, writers)
 }
 
 fn check_full_hit(r: &QueryResponse, tokens: usize) {
@@ -160,14 +161,14 @@ fn print_percentiles(label: &str, mut f: impl FnMut() -> Duration) {
 struct RouterCases<'a> {
     sys: &'a SystemRunner,
     tokens: Vec<i32>,
-    direct: RouterActor,
+    indexes: &'a Indexes,
     local: Addr<RouterActor>,
     remote: Addr<RouterActor>,
 }
 
 /// The router's cases, baseline first.
 const ROUTER_CASES: [&str; 4] = [
-    "baseline_direct_call",
+    "baseline_direct_read",
     "send_same_arbiter",
     "send_other_arbiter",
     "send_other_arbiter_16_in_flight",
@@ -176,12 +177,13 @@ const ROUTER_CASES: [&str; 4] = [
 impl RouterCases<'_> {
     /// Runs case `case` (an index into `ROUTER_CASES`) `iters` times; returns the time taken.
     fn time(&mut self, case: usize, iters: u64) -> Duration {
-        let tokens = &self.tokens;
+        let (tokens, indexes) = (&self.tokens, self.indexes);
+        let route = || RouteRequest { input_tokens: tokens.len(), hits: indexes.read(tokens) };
         match case {
             0 => {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    black_box(self.direct.query(black_box(tokens)));
+                    black_box(indexes.query(black_box(tokens)));
                 }
                 start.elapsed()
             }
@@ -190,25 +192,24 @@ impl RouterCases<'_> {
                 self.sys.block_on(async {
                     let start = Instant::now();
                     for _ in 0..iters {
-                        let q = QueryCache { tokens: tokens.clone() };
-                        black_box(addr.send(q).await.expect("answered"));
+                        black_box(addr.send(route()).await.expect("answered").is_err());
                     }
                     start.elapsed()
                 })
             }
             _ => self.sys.block_on(async {
                 let start = Instant::now();
-                let mut flight: VecDeque<Request<RouterActor, QueryCache>> =
+                let mut flight: VecDeque<Request<RouterActor, RouteRequest>> =
                     VecDeque::with_capacity(IN_FLIGHT);
                 for _ in 0..iters {
                     if flight.len() == IN_FLIGHT {
                         let done = flight.pop_front().expect("in flight");
-                        black_box(done.await.expect("answered"));
+                        black_box(done.await.expect("answered").is_err());
                     }
-                    flight.push_back(self.remote.send(QueryCache { tokens: tokens.clone() }));
+                    flight.push_back(self.remote.send(route()));
                 }
                 for done in flight {
-                    black_box(done.await.expect("answered"));
+                    black_box(done.await.expect("answered").is_err());
                 }
                 start.elapsed()
             }),
@@ -218,23 +219,12 @@ impl RouterCases<'_> {
 
 fn bench_router(c: &mut Criterion, sys: &SystemRunner) {
     let (snapshot, tokens) = router_snapshot();
-    let indexes = router_indexes(&snapshot);
-    let direct = router(&indexes);
-    let local = {
-        let r = router(&indexes);
-        sys.block_on(async move { r.start() })
-    };
+    let (indexes, writers) = router_indexes(&snapshot);
+    let local = sys.block_on(async move { RouterActor::default().start() });
     let other_arbiter = Arbiter::new();
-    let remote = {
-        let r = router(&indexes);
-        RouterActor::start_in_arbiter(&other_arbiter.handle(), |_| r)
-    };
-    let mut cases = RouterCases { sys, tokens, direct, local, remote };
-    check_full_hit(&cases.direct.query(&cases.tokens), cases.tokens.len());
-    for addr in [&cases.local, &cases.remote] {
-        let q = QueryCache { tokens: cases.tokens.clone() };
-        check_full_hit(&sys.block_on(addr.send(q)).expect("answered"), cases.tokens.len());
-    }
+    let remote = RouterActor::start_in_arbiter(&other_arbiter.handle(), |_| RouterActor::default());
+    let mut cases = RouterCases { sys, tokens, indexes: &indexes, local, remote };
+    check_full_hit(&indexes.query(&cases.tokens), cases.tokens.len());
 
     let mut g = c.benchmark_group(ROUTER);
     g.sample_size(10)
@@ -252,6 +242,7 @@ fn bench_router(c: &mut Criterion, sys: &SystemRunner) {
     }
     paired(ROUTER, &ROUTER_CASES, ROUTER_ROUND, |case, n| cases.time(case, n), 1.0, "queries");
     drop(cases);
+    drop(writers);
     other_arbiter.stop();
 }
 
@@ -299,7 +290,8 @@ fn paired(
 /// An `IndexActor` on its own arbiter, fed in cycle order, and what checks it.
 struct IndexUnderTest {
     addr: Addr<IndexActor>,
-    view: ViewHandle,
+    view: SharedHandle,
+    slot: u8,
     shared: Arc<StreamShared>,
     failures: Receiver<IndexFailed>,
     next: u64,
@@ -313,18 +305,23 @@ impl IndexUnderTest {
     fn start(arbiter: &ArbiterHandle) -> Self {
         let shared = Arc::new(StreamShared::default());
         let (tx, failures) = mpsc::channel();
-        let actor =
-            IndexActor::new(StreamIndex::new(IndexConfig::default()), Arc::clone(&shared), tx);
-        let view = actor.reader().handle();
+        let index = {
+            let c = IndexConfig::default();
+            SharedIndex::new(c.block_size, c.hash_seed, 1)
+        };
+        let writer = index.add_stream(IndexConfig::default()).expect("a free slot");
+        let (view, slot) = (index.reader().handle(), writer.slot());
+        let actor = IndexActor::new(writer, Arc::clone(&shared), tx);
         let addr = IndexActor::start_in_arbiter(arbiter, |_| actor);
-        let snapshot = SnapshotBuilder::new(IndexConfig::default());
+        let snapshot = SharedSnapshot::new(IndexConfig::default());
         addr.do_send(InstallSnapshot {
             epoch: 0,
             snapshot: Box::new(snapshot),
             watermark: 0,
             deltas: Vec::new(),
         });
-        IndexUnderTest { addr, view, shared, failures, next: 0, full_batches: 0, full_retries: 0 }
+        let (next, full_batches, full_retries) = (0, 0, 0);
+        IndexUnderTest { addr, view, slot, shared, failures, next, full_batches, full_retries }
     }
 
     fn message(&mut self, batches: &[Batch]) -> ApplyBatch {
@@ -359,7 +356,7 @@ impl IndexUnderTest {
     /// Waits until readers see the last sent batch.
     fn wait_visible(&self) {
         let last = self.next.checked_sub(1);
-        while self.view.status().sequence != last {
+        while self.view.status(self.slot).and_then(|s| s.sequence) != last {
             std::thread::sleep(Duration::from_micros(20));
         }
     }
@@ -379,7 +376,7 @@ impl IndexUnderTest {
 struct IndexCases<'a> {
     sys: &'a SystemRunner,
     batches: Vec<Batch>,
-    direct: StreamIndex,
+    direct: StreamWriter,
     direct_next: u64,
     actor: IndexUnderTest,
 }
@@ -424,7 +421,11 @@ impl IndexCases<'_> {
 
 fn bench_index(c: &mut Criterion, sys: &SystemRunner) {
     let batches = decode_all(&live_cycle(LIVE));
-    let mut direct = StreamIndex::new(IndexConfig::default());
+    let direct_index = {
+        let c = IndexConfig::default();
+        SharedIndex::new(c.block_size, c.hash_seed, 1)
+    };
+    let mut direct = direct_index.add_stream(IndexConfig::default()).expect("a free slot");
     direct.load_snapshot(&Batch::default(), 0).expect("empty snapshot");
     let arbiter = Arbiter::new();
     let actor = IndexUnderTest::start(&arbiter.handle());

@@ -291,7 +291,9 @@ async fn apply_plan(set: &StreamSet, desired: Vec<PlannedStream>) {
     for (key, p) in want {
         if set.get(&key).is_none() {
             tracing::info!(instance = %key.instance_name, dp = key.dp_rank, endpoint = %p.spec.endpoint, "starting stream");
-            let _ = set.start(p.spec, Some(p.identity)).await;
+            if let Err(e) = set.start(p.spec, Some(p.identity)) {
+                tracing::error!(instance = %key.instance_name, dp = key.dp_rank, error = %e, "cannot start stream");
+            }
         }
     }
 }

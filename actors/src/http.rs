@@ -21,15 +21,18 @@ use subtle::ConstantTimeEq;
 use thiserror::Error;
 
 use crate::discovery::{DiscoveryActor, GetInstances, Heartbeat};
+use crate::indexes::Indexes;
 use crate::metrics::{self, Endpoint, ServiceMetrics, StreamSample};
-use crate::router_actor::{GetRecentRoutes, QueryCache, RouteRequest, RouterActor};
+use crate::router_actor::{GetRecentRoutes, RouteRequest, RouterActor};
 use crate::stream_actor::{GetStreamReport, StreamReport};
 use crate::streams::StreamMap;
 
 /// What the handlers share.
 pub struct AppState {
-    /// The query side.
+    /// Routing decisions (rotation, recent decisions).
     pub router: Addr<RouterActor>,
+    /// The shared query indexes, read directly by the handlers.
+    pub indexes: Arc<Indexes>,
     /// Every running stream.
     pub streams: StreamMap,
     /// Discovery, when configured.
@@ -201,7 +204,7 @@ async fn query(
     let started = Instant::now();
     let result = async {
         let tokens = read_tokens(&req, payload, &state).await?;
-        Ok(state.router.send(QueryCache { tokens }).await?)
+        Ok(state.indexes.query(&tokens))
     };
     let response = observed(&state, Endpoint::Query, started, result.await)?;
     Ok(HttpResponse::Ok().json(response))
@@ -215,7 +218,8 @@ async fn route_request(
     let started = Instant::now();
     let result = async {
         let tokens = read_tokens(&req, payload, &state).await?;
-        let routed = state.router.send(RouteRequest { tokens }).await?;
+        let hits = state.indexes.read(&tokens);
+        let routed = state.router.send(RouteRequest { input_tokens: tokens.len(), hits }).await?;
         routed.map_err(|e| ApiError::NoCandidate(e.to_string()))
     };
     let routed = observed(&state, Endpoint::Route, started, result.await)?;
@@ -250,7 +254,7 @@ async fn stream_reports(
 
 async fn prometheus(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let reports = stream_reports(&state).await?;
-    let views = state.router.send(QueryCache { tokens: Vec::new() }).await?.matches;
+    let views = state.indexes.query(&[]).matches;
     let samples: Vec<StreamSample> = reports
         .into_iter()
         .map(|(report, counters)| {

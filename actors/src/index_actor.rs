@@ -1,7 +1,11 @@
-//! `IndexActor`: owns one stream's [`StreamIndex`] and applies what its stream sends, in order.
+//! `IndexActor`: owns one stream's [`StreamWriter`] in the shared index of its block size and
+//! seed, and applies what its stream sends, in order.
 //!
 //! Messages: [`ApplyBatch`], [`InstallSnapshot`], [`Invalidate`], [`GetIndexStatus`], `Shutdown`.
-//! Every change is published at once, so readers see whole batches and whole snapshots.
+//! Every change is published at once, so readers see whole batches and whole snapshots (a
+//! snapshot install and the deltas that continue it are one publish: a periodic resync never
+//! goes dark). `Shutdown` drops the writer before it answers, so a stopped stream's bits and
+//! entry are gone, and its slot free, once the stop is acknowledged.
 //!
 //! Each stream message carries the recovery epoch it was produced in; the stream's worker bumps
 //! the shared epoch on every invalidation, so batches queued before a fault are dropped here
@@ -16,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
-use kvdir::index::{IndexReader, SnapshotBuilder, StreamIndex, StreamStatus};
+use kvdir::index::{SharedSnapshot, StreamStatus, StreamWriter};
 use kvdir::wire::Batch;
 
 use crate::metrics::StreamCounters;
@@ -86,7 +90,7 @@ pub struct InstallSnapshot {
     /// Recovery epoch of the snapshot.
     pub epoch: u64,
     /// The snapshot, built on the worker thread.
-    pub snapshot: Box<SnapshotBuilder>,
+    pub snapshot: Box<SharedSnapshot>,
     /// First live sequence not in the snapshot.
     pub watermark: u64,
     /// Consecutive live batches from the watermark on.
@@ -106,26 +110,22 @@ pub struct Invalidate {
 #[rtype(result = "StreamStatus")]
 pub struct GetIndexStatus;
 
-/// One stream's index.
+/// One stream's writer in the shared index.
 pub struct IndexActor {
-    index: StreamIndex,
+    /// `None` once the stream is shut down (its bits are removed).
+    index: Option<StreamWriter>,
     shared: Arc<StreamShared>,
     feedback: Sender<IndexFailed>,
 }
 
 impl IndexActor {
-    /// An actor around a fresh index; returns it with the index's reader.
+    /// An actor around a stream's writer (fresh from [`crate::indexes::Indexes`]).
     pub fn new(
-        index: StreamIndex,
+        index: StreamWriter,
         shared: Arc<StreamShared>,
         feedback: Sender<IndexFailed>,
     ) -> Self {
-        IndexActor { index, shared, feedback }
-    }
-
-    /// A reader for the router.
-    pub fn reader(&self) -> IndexReader {
-        self.index.reader()
+        IndexActor { index: Some(index), shared, feedback }
     }
 
     fn current(&self, epoch: u64) -> bool {
@@ -135,9 +135,9 @@ impl IndexActor {
     /// Applies an undelivered invalidation, if any.
     fn check_pending(&mut self) {
         let pending = self.shared.pending_invalidation.lock().map(|mut p| p.take());
-        if let Ok(Some(reason)) = pending {
-            self.index.invalidate(reason);
-            self.index.publish();
+        if let (Ok(Some(reason)), Some(index)) = (pending, self.index.as_mut()) {
+            index.invalidate(reason);
+            index.publish();
         }
     }
 
@@ -156,7 +156,8 @@ impl IndexActor {
     }
 
     fn apply(&mut self, epoch: u64, seq: u64, batch: &Batch) -> bool {
-        match self.index.apply(seq, batch) {
+        let Some(index) = self.index.as_mut() else { return false };
+        match index.apply(seq, batch) {
             Ok(stats) => {
                 self.shared.counters.count_batch(batch);
                 self.shared.skipped_out_of_scope.fetch_add(stats.out_of_scope, Ordering::Relaxed);
@@ -192,7 +193,9 @@ impl Handler<ApplyBatch> for IndexActor {
         self.check_pending();
         if self.current(msg.epoch) {
             self.apply(msg.epoch, msg.seq, &msg.batch);
-            self.index.publish();
+            if let Some(index) = self.index.as_mut() {
+                index.publish();
+            }
         }
     }
 }
@@ -205,16 +208,19 @@ impl Handler<InstallSnapshot> for IndexActor {
         if !self.current(msg.epoch) {
             return;
         }
-        let was_synchronized = self.index.is_synchronized();
-        let stats = self.index.install_snapshot(*msg.snapshot, msg.watermark);
+        let Some(index) = self.index.as_mut() else { return };
+        let was_synchronized = index.is_synchronized();
+        let stats = index.install_snapshot(*msg.snapshot, msg.watermark);
         for (seq, batch) in &msg.deltas {
             if !self.apply(msg.epoch, *seq, batch) {
                 break;
             }
         }
-        self.index.publish();
+        let Some(index) = self.index.as_mut() else { return };
+        // One publish: the old contents stay visible until the new ones replace them.
+        index.publish();
         let (stream, dp, blocks) =
-            (&self.shared.instance, self.shared.dp_rank, self.index.block_count());
+            (&self.shared.instance, self.shared.dp_rank, index.block_count());
         let (watermark, orphans) = (msg.watermark, stats.orphans);
         if was_synchronized {
             // A periodic resync: routine, every resync_interval_ms per stream.
@@ -230,8 +236,10 @@ impl Handler<Invalidate> for IndexActor {
 
     fn handle(&mut self, msg: Invalidate, _: &mut Context<Self>) {
         self.check_pending();
-        self.index.invalidate(msg.reason);
-        self.index.publish();
+        if let Some(index) = self.index.as_mut() {
+            index.invalidate(msg.reason);
+            index.publish();
+        }
     }
 }
 
@@ -239,8 +247,8 @@ impl Handler<crate::stream_actor::Shutdown> for IndexActor {
     type Result = ();
 
     fn handle(&mut self, _: crate::stream_actor::Shutdown, ctx: &mut Context<Self>) {
-        self.index.invalidate("stream stopped");
-        self.index.publish();
+        // Dropping the writer removes the stream's bits and entry in one publish.
+        self.index = None;
         ctx.stop();
     }
 }
@@ -249,6 +257,8 @@ impl Handler<GetIndexStatus> for IndexActor {
     type Result = MessageResult<GetIndexStatus>;
 
     fn handle(&mut self, _: GetIndexStatus, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.index.status())
+        MessageResult(self.index.as_ref().map(StreamWriter::status).unwrap_or_else(|| {
+            StreamStatus { error: Some("stream stopped".into()), ..StreamStatus::default() }
+        }))
     }
 }

@@ -8,9 +8,10 @@
 //! - [`streams`]: starting and stopping a stream's actor pair.
 //! - [`stream_actor`]: `StreamActor`, one supervised subscription per instance/DP.
 //! - [`worker`]: the stream's I/O thread: SUB, monitor and snapshot DEALER, recovery.
-//! - [`index_actor`]: `IndexActor`, the single writer of one stream's index.
+//! - [`indexes`]: the shared query indexes and the lock-free, mailbox-free read path.
+//! - [`index_actor`]: `IndexActor`, the single writer of one stream's state in its shared index.
 //! - [`metrics`]: per-stream and request counters and the `/metrics` rendering.
-//! - [`router_actor`]: `RouterActor`, answers queries from the published views.
+//! - [`router_actor`]: `RouterActor`, routing decisions: rotation and recent decisions.
 //! - [`http`]: routes and `ApiError`, the one place errors become status codes.
 //! - [`status_page`]: the live status page at `/` (one embedded HTML file).
 
@@ -20,6 +21,7 @@ pub mod etcd_watch;
 pub mod faults;
 pub mod http;
 pub mod index_actor;
+pub mod indexes;
 pub mod metrics;
 pub mod router_actor;
 pub mod service;

@@ -204,7 +204,10 @@ async fn boot(flags: &Flags, dir: Directory) -> Result<Booted, StartError> {
         limits.clone(),
     );
     for (spec, identity) in specs {
-        set.start(spec, identity).await.map_err(|_| StartError::Died)?;
+        set.start(spec, identity).map_err(|e| {
+            tracing::error!(error = %e, "cannot start stream");
+            StartError::Died
+        })?;
     }
     let streams = set.map();
     let discovery = (registry || discovery.is_some()).then(|| {
@@ -220,6 +223,7 @@ async fn boot(flags: &Flags, dir: Directory) -> Result<Booted, StartError> {
     });
     let state = web::Data::new(AppState {
         router: router.clone(),
+        indexes: set.indexes(),
         streams,
         discovery,
         token: flags.internal_api_token.clone(),

@@ -1,22 +1,35 @@
 //! [`StreamSet`]: starting and stopping the actor pair of one stream (a supervised
-//! `StreamActor` and its `IndexActor`), and registering it with the router.
+//! `StreamActor` and its `IndexActor`), and its slot in the shared index of its block size and
+//! seed ([`Indexes`]).
 //!
 //! Static configuration starts every stream once; discovery starts and stops them as instances
-//! come and go. Stopping unregisters the view first, so a query never sees a stopped stream, then
-//! ends the worker thread and both actors (the supervisor ends once no address is left).
+//! come and go. Starting publishes the stream's (unsynchronized) entry before it returns.
+//! Stopping waits until the `IndexActor` has dropped the stream's writer, so a query never sees
+//! a stopped stream and its slot is free for the next one; then the worker thread ends and the
+//! supervisor ends once no address is left.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use actix::prelude::*;
 use kvdir::config::{Limits, StreamSpec};
-use kvdir::index::StreamIndex;
+use kvdir::index::{SharedError, StreamLabel};
 use kvdir::registry::Identity;
+use thiserror::Error;
 
 use crate::index_actor::{IndexActor, StreamShared};
+use crate::indexes::Indexes;
 use crate::metrics::StreamCounters;
-use crate::router_actor::{RegisterStream, RouterActor, StreamKey, UnregisterStream};
+use crate::router_actor::{RouterActor, StreamKey};
 use crate::stream_actor::{Shutdown, StreamActor, WorkerThreads};
+
+/// Why a stream could not start.
+#[derive(Debug, Error)]
+pub enum StartStreamError {
+    /// The stream could not join its shared index.
+    #[error(transparent)]
+    Index(#[from] SharedError),
+}
 
 /// A running stream.
 #[derive(Clone)]
@@ -39,6 +52,7 @@ pub type StreamMap = Arc<RwLock<BTreeMap<StreamKey, RunningStream>>>;
 #[derive(Clone)]
 pub struct StreamSet {
     router: Addr<RouterActor>,
+    indexes: Arc<Indexes>,
     arbiters: Vec<ArbiterHandle>,
     zmq: zmq::Context,
     limits: Limits,
@@ -51,7 +65,13 @@ impl StreamSet {
     pub fn new(router: Addr<RouterActor>, arbiters: Vec<ArbiterHandle>, limits: Limits) -> Self {
         let (zmq, map, threads) =
             (zmq::Context::new(), StreamMap::default(), WorkerThreads::default());
-        StreamSet { router, arbiters, zmq, limits, map, threads }
+        let indexes = Arc::default();
+        StreamSet { router, indexes, arbiters, zmq, limits, map, threads }
+    }
+
+    /// The shared indexes the streams write to and queries read.
+    pub fn indexes(&self) -> Arc<Indexes> {
+        Arc::clone(&self.indexes)
     }
 
     /// The router the streams register with.
@@ -79,27 +99,25 @@ impl StreamSet {
         self.map.read().ok().and_then(|m| m.get(key).cloned())
     }
 
-    /// Starts a stream and waits until the router answers for it.
-    pub async fn start(
+    /// Starts a stream; queries list it (unsynchronized) once this returns.
+    pub fn start(
         &self,
         spec: StreamSpec,
         identity: Option<Identity>,
-    ) -> Result<(), MailboxError> {
+    ) -> Result<(), StartStreamError> {
         let key = StreamKey { instance_name: spec.instance_name.clone(), dp_rank: spec.dp_rank };
         let n = self.map.read().map(|m| m.len()).unwrap_or(0);
         let arb = &self.arbiters[n % self.arbiters.len()];
         let shared = Arc::new(StreamShared::new(&spec.instance_name, spec.dp_rank));
         let (tx, rx) = std::sync::mpsc::channel();
-        let index = IndexActor::new(
-            StreamIndex::new(spec.index_config(&self.limits)),
-            Arc::clone(&shared),
-            tx,
-        );
-        let reader = index.reader();
+        let label = StreamLabel {
+            instance_name: spec.instance_name.clone(),
+            dp_rank: spec.dp_rank,
+            identity: identity.clone(),
+        };
+        let writer = self.indexes.add_stream(spec.index_config(&self.limits), label)?;
+        let index = IndexActor::new(writer, Arc::clone(&shared), tx);
         let counters = Arc::clone(&shared.counters);
-        self.router
-            .send(RegisterStream { key: key.clone(), reader, identity: identity.clone() })
-            .await?;
         let index = IndexActor::start_in_arbiter(arb, |_| index);
         let (s, limits, zmq, idx) =
             (spec.clone(), self.limits.clone(), self.zmq.clone(), index.clone());
@@ -113,11 +131,12 @@ impl StreamSet {
         Ok(())
     }
 
-    /// Stops a stream: its entries leave query answers at once.
+    /// Stops a stream: when this returns, its entry and bits have left query answers.
     pub async fn stop(&self, key: &StreamKey) {
         let Some(running) = self.map.write().ok().and_then(|mut m| m.remove(key)) else { return };
-        let _ = self.router.send(UnregisterStream { key: key.clone() }).await;
         running.stream.do_send(Shutdown);
-        running.index.do_send(Shutdown);
+        // Behind the batches already queued; a closed mailbox means the actor, and with it the
+        // writer, is gone already.
+        let _ = running.index.send(Shutdown).await;
     }
 }

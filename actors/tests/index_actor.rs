@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvdir::index::{IndexConfig, SnapshotBuilder, StreamIndex, StreamStatus};
+use kvdir::index::{IndexConfig, SharedIndex, SharedSnapshot, StreamStatus};
 use kvdir::wire::{Batch, EngineHash, Tier};
 use kvdir_actors::index_actor::{
     ApplyBatch, GetIndexStatus, IndexActor, InstallSnapshot, StreamShared,
@@ -40,9 +40,11 @@ async fn stale_epochs_are_dropped_and_deferred_invalidations_are_applied() {
     let config = IndexConfig { block_size: 2, hash_seed: 1024, max_blocks: 100 };
     let shared = Arc::new(StreamShared::default());
     let (tx, _rx) = std::sync::mpsc::channel();
-    let addr = IndexActor::new(StreamIndex::new(config), Arc::clone(&shared), tx).start();
+    let index = SharedIndex::new(config.block_size, config.hash_seed, 1);
+    let writer = index.add_stream(config).unwrap();
+    let addr = IndexActor::new(writer, Arc::clone(&shared), tx).start();
 
-    let mut snap = SnapshotBuilder::new(config);
+    let mut snap = SharedSnapshot::new(config);
     snap.add(&stored(1, [1, 2])).unwrap();
     addr.send(InstallSnapshot {
         epoch: 0,
@@ -73,7 +75,7 @@ async fn stale_epochs_are_dropped_and_deferred_invalidations_are_applied() {
     assert_eq!((s.sequence, s.device_blocks), (Some(5), 2), "the stale batch was dropped");
 
     // The next snapshot of the current epoch synchronizes again.
-    let mut snap = SnapshotBuilder::new(config);
+    let mut snap = SharedSnapshot::new(config);
     snap.add(&stored(9, [7, 8])).unwrap();
     addr.send(InstallSnapshot {
         epoch: 1,

@@ -26,8 +26,8 @@ mod view;
 
 pub use key::{ContentKey, KeyHasher};
 pub use shared::{
-    SharedError, SharedHandle, SharedIndex, SharedMatches, SharedReader, SharedSnapshot,
-    StreamWriter, MAX_STREAMS,
+    SharedError, SharedHandle, SharedIndex, SharedMatches, SharedReader, SharedSnapshot, SlotRead,
+    StreamLabel, StreamWriter, MAX_STREAMS,
 };
 pub use stream::{ApplyStats, IndexConfig, SnapshotBuilder, StreamIndex};
 pub use view::{IndexReader, PrefixMatch, StreamStatus, ViewHandle};

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant};
 
 use crate::config::{Limits, StreamSpec};
-use crate::index::{IndexConfig, SnapshotBuilder};
+use crate::index::{IndexConfig, SharedSnapshot};
 use crate::wire::Batch;
 
 /// Consecutive failed periodic resyncs after which a live stream loses its credit: a
@@ -68,7 +68,7 @@ pub enum Action {
     /// Install the snapshot, apply the deltas in order, then publish once.
     Install {
         /// The snapshot, built aside.
-        snapshot: Box<SnapshotBuilder>,
+        snapshot: Box<SharedSnapshot>,
         /// The first live sequence not contained in it.
         watermark: u64,
         /// Buffered live batches from `watermark` on, consecutive.
@@ -95,7 +95,7 @@ pub struct RecoveryStats {
 
 struct Pending {
     started: Instant,
-    builder: Box<SnapshotBuilder>,
+    builder: Box<SharedSnapshot>,
     watermark: Option<u64>,
     buffer: Vec<(u64, Batch)>,
     buffered_bytes: usize,
@@ -405,7 +405,7 @@ impl Recovery {
     fn begin_sync(&mut self, now: Instant, keep_live: bool, out: &mut Vec<Action>) {
         let pending = Pending {
             started: now,
-            builder: Box::new(SnapshotBuilder::new(self.index)),
+            builder: Box::new(SharedSnapshot::new(self.index)),
             watermark: None,
             buffer: Vec::new(),
             buffered_bytes: 0,

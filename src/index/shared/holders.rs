@@ -69,8 +69,24 @@ impl HolderSet {
 pub(crate) enum SharedOp {
     /// One stream's changes, in order (a batch, a snapshot install, a removal).
     Changes { slot: u8, changes: Vec<Change> },
-    /// A stream's status; `None` when the stream is removed.
+    /// A stream's status; `None` when the stream is removed (its label goes with it).
     Status { slot: u8, status: Option<Arc<StreamStatus>> },
+    /// Who holds a slot, set when a stream joins.
+    Label { slot: u8, label: Arc<StreamLabel> },
+}
+
+/// Who a slot belongs to: instance, DP rank and, for discovered streams, the engine process
+/// the stream was started for. It is published in the view beside the
+/// slot's status, so a reader never pairs a reused slot's bits with the stream that held it
+/// before.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StreamLabel {
+    /// The instance name.
+    pub instance_name: String,
+    /// The DP rank.
+    pub dp_rank: u32,
+    /// The engine process (discovery only; static streams have none).
+    pub identity: Option<crate::registry::Identity>,
 }
 
 /// See the module documentation.
@@ -83,6 +99,7 @@ pub(crate) struct SharedData {
     /// Streams whose hits count: synchronized and present.
     pub synced: u128,
     pub status: Vec<Option<Arc<StreamStatus>>>,
+    pub labels: Vec<Option<Arc<StreamLabel>>>,
 }
 
 /// Changes whose slots are loaded in one pass before they are applied (see `view.rs`).
@@ -128,9 +145,19 @@ impl SharedData {
                     self.status.resize(i + 1, None);
                 }
                 self.status[i] = status.clone();
+                if status.is_none() && i < self.labels.len() {
+                    self.labels[i] = None;
+                }
                 let synced = status.as_ref().is_some_and(|s| s.synchronized);
                 let b = 1u128 << slot;
                 self.synced = if synced { self.synced | b } else { self.synced & !b };
+            }
+            SharedOp::Label { slot, label } => {
+                let i = usize::from(*slot);
+                if self.labels.len() <= i {
+                    self.labels.resize(i + 1, None);
+                }
+                self.labels[i] = Some(Arc::clone(label));
             }
         }
     }

@@ -22,8 +22,8 @@ mod holders;
 mod read;
 mod slots;
 
-pub use holders::MAX_STREAMS;
-pub use read::{SharedHandle, SharedMatches, SharedReader};
+pub use holders::{StreamLabel, MAX_STREAMS};
+pub use read::{SharedHandle, SharedMatches, SharedReader, SlotRead};
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -105,6 +105,16 @@ impl SharedIndex {
     /// A new, unsynchronized stream in a free slot. Its status is visible (unsynchronized)
     /// from the next publish.
     pub fn add_stream(&self, config: IndexConfig) -> Result<StreamWriter, SharedError> {
+        self.add_labeled_stream(config, StreamLabel::default())
+    }
+
+    /// [`Self::add_stream`] with the stream's label, published with its first status (see
+    /// [`SharedHandle::query_streams`]).
+    pub fn add_labeled_stream(
+        &self,
+        config: IndexConfig,
+        label: StreamLabel,
+    ) -> Result<StreamWriter, SharedError> {
         let (block_size, seed) = (self.inner.reader.block_size, self.inner.reader.hash_seed);
         if (config.block_size, config.hash_seed) != (block_size, seed) {
             return Err(SharedError::Settings {
@@ -126,6 +136,7 @@ impl SharedIndex {
             sequence: None,
             pending: Vec::new(),
         };
+        w.handle.append(SharedOp::Label { slot, label: Arc::new(label) });
         w.handle.append(SharedOp::Status { slot, status: Some(Arc::new(stream.status())) });
         Ok(stream)
     }

@@ -15,7 +15,7 @@ use left_right::{ReadHandle, ReadHandleFactory};
 
 use super::super::key::{ContentKey, KeyHasher};
 use super::super::view::StreamStatus;
-use super::holders::{SharedData, MAX_STREAMS};
+use super::holders::{SharedData, StreamLabel, MAX_STREAMS};
 
 /// Per-stream matched prefix lengths of one query, in blocks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,6 +123,17 @@ pub(crate) fn walk(data: &SharedData, keys: &[ContentKey], block_size: u32) -> S
     out
 }
 
+/// One present stream as a reader saw it: its slot, label and status.
+#[derive(Debug, Clone)]
+pub struct SlotRead {
+    /// Its slot, the index into [`SharedMatches`].
+    pub slot: u8,
+    /// Who it is.
+    pub label: Arc<StreamLabel>,
+    /// Its published status.
+    pub status: Arc<StreamStatus>,
+}
+
 /// A source of reader handles; cheap to clone and shareable between threads.
 #[derive(Clone)]
 pub struct SharedReader {
@@ -171,6 +182,24 @@ impl SharedHandle {
         let Some(view) = self.handle.enter() else {
             return SharedMatches::empty(self.block_size, 0);
         };
+        walk(&view, &self.keys, self.block_size)
+    }
+
+    /// [`Self::query`], plus every present stream's label and status read from the same
+    /// published copy (in slot order), so matches, statuses and slot owners agree.
+    pub fn query_streams(&mut self, tokens: &[i32], streams: &mut Vec<SlotRead>) -> SharedMatches {
+        streams.clear();
+        self.keys.clear();
+        self.hasher.prefix_keys(tokens, &mut self.keys);
+        let Some(view) = self.handle.enter() else {
+            return SharedMatches::empty(self.block_size, 0);
+        };
+        for (i, label) in view.labels.iter().enumerate() {
+            let status = view.status.get(i).cloned().flatten();
+            if let (Some(label), Some(status)) = (label, status) {
+                streams.push(SlotRead { slot: i as u8, label: Arc::clone(label), status });
+            }
+        }
         walk(&view, &self.keys, self.block_size)
     }
 

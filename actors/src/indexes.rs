@@ -1,0 +1,149 @@
+//! [`Indexes`]: the service's shared query indexes, one per `(block_size, hash_seed)`, and the
+//! read path of the HTTP handlers and the router.
+//!
+//! A stream joins with [`Indexes::add_stream`] and gets the [`StreamWriter`] its IndexActor
+//! owns; dropping the writer removes all of the stream's bits and frees its slot in one publish.
+//! Readers call [`Indexes::read`] from any thread, with no lock on the index and no actor
+//! mailbox: each thread keeps one `SharedHandle` per index (thread-local), hashes the query once
+//! per index and walks it once for all of its streams.
+//!
+//! Invariants: an entry is listed exactly while its stream's slot is labelled in the published
+//! view, and its hits, status and identity come from that same published copy, so a reused slot
+//! never lends an old stream's bits or name to a new one; an unsynchronized stream gives zero.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::RwLock;
+
+use kvdir::index::{
+    IndexConfig, SharedError, SharedHandle, SharedIndex, SlotRead, StreamLabel, StreamWriter,
+    MAX_STREAMS,
+};
+use kvdir::query::{QueryResponse, StreamMatch};
+use kvdir::registry::Identity;
+
+/// Ids of indexes, unique in the process (several services may share a thread in tests).
+static NEXT_INDEX: AtomicU64 = AtomicU64::new(0);
+
+thread_local! {
+    /// This thread's reader handle of each index it has read, by index id.
+    static HANDLES: RefCell<HashMap<u64, SharedHandle>> = RefCell::new(HashMap::new());
+}
+
+struct Group {
+    id: u64,
+    block_size: u32,
+    hash_seed: u64,
+    index: SharedIndex,
+}
+
+/// The shared indexes of one service.
+#[derive(Default)]
+pub struct Indexes {
+    groups: RwLock<Vec<Group>>,
+}
+
+/// One stream's entry in an answer, with the process it was started for.
+#[derive(Debug, Clone)]
+pub struct StreamHit {
+    /// What the query endpoint reports.
+    pub matched: StreamMatch,
+    /// The engine process (discovery only).
+    pub identity: Option<Identity>,
+}
+
+impl Indexes {
+    /// A new stream `label` in the index of its block size and seed (created on first use,
+    /// with room for [`MAX_STREAMS`]: the service admits at most `max_streams` <= 128, and a
+    /// slot is free again as soon as its writer is dropped). Its entry is visible,
+    /// unsynchronized, when this returns.
+    pub fn add_stream(
+        &self,
+        config: IndexConfig,
+        label: StreamLabel,
+    ) -> Result<StreamWriter, SharedError> {
+        let index = self.index_for(config.block_size, config.hash_seed);
+        let mut writer = index.add_labeled_stream(config, label)?;
+        writer.publish();
+        Ok(writer)
+    }
+
+    fn index_for(&self, block_size: u32, hash_seed: u64) -> SharedIndex {
+        let find = |groups: &[Group]| {
+            groups
+                .iter()
+                .find(|g| (g.block_size, g.hash_seed) == (block_size, hash_seed))
+                .map(|g| g.index.clone())
+        };
+        if let Some(index) = self.groups.read().ok().and_then(|g| find(&g)) {
+            return index;
+        }
+        let mut groups = self.groups.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(index) = find(&groups) {
+            return index;
+        }
+        let index = SharedIndex::new(block_size, hash_seed, MAX_STREAMS);
+        let id = NEXT_INDEX.fetch_add(1, Ordering::Relaxed);
+        groups.push(Group { id, block_size, hash_seed, index: index.clone() });
+        index
+    }
+
+    /// How much of `tokens` every stream holds, ordered by instance name then rank.
+    pub fn read(&self, tokens: &[i32]) -> Vec<StreamHit> {
+        let mut hits = Vec::new();
+        let mut slots: Vec<SlotRead> = Vec::new();
+        let groups = self.groups.read().unwrap_or_else(|e| e.into_inner());
+        for g in groups.iter() {
+            let matches = HANDLES.with(|h| {
+                let mut h = h.borrow_mut();
+                let handle = h.entry(g.id).or_insert_with(|| g.index.reader().handle());
+                handle.query_streams(tokens, &mut slots)
+            });
+            hits.extend(slots.drain(..).map(|s| {
+                let (device, host_only) = matches.tokens(s.slot);
+                StreamHit {
+                    matched: StreamMatch {
+                        instance_name: s.label.instance_name.clone(),
+                        dp_rank: s.label.dp_rank,
+                        synchronized: s.status.synchronized,
+                        sequence: s.status.sequence,
+                        device_hit_tokens: device,
+                        host_only_hit_tokens: host_only,
+                        reusable_prefix_tokens: device + host_only,
+                        device_blocks: s.status.device_blocks,
+                        host_blocks: s.status.host_blocks,
+                        error: s.status.error.clone(),
+                    },
+                    identity: s.label.identity.clone(),
+                }
+            }));
+        }
+        hits.sort_by(|a, b| {
+            (&a.matched.instance_name, a.matched.dp_rank)
+                .cmp(&(&b.matched.instance_name, b.matched.dp_rank))
+        });
+        hits
+    }
+
+    /// The query endpoint's answer for `tokens`.
+    pub fn query(&self, tokens: &[i32]) -> QueryResponse {
+        let matches = self.read(tokens).into_iter().map(|h| h.matched).collect();
+        QueryResponse { input_tokens: tokens.len(), matches }
+    }
+}
+
+/// Forgets this thread's handles of indexes that no longer exist (a stopped service).
+impl Drop for Indexes {
+    fn drop(&mut self) {
+        let ids: Vec<u64> = match self.groups.get_mut() {
+            Ok(g) => g.iter().map(|g| g.id).collect(),
+            Err(_) => return,
+        };
+        let _ = HANDLES.try_with(|h| {
+            if let Ok(mut h) = h.try_borrow_mut() {
+                h.retain(|id, _| !ids.contains(id));
+            }
+        });
+    }
+}
