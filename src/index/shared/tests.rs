@@ -233,3 +233,50 @@ fn out_of_scope_blocks_never_reach_the_shared_view_and_leave_it_cleanly() {
     drop(a);
     assert_eq!(r.content_entries(), 0);
 }
+
+fn label(name: &str, dp_rank: u32) -> StreamLabel {
+    StreamLabel { instance_name: name.into(), dp_rank, identity: None }
+}
+
+/// What `query_streams` lists: (instance, rank, synchronized, device and Host-only tokens).
+fn listed(r: &mut SharedHandle, tokens: &[i32]) -> Vec<(String, u32, bool, (u64, u64))> {
+    let mut slots = Vec::new();
+    let m = r.query_streams(tokens, &mut slots);
+    slots
+        .iter()
+        .map(|s| {
+            let name = s.label.instance_name.clone();
+            (name, s.label.dp_rank, s.status.synchronized, m.tokens(s.slot))
+        })
+        .collect()
+}
+
+#[test]
+fn labels_are_published_with_the_status_and_a_reused_slot_never_shows_the_old_stream() {
+    let index = SharedIndex::new(B, 1024, 2);
+    let mut r = index.reader().handle();
+    let mut a = index.add_labeled_stream(config(100), label("a", 0)).unwrap();
+    assert!(listed(&mut r, &[1, 2]).is_empty(), "nothing before the first publish");
+    a.load_snapshot(&stored(&[1], None, &[1, 2], Tier::Device), 1).unwrap();
+    a.publish();
+    let mut b = index.add_labeled_stream(config(100), label("b", 3)).unwrap();
+    b.publish();
+    assert_eq!(
+        listed(&mut r, &[1, 2]),
+        [("a".into(), 0, true, (2, 0)), ("b".into(), 3, false, (0, 0))]
+    );
+    let slot = a.slot();
+    drop(a);
+    assert_eq!(listed(&mut r, &[1, 2]), [("b".into(), 3, false, (0, 0))]);
+    let mut c = index.add_labeled_stream(config(100), label("c", 1)).unwrap();
+    assert_eq!(c.slot(), slot, "the freed slot is reused");
+    c.publish();
+    assert_eq!(
+        listed(&mut r, &[1, 2]),
+        [("c".into(), 1, false, (0, 0)), ("b".into(), 3, false, (0, 0))],
+        "the new stream has none of the old one's bits and its own label"
+    );
+    c.load_snapshot(&Batch::default(), 0).unwrap();
+    c.publish();
+    assert_eq!(listed(&mut r, &[1, 2])[0], ("c".into(), 1, true, (0, 0)));
+}
