@@ -7,7 +7,7 @@
 //!   published atomically after each batch or snapshot, so matching is one map probe per block
 //!   with no lock and no message.
 //!
-//! [`SharedIndex`] (`shared/`) is the layout the service moves to: one view for all streams of
+//! [`SharedIndex`] (`shared/`) is the layout the service uses: one view for all streams of
 //! the same block size and seed (`content key -> Device and Host stream sets`), with each
 //! stream's writer state kept per stream in a [`StreamWriter`]; see its module documentation.
 //!
