@@ -133,10 +133,18 @@ impl StreamSet {
 
     /// Stops a stream: when this returns, its entry and bits have left query answers.
     pub async fn stop(&self, key: &StreamKey) {
-        let Some(running) = self.map.write().ok().and_then(|mut m| m.remove(key)) else { return };
-        running.stream.do_send(Shutdown);
+        let handles = self.map.read().ok().and_then(|m| {
+            m.get(key).map(|running| (running.stream.clone(), running.index.clone()))
+        });
+        let Some((stream, index)) = handles else { return };
+        stream.do_send(Shutdown);
         // Behind the batches already queued; a closed mailbox means the actor, and with it the
         // writer, is gone already.
-        let _ = running.index.send(Shutdown).await;
+        let _ = index.send(Shutdown).await;
+        // Only now, with its bits gone from the shared index, does the stream leave the map:
+        // a report that no longer lists it never meets a query answer that still does.
+        if let Ok(mut map) = self.map.write() {
+            map.remove(key);
+        }
     }
 }
