@@ -2,11 +2,10 @@
 //! them, fed through the wire decoder as vLLM publishes them: `extra_keys` set only on the
 //! blocks that carry the context, text blocks after them unmarked.
 
+use super::tests::{index, B};
 use super::*;
 use crate::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord};
 use crate::wire::{decode_batch, encode_batch, Batch, Tier};
-
-const B: u32 = 2;
 
 /// A `BlockStored` of `hashes` (tokens `10 * hash`, `10 * hash + 1` per block) on `tier`, with
 /// vLLM's per-block `extra_keys`.
@@ -31,14 +30,6 @@ fn batch(events: Vec<EventRecord>) -> Batch {
     let mut b = Batch::default();
     decode_batch(&encode_batch(&record, BatchForm::Map, EventForm::Map), &mut b).unwrap();
     b
-}
-
-fn index(max_blocks: usize) -> (StreamIndex, ViewHandle) {
-    let mut idx = StreamIndex::new(IndexConfig { block_size: B, hash_seed: 1024, max_blocks });
-    idx.load_snapshot(&Batch::default(), 0).unwrap();
-    idx.publish();
-    let view = idx.reader().handle();
-    (idx, view)
 }
 
 fn apply(idx: &mut StreamIndex, seq: u64, b: &Batch) -> Result<ApplyStats, IndexError> {

@@ -3,13 +3,14 @@
 use super::*;
 use crate::wire::{Batch, EngineHash, Tier};
 
-const B: u32 = 2;
+pub(super) const B: u32 = 2;
 
 fn h(v: u128) -> EngineHash {
     EngineHash(v)
 }
 
-fn index(max_blocks: usize) -> (StreamIndex, ViewHandle) {
+/// A synchronized, empty stream index of [`B`]-token blocks and a reader of it.
+pub(super) fn index(max_blocks: usize) -> (StreamIndex, ViewHandle) {
     let mut idx = StreamIndex::new(IndexConfig { block_size: B, hash_seed: 1024, max_blocks });
     idx.load_snapshot(&Batch::default(), 0).unwrap();
     idx.publish();
