@@ -432,24 +432,21 @@ impl Recovery {
     fn fail_attempt(&mut self, reason: &str, keep_live: bool, now: Instant, out: &mut Vec<Action>) {
         self.stats.snapshot_failures += 1;
         out.push(Action::CloseSnapshot);
+        let mut reason = reason.to_string();
         if keep_live {
             self.failed_resyncs += 1;
             if self.failed_resyncs < MAX_FAILED_RESYNCS {
                 self.phase = Phase::Live { since_snapshot: now };
                 return;
             }
-            let reason = format!(
+            reason = format!(
                 "{} periodic resyncs failed in a row (last: {reason}); no credit until a \
                  snapshot succeeds",
                 self.failed_resyncs
             );
             self.failed_resyncs = 0;
-            self.invalidate(&reason, out);
-            self.phase = Phase::Backoff { until: now + self.backoff };
-            self.backoff = (self.backoff * 2).min(self.cfg.backoff_max);
-            return;
         }
-        self.invalidate(reason, out);
+        self.invalidate(&reason, out);
         self.phase = Phase::Backoff { until: now + self.backoff };
         self.backoff = (self.backoff * 2).min(self.cfg.backoff_max);
     }
