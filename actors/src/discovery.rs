@@ -123,12 +123,14 @@ pub struct InstancesReport {
     pub instances: Vec<InstanceReport>,
 }
 
+/// How often the registry's timeouts are applied when no discovery config sets a refresh.
+const REGISTRY_TICK: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// Discovery from etcd.
 pub struct DiscoveryActor {
-    cfg: DiscoveryConfig,
-    /// Whether discovered instances get streams; without it the actor only keeps the
+    /// Set when discovered instances get streams; without it the actor only keeps the
     /// registry (states, loads, heartbeats) that routing needs.
-    subscribe: bool,
+    cfg: Option<DiscoveryConfig>,
     max_streams: usize,
     etcd_addr: String,
     prefix: String,
@@ -152,18 +154,8 @@ impl DiscoveryActor {
         namespace: &str,
         set: StreamSet,
     ) -> Self {
-        let subscribe = cfg.as_ref().is_some_and(|c| c.enabled);
-        let cfg = cfg.unwrap_or(DiscoveryConfig {
-            enabled: false,
-            block_size: 0,
-            topic: String::new(),
-            event_port_offset: 0,
-            replay_port_offset: 0,
-            refresh_interval: std::time::Duration::from_secs(1),
-        });
         DiscoveryActor {
-            cfg,
-            subscribe,
+            cfg: cfg.filter(|c| c.enabled),
             max_streams: limits.max_streams,
             etcd_addr,
             prefix: namespace_prefix(namespace),
@@ -248,10 +240,11 @@ impl DiscoveryActor {
             tracing::warn!(instance = %name, "instance removed after SUSPECT timeout");
         }
         self.push_candidates();
-        if self.reconciling || !self.subscribe {
+        if self.reconciling {
             return;
         }
-        let plan = plan(self.registry.instances(), &self.cfg, self.max_streams);
+        let Some(cfg) = &self.cfg else { return };
+        let plan = plan(self.registry.instances(), cfg, self.max_streams);
         for (name, why) in &plan.excluded {
             // Logged once when it starts, not on every refresh.
             let new = self.excluded.get(name) != Some(why);
@@ -304,7 +297,9 @@ impl Actor for DiscoveryActor {
     fn started(&mut self, ctx: &mut Self::Context) {
         let (me, endpoint, prefix) = (ctx.address(), self.etcd_addr.clone(), self.prefix.clone());
         actix::spawn(crate::etcd_watch::run(me, endpoint, prefix));
-        ctx.run_interval(self.cfg.refresh_interval, |a, ctx| a.reconcile(ctx));
+        // Without subscriptions the tick only applies the registry's timeouts.
+        let every = self.cfg.as_ref().map_or(REGISTRY_TICK, |c| c.refresh_interval);
+        ctx.run_interval(every, |a, ctx| a.reconcile(ctx));
     }
 }
 
