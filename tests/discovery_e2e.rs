@@ -5,44 +5,17 @@
 
 mod common;
 
-use std::sync::atomic::{AtomicU16, Ordering};
-
 use common::*;
 use kvdir::config::Flags;
 use kvdir_actors::Service;
 use kvdir_sim::etcd_test::{etcd_endpoint, EtcdServer};
-use kvdir_sim::{EngineConfig, Registration, RegistrationOptions, SimEngine};
+use kvdir_sim::{Registration, RegistrationOptions, SimEngine};
 use serde_json::{json, Value};
 
 /// Starts kvdir with discovery on `etcd` under `namespace`.
 fn discovering(etcd: &str, namespace: &str, max_streams: u64) -> Service {
     let extra = json!({"max_streams": max_streams, "replay_timeout_ms": 500});
     discovery_service(etcd, namespace, extra, Flags::default())
-}
-
-static NEXT_PORT: AtomicU16 = AtomicU16::new(0);
-
-/// An HTTP port whose derived event and replay ranges (dp ranks) are free.
-fn free_http_port(dp: u16) -> u16 {
-    let base = 21_000 + (std::process::id() % 40) as u16 * 100;
-    loop {
-        let p = base + NEXT_PORT.fetch_add(dp.max(1) + 1, Ordering::Relaxed);
-        assert!(p < 35_000, "ran out of test ports");
-        let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
-        if free(p) && (0..dp).all(|r| free(p + 10_000 + r) && free(p + 30_000 + r)) {
-            return p;
-        }
-    }
-}
-
-fn engine_on(http_port: u16, dp: u32) -> SimEngine {
-    SimEngine::start(EngineConfig {
-        http_port,
-        dp_size: dp,
-        block_size: B,
-        ..EngineConfig::default()
-    })
-    .expect("engine starts")
 }
 
 fn register(eng: &SimEngine, etcd: &EtcdServer, namespace: &str, kind: u8) -> Registration {

@@ -9,23 +9,8 @@ use kvdir::car::Routed;
 use kvdir::config::Flags;
 use kvdir_actors::Service;
 use kvdir_sim::etcd_test::etcd_endpoint;
-use kvdir_sim::{EngineConfig, Registration, RegistrationOptions, SimEngine};
+use kvdir_sim::{Registration, RegistrationOptions, SimEngine};
 use serde_json::json;
-
-/// A free HTTP port whose derived ports are free; tests running in parallel never get the
-/// same one (each call starts past the last one handed out).
-fn free_port() -> u16 {
-    static NEXT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
-    let base = 25_000 + (std::process::id() % 50) as u16 * 150;
-    loop {
-        let p = base + NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        assert!(p < base + 140, "no free port in {base}..{}", base + 140);
-        let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
-        if free(p) && free(p + 10_000) && free(p + 30_000) {
-            return p;
-        }
-    }
-}
 
 fn route(svc: &Service, tokens: &[i32]) -> Result<Routed, String> {
     let body = json!({ "token_ids": tokens }).to_string();
@@ -121,12 +106,7 @@ fn prompt_of(first: i32, blocks: usize) -> Vec<i32> {
 
 /// An engine registered in etcd under `namespace` with a load report.
 fn registered(etcd: &str, namespace: &str) -> (SimEngine, Registration) {
-    let eng = SimEngine::start(EngineConfig {
-        http_port: free_port(),
-        block_size: B,
-        ..EngineConfig::default()
-    })
-    .unwrap();
+    let eng = engine_on(free_http_port(1), 1);
     let opts = RegistrationOptions {
         etcd: etcd.into(),
         namespace: namespace.into(),

@@ -197,3 +197,31 @@ pub fn agrees(svc: &Service, eng: &SimEngine, rank: u32, tokens: &[i32]) -> (u64
 pub fn prompt(first: i32, n: usize) -> Vec<i32> {
     (first..).take(n * B as usize).collect()
 }
+
+static NEXT_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+
+/// An HTTP port whose derived event and replay ranges (dp ranks) are free; each call starts past
+/// the last port handed out in this test binary, so tests running in parallel never share one.
+pub fn free_http_port(dp: u16) -> u16 {
+    let base = 21_000 + (std::process::id() % 40) as u16 * 100;
+    loop {
+        let p = base + NEXT_PORT.fetch_add(dp.max(1) + 1, std::sync::atomic::Ordering::Relaxed);
+        assert!(p < 35_000, "ran out of test ports");
+        let free = |port: u16| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok();
+        if free(p) && (0..dp).all(|r| free(p + 10_000 + r) && free(p + 30_000 + r)) {
+            return p;
+        }
+    }
+}
+
+/// An engine serving HTTP on `http_port` (for discovery: its event and snapshot ports derive
+/// from it) with `dp` ranks of [`B`]-token blocks.
+pub fn engine_on(http_port: u16, dp: u32) -> SimEngine {
+    SimEngine::start(EngineConfig {
+        http_port,
+        dp_size: dp,
+        block_size: B,
+        ..EngineConfig::default()
+    })
+    .expect("engine starts")
+}
