@@ -229,22 +229,10 @@ impl Client {
         }
     }
 
-    /// Watches every key starting with one of `prefixes` from `start_revision`, on one
-    /// connection. Watch ids follow the order of `prefixes`, from 0. etcd orders events within
-    /// one watcher; across watchers, a catching-up watcher's older events can arrive after
-    /// another's newer ones. To keep one order over several prefixes, watch one range.
-    pub async fn watch(
-        &self,
-        prefixes: &[&[u8]],
-        start_revision: i64,
-        progress_notify: bool,
-    ) -> Result<Watch, EtcdError> {
-        let ranges: Vec<(&[u8], Vec<u8>)> = prefixes.iter().map(|p| (*p, prefix_end(p))).collect();
-        self.watch_ranges(&ranges, start_revision, progress_notify).await
-    }
-
     /// Watches the keys in `[start, end)` of each range from `start_revision`, one watcher
-    /// per range on one connection.
+    /// per range on one connection; watch ids follow the order of `ranges`, from 0. etcd orders
+    /// events within one watcher only: a catching-up watcher's older events can arrive after
+    /// another's newer ones, so watch one range where order across keys matters.
     pub async fn watch_ranges<K: AsRef<[u8]>, E: AsRef<[u8]>>(
         &self,
         ranges: &[(K, E)],

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use kvdir_etcd::{Client, EtcdError, Event};
+use kvdir_etcd::{prefix_end, Client, EtcdError, Event};
 use kvdir_sim::etcd_test::{etcd_endpoint, EtcdServer};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -70,7 +70,9 @@ async fn one_watch_follows_several_prefixes_from_a_revision() {
     let p = unique("watch");
     let (a, b, other) = (format!("{p}A:"), format!("{p}B:"), format!("{p}C:"));
     let before = client.put(format!("{a}1").as_bytes(), b"old", 0).await.unwrap();
-    let mut watch = client.watch(&[a.as_bytes(), b.as_bytes()], before, false).await.unwrap();
+    let ranges =
+        [(a.as_bytes(), prefix_end(a.as_bytes())), (b.as_bytes(), prefix_end(b.as_bytes()))];
+    let mut watch = client.watch_ranges(&ranges, before, false).await.unwrap();
     client.put(format!("{other}1").as_bytes(), b"unwatched", 0).await.unwrap();
     client.put(format!("{b}1").as_bytes(), b"new", 0).await.unwrap();
     client.delete(format!("{a}1").as_bytes()).await.unwrap();
@@ -106,7 +108,8 @@ async fn a_compacted_start_revision_cancels_the_watch() {
     let first = client.put(format!("{p}k").as_bytes(), b"1", 0).await.unwrap();
     let last = client.put(format!("{p}k").as_bytes(), b"2", 0).await.unwrap();
     client.compact(last).await.unwrap();
-    let mut watch = client.watch(&[p.as_bytes()], first, false).await.unwrap();
+    let range = [(p.as_bytes(), prefix_end(p.as_bytes()))];
+    let mut watch = client.watch_ranges(&range, first, false).await.unwrap();
     loop {
         let next = tokio::time::timeout(Duration::from_secs(5), watch.next()).await;
         let message = next.expect("a message in time").unwrap().expect("the stream is open");
