@@ -142,7 +142,7 @@ fn a_replacement_on_the_same_address_gets_no_credit_before_its_snapshot() {
         // While the old stream is dropped and the new one starts, the entry may be absent:
         // that is no credit either.
         let r = query(&svc, &p);
-        if let Some(m) = r.matches.iter().find(|m| m.instance_name == name && m.dp_rank == 0) {
+        if let Some(m) = find_entry(&r, &name, 0) {
             assert_eq!(m.reusable_prefix_tokens, 0, "stale credit for the replaced process: {m:?}");
         }
         let i = instance(&svc, &name).ok_or("no instance")?;

@@ -132,11 +132,14 @@ pub fn query(svc: &Service, tokens: &[i32]) -> QueryResponse {
     serde_json::from_str(&r.body).expect("a query response")
 }
 
-/// The entry for `instance`/`rank` in a query response.
+/// The entry for `instance`/`rank` in a query response, if it has one.
+pub fn find_entry<'a>(r: &'a QueryResponse, instance: &str, rank: u32) -> Option<&'a StreamMatch> {
+    r.matches.iter().find(|m| m.instance_name == instance && m.dp_rank == rank)
+}
+
+/// The entry for `instance`/`rank` in a query response; panics without one.
 pub fn entry<'a>(r: &'a QueryResponse, instance: &str, rank: u32) -> &'a StreamMatch {
-    r.matches
-        .iter()
-        .find(|m| m.instance_name == instance && m.dp_rank == rank)
+    find_entry(r, instance, rank)
         .unwrap_or_else(|| panic!("no entry for {instance}/{rank} in {r:?}"))
 }
 
@@ -168,10 +171,7 @@ pub fn hits(
     tokens: &[i32],
 ) -> Result<(u64, u64), String> {
     let r = query(svc, tokens);
-    let m = r
-        .matches
-        .iter()
-        .find(|m| m.instance_name == instance && m.dp_rank == rank)
+    let m = find_entry(&r, instance, rank)
         .ok_or_else(|| format!("no stream {instance}/{rank} (yet)"))?;
     if !m.synchronized {
         return Err(format!("unsynchronized: {:?}", m.error));
