@@ -6,7 +6,7 @@ mod common;
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -68,10 +68,36 @@ fn a_publisher_host_that_goes_silent_is_detected_by_heartbeats() {
     assert_eq!(entry(&query(&svc, &a), "silent", 0).device_hit_tokens, 0, "no credit");
 }
 
+#[test]
+fn events_published_before_the_subscription_reaches_the_publisher_are_not_lost() {
+    // A hop between kvdir and the publisher (a proxy, a NAT, a listen backlog) accepts the TCP
+    // connection long before the publisher sees kvdir's subscription. A snapshot taken in
+    // between would be followed by events the publisher drops for want of a subscriber.
+    let eng = engine("late-subscriber", 1, 0);
+    let upstream = eng.endpoints()[0].event.trim_start_matches("tcp://").to_string();
+    let proxy = Blackhole::held(&upstream);
+    let mut streams = streams_of(&eng);
+    streams[0]["endpoint"] = json!(format!("tcp://{}", proxy.addr));
+    let svc = service(streams, json!({}));
+    eventually("kvdir's TCP connection to reach the proxy", || {
+        match proxy.accepted.load(Ordering::SeqCst) {
+            0 => Err("no connection yet".to_string()),
+            _ => Ok(()),
+        }
+    });
+    let a = prompt(1, 2);
+    eng.process(0, &a).unwrap(); // no subscriber at the publisher yet: this event is dropped
+    proxy.release();
+    assert_eq!(agrees(&svc, &eng, 0, &a), (32, 0));
+}
+
 /// A TCP proxy to `upstream` that can go silent: after [`Blackhole::freeze`] it forwards
-/// nothing, keeps the open connections open and refuses new ones.
+/// nothing, keeps the open connections open and refuses new ones. Started with
+/// [`Blackhole::held`], it accepts connections but forwards nothing until [`Blackhole::release`].
 struct Blackhole {
     addr: String,
+    accepted: Arc<AtomicUsize>,
+    paused: Arc<AtomicBool>,
     frozen: Arc<AtomicBool>,
     stop: Arc<AtomicBool>,
     threads: Vec<JoinHandle<()>>,
@@ -79,19 +105,31 @@ struct Blackhole {
 
 impl Blackhole {
     fn start(upstream: &str) -> Blackhole {
+        Blackhole::new(upstream, false)
+    }
+
+    fn held(upstream: &str) -> Blackhole {
+        Blackhole::new(upstream, true)
+    }
+
+    fn new(upstream: &str, held: bool) -> Blackhole {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         listener.set_nonblocking(true).unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let (frozen, stop) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
-        let (f, s, up) = (Arc::clone(&frozen), Arc::clone(&stop), upstream.to_string());
+        let flag = |v| Arc::new(AtomicBool::new(v));
+        let (paused, frozen, stop) = (flag(held), flag(false), flag(false));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let (p, f, s, n) = (paused.clone(), frozen.clone(), stop.clone(), accepted.clone());
+        let up = upstream.to_string();
         let accept = thread::spawn(move || {
             let mut pumps = Vec::new();
             while !s.load(Ordering::Relaxed) && !f.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((client, _)) => {
                         let server = TcpStream::connect(&up).unwrap();
-                        pumps.push(pump(&client, &server, &f, &s));
-                        pumps.push(pump(&server, &client, &f, &s));
+                        pumps.push(pump(&client, &server, &p, &s));
+                        pumps.push(pump(&server, &client, &p, &s));
+                        n.fetch_add(1, Ordering::SeqCst);
                     }
                     Err(_) => thread::sleep(Duration::from_millis(5)),
                 }
@@ -101,11 +139,16 @@ impl Blackhole {
                 let _ = p.join();
             }
         });
-        Blackhole { addr, frozen, stop, threads: vec![accept] }
+        Blackhole { addr, accepted, paused, frozen, stop, threads: vec![accept] }
     }
 
     fn freeze(&self) {
         self.frozen.store(true, Ordering::SeqCst);
+        self.paused.store(true, Ordering::SeqCst);
+    }
+
+    fn release(&self) {
+        self.paused.store(false, Ordering::SeqCst);
     }
 }
 
@@ -118,20 +161,20 @@ impl Drop for Blackhole {
     }
 }
 
-/// Copies `from` to `to` until stopped; while frozen it holds both sockets and copies nothing.
+/// Copies `from` to `to` until stopped; while paused it holds both sockets and copies nothing.
 fn pump(
     from: &TcpStream,
     to: &TcpStream,
-    frozen: &Arc<AtomicBool>,
+    paused: &Arc<AtomicBool>,
     stop: &Arc<AtomicBool>,
 ) -> JoinHandle<()> {
     let (mut from, mut to) = (from.try_clone().unwrap(), to.try_clone().unwrap());
-    let (frozen, stop) = (Arc::clone(frozen), Arc::clone(stop));
+    let (paused, stop) = (Arc::clone(paused), Arc::clone(stop));
     from.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
     thread::spawn(move || {
         let mut buf = [0u8; 64 * 1024];
         while !stop.load(Ordering::Relaxed) {
-            if frozen.load(Ordering::Relaxed) {
+            if paused.load(Ordering::Relaxed) {
                 thread::sleep(Duration::from_millis(20));
                 continue;
             }

@@ -1,4 +1,4 @@
-//! The I/O thread of one stream: a SUB socket for live events, a socket monitor for connects
+//! The I/O thread of one stream: a SUB socket for live events, a socket monitor for handshakes
 //! and disconnects, and a fresh DEALER per snapshot request, polled together with `zmq_poll`.
 //!
 //! The thread decodes frames, drives the pure [`Recovery`] machine and delivers its actions to
@@ -35,7 +35,7 @@ const SUB_HWM: i32 = 100_000;
 pub struct WorkerStatus {
     /// Recovery phase name.
     pub phase: &'static str,
-    /// Whether the SUB socket is connected to the publisher.
+    /// Whether the SUB socket has completed its ZMTP handshake with the publisher.
     pub connected: bool,
     /// Recovery counters.
     pub stats: RecoveryStats,
@@ -129,7 +129,12 @@ impl Worker {
         sub.set_reconnect_ivl_max(2000)?;
         set_heartbeats(&sub, ctx.limits.publisher_timeout)?;
         let mon_addr = format!("inproc://kvdir-monitor-{id}");
-        let events = zmq::SocketEvent::CONNECTED as i32 | zmq::SocketEvent::DISCONNECTED as i32;
+        // HANDSHAKE_SUCCEEDED, not CONNECTED: a TCP connect only reaches the nearest hop (a
+        // proxy or a listen backlog). After the ZMTP handshake the subscription is on its way
+        // to the publisher itself, so a snapshot taken from then on is not followed by events
+        // the publisher drops for want of a subscriber.
+        let events =
+            zmq::SocketEvent::HANDSHAKE_SUCCEEDED as i32 | zmq::SocketEvent::DISCONNECTED as i32;
         sub.monitor(&mon_addr, events)?;
         let monitor = ctx.zmq.socket(zmq::PAIR)?;
         monitor.set_linger(0)?;
@@ -201,7 +206,7 @@ impl Worker {
         while let Ok(frames) = self.monitor.recv_multipart(zmq::DONTWAIT) {
             let Some(ev) = frames.first().filter(|f| f.len() >= 2) else { continue };
             let event = u16::from_ne_bytes([ev[0], ev[1]]);
-            if event == zmq::SocketEvent::CONNECTED as u16 {
+            if event == zmq::SocketEvent::HANDSHAKE_SUCCEEDED as u16 {
                 tracing::info!(endpoint = %self.ctx.spec.endpoint, "connected to publisher");
                 self.status.connected = true;
                 self.recovery.on_connected(now, &mut self.actions);
