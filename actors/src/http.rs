@@ -291,7 +291,8 @@ async fn prometheus(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
             StreamSample { report, view, counters }
         })
         .collect();
-    let text = metrics::render(&samples, &state.metrics, &state.front.metrics, metrics::resident_bytes());
+    let text =
+        metrics::render(&samples, &state.metrics, &state.front.metrics, metrics::resident_bytes());
     Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4; charset=utf-8").body(text))
 }
 

@@ -94,7 +94,8 @@ fn relay(
     progress: Progress,
     started: Instant,
 ) -> HttpResponse {
-    let status = StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    let status =
+        StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     state.front.metrics.count_status(&routed.prefill, status.as_u16());
     let ratio = routed
         .candidates

@@ -136,7 +136,9 @@ pub enum FrontError {
     #[error("request body exceeds --max_request_bytes = {0}")]
     TooLarge(usize),
     /// The request names another model.
-    #[error("the model `{given}` does not exist here; this kvdir serves `{served}` (GET /v1/models)")]
+    #[error(
+        "the model `{given}` does not exist here; this kvdir serves `{served}` (GET /v1/models)"
+    )]
     ModelNotFound {
         /// The model asked for.
         given: String,
@@ -252,10 +254,11 @@ async fn serve(
         let front = &state.front;
         front.authorize(&req)?;
         let model = front.model.clone().ok_or(FrontError::NotConfigured)?;
-        let body = read_body(payload, &req, state.max_request_bytes).await.map_err(|e| match e {
-            crate::http::ApiError::PayloadTooLarge(n) => FrontError::TooLarge(n),
-            other => FrontError::invalid(other.to_string(), None),
-        })?;
+        let body =
+            read_body(payload, &req, state.max_request_bytes).await.map_err(|e| match e {
+                crate::http::ApiError::PayloadTooLarge(n) => FrontError::TooLarge(n),
+                other => FrontError::invalid(other.to_string(), None),
+            })?;
         let parsed = request::parse(kind, &body)?;
         front.check_model(&parsed.model)?;
         let started = Instant::now();
@@ -294,6 +297,10 @@ fn tokenize(model: &TextModel, prompt: Prompt, max_tokens: usize) -> Result<Vec<
         ));
     }
     ids.into_iter()
-        .map(|t| i32::try_from(t).map_err(|_| FrontError::invalid(format!("token id {t} is out of range"), Some("prompt".into()))))
+        .map(|t| {
+            i32::try_from(t).map_err(|_| {
+                FrontError::invalid(format!("token id {t} is out of range"), Some("prompt".into()))
+            })
+        })
         .collect()
 }
