@@ -9,52 +9,36 @@
 //!   from the router's own arbiter (`send_same_arbiter`), from another thread as the HTTP
 //!   workers do (`send_other_arbiter`), and 16 kept in flight from another thread
 //!   (`send_other_arbiter_16_in_flight`): what a route pays for its mailbox hop.
-//! - `index_mailbox_512_blocks_per_batch`: live batches of 512 stored + 512 removed blocks (the
-//!   ingest bench's workload, block size 128, kept at 8,192 resident blocks) through an
-//!   `IndexActor` on its own arbiter, synchronized first by an empty `InstallSnapshot`. Subjects:
-//!   `ApplyBatch` sent and awaited one at a time (`send_await`), and `try_send` from a plain
-//!   thread as the stream worker does, retrying after 20 µs while the mailbox is full
-//!   (`try_send_backpressure`; the clock stops when the last batch is visible to readers).
-//!   Baseline: the same `StreamWriter::apply` + `publish` called directly (in an index of its
-//!   own). Every message owns its
-//!   batch, so every case, baseline included, clones the pre-decoded batch per iteration.
+//!
+//! Live batches no longer take a mailbox: the stream thread applies them itself (see
+//! `worker.rs`), so the former `index_mailbox_512_blocks_per_batch` group is gone; the ingest
+//! bench measures that path directly.
 //!
 //! After criterion, each group is measured again in 30 **paired rounds**: every case runs a
-//! short stretch (200 queries, 32 batches) per round, round after round, so that the load of a
+//! short stretch (200 queries) per round, round after round, so that the load of a
 //! shared machine hits every case alike; the bench prints the median and 10th-90th percentile of
 //! each case's per-round ratio to the baseline. These ratios are steadier than ratios of
 //! criterion medians taken seconds apart.
 //!
 //! `cargo bench -p kvdir-actors --bench mailbox` prints, besides criterion's output: the
-//! percentiles of 3,000 single queries per router case, the paired rounds, how often the index
-//! mailbox was full, and at the end the ratios of criterion's medians measured in this run.
+//! percentiles of 3,000 single queries per router case, the paired rounds, and at the end the
+//! ratios of criterion's medians measured in this run.
 
 #[path = "../../benches/common/mod.rs"]
 mod common;
 
 use std::collections::VecDeque;
 use std::hint::black_box;
-use std::sync::atomic::Ordering;
-use std::sync::mpsc::{self, Receiver};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use actix::dev::{Request, SendError};
+use actix::dev::Request;
 use actix::prelude::*;
-use common::{
-    decode_all, live_cycle, percentile, Estimates, Rng, Shape, BLOCKS_PER_BATCH, BLOCK_SIZE,
-};
+use common::{percentile, Estimates, Rng, BLOCK_SIZE};
 use criterion::{Criterion, Throughput};
-use kvdir::index::{
-    IndexConfig, SharedHandle, SharedIndex, SharedSnapshot, StreamLabel, StreamWriter,
-};
+use kvdir::index::{IndexConfig, StreamLabel, StreamWriter};
 use kvdir::query::QueryResponse;
 use kvdir::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord, WireHash};
-use kvdir::wire::{decode_batch, encode_batch, Batch, Event, Tier};
-use kvdir_actors::index_actor::{
-    ApplyBatch, GetIndexStatus, IndexActor, IndexFailed, InstallSnapshot, StreamShared,
-    INDEX_MAILBOX,
-};
+use kvdir::wire::{decode_batch, encode_batch, Batch, Tier};
 use kvdir_actors::indexes::Indexes;
 use kvdir_actors::router_actor::{RouteRequest, RouterActor};
 
@@ -72,16 +56,7 @@ const TIMED: usize = 3_000;
 const ROUNDS: usize = 30;
 /// Queries per case per paired round.
 const ROUTER_ROUND: u64 = 200;
-/// Batches per case per paired round.
-const INDEX_ROUND: u64 = 32;
 const ROUTER: &str = "router_query_128_streams_2048_tokens";
-
-/// The live workload of the ingest bench at 8,192 resident blocks (`Shape::SMALL`).
-const LIVE: Shape = Shape::SMALL;
-const CYCLE: usize = LIVE.cycle;
-/// Sleep of the `try_send` producer while the mailbox is full.
-const FULL_BACKOFF: Duration = Duration::from_micros(20);
-const INDEX: &str = "index_mailbox_512_blocks_per_batch";
 
 fn decode(payload: &[u8]) -> Batch {
     let mut b = Batch::default();
@@ -287,194 +262,6 @@ fn paired(
     }
 }
 
-/// An `IndexActor` on its own arbiter, fed in cycle order, and what checks it.
-struct IndexUnderTest {
-    addr: Addr<IndexActor>,
-    view: SharedHandle,
-    slot: u8,
-    shared: Arc<StreamShared>,
-    failures: Receiver<IndexFailed>,
-    next: u64,
-    /// Batches whose first `try_send` found the mailbox full.
-    full_batches: u64,
-    /// Failed `try_send` calls in all.
-    full_retries: u64,
-}
-
-impl IndexUnderTest {
-    fn start(arbiter: &ArbiterHandle) -> Self {
-        let shared = Arc::new(StreamShared::default());
-        let (tx, failures) = mpsc::channel();
-        let index = {
-            let c = IndexConfig::default();
-            SharedIndex::new(c.block_size, c.hash_seed, 1)
-        };
-        let writer = index.add_stream(IndexConfig::default()).expect("a free slot");
-        let (view, slot) = (index.reader().handle(), writer.slot());
-        let actor = IndexActor::new(writer, Arc::clone(&shared), tx);
-        let addr = IndexActor::start_in_arbiter(arbiter, |_| actor);
-        let snapshot = SharedSnapshot::new(IndexConfig::default());
-        addr.do_send(InstallSnapshot {
-            epoch: 0,
-            snapshot: Box::new(snapshot),
-            watermark: 0,
-            deltas: Vec::new(),
-        });
-        let (next, full_batches, full_retries) = (0, 0, 0);
-        IndexUnderTest { addr, view, slot, shared, failures, next, full_batches, full_retries }
-    }
-
-    fn message(&mut self, batches: &[Batch]) -> ApplyBatch {
-        let seq = self.next;
-        self.next += 1;
-        ApplyBatch { epoch: 0, seq, batch: batches[seq as usize % CYCLE].clone(), queued_bytes: 0 }
-    }
-
-    /// Sends `n` batches with `try_send` as the stream worker does, but waits instead of
-    /// resynchronizing while the mailbox is full; returns once readers see the last one.
-    fn try_send(&mut self, batches: &[Batch], n: u64) {
-        for _ in 0..n {
-            let mut msg = self.message(batches);
-            let mut first = true;
-            loop {
-                match self.addr.try_send(msg) {
-                    Ok(()) => break,
-                    Err(SendError::Full(back)) => {
-                        self.full_batches += u64::from(first);
-                        self.full_retries += 1;
-                        first = false;
-                        msg = back;
-                        std::thread::sleep(FULL_BACKOFF);
-                    }
-                    Err(SendError::Closed(_)) => panic!("index actor stopped"),
-                }
-            }
-        }
-        self.wait_visible();
-    }
-
-    /// Waits until readers see the last sent batch.
-    fn wait_visible(&self) {
-        let last = self.next.checked_sub(1);
-        while self.view.status(self.slot).and_then(|s| s.sequence) != last {
-            std::thread::sleep(Duration::from_micros(20));
-        }
-    }
-
-    /// Panics unless every batch applied and the stream holds the steady-state block count.
-    fn check(&self, sys: &SystemRunner) {
-        let status = sys.block_on(self.addr.send(GetIndexStatus)).expect("answered");
-        let failed: Vec<IndexFailed> = self.failures.try_iter().collect();
-        assert!(failed.is_empty(), "index failures: {:?}", failed.first().map(|f| &f.reason));
-        assert!(status.synchronized, "unsynchronized: {:?}", status.error);
-        assert_eq!(status.device_blocks, LIVE.resident_blocks() as u64);
-        assert_eq!(self.shared.epoch.load(Ordering::Relaxed), 0);
-    }
-}
-
-/// The index's cases; criterion and the paired rounds time them with the same code.
-struct IndexCases<'a> {
-    sys: &'a SystemRunner,
-    batches: Vec<Batch>,
-    direct: StreamWriter,
-    direct_next: u64,
-    actor: IndexUnderTest,
-}
-
-/// The index's cases, baseline first.
-const INDEX_CASES: [&str; 3] =
-    ["baseline_direct_apply_publish", "send_await", "try_send_backpressure"];
-
-impl IndexCases<'_> {
-    /// Runs case `case` (an index into `INDEX_CASES`) for `iters` batches; returns the time.
-    fn time(&mut self, case: usize, iters: u64) -> Duration {
-        match case {
-            0 => {
-                let start = Instant::now();
-                for _ in 0..iters {
-                    let batch = self.batches[self.direct_next as usize % CYCLE].clone();
-                    self.direct.apply(self.direct_next, &batch).expect("bench batch applies");
-                    self.direct.publish();
-                    self.direct_next += 1;
-                }
-                start.elapsed()
-            }
-            1 => {
-                let (actor, batches) = (&mut self.actor, &self.batches);
-                self.sys.block_on(async {
-                    let start = Instant::now();
-                    for _ in 0..iters {
-                        let msg = actor.message(batches);
-                        actor.addr.send(msg).await.expect("answered");
-                    }
-                    start.elapsed()
-                })
-            }
-            _ => {
-                let start = Instant::now();
-                self.actor.try_send(&self.batches, iters);
-                start.elapsed()
-            }
-        }
-    }
-}
-
-fn bench_index(c: &mut Criterion, sys: &SystemRunner) {
-    let batches = decode_all(&live_cycle(LIVE));
-    let direct_index = {
-        let c = IndexConfig::default();
-        SharedIndex::new(c.block_size, c.hash_seed, 1)
-    };
-    let mut direct = direct_index.add_stream(IndexConfig::default()).expect("a free slot");
-    direct.load_snapshot(&Batch::default(), 0).expect("empty snapshot");
-    let arbiter = Arbiter::new();
-    let actor = IndexUnderTest::start(&arbiter.handle());
-    let mut cases = IndexCases { sys, batches, direct, direct_next: 0, actor };
-    // Two cycles reach the steady state: the first fills, the second removes what it stores.
-    cases.time(0, 2 * CYCLE as u64);
-    assert_eq!(cases.direct.block_count(), LIVE.resident_blocks());
-    cases.time(2, 2 * CYCLE as u64);
-    cases.actor.check(sys);
-    (cases.actor.full_batches, cases.actor.full_retries) = (0, 0);
-    let sent_before = cases.actor.next;
-
-    let mut g = c.benchmark_group(INDEX);
-    g.sample_size(10)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3))
-        .throughput(Throughput::Elements(BLOCKS_PER_BATCH as u64));
-    for (case, name) in INDEX_CASES.iter().enumerate() {
-        g.bench_function(*name, |b| b.iter_custom(|iters| cases.time(case, iters)));
-    }
-    g.finish();
-    paired(INDEX, &INDEX_CASES, INDEX_ROUND, |case, n| cases.time(case, n), 1.0, "batches");
-    cases.actor.check(sys);
-
-    let first = &cases.batches[0];
-    let token_bytes: usize = first
-        .events
-        .iter()
-        .map(|e| match e {
-            Event::Stored(st) => 4 * first.tokens(st.tokens).len(),
-            _ => 0,
-        })
-        .sum();
-    let actor = &cases.actor;
-    println!(
-        "\n{INDEX}: {} of {} batches sent by try_send (warm-ups included) found the mailbox \
-         full ({} failed calls); in the service each is a resynchronization. A full mailbox \
-         holds {} batches = {:.0} MiB of token ids alone ({} KiB per batch).",
-        actor.full_batches,
-        actor.next - sent_before,
-        actor.full_retries,
-        INDEX_MAILBOX,
-        (INDEX_MAILBOX * token_bytes) as f64 / (1 << 20) as f64,
-        token_bytes >> 10,
-    );
-    drop(cases);
-    arbiter.stop();
-}
-
 /// Prints `subject`'s median, its rate of `per_iter` `unit` and its time ratio to `baseline`.
 fn print_ratio(
     e: &Estimates,
@@ -503,15 +290,9 @@ fn main() {
     let sys = System::new();
     let mut c = Criterion::default().configure_from_args();
     bench_router(&mut c, &sys);
-    bench_index(&mut c, &sys);
     c.final_summary();
     println!("\nratios measured in this run (medians):");
     for s in ["send_same_arbiter", "send_other_arbiter", "send_other_arbiter_16_in_flight"] {
         print_ratio(&estimates, ROUTER, s, "baseline_direct_call", 1.0, "queries");
-    }
-    for s in ["send_await", "try_send_backpressure"] {
-        let blocks = BLOCKS_PER_BATCH as f64;
-        print_ratio(&estimates, INDEX, s, "baseline_direct_apply_publish", 1.0, "batches");
-        print_ratio(&estimates, INDEX, s, "baseline_direct_apply_publish", blocks, "blocks");
     }
 }

@@ -578,7 +578,6 @@ fn print_report(streams: &[Value]) {
         "recoveries",
         "snapshot_failures",
         "dropped_batches",
-        "mailbox_drops",
         "skipped_events",
         "restarts",
     ];
@@ -594,7 +593,7 @@ fn print_report(streams: &[Value]) {
         if let Some(f) = s["last_fault"].as_str() {
             *faults.entry(f.to_string()).or_default() += 1;
         }
-        let bad = ["gaps", "mailbox_drops", "dropped_batches", "decode_errors", "restarts"]
+        let bad = ["gaps", "dropped_batches", "decode_errors", "restarts"]
             .iter()
             .any(|k| s[*k].as_u64().unwrap_or(0) > 0)
             || s["recoveries"].as_u64().unwrap_or(0) != 1;

@@ -1,8 +1,8 @@
 //! Fault injection at named points of the service, for end-to-end tests of supervision.
 //!
 //! Some faults have no input that provokes them on demand: a stream thread that cannot create
-//! a socket (the process ran out of file descriptors) or an index actor that falls behind (a
-//! starved arbiter). Tests arm them here; everything else stays real (sockets, actors,
+//! a socket (the process ran out of file descriptors) or a stream thread that falls behind (starved
+//! of CPU). Tests arm them here; everything else stays real (sockets, actors,
 //! supervisor, HTTP). With the `fault-injection` feature off, every check is a constant no-op;
 //! with it on and nothing armed, a check is one uncontended lock.
 
@@ -74,25 +74,25 @@ pub fn check(point: FaultPoint, instance: &str, dp_rank: u32) -> Result<(), zmq:
     Ok(())
 }
 
-/// Holds the index actor of `instance`/`dp_rank` (it stops taking messages, as a starved
-/// arbiter would) until the returned guard is dropped.
+/// Holds the stream thread of `instance`/`dp_rank` before its next index write (as a thread
+/// starved of CPU would be) until the returned guard is dropped or the stream stops.
 #[cfg(feature = "fault-injection")]
-pub fn hold_index(instance: &str, dp_rank: u32) -> IndexHold {
+pub fn hold_stream(instance: &str, dp_rank: u32) -> StreamHold {
     let stream = (instance.to_string(), dp_rank);
     if let Ok(mut h) = armed::HELD.lock() {
         h.push(stream.clone());
     }
-    IndexHold { stream }
+    StreamHold { stream }
 }
 
-/// Releases a held index actor when dropped.
+/// Releases a held stream thread when dropped.
 #[cfg(feature = "fault-injection")]
-pub struct IndexHold {
+pub struct StreamHold {
     stream: (String, u32),
 }
 
 #[cfg(feature = "fault-injection")]
-impl Drop for IndexHold {
+impl Drop for StreamHold {
     fn drop(&mut self) {
         if let Ok(mut h) = armed::HELD.lock() {
             h.retain(|s| *s != self.stream);
@@ -100,9 +100,8 @@ impl Drop for IndexHold {
     }
 }
 
-/// Whether the index actor of `instance`/`dp_rank` is held; it then stops taking messages
-/// until released, without blocking its arbiter thread.
-pub fn index_held(instance: &str, dp_rank: u32) -> bool {
+/// Whether the stream thread of `instance`/`dp_rank` is held.
+pub fn stream_held(instance: &str, dp_rank: u32) -> bool {
     #[cfg(feature = "fault-injection")]
     {
         if let Ok(held) = armed::HELD.lock() {

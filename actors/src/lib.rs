@@ -9,7 +9,8 @@
 //! - [`stream_actor`]: `StreamActor`, one supervised subscription per instance/DP.
 //! - [`worker`]: the stream's I/O thread: SUB, monitor and snapshot DEALER, recovery.
 //! - [`indexes`]: the shared query indexes and the lock-free, mailbox-free read path.
-//! - [`index_actor`]: `IndexActor`, the single writer of one stream's state in its shared index.
+//! - [`index_actor`]: `IndexActor`, the owner of one stream's writer in its shared index (its stream
+//!   thread is the single writer).
 //! - [`metrics`]: per-stream and request counters and the `/metrics` rendering.
 //! - [`router_actor`]: `RouterActor`, routing decisions: rotation and recent decisions.
 //! - [`http`]: routes and `ApiError`, the one place errors become status codes.

@@ -185,7 +185,7 @@ type TierSlots = fn(&StreamCounters) -> &[AtomicU64; 2];
 /// One per-stream family: its name, kind, help and value.
 type StreamFamily = (&'static str, Kind, &'static str, fn(&StreamSample) -> u64);
 
-const STREAM_FAMILIES: [StreamFamily; 12] = [
+const STREAM_FAMILIES: [StreamFamily; 11] = [
     ("kvdir_live_messages_total", Kind::Counter, "Live messages received.", |s| s.report.messages),
     ("kvdir_decode_errors_total", Kind::Counter, "Live messages that failed to decode.", |s| {
         s.report.decode_errors
@@ -199,9 +199,6 @@ const STREAM_FAMILIES: [StreamFamily; 12] = [
     }),
     ("kvdir_snapshot_bytes_total", Kind::Counter, "Snapshot bytes received.", |s| {
         s.report.snapshot_bytes
-    }),
-    ("kvdir_mailbox_drops_total", Kind::Counter, "Messages a full index mailbox refused.", |s| {
-        s.report.mailbox_drops
     }),
     ("kvdir_skipped_events_total", Kind::Counter, "Out-of-scope events skipped.", |s| {
         s.report.skipped_events

@@ -6,7 +6,6 @@
 //! actor sets the worker's stop flag; the thread ends within one poll interval.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,7 +13,7 @@ use actix::prelude::*;
 use kvdir::config::{Limits, StreamSpec};
 use serde::Serialize;
 
-use crate::index_actor::{IndexActor, IndexFailed, StreamShared};
+use crate::index_actor::{IndexActor, Invalidate, StreamShared};
 use crate::worker::{self, WorkerCtx, WorkerStatus};
 
 static WORKER_IDS: AtomicU64 = AtomicU64::new(0);
@@ -75,8 +74,6 @@ pub struct StreamReport {
     pub snapshot_bytes: u64,
     /// Live batches dropped while waiting to retry.
     pub dropped_batches: u64,
-    /// Messages the index mailbox refused.
-    pub mailbox_drops: u64,
     /// Events skipped as out of scope: by the decoder (unknown types, media, LoRA and
     /// multimodal context) and by the index (stores chaining to or replicating those blocks).
     pub skipped_events: u64,
@@ -109,7 +106,6 @@ pub struct StreamActor {
     limits: Limits,
     index: Addr<IndexActor>,
     shared: Arc<StreamShared>,
-    feedback: Arc<Mutex<Receiver<IndexFailed>>>,
     status: Arc<Mutex<WorkerStatus>>,
     stop: Arc<AtomicBool>,
     zmq: zmq::Context,
@@ -119,13 +115,12 @@ pub struct StreamActor {
 }
 
 impl StreamActor {
-    /// A stream feeding `index`; `feedback` carries the index's failures back to the worker.
+    /// A stream whose worker writes `shared`'s writer, owned by `index`.
     pub fn new(
         spec: StreamSpec,
         limits: Limits,
         index: Addr<IndexActor>,
         shared: Arc<StreamShared>,
-        feedback: Receiver<IndexFailed>,
         zmq: zmq::Context,
         threads: WorkerThreads,
     ) -> Self {
@@ -134,7 +129,6 @@ impl StreamActor {
             limits,
             index,
             shared,
-            feedback: Arc::new(Mutex::new(feedback)),
             status: Arc::default(),
             stop: Arc::new(AtomicBool::new(false)),
             zmq,
@@ -149,9 +143,7 @@ impl StreamActor {
         let wctx = WorkerCtx {
             spec: self.spec.clone(),
             limits: self.limits.clone(),
-            index: self.index.clone(),
             shared: Arc::clone(&self.shared),
-            feedback: Arc::clone(&self.feedback),
             stop: Arc::clone(&self.stop),
             status: Arc::clone(&self.status),
             zmq: self.zmq.clone(),
@@ -210,10 +202,7 @@ impl Handler<WorkerExited> for StreamActor {
     fn handle(&mut self, msg: WorkerExited, ctx: &mut Context<Self>) {
         tracing::error!(stream = %self.spec.instance_name, dp = self.spec.dp_rank, error = %msg.0, "stream worker failed; restarting");
         // No credit while no worker follows the publisher.
-        self.shared.epoch.fetch_add(1, Ordering::AcqRel);
-        self.index.do_send(crate::index_actor::Invalidate {
-            reason: format!("stream worker failed: {}", msg.0),
-        });
+        self.index.do_send(Invalidate { reason: format!("stream worker failed: {}", msg.0) });
         let delay = Duration::from_millis(200 * (1 << self.restarts.min(5)));
         self.backoff = Some(delay);
         if let Ok(mut s) = self.status.lock() {
@@ -252,7 +241,6 @@ impl Handler<GetStreamReport> for StreamActor {
             snapshot_failures: s.stats.snapshot_failures,
             snapshot_bytes: s.snapshot_bytes,
             dropped_batches: s.stats.dropped_batches,
-            mailbox_drops: self.shared.mailbox_drops.load(Ordering::Relaxed),
             skipped_events: s.skipped_events
                 + self.shared.skipped_out_of_scope.load(Ordering::Relaxed),
             restarts: self.restarts,

@@ -108,22 +108,21 @@ impl StreamSet {
         let key = StreamKey { instance_name: spec.instance_name.clone(), dp_rank: spec.dp_rank };
         let n = self.map.read().map(|m| m.len()).unwrap_or(0);
         let arb = &self.arbiters[n % self.arbiters.len()];
-        let shared = Arc::new(StreamShared::new(&spec.instance_name, spec.dp_rank));
-        let (tx, rx) = std::sync::mpsc::channel();
         let label = StreamLabel {
             instance_name: spec.instance_name.clone(),
             dp_rank: spec.dp_rank,
             identity: identity.clone(),
         };
         let writer = self.indexes.add_stream(spec.index_config(&self.limits), label)?;
-        let index = IndexActor::new(writer, Arc::clone(&shared), tx);
+        let shared = Arc::new(StreamShared::new(&spec.instance_name, spec.dp_rank, writer));
+        let index = IndexActor::new(Arc::clone(&shared));
         let counters = Arc::clone(&shared.counters);
         let index = IndexActor::start_in_arbiter(arb, |_| index);
         let (s, limits, zmq, idx) =
             (spec.clone(), self.limits.clone(), self.zmq.clone(), index.clone());
         let threads = self.threads.clone();
         let stream = Supervisor::start_in_arbiter(arb, move |_| {
-            StreamActor::new(s, limits, idx, shared, rx, zmq, threads)
+            StreamActor::new(s, limits, idx, shared, zmq, threads)
         });
         if let Ok(mut m) = self.map.write() {
             m.insert(key, RunningStream { spec, identity, stream, counters, index });
@@ -138,8 +137,8 @@ impl StreamSet {
         });
         let Some((stream, index)) = handles else { return };
         stream.do_send(Shutdown);
-        // Behind the batches already queued; a closed mailbox means the actor, and with it the
-        // writer, is gone already.
+        // Drops the writer (waiting for a write in progress); a closed mailbox means the
+        // actor, and with it the writer, is gone already.
         let _ = index.send(Shutdown).await;
         // Only now, with its bits gone from the shared index, does the stream leave the map:
         // a report that no longer lists it never meets a query answer that still does.

@@ -1,28 +1,28 @@
-//! The I/O thread of one stream: a SUB socket for live events, a socket monitor for handshakes
-//! and disconnects, and a fresh DEALER per snapshot request, polled together with `zmq_poll`.
+//! The thread of one stream: a SUB socket for live events, a socket monitor for handshakes and
+//! disconnects, and a fresh DEALER per snapshot request, polled together with `zmq_poll`.
 //!
-//! The thread decodes frames, drives the pure [`Recovery`] machine and delivers its actions to
-//! the stream's `IndexActor` with `try_send`, so it never blocks on a slow index: a full mailbox
-//! is counted and turned into a resynchronization. It runs until its stop flag is set.
-//! Snapshots are built here, off the actix arbiters; the index actor only swaps them in.
+//! The thread decodes frames, drives the pure [`Recovery`] machine and carries out its actions
+//! itself: it is the single writer of its stream's state in the shared index (the writer lives
+//! in [`StreamShared`], owned by the stream's `IndexActor`). Everything a poll applied is
+//! published once at its end, so a burst of live batches costs one publish, and an index error
+//! goes straight back into the recovery machine. Snapshots are built and installed here too.
+//! A thread that cannot keep up leaves messages in the SUB socket's queue; beyond its
+//! high-water mark libzmq drops them, which the next sequence number reveals as a gap. It runs
+//! until its stop flag is set or the writer is gone.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::Receiver;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use actix::Addr;
 use kvdir::config::{Limits, StreamSpec};
+use kvdir::index::{SharedSnapshot, StreamWriter};
 use kvdir::stream::{Action, Recovery, RecoveryConfig, RecoveryStats};
 use kvdir::wire::{decode_live, decode_snapshot_frame, Batch, SnapshotFrame};
 
 use crate::faults::{self, FaultPoint};
-use crate::index_actor::{IndexActor, IndexFailed, InstallSnapshot, StreamShared};
+use crate::index_actor::StreamShared;
 
-mod deliver;
-use deliver::Delivery;
-
-/// Longest poll: how late the stop flag and index failures can be noticed on an idle stream.
+/// Longest poll: how late the stop flag can be noticed on an idle stream.
 /// Recovery deadlines (snapshot timeouts, back-off, resync) wake the thread on time.
 const MAX_POLL: Duration = Duration::from_millis(100);
 /// Live messages read per poll before timers are looked at again.
@@ -57,12 +57,8 @@ pub struct WorkerCtx {
     pub spec: StreamSpec,
     /// Limits.
     pub limits: Limits,
-    /// Where actions go.
-    pub index: Addr<IndexActor>,
-    /// Epoch and undelivered invalidations, shared with the index actor.
+    /// The stream's writer and counters, shared with its actors.
     pub shared: Arc<StreamShared>,
-    /// Index failures coming back (shared by the successive workers of one stream).
-    pub feedback: Arc<Mutex<Receiver<IndexFailed>>>,
     /// Set to end the thread.
     pub stop: Arc<AtomicBool>,
     /// Published for the status endpoint.
@@ -80,6 +76,8 @@ struct Worker {
     recovery: Recovery,
     status: WorkerStatus,
     actions: Vec<Action>,
+    /// Whether this poll changed the writer's state (to publish at its end).
+    dirty: bool,
     /// Whether the next invalidation is logged at WARN: once per loss of synchronization, so a
     /// publisher that keeps failing does not fill the log.
     warn_on_invalidate: bool,
@@ -141,13 +139,12 @@ impl Worker {
         monitor.connect(&mon_addr)?;
         sub.set_subscribe(ctx.spec.topic.as_bytes())?;
         sub.connect(&ctx.spec.endpoint)?;
-        // A restarted worker continues its predecessor's epochs and counters.
+        // A restarted worker continues its predecessor's counters.
         let status = ctx.status.lock().map(|s| s.clone()).unwrap_or_default();
-        let epoch = ctx.shared.epoch.load(Ordering::Acquire);
         let index_config = ctx.spec.index_config(&ctx.limits);
         let recovery =
             Recovery::new(RecoveryConfig::for_stream(&ctx.spec, &ctx.limits), index_config)
-                .continuing(epoch, status.stats);
+                .continuing(status.stats);
         let status = WorkerStatus { connected: false, ..status };
         let actions = Vec::new();
         let warn_on_invalidate = true;
@@ -159,6 +156,7 @@ impl Worker {
             recovery,
             status,
             actions,
+            dirty: false,
             warn_on_invalidate,
         })
     }
@@ -187,17 +185,9 @@ impl Worker {
         if dealer_ready {
             self.read_snapshot(now)?;
         }
-        let failures: Vec<IndexFailed> = match self.ctx.feedback.lock() {
-            Ok(rx) => rx.try_iter().collect(),
-            Err(_) => Vec::new(),
-        };
-        for f in failures {
-            if f.epoch == self.recovery.epoch() {
-                self.recovery.on_fault(&f.reason, now, &mut self.actions);
-            }
-        }
         self.recovery.on_tick(now, &mut self.actions);
         self.run_actions(now)?;
+        self.publish();
         self.publish_status();
         Ok(())
     }
@@ -290,9 +280,7 @@ impl Worker {
 
     fn run_actions(&mut self, now: Instant) -> Result<(), zmq::Error> {
         while !self.actions.is_empty() {
-            let actions = std::mem::take(&mut self.actions);
-            self.ctx.shared.epoch.store(self.recovery.epoch(), Ordering::Release);
-            for a in actions {
+            for a in std::mem::take(&mut self.actions) {
                 self.run_action(a, now)?;
             }
         }
@@ -300,40 +288,101 @@ impl Worker {
     }
 
     fn run_action(&mut self, action: Action, now: Instant) -> Result<(), zmq::Error> {
-        let epoch = self.recovery.epoch();
-        let delivery = match action {
-            Action::Apply { seq, batch } => self.deliver_batch(epoch, seq, batch),
+        match action {
+            Action::Apply { seq, batch } => self.apply(seq, &batch, now),
             Action::Install { snapshot, watermark, deltas } => {
-                self.deliver(InstallSnapshot { epoch, snapshot, watermark, deltas })
+                self.install(*snapshot, watermark, &deltas, now);
             }
-            Action::Invalidate { reason } => self.deliver_invalidation(reason),
-            Action::RequestSnapshot { start_seq } => {
-                self.request_snapshot(start_seq)?;
-                Delivery::Sent
-            }
-            Action::CloseSnapshot => {
-                self.dealer = None;
-                Delivery::Sent
-            }
-        };
-        match delivery {
-            Delivery::Sent => {}
-            Delivery::Full => {
-                self.ctx.shared.mailbox_drops.fetch_add(1, Ordering::Relaxed);
-                let reason = format!(
-                    "index mailbox full ({} messages or max_buffered_bytes = {}); resynchronizing",
-                    crate::index_actor::INDEX_MAILBOX,
-                    self.ctx.limits.max_buffered_bytes
-                );
-                self.recovery.on_fault(&reason, now, &mut self.actions);
-            }
-            Delivery::Closed => {
-                // The index actor is gone: the stream is being stopped.
+            Action::Invalidate { reason } => self.invalidate(reason),
+            Action::RequestSnapshot { start_seq } => self.request_snapshot(start_seq)?,
+            Action::CloseSnapshot => self.dealer = None,
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the stream's writer; a writer that is gone (the stream is being stopped)
+    /// stops this thread.
+    fn write<T>(&mut self, f: impl FnOnce(&mut StreamWriter) -> T) -> Option<T> {
+        // An injected stall (tests only): this thread stops writing, as a slow one would.
+        while faults::stream_held(&self.ctx.spec.instance_name, self.ctx.spec.dp_rank)
+            && !self.ctx.stop.load(Ordering::Acquire)
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let out = self.ctx.shared.with_writer(f);
+        match out {
+            Some(_) => self.dirty = true,
+            None => {
                 self.ctx.stop.store(true, Ordering::Release);
                 self.actions.clear();
             }
         }
-        Ok(())
+        out
+    }
+
+    /// Applies a live batch; an index error resynchronizes the stream.
+    fn apply(&mut self, seq: u64, batch: &Batch, now: Instant) {
+        let shared = Arc::clone(&self.ctx.shared);
+        match self.write(|w| w.apply(seq, batch)) {
+            Some(Ok(stats)) => {
+                shared.counters.count_batch(batch);
+                shared.skipped_out_of_scope.fetch_add(stats.out_of_scope, Ordering::Relaxed);
+            }
+            Some(Err(e)) => {
+                let reason = format!("batch {seq} rejected by the index: {e}");
+                self.fault(reason, seq, now);
+            }
+            None => {}
+        }
+    }
+
+    /// Installs a snapshot and the deltas that continue it, published together.
+    fn install(
+        &mut self,
+        snapshot: SharedSnapshot,
+        watermark: u64,
+        deltas: &[(u64, Batch)],
+        now: Instant,
+    ) {
+        let Some((was_synchronized, orphans, blocks)) = self.write(|w| {
+            let was = w.is_synchronized();
+            let stats = w.install_snapshot(snapshot, watermark);
+            (was, stats.orphans, w.block_count())
+        }) else {
+            return;
+        };
+        let (stream, dp) = (&self.ctx.spec.instance_name, self.ctx.spec.dp_rank);
+        if was_synchronized {
+            // A periodic resync: routine, every resync_interval_ms per stream.
+            tracing::debug!(%stream, dp, watermark, blocks, orphans, "resync snapshot installed");
+        } else {
+            tracing::info!(%stream, dp, watermark, blocks, orphans, "synchronized by snapshot");
+        }
+        for (seq, batch) in deltas {
+            self.apply(*seq, batch, now);
+            if !self.actions.is_empty() {
+                break; // rejected: the recovery machine takes over
+            }
+        }
+    }
+
+    /// Stops giving credit, visible at the end of this poll.
+    fn invalidate(&mut self, reason: String) {
+        let (stream, dp) = (&self.ctx.spec.instance_name, self.ctx.spec.dp_rank);
+        if std::mem::take(&mut self.warn_on_invalidate) {
+            tracing::warn!(%stream, dp, %reason, "stream unsynchronized");
+        } else {
+            tracing::debug!(%stream, dp, %reason, "stream still unsynchronized");
+        }
+        self.status.last_fault = Some(reason.clone());
+        self.write(|w| w.invalidate(reason));
+    }
+
+    /// Makes everything this poll changed visible to queries at once.
+    fn publish(&mut self) {
+        if std::mem::take(&mut self.dirty) {
+            self.ctx.shared.with_writer(StreamWriter::publish);
+        }
     }
 
     /// A fresh DEALER per request: an old one may still hold stale replies.

@@ -116,7 +116,6 @@ pub struct Recovery {
     index: IndexConfig,
     phase: Phase,
     next_seq: Option<u64>,
-    epoch: u64,
     backoff: Duration,
     /// Periodic resyncs that failed since the last installed snapshot.
     failed_resyncs: u32,
@@ -128,7 +127,6 @@ impl std::fmt::Debug for Recovery {
         f.debug_struct("Recovery")
             .field("phase", &self.phase_name())
             .field("next_seq", &self.next_seq)
-            .field("epoch", &self.epoch)
             .finish()
     }
 }
@@ -142,7 +140,6 @@ impl Recovery {
             index,
             phase: Phase::Disconnected,
             next_seq: None,
-            epoch: 0,
             backoff,
             failed_resyncs: 0,
             stats: RecoveryStats::default(),
@@ -150,17 +147,10 @@ impl Recovery {
     }
 
     /// Continues where a previous machine of the same stream left off (a restarted worker):
-    /// epochs keep increasing past `epoch`, so messages of the old machine stay stale, and the
-    /// counters keep counting from `stats`.
-    pub fn continuing(mut self, epoch: u64, stats: RecoveryStats) -> Self {
-        self.epoch = epoch;
+    /// the counters keep counting from `stats`.
+    pub fn continuing(mut self, stats: RecoveryStats) -> Self {
         self.stats = stats;
         self
-    }
-
-    /// Increments on every invalidation; index messages carry it so stale ones can be dropped.
-    pub fn epoch(&self) -> u64 {
-        self.epoch
     }
 
     /// Counters.
@@ -416,7 +406,6 @@ impl Recovery {
     }
 
     fn invalidate(&mut self, reason: &str, out: &mut Vec<Action>) {
-        self.epoch += 1;
         out.push(Action::Invalidate { reason: reason.to_string() });
     }
 

@@ -1,7 +1,7 @@
 //! What kvdir says about the fleet's streams, read over HTTP ([`Probe`]).
 //!
 //! - `GET /v1/internal/streams` gives each stream's phase and counters (live messages, gaps,
-//!   recoveries, mailbox drops ...);
+//!   recoveries, decode errors ...);
 //! - `POST /v1/internal/kv-cache/query` with no tokens gives each stream's `synchronized` and
 //!   last applied `sequence`;
 //! - `GET /v1/internal/instances` (etcd mode) shows whether an instance has a load report,
@@ -25,14 +25,13 @@ const POLL: Duration = Duration::from_millis(50);
 /// Phases of a synchronized stream (`resyncing` is a periodic snapshot that keeps serving).
 const LIVE: [&str; 2] = ["live", "resyncing"];
 /// Counters of the streams report summed per run.
-pub const COUNTERS: [&str; 9] = [
+pub const COUNTERS: [&str; 8] = [
     "messages",
     "gaps",
     "recoveries",
     "decode_errors",
     "snapshot_failures",
     "dropped_batches",
-    "mailbox_drops",
     "skipped_events",
     "restarts",
 ];

@@ -31,7 +31,7 @@ pub struct Applied {
     pub catch_up: Duration,
     /// Streams that had not caught up at the deadline.
     pub lagging: Vec<String>,
-    /// Advance of the streams report's counters (gaps, recoveries, mailbox drops ...).
+    /// Advance of the streams report's counters (gaps, recoveries, decode errors ...).
     pub counters: BTreeMap<&'static str, u64>,
     /// The first fault a stream reported after the load, if any.
     pub last_fault: Option<String>,
