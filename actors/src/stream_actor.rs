@@ -3,9 +3,9 @@
 //! Messages: [`GetStreamReport`]; internally `WorkerExited`.
 //! The actor starts the worker thread (sockets, decoding, recovery) and stops itself when the
 //! thread ends with an error; its `Supervisor` then restarts it after a back-off. Stopping the
-//! actor sets the worker's stop flag; the thread ends within one poll interval.
+//! actor sets the worker's stop flag, which wakes the thread; it ends at once.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -14,30 +14,30 @@ use kvdir::config::{Limits, StreamSpec};
 use serde::Serialize;
 
 use crate::index_actor::{IndexActor, Invalidate, StreamShared};
-use crate::worker::{self, WorkerCtx, WorkerStatus};
+use crate::worker::{self, Stop, WorkerCtx, WorkerStatus};
 
 static WORKER_IDS: AtomicU64 = AtomicU64::new(0);
 
 /// A stream thread and its stop flag.
-type Thread = (std::thread::JoinHandle<()>, Arc<AtomicBool>);
+type Thread = (std::thread::JoinHandle<()>, Arc<Stop>);
 
 /// The stream threads of a service, so that stopping the service ends them and waits.
 #[derive(Debug, Clone, Default)]
 pub struct WorkerThreads(Arc<Mutex<Vec<Thread>>>);
 
 impl WorkerThreads {
-    fn add(&self, handle: std::thread::JoinHandle<()>, stop: Arc<AtomicBool>) {
+    fn add(&self, handle: std::thread::JoinHandle<()>, stop: Arc<Stop>) {
         if let Ok(mut all) = self.0.lock() {
             all.retain(|(h, _)| !h.is_finished());
             all.push((handle, stop));
         }
     }
 
-    /// Stops every thread and waits for it (each ends within one poll interval).
+    /// Stops every thread and waits for it (a stop wakes the thread, which ends at once).
     pub fn stop_and_join(&self) {
         let all = self.0.lock().map(|mut all| std::mem::take(&mut *all)).unwrap_or_default();
         for (_, stop) in &all {
-            stop.store(true, Ordering::Release);
+            stop.set();
         }
         for (h, _) in all {
             let _ = h.join();
@@ -107,7 +107,8 @@ pub struct StreamActor {
     index: Addr<IndexActor>,
     shared: Arc<StreamShared>,
     status: Arc<Mutex<WorkerStatus>>,
-    stop: Arc<AtomicBool>,
+    /// The current worker's stop; `None` before the first worker starts.
+    stop: Option<Arc<Stop>>,
     zmq: zmq::Context,
     threads: WorkerThreads,
     restarts: u64,
@@ -130,7 +131,7 @@ impl StreamActor {
             index,
             shared,
             status: Arc::default(),
-            stop: Arc::new(AtomicBool::new(false)),
+            stop: None,
             zmq,
             threads,
             restarts: 0,
@@ -139,12 +140,22 @@ impl StreamActor {
     }
 
     fn spawn_worker(&mut self, ctx: &mut Context<Self>) {
-        self.stop = Arc::new(AtomicBool::new(false));
+        let (stop, stop_listener) = match Stop::pair() {
+            Ok(pair) => pair,
+            Err(e) => {
+                // No descriptors left: stopping lets the supervisor retry after its back-off.
+                tracing::error!(error = %e, "cannot create a stream thread's stop signal");
+                ctx.stop();
+                return;
+            }
+        };
+        self.stop = Some(Arc::clone(&stop));
         let wctx = WorkerCtx {
             spec: self.spec.clone(),
             limits: self.limits.clone(),
             shared: Arc::clone(&self.shared),
-            stop: Arc::clone(&self.stop),
+            stop: Arc::clone(&stop),
+            stop_listener,
             status: Arc::clone(&self.status),
             zmq: self.zmq.clone(),
         };
@@ -165,11 +176,19 @@ impl StreamActor {
             }
         });
         match spawned {
-            Ok(handle) => self.threads.add(handle, Arc::clone(&self.stop)),
+            Ok(handle) => self.threads.add(handle, stop),
             Err(e) => {
                 tracing::error!(error = %e, "cannot start a stream thread");
                 ctx.stop();
             }
+        }
+    }
+}
+
+impl StreamActor {
+    fn stop_worker(&self) {
+        if let Some(stop) = &self.stop {
+            stop.set();
         }
     }
 }
@@ -182,13 +201,13 @@ impl Actor for StreamActor {
     }
 
     fn stopped(&mut self, _: &mut Self::Context) {
-        self.stop.store(true, Ordering::Release);
+        self.stop_worker();
     }
 }
 
 impl Supervised for StreamActor {
     fn restarting(&mut self, _: &mut Self::Context) {
-        self.stop.store(true, Ordering::Release);
+        self.stop_worker();
         self.restarts += 1;
         if let Ok(mut s) = self.status.lock() {
             s.phase = "disconnected";
@@ -218,7 +237,7 @@ impl Handler<Shutdown> for StreamActor {
     type Result = ();
 
     fn handle(&mut self, _: Shutdown, _: &mut Context<Self>) {
-        self.stop.store(true, Ordering::Release);
+        self.stop_worker();
     }
 }
 

@@ -8,9 +8,10 @@
 //! goes straight back into the recovery machine. Snapshots are built and installed here too.
 //! A thread that cannot keep up leaves messages in the SUB socket's queue; beyond its
 //! high-water mark libzmq drops them, which the next sequence number reveals as a gap. It runs
-//! until its stop flag is set or the writer is gone.
+//! until its stop flag is set or the writer is gone; an idle stream sleeps in `zmq_poll` until
+//! a message, a recovery deadline or a stop ([`Stop`]) wakes it.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -22,9 +23,9 @@ use kvdir::wire::{decode_live, decode_snapshot_frame, Batch, SnapshotFrame};
 use crate::faults::{self, FaultPoint};
 use crate::index_actor::StreamShared;
 
-/// Longest poll: how late the stop flag can be noticed on an idle stream.
-/// Recovery deadlines (snapshot timeouts, back-off, resync) wake the thread on time.
-const MAX_POLL: Duration = Duration::from_millis(100);
+mod stop;
+pub use stop::{Stop, StopListener};
+
 /// Live messages read per poll before timers are looked at again.
 const MAX_BURST: usize = 256;
 /// Receive high-water mark of the SUB socket, in messages.
@@ -59,8 +60,10 @@ pub struct WorkerCtx {
     pub limits: Limits,
     /// The stream's writer and counters, shared with its actors.
     pub shared: Arc<StreamShared>,
-    /// Set to end the thread.
-    pub stop: Arc<AtomicBool>,
+    /// Set to end the thread; setting it wakes the thread.
+    pub stop: Arc<Stop>,
+    /// The thread's end of [`WorkerCtx::stop`]'s wake-up.
+    pub stop_listener: StopListener,
     /// Published for the status endpoint.
     pub status: Arc<Mutex<WorkerStatus>>,
     /// The process-wide ZeroMQ context.
@@ -86,7 +89,7 @@ struct Worker {
 /// Runs the worker until stopped; an error means sockets could not be set up.
 pub fn run(ctx: WorkerCtx, id: u64) -> Result<(), zmq::Error> {
     let mut w = Worker::open(ctx, id)?;
-    while !w.ctx.stop.load(Ordering::Acquire) {
+    while !w.ctx.stop.is_set() {
         if let Err(e) = w.poll_once() {
             // Counters of this poll (a gap found just before the failure) are not lost.
             w.publish_status();
@@ -163,16 +166,22 @@ impl Worker {
 
     fn poll_once(&mut self) -> Result<(), zmq::Error> {
         let (sub_ready, mon_ready, dealer_ready) = {
-            let mut items =
-                vec![self.sub.as_poll_item(zmq::POLLIN), self.monitor.as_poll_item(zmq::POLLIN)];
+            let mut items = vec![
+                self.sub.as_poll_item(zmq::POLLIN),
+                self.monitor.as_poll_item(zmq::POLLIN),
+                zmq::PollItem::from_fd(self.ctx.stop_listener.fd(), zmq::POLLIN),
+            ];
             if let Some(d) = &self.dealer {
                 items.push(d.as_poll_item(zmq::POLLIN));
             }
             zmq::poll(&mut items, self.poll_timeout_ms())?;
+            if items[2].is_readable() {
+                self.ctx.stop_listener.drain();
+            }
             (
                 items[0].is_readable(),
                 items[1].is_readable(),
-                items.get(2).is_some_and(|i| i.is_readable()),
+                items.get(3).is_some_and(|i| i.is_readable()),
             )
         };
         let now = Instant::now();
@@ -305,7 +314,7 @@ impl Worker {
     fn write<T>(&mut self, f: impl FnOnce(&mut StreamWriter) -> T) -> Option<T> {
         // An injected stall (tests only): this thread stops writing, as a slow one would.
         while faults::stream_held(&self.ctx.spec.instance_name, self.ctx.spec.dp_rank)
-            && !self.ctx.stop.load(Ordering::Acquire)
+            && !self.ctx.stop.is_set()
         {
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -313,7 +322,7 @@ impl Worker {
         match out {
             Some(_) => self.dirty = true,
             None => {
-                self.ctx.stop.store(true, Ordering::Release);
+                self.ctx.stop.set();
                 self.actions.clear();
             }
         }
@@ -407,13 +416,14 @@ impl Worker {
         Ok(())
     }
 
-    /// Until the recovery machine's next deadline, at most [`MAX_POLL`], at least 1 ms.
+    /// Until the recovery machine's next deadline (snapshot timeout, back-off, resync), at
+    /// least 1 ms; with none due, no timeout (-1): a stop wakes the thread through its
+    /// listener.
     fn poll_timeout_ms(&self) -> i64 {
-        let wait = match self.recovery.next_deadline() {
-            Some(at) => at.saturating_duration_since(Instant::now()).min(MAX_POLL),
-            None => MAX_POLL,
-        };
-        wait.as_millis().max(1) as i64
+        match self.recovery.next_deadline() {
+            Some(at) => at.saturating_duration_since(Instant::now()).as_millis().max(1) as i64,
+            None => -1,
+        }
     }
 
     fn publish_status(&mut self) {
