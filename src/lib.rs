@@ -18,6 +18,7 @@
 pub mod car;
 pub mod config;
 pub mod index;
+pub mod indexer;
 pub mod metrics;
 pub mod query;
 pub mod registry;

@@ -37,7 +37,7 @@ async fn status_until(
 #[actix_rt::test]
 async fn stale_epochs_are_dropped_and_deferred_invalidations_are_applied() {
     use actix::Actor;
-    let config = IndexConfig { block_size: 2, hash_seed: 1024, max_blocks: 100 };
+    let config = IndexConfig { block_size: 2, hash_seed: 1024, salt: 0, max_blocks: 100 };
     let shared = Arc::new(StreamShared::default());
     let (tx, _rx) = std::sync::mpsc::channel();
     let index = SharedIndex::new(config.block_size, config.hash_seed, 1);

@@ -22,7 +22,8 @@
 use std::hint::black_box;
 
 use super::blocks::{bit, Block, Blocks, OUT_OF_SCOPE, TIER_BITS};
-use super::key::{ContentKey, KeyHasher};
+use super::key::ContentKey;
+use super::namespace::Keys;
 use super::view::{apply_changes, apply_to_map, Change, PresenceMap, ViewOp};
 use super::IndexError;
 use crate::wire::{Batch, EngineHash, Event, Stored, Tier};
@@ -98,9 +99,9 @@ pub(crate) struct Table {
     pub host: u64,
 }
 
-/// The fixed inputs of applying: the stream's block size, hasher and limit.
+/// The fixed inputs of applying: the stream's block size, hashers and limit.
 pub(crate) struct Ctx<'a> {
-    pub hasher: &'a mut KeyHasher,
+    pub hasher: &'a mut Keys,
     pub max_blocks: usize,
     pub mode: Mode,
 }
@@ -215,7 +216,7 @@ impl Table {
             if i > 0 && i % AHEAD == 0 {
                 self.touch(&hashes[i..hashes.len().min(i + AHEAD)]);
             }
-            let key = ctx.hasher.chain(prev, block);
+            let key = ctx.hasher.hasher(s.lora).chain(prev, block);
             self.store(*h, key, s.tier, ctx.max_blocks, out, stats)?;
             prev = Some(key);
         }
