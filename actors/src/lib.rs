@@ -21,6 +21,7 @@ pub mod etcd_watch;
 pub mod faults;
 pub mod http;
 pub mod index_actor;
+pub mod indexer_api;
 pub mod indexes;
 pub mod metrics;
 pub mod router_actor;

@@ -53,6 +53,11 @@ pub struct StreamReport {
     pub instance_name: String,
     /// DP rank.
     pub dp_rank: u32,
+    /// Where the stream comes from: `static`, `discovery` or `register` (set by the HTTP
+    /// layer from the stream set).
+    pub source: &'static str,
+    /// The model it serves; empty: unnamed.
+    pub model: String,
     /// Live endpoint.
     pub endpoint: String,
     /// Snapshot endpoint.
@@ -241,6 +246,8 @@ impl Handler<GetStreamReport> for StreamActor {
         MessageResult(StreamReport {
             instance_name: self.spec.instance_name.clone(),
             dp_rank: self.spec.dp_rank,
+            source: "",
+            model: self.spec.model.clone(),
             endpoint: self.spec.endpoint.clone(),
             replay_endpoint: self.spec.replay_endpoint.clone(),
             phase: if s.phase.is_empty() { "disconnected" } else { s.phase },
