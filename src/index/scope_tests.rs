@@ -207,6 +207,24 @@ fn the_decoder_splits_a_store_at_its_first_marked_block() {
         "in the adapter's namespace"
     );
     assert_eq!(lora.skipped.lora_or_multimodal, 0);
+    let mut named =
+        StoredRecord::new(vec![1u64.into(), 2u64.into()], None, vec![1, 2, 3, 4], B, Tier::Device);
+    named.lora_name = Some("adapter".into());
+    named.extra_keys = vec![Some("adapter".into()), Some("adapter".into())];
+    let named = batch(vec![EventRecord::Stored(named)]);
+    assert_eq!(
+        shape(&named),
+        [(true, hs(&[1, 2]), 4)],
+        "extra_keys repeating the adapter mark nothing"
+    );
+    let mut by_id =
+        StoredRecord::new(vec![1u64.into(), 2u64.into()], None, vec![1, 2, 3, 4], B, Tier::Device);
+    by_id.lora_id = Some(3);
+    let by_id = batch(vec![EventRecord::Stored(by_id)]);
+    assert!(
+        matches!(by_id.events[0], Event::Stored(s) if s.lora == crate::index::Namespace::lora_id(3)),
+        "an id without a name is the namespace"
+    );
     let mut odd =
         StoredRecord::new(vec![1u64.into(), 2u64.into()], None, vec![1, 2, 3], B, Tier::Device);
     odd.extra_keys = vec![None, IMAGE.map(str::to_string)];
