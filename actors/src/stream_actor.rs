@@ -82,8 +82,8 @@ pub struct StreamReport {
     pub dropped_batches: u64,
     /// Messages the index mailbox refused.
     pub mailbox_drops: u64,
-    /// Events skipped as out of scope: by the decoder (unknown types, media, LoRA and
-    /// multimodal context) and by the index (stores chaining to or replicating those blocks).
+    /// Events skipped as out of scope: by the decoder (unknown types, media, multimodal or
+    /// salt context; LoRA events are indexed in their adapter's namespace) and by the index (stores chaining to or replicating those blocks).
     pub skipped_events: u64,
     /// Worker restarts by the supervisor.
     pub restarts: u64,
