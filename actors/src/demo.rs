@@ -33,6 +33,8 @@ struct Demo {
     engines: Vec<SimEngine>,
     identities: Vec<Identity>,
     waiting: Vec<f64>,
+    /// Load reports pushed so far.
+    load_reports: u64,
     picks: Vec<u64>,
     requests: u64,
     input_tokens: u64,
@@ -121,6 +123,7 @@ impl Demo {
             engines,
             identities,
             waiting: vec![0.0; n],
+            load_reports: 0,
             picks: vec![0; n],
             requests: 0,
             input_tokens: 0,
@@ -153,6 +156,7 @@ impl Demo {
     /// Drains the queue model and tells the router the current loads.
     fn push_loads(&mut self, svc: &Service) {
         let mut infos = Vec::new();
+        self.load_reports += 1;
         for (i, e) in self.engines.iter().enumerate() {
             self.waiting[i] = (self.waiting[i] - DRAIN_PER_TICK).max(0.0);
             let (device, _) = e.counts(0).unwrap_or((0, 0));
@@ -171,7 +175,8 @@ impl Demo {
                 tpot_profile: Vec::new(),
                 hits: Vec::new(),
             };
-            infos.push(InstanceInfo { candidate, identity: self.identities[i].clone() });
+            let identity = self.identities[i].clone();
+            infos.push(InstanceInfo { candidate, identity, load_reports: self.load_reports });
         }
         svc.router().do_send(SetCandidates(infos));
     }

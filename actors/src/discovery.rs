@@ -230,6 +230,7 @@ impl DiscoveryActor {
                     hits: Vec::new(),
                 },
                 identity: i.record.identity.clone(),
+                load_reports: i.load_reports,
             })
             .collect();
         self.set.router().do_send(SetCandidates(infos));

@@ -21,6 +21,7 @@ use subtle::ConstantTimeEq;
 use thiserror::Error;
 
 use crate::discovery::{DiscoveryActor, GetInstances, Heartbeat};
+use crate::frontdoor::{FrontDoor, FrontError};
 use crate::indexes::Indexes;
 use crate::metrics::{self, Endpoint, ServiceMetrics, StreamSample};
 use crate::router_actor::{GetRecentRoutes, RouteRequest, RouterActor};
@@ -47,6 +48,8 @@ pub struct AppState {
     pub max_query_tokens: usize,
     /// Request latencies and errors.
     pub metrics: Arc<ServiceMetrics>,
+    /// The OpenAI-compatible front door.
+    pub front: Arc<FrontDoor>,
 }
 
 /// Every error an HTTP client can see.
@@ -120,6 +123,28 @@ impl ResponseError for ApiError {
     }
 }
 
+/// The front door's errors, in OpenAI's error JSON.
+impl ResponseError for FrontError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            FrontError::Unauthorized => StatusCode::UNAUTHORIZED,
+            FrontError::Invalid { .. } => StatusCode::BAD_REQUEST,
+            FrontError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            FrontError::ModelNotFound { .. } => StatusCode::NOT_FOUND,
+            FrontError::NotConfigured | FrontError::NoInstance(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            FrontError::Upstream(_) => StatusCode::BAD_GATEWAY,
+            FrontError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            FrontError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        HttpResponse::build(self.status_code()).json(self.body())
+    }
+}
+
 impl From<actix::MailboxError> for ApiError {
     fn from(e: actix::MailboxError) -> Self {
         ApiError::Unavailable(e.to_string())
@@ -138,6 +163,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/v1/internal/route/recent", web::get().to(recent_routes))
         .route("/", web::get().to(crate::status_page::page))
         .configure(crate::indexer_api::routes)
+        .configure(crate::frontdoor::routes)
         .default_service(web::to(not_found));
 }
 
@@ -282,7 +308,8 @@ async fn prometheus(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
             StreamSample { report, view, counters }
         })
         .collect();
-    let text = metrics::render(&samples, &state.metrics, metrics::resident_bytes());
+    let text =
+        metrics::render(&samples, &state.metrics, &state.front.metrics, metrics::resident_bytes());
     Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4; charset=utf-8").body(text))
 }
 

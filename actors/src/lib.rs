@@ -19,6 +19,7 @@ pub mod demo;
 pub mod discovery;
 pub mod etcd_watch;
 pub mod faults;
+pub mod frontdoor;
 pub mod http;
 pub mod index_actor;
 pub mod indexer_api;

@@ -13,6 +13,7 @@ use kvdir::metrics::{Exposition, Histogram, Kind};
 use kvdir::query::StreamMatch;
 use kvdir::wire::{Batch, Event, Tier};
 
+use crate::frontdoor::FrontMetrics;
 use crate::stream_actor::StreamReport;
 
 /// Counters of one stream, shared by its index actor (applied events) and worker (recoveries).
@@ -122,9 +123,16 @@ pub fn resident_bytes() -> Option<u64> {
 }
 
 /// Renders every metric in the Prometheus text format.
-pub fn render(streams: &[StreamSample], service: &ServiceMetrics, rss: Option<u64>) -> String {
+/// `front` adds the front door's families.
+pub fn render(
+    streams: &[StreamSample],
+    service: &ServiceMetrics,
+    front: &FrontMetrics,
+    rss: Option<u64>,
+) -> String {
     let mut e = Exposition::default();
     render_service(&mut e, streams, service, rss);
+    front.render(&mut e);
     render_per_stream(&mut e, streams);
     render_per_tier(&mut e, streams);
     e.family(

@@ -1,18 +1,21 @@
 //! `RouterActor`: routing decisions from the hits a request's handler read from the shared
 //! indexes and the instance snapshot that discovery pushes.
 //!
-//! Messages: [`SetCandidates`], [`RouteRequest`], [`GetRecentRoutes`].
+//! Messages: [`SetCandidates`], [`RouteRequest`], [`GetRecentRoutes`], and for the front door
+//! [`RequestProgress`].
 //! The handler reads the indexes itself ([`crate::indexes::Indexes::read`], no mailbox); this
-//! actor keeps only what must be serialized: the instance snapshot, the tie rotation and the
-//! last decisions ([`RecentRoutes`], the last 20, token counts only) for the status page.
+//! actor keeps only what must be serialized: the instance snapshot, the tie rotation, the
+//! front door's requests in flight ([`InFlight`], added to each instance's reported queue until
+//! its next load report) and the last decisions ([`RecentRoutes`], the last 20, token counts
+//! only) for the status page.
 
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use kvdir::car::{
-    route, Candidate, DpHit, RecentRoutes, RecentRoutesReport, Rotation, RouteError, RouteParams,
-    Routed,
+    route, Candidate, DpHit, InFlight, RecentRoutes, RecentRoutesReport, RequestId, Rotation,
+    RouteError, RouteParams, Routed,
 };
 use kvdir::registry::Identity;
 
@@ -34,6 +37,8 @@ pub struct InstanceInfo {
     pub candidate: Candidate,
     /// The process registered now.
     pub identity: Identity,
+    /// Load reports received from that process so far.
+    pub load_reports: u64,
 }
 
 /// Replace the instance snapshot (from discovery).
@@ -51,6 +56,29 @@ pub struct RouteRequest {
     pub hits: Vec<StreamHit>,
 }
 
+/// Choose an instance for a request the front door forwards, leaving out `exclude` (instances
+/// that already failed it), and count it in flight there from now on.
+#[derive(Message)]
+#[rtype(result = "Result<(Routed, RequestId), RouteError>")]
+pub struct RouteForward {
+    /// Tokens in the prompt.
+    pub input_tokens: usize,
+    /// Every stream's hits for the prompt.
+    pub hits: Vec<StreamHit>,
+    /// Instances not to choose.
+    pub exclude: Vec<String>,
+}
+
+/// A forwarded request's progress.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub enum RequestProgress {
+    /// The engine's first byte arrived: the request is past its queue and prefill.
+    FirstByte(String, RequestId),
+    /// The request ended (answered, failed or cancelled).
+    Finished(String, RequestId),
+}
+
 /// The latest routing decisions, newest first.
 #[derive(Message)]
 #[rtype(result = "RecentRoutesReport")]
@@ -63,6 +91,7 @@ pub struct RouterActor {
     params: RouteParams,
     rotation: Rotation,
     recent: RecentRoutes,
+    inflight: InFlight,
 }
 
 impl Actor for RouterActor {
@@ -81,11 +110,33 @@ impl Handler<RouteRequest> for RouterActor {
     type Result = Result<Routed, RouteError>;
 
     fn handle(&mut self, msg: RouteRequest, _: &mut Context<Self>) -> Self::Result {
-        let cands = self.candidates(&msg.hits);
-        let routed = route(&cands, msg.input_tokens, &self.params, &mut self.rotation);
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        self.recent.record(now, msg.input_tokens, &routed);
-        routed
+        self.decide(&msg.hits, msg.input_tokens, &[])
+    }
+}
+
+impl Handler<RouteForward> for RouterActor {
+    type Result = Result<(Routed, RequestId), RouteError>;
+
+    fn handle(&mut self, msg: RouteForward, _: &mut Context<Self>) -> Self::Result {
+        let routed = self.decide(&msg.hits, msg.input_tokens, &msg.exclude)?;
+        let reports = self
+            .instances
+            .iter()
+            .find(|i| i.candidate.name == routed.prefill)
+            .map_or(0, |i| i.load_reports);
+        let id = self.inflight.start(&routed.prefill, reports);
+        Ok((routed, id))
+    }
+}
+
+impl Handler<RequestProgress> for RouterActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: RequestProgress, _: &mut Context<Self>) {
+        match msg {
+            RequestProgress::FirstByte(instance, id) => self.inflight.first_byte(&instance, id),
+            RequestProgress::Finished(instance, id) => self.inflight.finish(&instance, id),
+        }
     }
 }
 
@@ -103,7 +154,23 @@ impl RouterActor {
         RouterActor { params, ..RouterActor::default() }
     }
 
-    /// The instance snapshot with each instance's per-DP hits. A rank gives credit only when
+    /// Routes over the candidates not in `exclude` and records the decision.
+    fn decide(
+        &mut self,
+        hits: &[StreamHit],
+        input_tokens: usize,
+        exclude: &[String],
+    ) -> Result<Routed, RouteError> {
+        let mut cands = self.candidates(hits);
+        cands.retain(|c| !exclude.contains(&c.name));
+        let routed = route(&cands, input_tokens, &self.params, &mut self.rotation);
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        self.recent.record(now, input_tokens, &routed);
+        routed
+    }
+
+    /// The instance snapshot with each instance's per-DP hits and, in its queue, the front
+    /// door's requests started since its latest load report. A rank gives credit only when
     /// its stream was started for the instance's current process; streams without an identity
     /// (static configuration) give none.
     fn candidates(&self, hits: &[StreamHit]) -> Vec<Candidate> {
@@ -115,6 +182,10 @@ impl RouterActor {
             .iter()
             .map(|info| {
                 let mut c = info.candidate.clone();
+                if let Some(load) = &mut c.load {
+                    load.waiting_requests_num +=
+                        self.inflight.unreported(&c.name, info.load_reports);
+                }
                 let hits = by_instance.get(c.name.as_str()).map_or(&[][..], Vec::as_slice);
                 c.hits = hits
                     .iter()

@@ -15,6 +15,7 @@ use kvdir::registry::Identity;
 use thiserror::Error;
 
 use crate::discovery::DiscoveryActor;
+use crate::frontdoor::{FrontDoor, FrontDoorSetupError};
 use crate::http::{routes, AppState};
 use crate::router_actor::RouterActor;
 use crate::stream_actor::WorkerThreads;
@@ -37,6 +38,9 @@ pub enum StartError {
     /// The service thread ended before it was ready.
     #[error("the service thread ended during start-up")]
     Died,
+    /// The front door's tokenizer or template did not load.
+    #[error(transparent)]
+    FrontDoor(#[from] FrontDoorSetupError),
 }
 
 /// A running service.
@@ -111,13 +115,14 @@ impl Service {
 
     /// Starts everything for an explicit [`Directory`].
     pub fn start_directory(flags: Flags, dir: Directory) -> Result<Service, StartError> {
+        let front = Arc::new(FrontDoor::new(&flags.front)?);
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
             .name("kvdir-service".into())
             .spawn(move || {
                 let sys = actix_rt::System::new();
                 sys.block_on(async move {
-                    match boot(&flags, dir).await {
+                    match boot(&flags, dir, front).await {
                         Ok((server, addr, router, threads, arbiters)) => {
                             let _ = tx.send(Ok((server.handle(), addr, router, threads)));
                             let _ = server.await;
@@ -185,7 +190,7 @@ impl Drop for Service {
 /// the arbiters (kept alive while the server runs).
 type Booted = (actix_web::dev::Server, SocketAddr, Addr<RouterActor>, WorkerThreads, Vec<Arbiter>);
 
-async fn boot(flags: &Flags, dir: Directory) -> Result<Booted, StartError> {
+async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Booted, StartError> {
     let Directory { streams: specs, discovery, registry, limits } = dir;
     let limits = &limits;
     let mut params = flags.route.clone();
@@ -231,6 +236,7 @@ async fn boot(flags: &Flags, dir: Directory) -> Result<Booted, StartError> {
         max_request_bytes: flags.max_request_bytes,
         max_query_tokens: flags.max_query_tokens,
         metrics: Arc::default(),
+        front,
     });
     let addr = format!("{}:{}", flags.server_host, flags.http_server_port);
     let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(routes))

@@ -13,11 +13,14 @@
 //! Equal scores rotate between calls. Without any D candidate only a DEFAULT instance may serve
 //! alone.
 //!
+//! [`InFlight`] counts a forwarding router's own unanswered requests between load reports.
 //! [`RecentRoutes`] keeps the last few decisions (token counts only) for the status page.
 
+mod inflight;
 mod policy;
 mod recent;
 
+pub use inflight::{InFlight, RequestId};
 pub use policy::{
     kv_hit_ratio, route, Candidate, CandidateReport, DpHit, Policy, Rotation, RouteError,
     RouteParams, Routed, Side,

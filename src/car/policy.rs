@@ -132,7 +132,7 @@ pub struct CandidateReport {
     pub role: String,
     /// The list it is on.
     pub side: Side,
-    /// CAR hit ratio (P, CAR only).
+    /// CAR hit ratio (P only; reported under every policy, used by CAR).
     pub kv_hit_ratio: Option<f64>,
     /// Per-DP hits (P only).
     pub dp_hits: Vec<DpHit>,
@@ -427,9 +427,9 @@ fn explain(
     for (k, &i) in list.iter().enumerate() {
         let r = &mut reports[i];
         r.score = scores[k];
+        r.kv_hit_ratio = ratios.map(|v| v[k]);
         if policy == Policy::Car {
             r.queue_cost = Some(costs[k]);
-            r.kv_hit_ratio = ratios.map(|v| v[k]);
         }
         r.chosen = chosen == Some(i);
         r.reason = match (r.chosen, policy, scores[k], best) {

@@ -30,6 +30,16 @@ FLAGS (--flag=value or --flag value):
     --car_host_hit_weight X        CAR weight of Host-only hits against Device hits, 0..=1 [default: 0.5]
     --target_ttft MS               SLO_AWARE time-to-first-token target [default: 1000]
     --target_tpot MS               SLO_AWARE time-per-output-token target [default: 50]
+    --tokenizer_path PATH          the served model's tokenizer.json, or its directory (with
+                                   tokenizer_config.json); turns on the OpenAI front door
+                                   (/v1/chat/completions, /v1/completions, /v1/models)
+    --chat_template FILE           Jinja chat template overriding tokenizer_config.json's
+    --served_model_name NAME       model name of the front door [default: the tokenizer
+                                   directory's name]
+    --api_key KEY                  require `Authorization: Bearer KEY` on the front door
+    --upstream_connect_timeout_ms MS  connecting to an engine [default: 3000]
+    --upstream_timeout_ms MS       waiting for an engine's response head, and the longest
+                                   silence between two chunks of its body [default: 300000]
     --check_config                 validate flags and the config file, then exit
     --demo                         run with in-process simulated engines (the default with no flags)
     --demo_seconds N               stop the demo after N seconds [default: run until Ctrl-C]
@@ -82,6 +92,38 @@ pub struct Flags {
     pub log_format: LogFormat,
     /// Flags accepted but ignored, one message each, for the service to log at start.
     pub warnings: Vec<String>,
+    /// The front door's settings.
+    pub front: FrontDoorFlags,
+}
+
+/// The OpenAI-compatible front door's flags.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FrontDoorFlags {
+    /// `tokenizer.json` or its directory; `None` leaves the front door answering 503.
+    pub tokenizer_path: Option<PathBuf>,
+    /// A chat template file overriding the tokenizer config's.
+    pub chat_template: Option<PathBuf>,
+    /// The model name clients use; defaults to the tokenizer directory's name.
+    pub served_model_name: Option<String>,
+    /// Required `Authorization: Bearer` key, if any.
+    pub api_key: Option<String>,
+    /// Connect timeout towards an engine.
+    pub upstream_connect_timeout_ms: u64,
+    /// Response-head timeout and longest silence between body chunks.
+    pub upstream_timeout_ms: u64,
+}
+
+impl Default for FrontDoorFlags {
+    fn default() -> Self {
+        FrontDoorFlags {
+            tokenizer_path: None,
+            chat_template: None,
+            served_model_name: None,
+            api_key: None,
+            upstream_connect_timeout_ms: 3000,
+            upstream_timeout_ms: 300_000,
+        }
+    }
 }
 
 /// How log lines are written (to stderr).
@@ -123,6 +165,7 @@ impl Default for Flags {
             demo_seconds: None,
             log_format: LogFormat::Text,
             warnings: Vec::new(),
+            front: FrontDoorFlags::default(),
         }
     }
 }
@@ -143,6 +186,11 @@ fn fraction(name: &str, v: &str, max: f64) -> Result<f64, String> {
         _ if max == 1.0 => Err(format!("--{name}={v:?} is outside the allowed range 0..=1")),
         _ => Err(format!("--{name}={v:?} is not a non-negative number of milliseconds")),
     }
+}
+
+/// An optional path: empty means none.
+fn path(v: &str) -> Option<PathBuf> {
+    (!v.is_empty()).then(|| PathBuf::from(v))
 }
 
 /// Applies one `--name value` to `flags`.
@@ -166,6 +214,14 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
         "car_host_hit_weight" => flags.route.host_weight = fraction(name, v, 1.0)?,
         "target_ttft" => flags.route.target_ttft_ms = fraction(name, v, f64::MAX)?,
         "target_tpot" => flags.route.target_tpot_ms = fraction(name, v, f64::MAX)?,
+        "tokenizer_path" => flags.front.tokenizer_path = path(v),
+        "chat_template" => flags.front.chat_template = path(v),
+        "served_model_name" => flags.front.served_model_name = (!v.is_empty()).then(|| v.into()),
+        "api_key" => flags.front.api_key = (!v.is_empty()).then(|| v.to_string()),
+        "upstream_connect_timeout_ms" => {
+            flags.front.upstream_connect_timeout_ms = number(name, v, 1, 600_000)?;
+        }
+        "upstream_timeout_ms" => flags.front.upstream_timeout_ms = number(name, v, 1, 86_400_000)?,
         "block_size" => flags.warnings.push(format!(
             "--block_size={v} does not configure the directory and is ignored (kept for \
              xllm-service command lines); set block_size in the kv_events_config_file: \

@@ -11,7 +11,7 @@ mod json;
 
 pub use endpoint::{canonical_endpoint, check_endpoint};
 pub use file::parse_config_file;
-pub use flags::{parse_flags, Command, Flags, LogFormat, USAGE};
+pub use flags::{parse_flags, Command, Flags, FrontDoorFlags, LogFormat, USAGE};
 
 use std::fmt;
 use std::time::Duration;

@@ -51,6 +51,9 @@ pub struct Instance {
     pub last_heartbeat: Option<Instant>,
     /// The latest load report (etcd or heartbeat).
     pub load: Option<LoadMetrics>,
+    /// Load reports received for this process so far; a router's own in-flight requests
+    /// started before the latest report are in that report.
+    pub load_reports: u64,
     /// The `/health` probe in flight since a DELETE, if any (see [`Registry::deleted`]).
     pub probe: Option<u64>,
 }
@@ -109,11 +112,12 @@ impl Registry {
 
     /// A registration was written.
     pub fn put(&mut self, record: InstanceRecord, now: Instant) -> PutOutcome {
-        let fresh = |record, load| Instance {
+        let fresh = |record, load: Option<LoadMetrics>| Instance {
             record,
             state: InstanceState::Active,
             since: now,
             last_heartbeat: None,
+            load_reports: u64::from(load.is_some()),
             load,
             probe: None,
         };
@@ -181,6 +185,7 @@ impl Registry {
         }
         i.last_heartbeat = Some(now);
         i.load = Some(load);
+        i.load_reports += 1;
         if i.state == InstanceState::Suspect {
             (i.state, i.since) = (InstanceState::LeaseLost, now);
         }
@@ -192,6 +197,7 @@ impl Registry {
     pub fn load(&mut self, name: &str, load: LoadMetrics) {
         if let Some(i) = self.instances.get_mut(name) {
             i.load = Some(load);
+            i.load_reports += 1;
         } else if self.pending_loads.len() < MAX_PENDING_LOADS
             || self.pending_loads.contains_key(name)
         {

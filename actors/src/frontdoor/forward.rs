@@ -1,0 +1,172 @@
+//! Route and forward: the chosen instance gets the client's original body at the same path
+//! (`http://<instance name = host:port>/v1/...`); its answer streams back chunk by chunk as it
+//! arrives, never buffered whole.
+//!
+//! - A failure before the engine answered (nothing reached the client yet) is retried once on
+//!   the next-best instance; the failed one is left out of that second decision. Waiting longer
+//!   than `--upstream_timeout_ms` for the response head is not retried (the engine may be
+//!   working on it), nor is anything after the first byte.
+//! - The request counts in flight at its instance ([`crate::router_actor::RouteForward`]) until
+//!   its first byte, and is finished when the answer ends or the client goes away: dropping the
+//!   relayed body drops the upstream response, which closes the engine connection and so
+//!   cancels the request there.
+//! - Responses carry `x-kvdir-instance`, `x-kvdir-kv-hit-ratio` and `x-kvdir-policy`.
+
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use actix::Addr;
+use actix_web::http::StatusCode;
+use actix_web::web::{self, Bytes};
+use actix_web::HttpResponse;
+use futures_util::stream::{BoxStream, Stream, StreamExt};
+use kvdir::car::{RequestId, Routed};
+
+use super::request::ApiKind;
+use super::{FrontError, FrontMetrics};
+use crate::http::AppState;
+use crate::router_actor::{RequestProgress, RouteForward, RouterActor};
+
+/// Routes the request and relays the chosen engine's answer.
+pub async fn run(
+    state: &web::Data<AppState>,
+    kind: ApiKind,
+    body: Vec<u8>,
+    tokens: Vec<i32>,
+) -> Result<HttpResponse, FrontError> {
+    let started = Instant::now();
+    let body = Bytes::from(body);
+    let hits = state.indexes.read(&tokens);
+    let mut failed: Vec<(String, String)> = Vec::new();
+    loop {
+        let exclude = failed.iter().map(|f| f.0.clone()).collect();
+        let msg = RouteForward { input_tokens: tokens.len(), hits: hits.clone(), exclude };
+        let (routed, id) = match state.router.send(msg).await? {
+            Ok(r) => r,
+            Err(e) if failed.is_empty() => return Err(FrontError::NoInstance(e.to_string())),
+            Err(e) => return Err(unreachable(&failed, Some(&e.to_string()))),
+        };
+        let progress = Progress::new(state.router.clone(), routed.prefill.clone(), id);
+        let url = format!("http://{}{}", routed.prefill, kind.path());
+        let request = state
+            .front
+            .client
+            .post(&url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body.clone())
+            .send();
+        match tokio::time::timeout(state.front.upstream_timeout, request).await {
+            Ok(Ok(response)) => return Ok(relay(state, response, &routed, progress, started)),
+            Ok(Err(e)) => {
+                tracing::warn!(instance = %routed.prefill, error = %e, "engine unreachable");
+                state.front.metrics.count_failed(&routed.prefill);
+                failed.push((routed.prefill.clone(), e.to_string()));
+                if failed.len() == 2 {
+                    return Err(unreachable(&failed, None));
+                }
+            }
+            Err(_) => {
+                return Err(FrontError::UpstreamTimeout(format!(
+                    "{} sent no response head within --upstream_timeout_ms = {} ms",
+                    routed.prefill,
+                    state.front.upstream_timeout.as_millis()
+                )))
+            }
+        }
+    }
+}
+
+fn unreachable(failed: &[(String, String)], then: Option<&str>) -> FrontError {
+    let tried: Vec<String> = failed.iter().map(|(i, e)| format!("{i} ({e})")).collect();
+    let mut message = format!("no engine could be reached: {}", tried.join(", then "));
+    if let Some(then) = then {
+        message.push_str(&format!("; no other instance: {then}"));
+    }
+    FrontError::Upstream(message)
+}
+
+/// The engine's status, content type and body, plus kvdir's headers.
+fn relay(
+    state: &web::Data<AppState>,
+    response: reqwest::Response,
+    routed: &Routed,
+    progress: Progress,
+    started: Instant,
+) -> HttpResponse {
+    let status =
+        StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+    state.front.metrics.count_status(&routed.prefill, status.as_u16());
+    let ratio = routed
+        .candidates
+        .iter()
+        .find(|c| c.name == routed.prefill)
+        .and_then(|c| c.kv_hit_ratio)
+        .unwrap_or(0.0);
+    let mut out = HttpResponse::build(status);
+    if let Some(ct) = response.headers().get(reqwest::header::CONTENT_TYPE) {
+        out.insert_header(("content-type", ct.as_bytes()));
+    }
+    out.insert_header(("x-kvdir-instance", routed.prefill.as_str()))
+        .insert_header(("x-kvdir-kv-hit-ratio", format!("{ratio:.4}")))
+        .insert_header(("x-kvdir-policy", policy_name(routed)));
+    let metrics = state.front.metrics.clone();
+    out.streaming(Relay { inner: response.bytes_stream().boxed(), progress, started, metrics })
+}
+
+fn policy_name(routed: &Routed) -> String {
+    serde_json::to_value(routed.policy)
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// Tells the router how a forwarded request is doing; "finished" when dropped.
+struct Progress {
+    router: Addr<RouterActor>,
+    instance: String,
+    id: RequestId,
+    answered: bool,
+}
+
+impl Progress {
+    fn new(router: Addr<RouterActor>, instance: String, id: RequestId) -> Self {
+        Progress { router, instance, id, answered: false }
+    }
+
+    fn first_byte(&mut self) {
+        if !self.answered {
+            self.answered = true;
+            self.router.do_send(RequestProgress::FirstByte(self.instance.clone(), self.id));
+        }
+    }
+}
+
+impl Drop for Progress {
+    fn drop(&mut self) {
+        self.router.do_send(RequestProgress::Finished(std::mem::take(&mut self.instance), self.id));
+    }
+}
+
+/// The engine's body, passed through as it arrives.
+struct Relay {
+    inner: BoxStream<'static, reqwest::Result<Bytes>>,
+    progress: Progress,
+    started: Instant,
+    metrics: std::sync::Arc<FrontMetrics>,
+}
+
+impl Stream for Relay {
+    type Item = Result<Bytes, reqwest::Error>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let next = self.inner.poll_next_unpin(cx);
+        if let Poll::Ready(Some(Ok(_))) = &next {
+            if !self.progress.answered {
+                self.metrics.time_to_first_byte.observe(self.started.elapsed());
+                self.progress.first_byte();
+            }
+        }
+        next
+    }
+}

@@ -1,0 +1,94 @@
+//! Token parity: what kvdir's text side computes for a chat request equals what an engine
+//! computes, checked against token lists built independently in the test (the conversation
+//! rendered by hand in ChatML and encoded with the `tokenizers` crate directly).
+
+use std::path::PathBuf;
+
+use kvdir_text::demo::{self, IM_END, IM_START};
+use kvdir_text::{TextError, TextModel};
+use serde_json::json;
+use tokenizers::Tokenizer;
+
+fn model_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("kvdir-text-{name}-{}", std::process::id()));
+    demo::write_model(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn a_rendered_conversation_tokenizes_as_the_engine_would() {
+    let dir = model_dir("parity");
+    let model = TextModel::load(&dir, None).unwrap();
+    let messages = json!([
+        {"role": "system", "content": "You are a helpful assistant."},
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": "Paris."},
+        {"role": "user", "content": [{"type": "text", "text": "And of"}, {"type": "text", "text": "Spain?"}]},
+    ]);
+    let prompt = model.chat_prompt(&messages, None, true).unwrap();
+    let ids = model.encode(&prompt, false).unwrap();
+
+    let by_hand = format!(
+        "{IM_START}system\nYou are a helpful assistant.{IM_END}\n\
+         {IM_START}user\nWhat is the capital of France?{IM_END}\n\
+         {IM_START}assistant\nParis.{IM_END}\n\
+         {IM_START}user\nAnd of\nSpain?{IM_END}\n\
+         {IM_START}assistant\n"
+    );
+    assert_eq!(prompt, by_hand);
+    let raw = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let expected = raw.encode(by_hand.as_str(), false).unwrap().get_ids().to_vec();
+    assert_eq!(ids, expected);
+
+    // The special tokens are single ids, at the places ChatML puts them.
+    let start = model.token_id(IM_START).unwrap();
+    assert_eq!(ids[0], start);
+    assert_eq!(ids.iter().filter(|&&t| t == start).count(), 5);
+    assert_eq!(*ids.last().unwrap(), raw.encode("\n", false).unwrap().get_ids()[0]);
+    // Byte-level BPE round-trips the text.
+    assert_eq!(raw.decode(&ids, false).unwrap(), by_hand);
+}
+
+#[test]
+fn a_shared_system_prompt_gives_a_shared_token_prefix() {
+    let model = TextModel::load(&model_dir("prefix"), None).unwrap();
+    let system = json!({"role": "system", "content": demo::CORPUS.lines().take(8).collect::<Vec<_>>().join(" ")});
+    let ask = |q: &str| {
+        let m = json!([system, {"role": "user", "content": q}]);
+        model.encode(&model.chat_prompt(&m, None, true).unwrap(), false).unwrap()
+    };
+    let (a, b) = (ask("First question?"), ask("Another one entirely."));
+    let common = a.iter().zip(&b).take_while(|(x, y)| x == y).count();
+    let system_only =
+        model.encode(&model.chat_prompt(&json!([system]), None, false).unwrap(), false).unwrap();
+    assert!(common >= system_only.len(), "common {common}, system prompt {}", system_only.len());
+    assert!(system_only.len() > 64, "the demo tokenizer compresses text: {}", system_only.len());
+}
+
+#[test]
+fn template_errors_and_missing_files_name_the_problem() {
+    let dir = model_dir("errors");
+    let raising = dir.join("raising.jinja");
+    std::fs::write(&raising, "{{ raise_exception('roles must alternate') }}").unwrap();
+    let model = TextModel::load(&dir, Some(&raising)).unwrap();
+    let err = model.chat_prompt(&json!([]), None, true).unwrap_err();
+    assert!(err.to_string().contains("roles must alternate"), "{err}");
+
+    let image =
+        json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]);
+    let err = TextModel::load(&dir, None).unwrap().chat_prompt(&image, None, true).unwrap_err();
+    assert!(err.to_string().contains("image_url"), "{err}");
+
+    let missing = dir.join("nope");
+    let err = TextModel::load(&missing, None).unwrap_err();
+    assert!(matches!(err, TextError::Read { .. }), "{err}");
+    assert!(err.to_string().contains("nope"), "{err}");
+
+    std::fs::write(dir.join("tokenizer_config.json"), "{}").unwrap();
+    let plain = TextModel::load(&dir, None).unwrap();
+    assert!(!plain.has_chat_template());
+    let err = plain.chat_prompt(&json!([]), None, true).unwrap_err();
+    assert!(err.to_string().contains("--chat_template"), "{err}");
+    // Plain completion prompts still tokenize.
+    assert!(!plain.encode("hello world", true).unwrap().is_empty());
+}
