@@ -39,7 +39,7 @@ pub struct Kvdir {
 impl Kvdir {
     pub fn new(s: &Setup, publish_each: bool) -> Self {
         let block_size = s.block_tokens as u32;
-        let config = IndexConfig { block_size, hash_seed: 1024, max_blocks: 1 << 22 };
+        let config = IndexConfig { block_size, hash_seed: 1024, salt: 0, max_blocks: 1 << 22 };
         let index = SharedIndex::new(block_size, 1024, s.workers as usize);
         // A stream starts unsynchronized; an empty full-state batch synchronizes it.
         let streams = (0..s.workers)

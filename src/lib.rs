@@ -10,7 +10,9 @@
 //!   buffered deltas, back-off and periodic resync, with time passed in.
 //! - [`config`]: command-line flags and the `kv_events_config_file`, validated with every
 //!   problem reported at once.
-//! - [`query`]: the query endpoint's strict input parsing and its response types.
+//! - [`query`]: the query endpoint's strict input parsing (with its scope: model, LoRA
+//!   adapter, salt, tenant, instance) and its response types.
+//! - [`indexer`]: the KV indexer API of Mooncake RFC #1403: register bodies and the RFC answer.
 //! - [`metrics`]: a lock-free latency histogram and the Prometheus text format.
 //!
 //! The contract is `docs/contract.md`; the layout is in the README.
@@ -18,6 +20,7 @@
 pub mod car;
 pub mod config;
 pub mod index;
+pub mod indexer;
 pub mod metrics;
 pub mod query;
 pub mod registry;

@@ -1,6 +1,7 @@
 //! The internal query API's input and output (contract.md section 6), without any HTTP.
 //!
-//! Input is `{"token_ids": [int, ...]}` (other keys are ignored). Token ids must be integers in
+//! Input is `{"token_ids": [int, ...]}` with an optional scope ([`QueryScope`]: model, LoRA
+//! adapter, salt, tenant, instance, block size; other keys are ignored). Token ids must be integers in
 //! `0..=i32::MAX`, and the list no longer than the configured limit; every violation is a
 //! [`QueryError`] that says which element is wrong. The decoder checks elements as it reads
 //! them, so a 1 M-token body is validated without building a JSON tree.
@@ -10,6 +11,8 @@ use std::fmt;
 use serde::de::{self, Deserializer, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
+
+use crate::index::{Namespace, StreamLabel};
 
 /// Why a query body was refused.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -21,25 +24,89 @@ pub enum QueryError {
 
 /// Parses and validates a query body.
 pub fn parse_query(body: &[u8], max_tokens: usize) -> Result<Vec<i32>, QueryError> {
-    match serde_json::from_slice::<QueryBody>(body) {
-        Ok(QueryBody { token_ids: Some(t) }) if t.0.len() > max_tokens => {
-            Err(QueryError::Invalid(format!(
+    parse_scoped_query(body, max_tokens).map(|(tokens, _)| tokens)
+}
+
+/// Which streams a query is for and in which key namespace (contract.md section 1.1): the
+/// optional `model`, `lora_name` (or `lora_id`), `cache_salt`, `tenant_id`, `instance_id` and
+/// `block_size` of a query body. Empty or absent fields select everything, as before them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QueryScope {
+    /// Only streams of this model, and streams that name no model; empty: every stream.
+    pub model: String,
+    /// The key namespace: the adapter and the salt.
+    pub namespace: Namespace,
+    /// Only streams of this tenant (`"default"` for streams registered without one).
+    pub tenant: Option<String>,
+    /// Only this instance's streams.
+    pub instance: Option<String>,
+    /// Only streams of this block size.
+    pub block_size: Option<u32>,
+}
+
+/// The tenant of streams registered without `tenant_id`.
+pub const DEFAULT_TENANT: &str = "default";
+
+impl QueryScope {
+    /// Whether a stream labelled `label`, of `block_size`, is in scope.
+    pub fn admits(&self, label: &StreamLabel, block_size: u32) -> bool {
+        let tenant = if label.tenant.is_empty() { DEFAULT_TENANT } else { &label.tenant };
+        (self.model.is_empty() || label.model.is_empty() || label.model == self.model)
+            && self.tenant.as_ref().is_none_or(|t| t == tenant)
+            && self.instance.as_ref().is_none_or(|i| *i == label.instance_name)
+            && self.block_size.is_none_or(|b| b == block_size)
+    }
+}
+
+/// [`parse_query`], plus the query's [`QueryScope`].
+pub fn parse_scoped_query(
+    body: &[u8],
+    max_tokens: usize,
+) -> Result<(Vec<i32>, QueryScope), QueryError> {
+    let b = match serde_json::from_slice::<QueryBody>(body) {
+        Ok(b) => b,
+        // serde_json appends " at line L column C", which helps find the element.
+        Err(e) => return Err(QueryError::Invalid(e.to_string())),
+    };
+    let tokens = match b.token_ids {
+        Some(t) if t.0.len() > max_tokens => {
+            return Err(QueryError::Invalid(format!(
                 "token_ids has {} tokens, more than the --max_query_tokens limit {max_tokens}",
                 t.0.len()
             )))
         }
-        Ok(QueryBody { token_ids: Some(t) }) => Ok(t.0),
-        Ok(QueryBody { token_ids: None }) => Err(QueryError::Invalid(
-            "token_ids is missing; send {\"token_ids\": [1, 2, ...]}".into(),
-        )),
-        // serde_json appends " at line L column C", which helps find the element.
-        Err(e) => Err(QueryError::Invalid(e.to_string())),
-    }
+        Some(t) => t.0,
+        None => {
+            return Err(QueryError::Invalid(
+                "token_ids is missing; send {\"token_ids\": [1, 2, ...]}".into(),
+            ))
+        }
+    };
+    let lora = match (b.lora_name.as_deref().unwrap_or_default(), b.lora_id) {
+        ("", Some(id)) => Namespace::lora_id(id),
+        (name, _) => Namespace::lora_name(name.as_bytes()),
+    };
+    let salt = Namespace::salt(b.cache_salt.as_deref().unwrap_or_default().as_bytes());
+    let scope = QueryScope {
+        model: b.model.unwrap_or_default(),
+        namespace: Namespace { lora, salt },
+        tenant: b.tenant_id.filter(|t| !t.is_empty()),
+        instance: b.instance_id.filter(|i| !i.is_empty()),
+        block_size: b.block_size.filter(|&n| n > 0),
+    };
+    Ok((tokens, scope))
 }
 
 #[derive(Deserialize)]
 struct QueryBody {
     token_ids: Option<TokenIds>,
+    model: Option<String>,
+    lora_name: Option<String>,
+    lora_id: Option<i64>,
+    cache_salt: Option<String>,
+    tenant_id: Option<String>,
+    instance_id: Option<String>,
+    block_size: Option<u32>,
 }
 
 struct TokenIds(Vec<i32>);

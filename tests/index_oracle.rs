@@ -19,7 +19,7 @@ fn query(view: &ViewHandle, tokens: &[i32]) -> (u64, u64) {
 
 /// One case: every op applied to the index and the model, then a query and the status.
 fn run(ops: &[Op], cov: &mut Coverage) -> Result<(), TestCaseError> {
-    let config = IndexConfig { block_size: B, hash_seed: SEED, max_blocks: MAX_BLOCKS };
+    let config = IndexConfig { block_size: B, hash_seed: SEED, salt: 0, max_blocks: MAX_BLOCKS };
     let mut idx = StreamIndex::new(config);
     let view = idx.reader().handle();
     idx.load_snapshot(&Batch::default(), 0).unwrap();

@@ -68,7 +68,7 @@ struct World {
 }
 
 fn config() -> IndexConfig {
-    IndexConfig { block_size: B, hash_seed: SEED, max_blocks: MAX_BLOCKS }
+    IndexConfig { block_size: B, hash_seed: SEED, salt: 0, max_blocks: MAX_BLOCKS }
 }
 
 impl World {

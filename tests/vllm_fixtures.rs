@@ -1,11 +1,12 @@
 //! Compatibility with vLLM's own publisher: every live message recorded from
 //! `ZmqEventPublisher` (`tests/fixtures/vllm`, see its README) decodes into exactly the events its
-//! `expected.json` lists, with LoRA and multimodal events skipped and counted. Skipped stores
-//! keep their hashes as out-of-scope events; the fixtures mark their first block, so the whole
-//! event is out of scope.
+//! `expected.json` lists. LoRA events are indexed in their adapter's namespace (contract.md
+//! section 1.1); multimodal events are skipped and counted. Skipped stores keep their hashes as
+//! out-of-scope events; the fixtures mark their first block, so the whole event is out of scope.
 
 use std::path::PathBuf;
 
+use kvdir::index::{IndexConfig, KeyHasher, Namespace, StreamIndex};
 use kvdir::wire::{decode_live, Batch, EngineHash, Event, Tier};
 use serde_json::Value;
 
@@ -30,6 +31,7 @@ enum Owned {
         tokens: Vec<i32>,
         block_size: u32,
         tier: Tier,
+        lora: u64,
     },
     OutOfScope {
         hashes: Vec<EngineHash>,
@@ -55,6 +57,7 @@ fn owned(batch: &Batch) -> Vec<Owned> {
                 tokens: batch.tokens(s.tokens).to_vec(),
                 block_size: s.block_size,
                 tier: s.tier,
+                lora: s.lora,
             },
             Event::OutOfScope { hashes, tier } => {
                 Owned::OutOfScope { hashes: batch.hashes(*hashes).to_vec(), tier: *tier }
@@ -79,15 +82,16 @@ fn tier(medium: &Value) -> Tier {
     Tier::from_medium(medium.as_str().map(str::as_bytes)).expect("fixture media are in scope")
 }
 
-/// The expected events of one batch, and how many were LoRA/multimodal.
-fn expected(batch: &Value) -> (Vec<Owned>, u64) {
+/// The expected events of one batch, how many were multimodal (skipped) and how many LoRA
+/// (indexed in their adapter's namespace).
+fn expected(batch: &Value) -> (Vec<Owned>, u64, u64) {
     let mut out = Vec::new();
-    let mut skipped = 0;
+    let (mut skipped, mut lora_events) = (0, 0);
     for e in batch["events"].as_array().unwrap() {
         let hashes = || e["block_hashes"].as_array().unwrap().iter().map(hash).collect();
         match e["type"].as_str().unwrap() {
             "BlockStored" => {
-                if !e["lora_name"].is_null() || e["has_extra_keys"] == Value::Bool(true) {
+                if e["has_extra_keys"] == Value::Bool(true) {
                     skipped += 1;
                     out.push(Owned::OutOfScope { hashes: hashes(), tier: tier(&e["medium"]) });
                     continue;
@@ -95,12 +99,16 @@ fn expected(batch: &Value) -> (Vec<Owned>, u64) {
                 let parent =
                     (!e["parent_block_hash"].is_null()).then(|| hash(&e["parent_block_hash"]));
                 let tokens = e["token_ids"].as_array().unwrap();
+                let lora =
+                    e["lora_name"].as_str().map_or(0, |n| Namespace::lora_name(n.as_bytes()));
+                lora_events += u64::from(lora != 0);
                 out.push(Owned::Stored {
                     hashes: hashes(),
                     parent,
                     tokens: tokens.iter().map(|t| t.as_i64().unwrap() as i32).collect(),
                     block_size: e["block_size"].as_u64().unwrap() as u32,
                     tier: tier(&e["medium"]),
+                    lora,
                 });
             }
             "BlockRemoved" => {
@@ -110,10 +118,11 @@ fn expected(batch: &Value) -> (Vec<Owned>, u64) {
             other => panic!("unexpected event type {other} in fixture"),
         }
     }
-    (out, skipped)
+    (out, skipped, lora_events)
 }
 
-fn check_fixture(name: &str) -> usize {
+/// Checks every message of fixture `name`; returns (messages, LoRA events indexed).
+fn check_fixture(name: &str) -> (usize, u64) {
     let dir = fixture_dir();
     let frames = std::fs::read_to_string(dir.join(format!("{name}.frames.jsonl"))).unwrap();
     let want: Value = serde_json::from_str(
@@ -124,6 +133,7 @@ fn check_fixture(name: &str) -> usize {
     let lines: Vec<&str> = frames.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), want.len(), "{name}: one expected batch per recorded message");
     let mut batch = Batch::default();
+    let mut lora_total = 0;
     for (i, (line, exp)) in lines.iter().zip(want).enumerate() {
         let msg: Value = serde_json::from_str(line).unwrap();
         let parts: Vec<Vec<u8>> = ["topic_hex", "seq_hex", "payload_hex"]
@@ -138,20 +148,73 @@ fn check_fixture(name: &str) -> usize {
             exp["dp_rank"].as_u64().unwrap(),
             "{name} message {i}: dp_rank"
         );
-        let (events, skipped) = expected(exp);
+        let (events, skipped, lora_events) = expected(exp);
+        lora_total += lora_events;
         assert_eq!(owned(&batch), events, "{name} message {i}: events");
         assert_eq!(batch.skipped.lora_or_multimodal, skipped, "{name} message {i}: skipped");
         assert_eq!(batch.skipped.unknown_type + batch.skipped.out_of_scope_medium, 0);
     }
-    lines.len()
+    (lines.len(), lora_total)
 }
 
 #[test]
 fn vllm_integer_hashes_decode_exactly() {
-    assert_eq!(check_fixture("vllm-int-hashes-dp0"), 12);
+    assert_eq!(check_fixture("vllm-int-hashes-dp0"), (12, 1), "one LoRA event, indexed");
 }
 
 #[test]
 fn vllm_bin_hashes_decode_exactly() {
-    assert_eq!(check_fixture("vllm-bytes-hashes-dp1"), 12);
+    assert_eq!(check_fixture("vllm-bytes-hashes-dp1"), (12, 3), "three LoRA events, indexed");
+}
+
+/// Applies the fixture's messages to a stream index and, after each LoRA store with no parent
+/// (one with a parent may chain to a block stored before the recording began),
+/// matches its tokens: the adapter's query gets every block, the base model and another
+/// adapter none.
+#[test]
+fn vllm_lora_stores_are_indexed_in_their_adapters_namespace() {
+    let frames =
+        std::fs::read_to_string(fixture_dir().join("vllm-bytes-hashes-dp1.frames.jsonl")).unwrap();
+    let config = IndexConfig { block_size: 16, hash_seed: 1024, salt: 0, max_blocks: 1 << 16 };
+    let mut index = StreamIndex::new(config);
+    let mut batch = Batch::default();
+    let mut checked = 0;
+    for (i, line) in frames.lines().filter(|l| !l.trim().is_empty()).enumerate() {
+        let msg: Value = serde_json::from_str(line).unwrap();
+        let parts: Vec<Vec<u8>> = ["topic_hex", "seq_hex", "payload_hex"]
+            .iter()
+            .map(|k| unhex(msg[*k].as_str().unwrap()))
+            .collect();
+        let seq = decode_live(&parts, TOPIC, 8 << 20, &mut batch).unwrap();
+        if i == 0 {
+            index.install_snapshot(index.snapshot_builder(), seq);
+        }
+        if index.apply(seq, &batch).is_err() {
+            // A parent stored before the recording began: resynchronize, as the service
+            // would, here from an empty snapshot, and go on with the next message.
+            index.install_snapshot(index.snapshot_builder(), seq + 1);
+            continue;
+        }
+        index.publish();
+        let view = index.reader().handle();
+        for e in &batch.events {
+            let Event::Stored(s) = e else { continue };
+            if s.lora == 0 || s.parent.is_some() {
+                continue;
+            }
+            let tokens = batch.tokens(s.tokens);
+            let matched = |ns: Namespace| {
+                let mut keys = Vec::new();
+                KeyHasher::new(16, ns.seed(1024)).prefix_keys(tokens, &mut keys);
+                view.match_prefix(&keys).reusable_prefix_tokens()
+            };
+            let adapter =
+                |name: &str| Namespace { lora: Namespace::lora_name(name.as_bytes()), salt: 0 };
+            assert_eq!(matched(adapter("adapter-a")), tokens.len() as u64, "message {i}");
+            assert_eq!(matched(adapter("adapter-b")), 0, "message {i}");
+            assert_eq!(matched(Namespace::default()), 0, "message {i}: base model");
+            checked += 1;
+        }
+    }
+    assert!(checked > 0, "no root LoRA store was applied, so nothing was checked");
 }

@@ -1,6 +1,7 @@
 //! Decoding rules of contract.md section 2: every accepted batch and event dialect, hash
 //! canonicalisation, medium mapping, skipped events, and errors that name field and value.
 
+use kvdir::index::Namespace;
 use kvdir::wire::msgpack::Writer;
 use kvdir::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord, WireHash};
 use kvdir::wire::{decode_batch, encode_batch, Batch, EngineHash, Event, Tier, WireError};
@@ -142,7 +143,7 @@ fn bin_hashes_outside_1_to_64_bytes_are_errors_naming_the_field() {
 }
 
 #[test]
-fn out_of_scope_events_are_skipped_and_counted() {
+fn out_of_scope_events_are_skipped_and_counted_and_lora_events_are_namespaced() {
     let mut lora = stored(vec![WireHash::Uint(5)], None, Tier::Device);
     lora.lora_id = Some(3);
     let mut named = stored(vec![WireHash::Uint(6)], None, Tier::Device);
@@ -170,17 +171,20 @@ fn out_of_scope_events_are_skipped_and_counted() {
         ],
         dp_rank: Some(0),
     };
+    let want_lora = [Namespace::lora_id(3), Namespace::lora_name(b"adapter")];
     for ev in [EventForm::Map, EventForm::Positional] {
         let b = decode(&encode_batch(&rec, BatchForm::Array, ev)).unwrap();
-        assert_eq!(b.events.len(), 4, "{ev:?}: three out of scope, one with an empty lora_name");
-        for (i, h) in [5, 6, 7].into_iter().enumerate() {
-            let Event::OutOfScope { hashes, .. } = b.events[i] else { panic!("out of scope") };
-            assert_eq!(b.hashes(hashes), [EngineHash(h)], "only the hash is kept");
+        assert_eq!(b.events.len(), 4, "{ev:?}: two LoRA stores, one out of scope, one base");
+        for (i, (h, lora)) in [(5, want_lora[0]), (6, want_lora[1])].into_iter().enumerate() {
+            let Event::Stored(s) = b.events[i] else { panic!("a LoRA store is indexed") };
+            assert_eq!((b.hashes(s.hashes), s.lora), (&[EngineHash(h)][..], lora));
         }
+        let Event::OutOfScope { hashes, .. } = b.events[2] else { panic!("out of scope") };
+        assert_eq!(b.hashes(hashes), [EngineHash(7)], "only the hash is kept");
         let Event::Stored(s) = b.events[3] else { panic!("store expected") };
-        assert_eq!(b.hashes(s.hashes), [EngineHash(8)]);
+        assert_eq!((b.hashes(s.hashes), s.lora), (&[EngineHash(8)][..], 0), "empty name: base");
         assert_eq!(b.tokens(s.tokens), [0, 1], "skipped events leave no tokens behind");
-        assert_eq!(b.skipped.lora_or_multimodal, 3);
+        assert_eq!(b.skipped.lora_or_multimodal, 1);
         assert_eq!(b.skipped.unknown_type, 1);
         assert_eq!(b.skipped.out_of_scope_medium, 3);
     }

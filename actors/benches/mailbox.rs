@@ -104,7 +104,7 @@ fn router_indexes(snapshot: &Batch) -> (Indexes, Vec<StreamWriter>) {
             let label = StreamLabel {
                 instance_name: format!("inst-{:02}", i / 8),
                 dp_rank: (i % 8) as u32,
-                identity: None,
+                ..StreamLabel::default()
             };
             let mut w = indexes.add_stream(IndexConfig::default(), label).expect("a free slot");
             w.load_snapshot(snapshot, 0).expect("router snapshot applies");

@@ -144,6 +144,8 @@ impl Demo {
                     replay_endpoint: ep.replay,
                     topic: e.config().topic.clone(),
                     hash_seed: 1024,
+                    model: String::new(),
+                    salt: String::new(),
                 };
                 streams.push((spec, Some(id.clone())));
             }

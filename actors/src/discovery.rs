@@ -20,7 +20,7 @@ use kvdir::registry::{
 use serde::Serialize;
 
 use crate::router_actor::{InstanceInfo, SetCandidates, StreamKey};
-use crate::streams::StreamSet;
+use crate::streams::{StreamSet, StreamSource};
 
 /// A full listing of the registry keys at `revision`.
 #[derive(Message)]
@@ -272,7 +272,8 @@ async fn apply_plan(set: &StreamSet, desired: Vec<PlannedStream>) {
             (StreamKey { instance_name: p.spec.instance_name.clone(), dp_rank: p.spec.dp_rank }, p)
         })
         .collect();
-    for key in set.keys() {
+    // Streams from `POST /register` are not discovery's to stop.
+    for key in set.keys_from(StreamSource::Discovery) {
         let keep = match (set.get(&key), want.get(&key)) {
             (Some(run), Some(p)) => p.is_running_as(&run.spec, run.identity.as_ref()),
             _ => false,
@@ -285,7 +286,7 @@ async fn apply_plan(set: &StreamSet, desired: Vec<PlannedStream>) {
     for (key, p) in want {
         if set.get(&key).is_none() {
             tracing::info!(instance = %key.instance_name, dp = key.dp_rank, endpoint = %p.spec.endpoint, "starting stream");
-            if let Err(e) = set.start(p.spec, Some(p.identity)) {
+            if let Err(e) = set.start(p.spec, Some(p.identity), StreamSource::Discovery) {
                 tracing::error!(instance = %key.instance_name, dp = key.dp_rank, error = %e, "cannot start stream");
             }
         }

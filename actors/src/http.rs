@@ -2,7 +2,7 @@
 //!
 //! Routes: `POST /v1/internal/kv-cache/query`, `GET /v1/internal/streams`,
 //! `POST /v1/internal/route`, `GET /v1/internal/route/recent`, `POST /v1/internal/heartbeat`,
-//! `GET /v1/internal/instances`, `GET /health`, `GET /metrics` (Prometheus text; like `/health`,
+//! `GET /v1/internal/instances`, the indexer API ([`crate::indexer_api`]), `GET /health`, `GET /metrics` (Prometheus text; like `/health`,
 //! it needs no token), and `GET /`, the status page ([`crate::status_page`]; static, served
 //! without a token: its script sends the token).
 //! Internal routes need `X-Internal-Token` when a token is configured; it is compared in
@@ -15,7 +15,7 @@ use actix::Addr;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use futures_util::StreamExt;
-use kvdir::query::parse_query;
+use kvdir::query::{parse_scoped_query, QueryScope};
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 use thiserror::Error;
@@ -26,7 +26,7 @@ use crate::indexes::Indexes;
 use crate::metrics::{self, Endpoint, ServiceMetrics, StreamSample};
 use crate::router_actor::{GetRecentRoutes, RouteRequest, RouterActor};
 use crate::stream_actor::{GetStreamReport, StreamReport};
-use crate::streams::StreamMap;
+use crate::streams::{StreamMap, StreamSet};
 
 /// What the handlers share.
 pub struct AppState {
@@ -36,6 +36,8 @@ pub struct AppState {
     pub indexes: Arc<Indexes>,
     /// Every running stream.
     pub streams: StreamMap,
+    /// Starts and stops streams (`POST /register`, `POST /unregister`).
+    pub set: StreamSet,
     /// Discovery, when configured.
     pub discovery: Option<Addr<DiscoveryActor>>,
     /// Required `X-Internal-Token`, if any.
@@ -74,6 +76,12 @@ pub enum ApiError {
     /// No such route.
     #[error("no route for {0}; see the README's HTTP API table")]
     NotFound(String),
+    /// No such stream (`POST /unregister`).
+    #[error("{0}")]
+    UnknownStream(String),
+    /// A route kvdir knows but does not implement, with the reason.
+    #[error("{0}")]
+    NotImplemented(String),
 }
 
 #[derive(Serialize)]
@@ -91,7 +99,8 @@ impl ApiError {
             ApiError::Conflict(_) => "conflict",
             ApiError::NoCandidate(_) => "no_candidate",
             ApiError::Unavailable(_) => "unavailable",
-            ApiError::NotFound(_) => "not_found",
+            ApiError::NotFound(_) | ApiError::UnknownStream(_) => "not_found",
+            ApiError::NotImplemented(_) => "not_implemented",
         }
     }
 }
@@ -104,7 +113,8 @@ impl ResponseError for ApiError {
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Unavailable(_) | ApiError::NoCandidate(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::NotFound(_) | ApiError::UnknownStream(_) => StatusCode::NOT_FOUND,
+            ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
         }
     }
 
@@ -152,6 +162,7 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/v1/internal/instances", web::get().to(instances))
         .route("/v1/internal/route/recent", web::get().to(recent_routes))
         .route("/", web::get().to(crate::status_page::page))
+        .configure(crate::indexer_api::routes)
         .configure(crate::frontdoor::routes)
         .default_service(web::to(not_found));
 }
@@ -164,7 +175,7 @@ async fn not_found(req: HttpRequest) -> Result<HttpResponse, ApiError> {
     Err(ApiError::NotFound(format!("{} {}", req.method(), req.path())))
 }
 
-fn authorize(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
+pub(crate) fn authorize(req: &HttpRequest, state: &AppState) -> Result<(), ApiError> {
     let Some(expected) = &state.token else { return Ok(()) };
     let given = req.headers().get("X-Internal-Token").map(|v| v.as_bytes()).unwrap_or_default();
     if bool::from(given.ct_eq(expected.as_bytes())) {
@@ -199,19 +210,21 @@ pub(crate) async fn read_body(
     Ok(body)
 }
 
-/// The checks shared by the query and route endpoints: token, body limit, strict token ids.
-async fn read_tokens(
+/// The checks shared by the query and route endpoints: token, body limit, strict token ids;
+/// and the query's scope (model, namespace, ...).
+pub(crate) async fn read_tokens(
     req: &HttpRequest,
     payload: web::Payload,
     state: &AppState,
-) -> Result<Vec<i32>, ApiError> {
+) -> Result<(Vec<i32>, QueryScope), ApiError> {
     authorize(req, state)?;
     let body = read_body(payload, req, state.max_request_bytes).await?;
-    parse_query(&body, state.max_query_tokens).map_err(|e| ApiError::BadRequest(e.to_string()))
+    parse_scoped_query(&body, state.max_query_tokens)
+        .map_err(|e| ApiError::BadRequest(e.to_string()))
 }
 
 /// Records a request's latency and, if it failed, its error reason.
-fn observed<T>(
+pub(crate) fn observed<T>(
     state: &AppState,
     endpoint: Endpoint,
     started: Instant,
@@ -229,8 +242,8 @@ async fn query(
 ) -> Result<HttpResponse, ApiError> {
     let started = Instant::now();
     let result = async {
-        let tokens = read_tokens(&req, payload, &state).await?;
-        Ok(state.indexes.query(&tokens))
+        let (tokens, scope) = read_tokens(&req, payload, &state).await?;
+        Ok(state.indexes.query_in(&tokens, &scope))
     };
     let response = observed(&state, Endpoint::Query, started, result.await)?;
     Ok(HttpResponse::Ok().json(response))
@@ -243,8 +256,8 @@ async fn route_request(
 ) -> Result<HttpResponse, ApiError> {
     let started = Instant::now();
     let result = async {
-        let tokens = read_tokens(&req, payload, &state).await?;
-        let hits = state.indexes.read(&tokens);
+        let (tokens, scope) = read_tokens(&req, payload, &state).await?;
+        let hits = state.indexes.read_in(&tokens, &scope);
         let routed = state.router.send(RouteRequest { input_tokens: tokens.len(), hits }).await?;
         routed.map_err(|e| ApiError::NoCandidate(e.to_string()))
     };
@@ -265,12 +278,16 @@ async fn stream_reports(
     state: &AppState,
 ) -> Result<Vec<(StreamReport, Arc<metrics::StreamCounters>)>, ApiError> {
     let running: Vec<_> = match state.streams.read() {
-        Ok(m) => m.values().map(|r| (r.stream.clone(), Arc::clone(&r.counters))).collect(),
+        Ok(m) => m
+            .values()
+            .map(|r| (r.stream.clone(), Arc::clone(&r.counters), r.source.as_str()))
+            .collect(),
         Err(_) => Vec::new(),
     };
     let mut reports = Vec::with_capacity(running.len());
-    for (s, counters) in running {
-        reports.push((s.send(GetStreamReport).await?, counters));
+    for (s, counters, source) in running {
+        let report = StreamReport { source, ..s.send(GetStreamReport).await? };
+        reports.push((report, counters));
     }
     reports.sort_by(|(a, _), (b, _)| {
         (&a.instance_name, a.dp_rank).cmp(&(&b.instance_name, b.dp_rank))

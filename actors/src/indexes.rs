@@ -20,7 +20,7 @@ use kvdir::index::{
     IndexConfig, SharedError, SharedHandle, SharedIndex, SlotRead, StreamLabel, StreamWriter,
     MAX_STREAMS,
 };
-use kvdir::query::{QueryResponse, StreamMatch};
+use kvdir::query::{QueryResponse, QueryScope, StreamMatch};
 use kvdir::registry::Identity;
 
 /// Ids of indexes, unique in the process (several services may share a thread in tests).
@@ -51,6 +51,8 @@ pub struct StreamHit {
     pub matched: StreamMatch,
     /// The engine process (discovery only).
     pub identity: Option<Identity>,
+    /// The stream's tenant (registered streams; empty otherwise).
+    pub tenant: String,
 }
 
 impl Indexes {
@@ -91,15 +93,21 @@ impl Indexes {
 
     /// How much of `tokens` every stream holds, ordered by instance name then rank.
     pub fn read(&self, tokens: &[i32]) -> Vec<StreamHit> {
+        self.read_in(tokens, &QueryScope::default())
+    }
+
+    /// [`Self::read`] for the streams `scope` admits, with the query's keys in its namespace.
+    pub fn read_in(&self, tokens: &[i32], scope: &QueryScope) -> Vec<StreamHit> {
         let mut hits = Vec::new();
         let mut slots: Vec<SlotRead> = Vec::new();
         let groups = self.groups.read().unwrap_or_else(|e| e.into_inner());
-        for g in groups.iter() {
+        for g in groups.iter().filter(|g| scope.block_size.is_none_or(|b| b == g.block_size)) {
             let matches = HANDLES.with(|h| {
                 let mut h = h.borrow_mut();
                 let handle = h.entry(g.id).or_insert_with(|| g.index.reader().handle());
-                handle.query_streams(tokens, &mut slots)
+                handle.query_streams_in(scope.namespace, tokens, &mut slots)
             });
+            slots.retain(|s| scope.admits(&s.label, g.block_size));
             hits.extend(slots.drain(..).map(|s| {
                 let (device, host_only) = matches.tokens(s.slot);
                 StreamHit {
@@ -116,6 +124,7 @@ impl Indexes {
                         error: s.status.error.clone(),
                     },
                     identity: s.label.identity.clone(),
+                    tenant: s.label.tenant.clone(),
                 }
             }));
         }
@@ -128,7 +137,12 @@ impl Indexes {
 
     /// The query endpoint's answer for `tokens`.
     pub fn query(&self, tokens: &[i32]) -> QueryResponse {
-        let matches = self.read(tokens).into_iter().map(|h| h.matched).collect();
+        self.query_in(tokens, &QueryScope::default())
+    }
+
+    /// The query endpoint's answer for `tokens` within `scope`.
+    pub fn query_in(&self, tokens: &[i32], scope: &QueryScope) -> QueryResponse {
+        let matches = self.read_in(tokens, scope).into_iter().map(|h| h.matched).collect();
         QueryResponse { input_tokens: tokens.len(), matches }
     }
 }

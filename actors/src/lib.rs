@@ -23,6 +23,7 @@ pub mod faults;
 pub mod frontdoor;
 pub mod http;
 pub mod index_actor;
+pub mod indexer_api;
 pub mod indexes;
 pub mod metrics;
 pub mod router_actor;

@@ -19,7 +19,7 @@ use crate::frontdoor::{FrontDoor, FrontDoorSetupError};
 use crate::http::{routes, AppState};
 use crate::router_actor::RouterActor;
 use crate::stream_actor::WorkerThreads;
-use crate::streams::StreamSet;
+use crate::streams::{StreamSet, StreamSource};
 
 /// Arbiters (threads) shared by the index actors.
 const INDEX_ARBITERS: usize = 2;
@@ -209,7 +209,7 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
         limits.clone(),
     );
     for (spec, identity) in specs {
-        set.start(spec, identity).map_err(|e| {
+        set.start(spec, identity, StreamSource::Static).map_err(|e| {
             tracing::error!(error = %e, "cannot start stream");
             StartError::Died
         })?;
@@ -230,6 +230,7 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
         router: router.clone(),
         indexes: set.indexes(),
         streams,
+        set: set.clone(),
         discovery,
         token: flags.internal_api_token.clone(),
         max_request_bytes: flags.max_request_bytes,

@@ -52,6 +52,11 @@ pub struct StreamReport {
     pub instance_name: String,
     /// DP rank.
     pub dp_rank: u32,
+    /// Where the stream comes from: `static`, `discovery` or `register` (set by the HTTP
+    /// layer from the stream set).
+    pub source: &'static str,
+    /// The model it serves; empty: unnamed.
+    pub model: String,
     /// Live endpoint.
     pub endpoint: String,
     /// Snapshot endpoint.
@@ -74,8 +79,9 @@ pub struct StreamReport {
     pub snapshot_bytes: u64,
     /// Live batches dropped while waiting to retry.
     pub dropped_batches: u64,
-    /// Events skipped as out of scope: by the decoder (unknown types, media, LoRA and
-    /// multimodal context) and by the index (stores chaining to or replicating those blocks).
+    /// Events skipped as out of scope: by the decoder (unknown types, media, multimodal or
+    /// salt context; LoRA events are indexed in their adapter's namespace) and by the index
+    /// (stores chaining to or replicating those blocks).
     pub skipped_events: u64,
     /// Worker restarts by the supervisor.
     pub restarts: u64,
@@ -249,6 +255,8 @@ impl Handler<GetStreamReport> for StreamActor {
         MessageResult(StreamReport {
             instance_name: self.spec.instance_name.clone(),
             dp_rank: self.spec.dp_rank,
+            source: "",
+            model: self.spec.model.clone(),
             endpoint: self.spec.endpoint.clone(),
             replay_endpoint: self.spec.replay_endpoint.clone(),
             phase: if s.phase.is_empty() { "disconnected" } else { s.phase },

@@ -12,8 +12,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use actix::prelude::*;
-use kvdir::config::{Limits, StreamSpec};
+use kvdir::config::{canonical_endpoint, Limits, StreamSpec};
 use kvdir::index::{SharedError, StreamLabel};
+use kvdir::indexer::Registration;
 use kvdir::registry::Identity;
 use thiserror::Error;
 
@@ -29,6 +30,60 @@ pub enum StartStreamError {
     /// The stream could not join its shared index.
     #[error(transparent)]
     Index(#[from] SharedError),
+    /// A stream of that instance and rank runs already.
+    #[error(
+        "instance {instance:?} dp_rank {dp_rank} already has a stream ({origin}); \
+         unregister it first or use another instance_id"
+    )]
+    Duplicate {
+        /// The instance.
+        instance: String,
+        /// The rank.
+        dp_rank: u32,
+        /// Where the running one comes from.
+        origin: &'static str,
+    },
+    /// An endpoint is already used by another stream.
+    #[error(
+        "{endpoint:?} is already a live or replay endpoint of instance {instance:?} dp_rank \
+         {dp_rank}; every stream needs its own sockets"
+    )]
+    Overlap {
+        /// The endpoint asked for.
+        endpoint: String,
+        /// The stream using it.
+        instance: String,
+        /// Its rank.
+        dp_rank: u32,
+    },
+    /// `max_streams` streams run already.
+    #[error("{running} streams run already, the max_streams limit; raise max_streams (at most 128) or unregister one")]
+    Capacity {
+        /// Streams running.
+        running: usize,
+    },
+}
+
+/// Where a stream comes from, as `/v1/internal/streams` shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamSource {
+    /// The `streams` list of the config file (or the demo).
+    Static,
+    /// Discovery from etcd.
+    Discovery,
+    /// `POST /register` (the indexer API).
+    Register,
+}
+
+impl StreamSource {
+    /// The name in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamSource::Static => "static",
+            StreamSource::Discovery => "discovery",
+            StreamSource::Register => "register",
+        }
+    }
 }
 
 /// A running stream.
@@ -38,6 +93,10 @@ pub struct RunningStream {
     pub spec: StreamSpec,
     /// The process it was started for (discovery), if any.
     pub identity: Option<Identity>,
+    /// Where it comes from.
+    pub source: StreamSource,
+    /// Its tenant (registered streams; empty otherwise).
+    pub tenant: String,
     /// The subscription.
     pub stream: Addr<StreamActor>,
     /// Its counters for `/metrics`.
@@ -58,6 +117,8 @@ pub struct StreamSet {
     limits: Limits,
     map: StreamMap,
     threads: WorkerThreads,
+    /// Held while a registration is checked and started, so two cannot both pass the checks.
+    registering: Arc<std::sync::Mutex<()>>,
 }
 
 impl StreamSet {
@@ -66,7 +127,8 @@ impl StreamSet {
         let (zmq, map, threads) =
             (zmq::Context::new(), StreamMap::default(), WorkerThreads::default());
         let indexes = Arc::default();
-        StreamSet { router, indexes, arbiters, zmq, limits, map, threads }
+        let registering = Arc::default();
+        StreamSet { router, indexes, arbiters, zmq, limits, map, threads, registering }
     }
 
     /// The shared indexes the streams write to and queries read.
@@ -94,6 +156,55 @@ impl StreamSet {
         self.map.read().map(|m| m.keys().cloned().collect()).unwrap_or_default()
     }
 
+    /// Keys of the running streams from `source`.
+    pub fn keys_from(&self, source: StreamSource) -> Vec<StreamKey> {
+        let from = |m: &BTreeMap<StreamKey, RunningStream>| {
+            m.iter().filter(|(_, r)| r.source == source).map(|(k, _)| k.clone()).collect()
+        };
+        self.map.read().map(|m| from(&m)).unwrap_or_default()
+    }
+
+    /// Starts a registered stream after the checks every stream passes: no stream of the same
+    /// instance and rank, no endpoint shared with another stream, at most `max_streams`.
+    pub fn register(&self, reg: Registration) -> Result<(), StartStreamError> {
+        let _one_at_a_time = self.registering.lock().unwrap_or_else(|e| e.into_inner());
+        self.check_new(&reg.spec)?;
+        self.start_as(reg.spec, None, StreamSource::Register, reg.tenant)
+    }
+
+    fn check_new(&self, spec: &StreamSpec) -> Result<(), StartStreamError> {
+        let map = self.map.read().unwrap_or_else(|e| e.into_inner());
+        let key = StreamKey { instance_name: spec.instance_name.clone(), dp_rank: spec.dp_rank };
+        if let Some(run) = map.get(&key) {
+            let (instance, dp_rank) = (key.instance_name, key.dp_rank);
+            let origin = run.source.as_str();
+            return Err(StartStreamError::Duplicate { instance, dp_rank, origin });
+        }
+        let socket = |ep: &str| canonical_endpoint(ep).unwrap_or_else(|| ep.to_string());
+        let mine = [socket(&spec.endpoint), socket(&spec.replay_endpoint)];
+        if mine[0] == mine[1] {
+            let (instance, dp_rank) = (key.instance_name, key.dp_rank);
+            return Err(StartStreamError::Overlap {
+                endpoint: spec.endpoint.clone(),
+                instance,
+                dp_rank,
+            });
+        }
+        for (k, run) in map.iter() {
+            for ep in [&run.spec.endpoint, &run.spec.replay_endpoint] {
+                if let Some(i) = mine.iter().position(|m| *m == socket(ep)) {
+                    let endpoint = [&spec.endpoint, &spec.replay_endpoint][i].clone();
+                    let (instance, dp_rank) = (k.instance_name.clone(), k.dp_rank);
+                    return Err(StartStreamError::Overlap { endpoint, instance, dp_rank });
+                }
+            }
+        }
+        if map.len() >= self.limits.max_streams {
+            return Err(StartStreamError::Capacity { running: map.len() });
+        }
+        Ok(())
+    }
+
     /// The running stream for `key`.
     pub fn get(&self, key: &StreamKey) -> Option<RunningStream> {
         self.map.read().ok().and_then(|m| m.get(key).cloned())
@@ -104,6 +215,17 @@ impl StreamSet {
         &self,
         spec: StreamSpec,
         identity: Option<Identity>,
+        source: StreamSource,
+    ) -> Result<(), StartStreamError> {
+        self.start_as(spec, identity, source, String::new())
+    }
+
+    fn start_as(
+        &self,
+        spec: StreamSpec,
+        identity: Option<Identity>,
+        source: StreamSource,
+        tenant: String,
     ) -> Result<(), StartStreamError> {
         let key = StreamKey { instance_name: spec.instance_name.clone(), dp_rank: spec.dp_rank };
         let n = self.map.read().map(|m| m.len()).unwrap_or(0);
@@ -112,6 +234,8 @@ impl StreamSet {
             instance_name: spec.instance_name.clone(),
             dp_rank: spec.dp_rank,
             identity: identity.clone(),
+            model: spec.model.clone(),
+            tenant: tenant.clone(),
         };
         let writer = self.indexes.add_stream(spec.index_config(&self.limits), label)?;
         let shared = Arc::new(StreamShared::new(&spec.instance_name, spec.dp_rank, writer));
@@ -125,7 +249,8 @@ impl StreamSet {
             StreamActor::new(s, limits, idx, shared, zmq, threads)
         });
         if let Ok(mut m) = self.map.write() {
-            m.insert(key, RunningStream { spec, identity, stream, counters, index });
+            let run = RunningStream { spec, identity, source, tenant, stream, counters, index };
+            m.insert(key, run);
         }
         Ok(())
     }

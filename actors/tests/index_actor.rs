@@ -18,7 +18,7 @@ fn stored(h: u128, tokens: [i32; 2]) -> Batch {
 
 #[actix_rt::test]
 async fn invalidate_ends_credit_and_shutdown_removes_the_stream() {
-    let config = IndexConfig { block_size: 2, hash_seed: 1024, max_blocks: 100 };
+    let config = IndexConfig { block_size: 2, hash_seed: 1024, salt: 0, max_blocks: 100 };
     let index = SharedIndex::new(config.block_size, config.hash_seed, 1);
     let shared = Arc::new(StreamShared::new("a", 0, index.add_stream(config).unwrap()));
     let slot = shared.with_writer(|w| {

@@ -38,6 +38,7 @@ const STREAM: &[&str] = &[
     "replay_endpoint",
     "topic",
     "hash_seed",
+    "model",
 ];
 
 /// Largest block size accepted; engines use 16..=512.
@@ -145,6 +146,8 @@ fn parse_stream(i: usize, v: &Value, errors: &mut Vec<String>) -> Option<StreamS
         replay_endpoint: f.required_string("replay_endpoint", hint),
         topic: f.string("topic", ""),
         hash_seed: f.int("hash_seed", 1024, 0, u64::MAX),
+        model: f.string("model", ""),
+        salt: String::new(),
     };
     for (key, ep) in [("endpoint", &spec.endpoint), ("replay_endpoint", &spec.replay_endpoint)] {
         if !ep.is_empty() {

@@ -99,6 +99,11 @@ pub struct StreamSpec {
     pub topic: String,
     /// Content-key seed.
     pub hash_seed: u64,
+    /// The model the engine serves; empty: unnamed, answers queries for any model.
+    pub model: String,
+    /// The stream's salt (`additionalsalt` of `POST /register`); empty: none. Its blocks are
+    /// keyed in that salt's namespace (contract.md section 1.1).
+    pub salt: String,
 }
 
 impl StreamSpec {
@@ -107,6 +112,7 @@ impl StreamSpec {
         IndexConfig {
             block_size: self.block_size,
             hash_seed: self.hash_seed,
+            salt: crate::index::Namespace::salt(self.salt.as_bytes()),
             max_blocks: limits.max_blocks_per_stream,
         }
     }

@@ -6,7 +6,7 @@
 //! collected in order and handed to a [`Sink`], which is either the live view's operation log or
 //! a map built aside.
 //!
-//! Blocks outside the index's scope ([`Event::OutOfScope`]: LoRA, multimodal or salted context)
+//! Blocks outside the index's scope ([`Event::OutOfScope`]: multimodal or salted context)
 //! are remembered by engine hash with the [`OUT_OF_SCOPE`] flag, on their tiers, and never reach
 //! the view. A store whose parent is one of them, and a tokenless replica of one, is out of scope
 //! too (vLLM marks only the blocks that carry the context; the text blocks after them chain to
@@ -22,7 +22,8 @@
 use std::hint::black_box;
 
 use super::blocks::{bit, Block, Blocks, OUT_OF_SCOPE, TIER_BITS};
-use super::key::{ContentKey, KeyHasher};
+use super::key::ContentKey;
+use super::namespace::Keys;
 use super::view::{apply_changes, apply_to_map, Change, PresenceMap, ViewOp};
 use super::IndexError;
 use crate::wire::{Batch, EngineHash, Event, Stored, Tier};
@@ -46,7 +47,7 @@ pub struct ApplyStats {
     /// Block residencies removed.
     pub removed: u64,
     /// Removals naming a block this stream does not hold. They cannot grant false credit and
-    /// follow, for instance, LoRA blocks whose stores were skipped, so they are only counted.
+    /// follow, for instance, multimodal blocks whose stores were skipped, so they are only counted.
     pub unknown_removals: u64,
     /// Snapshot blocks skipped because their parent is absent from the snapshot.
     pub orphans: u64,
@@ -98,9 +99,10 @@ pub(crate) struct Table {
     pub host: u64,
 }
 
-/// The fixed inputs of applying: the stream's block size, hasher and limit.
+/// The fixed inputs of applying: the stream's block size, hashers (one per namespace: a LoRA
+/// store is keyed in its adapter's, contract.md section 1.1) and limit.
 pub(crate) struct Ctx<'a> {
-    pub hasher: &'a mut KeyHasher,
+    pub hasher: &'a mut Keys,
     pub max_blocks: usize,
     pub mode: Mode,
 }
@@ -215,7 +217,7 @@ impl Table {
             if i > 0 && i % AHEAD == 0 {
                 self.touch(&hashes[i..hashes.len().min(i + AHEAD)]);
             }
-            let key = ctx.hasher.chain(prev, block);
+            let key = ctx.hasher.hasher(s.lora).chain(prev, block);
             self.store(*h, key, s.tier, ctx.max_blocks, out, stats)?;
             prev = Some(key);
         }

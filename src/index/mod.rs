@@ -20,11 +20,13 @@ mod apply;
 mod blocks;
 mod flat;
 mod key;
+mod namespace;
 mod shared;
 mod stream;
 mod view;
 
 pub use key::{ContentKey, KeyHasher};
+pub use namespace::{Keys, Namespace};
 pub use shared::{
     SharedError, SharedHandle, SharedIndex, SharedMatches, SharedReader, SharedSnapshot, SlotRead,
     StreamLabel, StreamWriter, MAX_STREAMS,

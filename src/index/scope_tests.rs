@@ -169,7 +169,8 @@ fn a_full_state_batch_may_hold_out_of_scope_blocks() {
         store(&[2], Some(1), &[], Tier::Device),
     ]);
     assert!(full.is_full_state());
-    let mut idx = StreamIndex::new(IndexConfig { block_size: B, hash_seed: 1024, max_blocks: 10 });
+    let mut idx =
+        StreamIndex::new(IndexConfig { block_size: B, hash_seed: 1024, salt: 0, max_blocks: 10 });
     let stats = idx.apply(0, &full).unwrap();
     assert_eq!(stats.out_of_scope, 1);
     assert!(idx.is_synchronized());
@@ -200,7 +201,30 @@ fn the_decoder_splits_a_store_at_its_first_marked_block() {
         StoredRecord::new(vec![1u64.into(), 2u64.into()], None, vec![1, 2, 3, 4], B, Tier::Device);
     lora.lora_name = Some("adapter".into());
     let lora = batch(vec![EventRecord::Stored(lora)]);
-    assert_eq!(shape(&lora), [(false, hs(&[1, 2]), 0)], "LoRA covers every block");
+    assert_eq!(shape(&lora), [(true, hs(&[1, 2]), 4)], "LoRA blocks are indexed");
+    assert!(
+        matches!(lora.events[0], Event::Stored(s) if s.lora == crate::index::Namespace::lora_name(b"adapter")),
+        "in the adapter's namespace"
+    );
+    assert_eq!(lora.skipped.lora_or_multimodal, 0);
+    let mut named =
+        StoredRecord::new(vec![1u64.into(), 2u64.into()], None, vec![1, 2, 3, 4], B, Tier::Device);
+    named.lora_name = Some("adapter".into());
+    named.extra_keys = vec![Some("adapter".into()), Some("adapter".into())];
+    let named = batch(vec![EventRecord::Stored(named)]);
+    assert_eq!(
+        shape(&named),
+        [(true, hs(&[1, 2]), 4)],
+        "extra_keys repeating the adapter mark nothing"
+    );
+    let mut by_id =
+        StoredRecord::new(vec![1u64.into(), 2u64.into()], None, vec![1, 2, 3, 4], B, Tier::Device);
+    by_id.lora_id = Some(3);
+    let by_id = batch(vec![EventRecord::Stored(by_id)]);
+    assert!(
+        matches!(by_id.events[0], Event::Stored(s) if s.lora == crate::index::Namespace::lora_id(3)),
+        "an id without a name is the namespace"
+    );
     let mut odd =
         StoredRecord::new(vec![1u64.into(), 2u64.into()], None, vec![1, 2, 3], B, Tier::Device);
     odd.extra_keys = vec![None, IMAGE.map(str::to_string)];

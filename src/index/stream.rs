@@ -11,7 +11,7 @@ use std::sync::Arc;
 use left_right::WriteHandle;
 
 use super::apply::{Ctx, Mode, Table};
-use super::key::KeyHasher;
+use super::namespace::Keys;
 use super::view::{Change, IndexReader, PresenceMap, StreamStatus, ViewData, ViewOp};
 use super::IndexError;
 use crate::wire::Batch;
@@ -25,13 +25,16 @@ pub struct IndexConfig {
     pub block_size: u32,
     /// Seed of the content keys (`hash_seed`, default 1024).
     pub hash_seed: u64,
+    /// The stream's salt tag ([`super::Namespace::salt`]; 0 = none): every block it stores is
+    /// keyed in that salt's namespace (contract.md section 1.1).
+    pub salt: u64,
     /// `max_blocks_per_stream`: engine blocks held, each with its content entry and hash mapping.
     pub max_blocks: usize,
 }
 
 impl Default for IndexConfig {
     fn default() -> Self {
-        IndexConfig { block_size: 128, hash_seed: 1024, max_blocks: 262_144 }
+        IndexConfig { block_size: 128, hash_seed: 1024, salt: 0, max_blocks: 262_144 }
     }
 }
 
@@ -44,7 +47,7 @@ enum SyncState {
 /// The writer side of one stream's index.
 pub struct StreamIndex {
     config: IndexConfig,
-    hasher: KeyHasher,
+    hasher: Keys,
     table: Table,
     sync: SyncState,
     sequence: Option<u64>,
@@ -88,7 +91,7 @@ impl StreamIndex {
         };
         let mut index = StreamIndex {
             config,
-            hasher: KeyHasher::new(config.block_size, config.hash_seed),
+            hasher: Keys::new(config.block_size, config.hash_seed, config.salt),
             table: Table::with_capacity(0, config.max_blocks),
             sync: SyncState::Unsynchronized("waiting for the first snapshot".into()),
             sequence: None,
@@ -204,7 +207,7 @@ impl StreamIndex {
 /// A snapshot being built aside from the live view, one reply message at a time.
 #[derive(Debug)]
 pub struct SnapshotBuilder {
-    hasher: KeyHasher,
+    hasher: Keys,
     max_blocks: usize,
     table: Table,
     map: PresenceMap,
@@ -222,7 +225,7 @@ impl SnapshotBuilder {
     /// A hint only: the snapshot may hold more or fewer blocks.
     pub fn with_capacity(config: IndexConfig, blocks: usize) -> Self {
         SnapshotBuilder {
-            hasher: KeyHasher::new(config.block_size, config.hash_seed),
+            hasher: Keys::new(config.block_size, config.hash_seed, config.salt),
             max_blocks: config.max_blocks,
             table: Table::with_capacity(blocks, config.max_blocks),
             map: PresenceMap::with_capacity(blocks, config.max_blocks),

@@ -11,7 +11,8 @@ fn h(v: u128) -> EngineHash {
 
 /// A synchronized, empty stream index of [`B`]-token blocks and a reader of it.
 pub(super) fn index(max_blocks: usize) -> (StreamIndex, ViewHandle) {
-    let mut idx = StreamIndex::new(IndexConfig { block_size: B, hash_seed: 1024, max_blocks });
+    let mut idx =
+        StreamIndex::new(IndexConfig { block_size: B, hash_seed: 1024, salt: 0, max_blocks });
     idx.load_snapshot(&Batch::default(), 0).unwrap();
     idx.publish();
     let view = idx.reader().handle();

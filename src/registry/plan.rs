@@ -166,6 +166,8 @@ fn streams_for(
                 replay_endpoint: ep(d.replay_port_offset, rank),
                 topic: d.topic.clone(),
                 hash_seed: 1024,
+                model: String::new(),
+                salt: String::new(),
             },
             identity: r.identity.clone(),
             dp_size,

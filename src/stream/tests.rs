@@ -18,7 +18,7 @@ fn cfg() -> RecoveryConfig {
 }
 
 fn machine() -> Recovery {
-    Recovery::new(cfg(), IndexConfig { block_size: 2, hash_seed: 1024, max_blocks: 100 })
+    Recovery::new(cfg(), IndexConfig { block_size: 2, hash_seed: 1024, salt: 0, max_blocks: 100 })
 }
 
 fn batch() -> Batch {
@@ -204,7 +204,7 @@ fn a_refused_or_rejected_snapshot_fails() {
 #[test]
 fn a_snapshot_of_another_dp_rank_is_rejected() {
     let t0 = Instant::now();
-    let index = IndexConfig { block_size: 2, hash_seed: 1024, max_blocks: 100 };
+    let index = IndexConfig { block_size: 2, hash_seed: 1024, salt: 0, max_blocks: 100 };
     let mut m = Recovery::new(RecoveryConfig { dp_rank: 1, ..cfg() }, index);
     let mut out = Vec::new();
     m.on_connected(t0, &mut out);
@@ -234,7 +234,7 @@ fn the_buffer_budget_is_enforced() {
     let t0 = Instant::now();
     let mut m = Recovery::new(
         RecoveryConfig { max_buffered_bytes: 1000, ..cfg() },
-        IndexConfig { block_size: 2, hash_seed: 1024, max_blocks: 100 },
+        IndexConfig { block_size: 2, hash_seed: 1024, salt: 0, max_blocks: 100 },
     );
     let mut out = Vec::new();
     m.on_connected(t0, &mut out);

@@ -118,8 +118,11 @@ struct Fields<'a> {
     tokens: Option<Span>,
     block_size: Option<u32>,
     medium: Option<&'a [u8]>,
-    /// LoRA context (`lora_id` or `lora_name`): every block is out of scope.
-    lora: bool,
+    /// The adapter's namespace tag from `lora_name` (preferred) or `lora_id`; 0 = base model.
+    lora_name: u64,
+    lora_id: u64,
+    /// The adapter name as sent, to recognise `extra_keys` entries that only repeat it.
+    lora_bytes: Option<&'a [u8]>,
     /// The first block whose `extra_keys` entry is set (vLLM sends one entry per block).
     first_marked: Option<usize>,
 }
@@ -192,33 +195,41 @@ fn read_field<'a>(
         b"token_ids" => f.tokens = Some(read_tokens(r, batch)?),
         b"block_size" => f.block_size = Some(read_block_size(r)?),
         b"medium" => f.medium = if r.eat_nil()? { None } else { Some(r.str_bytes("medium")?) },
-        b"lora_id" => {
-            if !r.eat_nil()? {
-                r.skip()?;
-                f.lora = true;
-            }
+        b"lora_id" => f.lora_id = read_lora_id(r)?,
+        b"lora_name" => {
+            f.lora_bytes = read_lora_name(r)?;
+            f.lora_name = crate::index::Namespace::lora_name(f.lora_bytes.unwrap_or_default());
         }
-        b"lora_name" => f.lora |= non_empty(r)?,
-        b"extra_keys" => f.first_marked = first_marked(r)?,
+        b"extra_keys" => f.first_marked = first_marked(r, f.lora_bytes)?,
         _ => r.skip()?,
     }
     Ok(())
 }
 
-/// Whether an optional string field is set: nil and `""` are unset.
-fn non_empty(r: &mut Reader<'_>) -> Result<bool, WireError> {
+/// `lora_name`: nil and `""` are the base model.
+fn read_lora_name<'a>(r: &mut Reader<'a>) -> Result<Option<&'a [u8]>, WireError> {
     if r.eat_nil()? {
-        return Ok(false);
+        return Ok(None);
     }
-    let empty = r.peek()? == 0xa0;
-    r.skip()?;
-    Ok(!empty)
+    Ok(Some(r.str_bytes("lora_name")?).filter(|n| !n.is_empty()))
+}
+
+/// `lora_id`: nil is the base model; an integer is the adapter's id.
+fn read_lora_id(r: &mut Reader<'_>) -> Result<u64, WireError> {
+    if r.eat_nil()? {
+        return Ok(0);
+    }
+    Ok(match r.int("lora_id")? {
+        Int::U(v) => crate::index::Namespace::lora_id(v as i64),
+        Int::I(v) => crate::index::Namespace::lora_id(v),
+    })
 }
 
 /// The first block whose `extra_keys` entry is set (neither nil nor an empty tuple), or `None`
 /// when none is. vLLM sends one entry per block, set only on the blocks that carry multimodal,
-/// LoRA or salt context; a value that is not a list marks every block.
-fn first_marked(r: &mut Reader<'_>) -> Result<Option<usize>, WireError> {
+/// LoRA or salt context; a value that is not a list marks every block. An entry that only
+/// repeats the event's `lora_name` (`[name]`) is not a mark: the adapter is the namespace.
+fn first_marked(r: &mut Reader<'_>, lora: Option<&[u8]>) -> Result<Option<usize>, WireError> {
     if r.eat_nil()? {
         return Ok(None);
     }
@@ -231,13 +242,29 @@ fn first_marked(r: &mut Reader<'_>) -> Result<Option<usize>, WireError> {
         if r.eat_nil()? {
             continue;
         }
-        let empty = r.peek()? == 0x90;
-        r.skip()?;
+        let empty = r.peek()? == 0x90 || (r.peek()? == 0x91 && only_names(r, lora)?);
+        if !empty {
+            r.skip()?;
+        }
         if !empty && first.is_none() {
             first = Some(i);
         }
     }
     Ok(first)
+}
+
+/// Reads a one-element entry `[lora_name]` and says whether it is exactly that; any other
+/// entry is left unread.
+fn only_names(r: &mut Reader<'_>, lora: Option<&[u8]>) -> Result<bool, WireError> {
+    let Some(name) = lora else { return Ok(false) };
+    let mut probe = r.clone();
+    probe.array_len("extra_keys")?;
+    if !matches!(probe.peek()?, 0xa0..=0xbf | 0xd9..=0xdb) || probe.str_bytes("extra_keys")? != name
+    {
+        return Ok(false);
+    }
+    *r = probe;
+    Ok(true)
 }
 
 fn read_hash(r: &mut Reader<'_>, field: &'static str) -> Result<EngineHash, WireError> {
@@ -334,7 +361,7 @@ fn finish_event(
     Ok(())
 }
 
-/// A `BlockStored`, in scope or not. LoRA context puts every block out of scope; `extra_keys`
+/// A `BlockStored`, in scope or not. LoRA context is the blocks' namespace; `extra_keys`
 /// puts the first marked block and every block after it (they chain to it) out of scope, and
 /// the blocks before it stay in scope when the tokens split there. Out-of-scope blocks keep
 /// only their hashes ([`Event::OutOfScope`]); the event counts once as skipped.
@@ -343,7 +370,8 @@ fn finish_stored(f: &Fields<'_>, batch: &mut Batch, marks: (u32, u32)) -> Result
     let tokens = f.tokens.ok_or(missing("BlockStored", "token_ids"))?;
     let block_size = f.block_size.ok_or(missing("BlockStored", "block_size"))?;
     let n = hashes.len;
-    let marked = if f.lora { Some(0) } else { f.first_marked.filter(|&k| k < n as usize) };
+    let lora = if f.lora_name != 0 { f.lora_name } else { f.lora_id };
+    let marked = f.first_marked.filter(|&k| k < n as usize);
     let Some(tier) = Tier::from_medium(f.medium) else {
         match marked {
             Some(_) => batch.skipped.lora_or_multimodal += 1,
@@ -353,7 +381,7 @@ fn finish_stored(f: &Fields<'_>, batch: &mut Batch, marks: (u32, u32)) -> Result
         return Ok(());
     };
     let stored = |hashes, tokens| {
-        Event::Stored(Stored { hashes, parent: f.parent, tokens, block_size, tier })
+        Event::Stored(Stored { hashes, parent: f.parent, tokens, block_size, tier, lora })
     };
     let Some(k) = marked else {
         batch.events.push(stored(hashes, tokens));

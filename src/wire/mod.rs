@@ -5,9 +5,9 @@
 //! have grown. Every accepted dialect of contract.md section 2 decodes into the same [`Batch`]:
 //! 3-, 2-element and map batches; tagged-map and positional events; integer and `bin` hashes.
 //! Events outside the index's scope are counted in [`SkipCounts`]: unknown types and
-//! `storage`-like media are dropped; stores with LoRA, multimodal or salt context keep only their
+//! `storage`-like media are dropped; stores with multimodal or salt context keep only their
 //! hashes ([`Event::OutOfScope`]), so the index can tell their unmarked children from children of
-//! an unknown parent.
+//! an unknown parent. LoRA stores are in scope, tagged with their adapter's namespace.
 //!
 //! [`record`] holds owned, loosely typed records for the encoders that the simulator and tests
 //! use, so they can also produce the odd inputs the decoder must tolerate.

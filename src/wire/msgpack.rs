@@ -24,7 +24,7 @@ pub enum Int {
 }
 
 /// A cursor over one MessagePack document.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Reader<'a> {
     buf: &'a [u8],
     pos: usize,

@@ -90,6 +90,9 @@ pub struct Stored {
     pub block_size: u32,
     /// Where the blocks now reside.
     pub tier: Tier,
+    /// The LoRA adapter's namespace tag (`crate::index::Namespace::lora_name` of `lora_name`,
+    /// else `lora_id`); 0 for the base model (contract.md section 1.1).
+    pub lora: u64,
 }
 
 /// One event the index acts on.
@@ -97,8 +100,8 @@ pub struct Stored {
 pub enum Event {
     /// Blocks entered a tier.
     Stored(Stored),
-    /// Blocks entered a tier with LoRA, multimodal or salt context (`lora_id`, `lora_name`, or
-    /// their `extra_keys` entry): outside the index's scope. Only their hashes are kept, so that
+    /// Blocks entered a tier with multimodal or salt context (their `extra_keys` entry):
+    /// outside the index's scope. Only their hashes are kept, so that
     /// the text blocks that chain to them (vLLM marks only the blocks that carry the context)
     /// are known to be out of scope too rather than taken for children of an unknown parent.
     OutOfScope {
@@ -128,7 +131,8 @@ pub struct SkipCounts {
     pub unknown_type: u64,
     /// Media other than Device and Host (`storage`, `disk`, ...).
     pub out_of_scope_medium: u64,
-    /// Events with LoRA or multimodal (extra key) context.
+    /// Events with multimodal or salt (extra key) context. LoRA events are indexed in their
+    /// adapter's namespace and no longer counted here.
     pub lora_or_multimodal: u64,
 }
 
@@ -222,9 +226,23 @@ impl Batch {
         block_size: u32,
         tier: Tier,
     ) {
+        self.push_stored_in(hashes, parent, tokens, block_size, tier, 0);
+    }
+
+    /// [`Self::push_stored`] in LoRA namespace `lora` (a `Namespace::lora_name` tag).
+    pub fn push_stored_in(
+        &mut self,
+        hashes: &[EngineHash],
+        parent: Option<EngineHash>,
+        tokens: &[i32],
+        block_size: u32,
+        tier: Tier,
+        lora: u64,
+    ) {
         let hashes = self.push_hashes(hashes);
         let tokens = self.push_tokens(tokens);
-        self.events.push(Event::Stored(Stored { hashes, parent, tokens, block_size, tier }));
+        let stored = Stored { hashes, parent, tokens, block_size, tier, lora };
+        self.events.push(Event::Stored(stored));
     }
 
     /// Appends a `BlockStored` event of out-of-scope blocks (see [`Event::OutOfScope`]).

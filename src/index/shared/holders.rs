@@ -87,6 +87,10 @@ pub struct StreamLabel {
     pub dp_rank: u32,
     /// The engine process (discovery only; static streams have none).
     pub identity: Option<crate::registry::Identity>,
+    /// The model the engine serves; empty answers queries for any model.
+    pub model: String,
+    /// The tenant (`tenant_id` of `POST /register`); empty: the default tenant.
+    pub tenant: String,
 }
 
 /// See the module documentation.

@@ -31,7 +31,7 @@ use left_right::WriteHandle;
 use thiserror::Error;
 
 use super::apply::{ApplyStats, Ctx, Mode, Sink, Table};
-use super::key::KeyHasher;
+use super::namespace::Keys;
 use super::view::{Change, StreamStatus, ViewOp};
 use super::{IndexConfig, IndexError};
 use crate::wire::Batch;
@@ -130,7 +130,7 @@ impl SharedIndex {
             index: self.clone(),
             slot,
             config,
-            hasher: KeyHasher::new(config.block_size, config.hash_seed),
+            hasher: Keys::new(config.block_size, config.hash_seed, config.salt),
             table: Table::with_capacity(0, config.max_blocks),
             sync: Err("waiting for the first snapshot".into()),
             sequence: None,
@@ -185,7 +185,7 @@ pub struct StreamWriter {
     index: SharedIndex,
     slot: u8,
     config: IndexConfig,
-    hasher: KeyHasher,
+    hasher: Keys,
     table: Table,
     sync: Result<(), String>,
     sequence: Option<u64>,
@@ -334,7 +334,7 @@ impl Drop for StreamWriter {
 /// A snapshot of one stream being built aside, one reply message at a time (any thread).
 #[derive(Debug)]
 pub struct SharedSnapshot {
-    hasher: KeyHasher,
+    hasher: Keys,
     max_blocks: usize,
     table: Table,
     stats: ApplyStats,
@@ -349,7 +349,7 @@ impl SharedSnapshot {
     /// Like [`Self::new`], with room for about `blocks` blocks (capped at `max_blocks`).
     pub fn with_capacity(config: IndexConfig, blocks: usize) -> Self {
         SharedSnapshot {
-            hasher: KeyHasher::new(config.block_size, config.hash_seed),
+            hasher: Keys::new(config.block_size, config.hash_seed, config.salt),
             max_blocks: config.max_blocks,
             table: Table::with_capacity(blocks, config.max_blocks),
             stats: ApplyStats::default(),

@@ -14,6 +14,7 @@ use std::sync::Arc;
 use left_right::{ReadHandle, ReadHandleFactory};
 
 use super::super::key::{ContentKey, KeyHasher};
+use super::super::namespace::Namespace;
 use super::super::view::StreamStatus;
 use super::holders::{SharedData, StreamLabel, MAX_STREAMS};
 
@@ -154,8 +155,10 @@ impl SharedReader {
         SharedHandle {
             handle: self.factory.handle(),
             hasher: KeyHasher::new(self.block_size, self.hash_seed),
+            namespaced: None,
             keys: Vec::new(),
             block_size: self.block_size,
+            hash_seed: self.hash_seed,
         }
     }
 }
@@ -164,8 +167,11 @@ impl SharedReader {
 pub struct SharedHandle {
     handle: ReadHandle<SharedData>,
     hasher: KeyHasher,
+    /// The hasher of the last namespace other than the default one that was queried.
+    namespaced: Option<(Namespace, KeyHasher)>,
     keys: Vec<ContentKey>,
     block_size: u32,
+    hash_seed: u64,
 }
 
 impl std::fmt::Debug for SharedHandle {
@@ -188,9 +194,29 @@ impl SharedHandle {
     /// [`Self::query`], plus every present stream's label and status read from the same
     /// published copy (in slot order), so matches, statuses and slot owners agree.
     pub fn query_streams(&mut self, tokens: &[i32], streams: &mut Vec<SlotRead>) -> SharedMatches {
+        self.query_streams_in(Namespace::default(), tokens, streams)
+    }
+
+    /// [`Self::query_streams`] with the query's keys in namespace `ns` (a LoRA adapter, a
+    /// salt: contract.md section 1.1), so only blocks stored in that namespace match.
+    pub fn query_streams_in(
+        &mut self,
+        ns: Namespace,
+        tokens: &[i32],
+        streams: &mut Vec<SlotRead>,
+    ) -> SharedMatches {
         streams.clear();
         self.keys.clear();
-        self.hasher.prefix_keys(tokens, &mut self.keys);
+        let hasher = if ns == Namespace::default() {
+            &mut self.hasher
+        } else {
+            if self.namespaced.as_ref().is_none_or(|(n, _)| *n != ns) {
+                let h = KeyHasher::new(self.block_size, ns.seed(self.hash_seed));
+                self.namespaced = Some((ns, h));
+            }
+            &mut self.namespaced.as_mut().expect("set above").1
+        };
+        hasher.prefix_keys(tokens, &mut self.keys);
         let Some(view) = self.handle.enter() else {
             return SharedMatches::empty(self.block_size, 0);
         };

@@ -8,7 +8,7 @@ use crate::wire::{EngineHash, Tier};
 const B: u32 = 2;
 
 fn config(max_blocks: usize) -> IndexConfig {
-    IndexConfig { block_size: B, hash_seed: 1024, max_blocks }
+    IndexConfig { block_size: B, hash_seed: 1024, salt: 0, max_blocks }
 }
 
 /// A synchronized, empty stream.
@@ -235,7 +235,7 @@ fn out_of_scope_blocks_never_reach_the_shared_view_and_leave_it_cleanly() {
 }
 
 fn label(name: &str, dp_rank: u32) -> StreamLabel {
-    StreamLabel { instance_name: name.into(), dp_rank, identity: None }
+    StreamLabel { instance_name: name.into(), dp_rank, identity: None, ..StreamLabel::default() }
 }
 
 /// What `query_streams` lists: (instance, rank, synchronized, device and Host-only tokens).

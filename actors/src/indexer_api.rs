@@ -1,0 +1,112 @@
+//! The KV indexer API of Mooncake Conductor (RFC #1403) on kvdir's HTTP port:
+//! `POST /register`, `POST /unregister`, `POST /query` and `POST /query_by_hash`.
+//!
+//! Same rules as the internal routes: `X-Internal-Token` when configured, bodies up to
+//! `--max_request_bytes`, errors through [`ApiError`]. A registered stream is a stream like any
+//! other (same checks, same index, listed in `/v1/internal/streams` with `source: register`);
+//! `/unregister` stops only streams started by `/register`. The bodies and the answer's shape
+//! are in `kvdir::indexer`.
+
+use std::time::Instant;
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use kvdir::indexer::{parse_register, parse_unregister, rfc_answer};
+use serde::Serialize;
+
+use crate::http::{authorize, observed, read_body, read_tokens, ApiError, AppState};
+use crate::metrics::Endpoint;
+use crate::router_actor::StreamKey;
+use crate::streams::{StartStreamError, StreamSource};
+
+/// Registers the indexer routes.
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route("/register", web::post().to(register))
+        .route("/unregister", web::post().to(unregister))
+        .route("/query", web::post().to(query))
+        .route("/query_by_hash", web::post().to(query_by_hash));
+}
+
+async fn register(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let body = read_body(payload, &req, state.max_request_bytes).await?;
+    let reg = parse_register(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let (instance_id, dp_rank) = (reg.spec.instance_name.clone(), reg.spec.dp_rank);
+    // Duplicates, overlaps and a full set are conflicts with the running streams.
+    state.set.register(reg).map_err(|e: StartStreamError| ApiError::Conflict(e.to_string()))?;
+    tracing::info!(instance = %instance_id, dp = dp_rank, "stream registered");
+    Ok(HttpResponse::Ok().json(serde_json::json!({
+        "status": "ok", "instance_id": instance_id, "dp_rank": dp_rank, "source": "register"
+    })))
+}
+
+#[derive(Serialize)]
+struct Removed {
+    instance_id: String,
+    dp_rank: u32,
+    endpoint: String,
+}
+
+async fn unregister(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    let body = read_body(payload, &req, state.max_request_bytes).await?;
+    let u = parse_unregister(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let keys: Vec<StreamKey> = state
+        .set
+        .keys_from(StreamSource::Register)
+        .into_iter()
+        .filter(|k| k.instance_name == u.instance_id && u.dp_rank.is_none_or(|r| r == k.dp_rank))
+        .collect();
+    if keys.is_empty() {
+        let rank = u.dp_rank.map(|r| format!(" dp_rank {r}")).unwrap_or_default();
+        return Err(ApiError::UnknownStream(format!(
+            "no stream started by /register for instance_id {:?}{rank}; /unregister stops only \
+             those (GET /v1/internal/streams lists every stream with its source)",
+            u.instance_id
+        )));
+    }
+    let mut removed = Vec::with_capacity(keys.len());
+    for key in keys {
+        let endpoint = state.set.get(&key).map(|r| r.spec.endpoint).unwrap_or_default();
+        state.set.stop(&key).await;
+        tracing::info!(instance = %key.instance_name, dp = key.dp_rank, "stream unregistered");
+        removed.push(Removed { instance_id: key.instance_name, dp_rank: key.dp_rank, endpoint });
+    }
+    Ok(HttpResponse::Ok().json(serde_json::json!({ "removed": removed })))
+}
+
+async fn query(
+    req: HttpRequest,
+    payload: web::Payload,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    let started = Instant::now();
+    let result = async {
+        let (tokens, scope) = read_tokens(&req, payload, &state).await?;
+        let hits = state.indexes.read_in(&tokens, &scope);
+        Ok(rfc_answer(hits.iter().map(|h| (h.tenant.as_str(), &h.matched))))
+    };
+    let answer = observed(&state, Endpoint::Query, started, result.await)?;
+    Ok(HttpResponse::Ok().json(answer))
+}
+
+async fn query_by_hash(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+) -> Result<HttpResponse, ApiError> {
+    authorize(&req, &state)?;
+    Err(ApiError::NotImplemented(
+        "query_by_hash is not implemented: kvdir keys blocks by their content (XXH3-128 chained \
+         over token ids, with the adapter and salt in the seed), not by the RFC's rolling \
+         XXH3-64 block hashes, so it cannot look up a hash it never computed; send token_ids to \
+         POST /query instead"
+            .into(),
+    ))
+}
