@@ -7,7 +7,9 @@ mod openai_support;
 
 use common::Subscriber;
 use kvdir::wire::{EngineHash, Event, Tier};
-use kvdir_sim::{block_hashes, EngineConfig, HashMode};
+use std::time::{Duration, Instant};
+
+use kvdir_sim::{block_hashes, EngineConfig, HashMode, OpenAiConfig};
 use openai_support::{
     cached, chat, chat_tokens, engine, model, openai, post, serving, system_prompt, B, MODEL,
 };
@@ -116,6 +118,26 @@ fn a_served_request_publishes_its_blocks_on_zeromq() {
     assert_eq!(engine.published(0).unwrap().blocks, want.len() as u64);
 }
 
+#[test]
+fn time_to_answer_pays_the_prefill_of_uncached_tokens_only() {
+    let per_token = Duration::from_millis(5);
+    let config = OpenAiConfig { prefill_us_per_token: per_token.as_micros() as u64, ..openai() };
+    let engine = serving(1, config);
+    let body = chat(&system_prompt(6), "How long does this take?", json!({})).to_string();
+    let timed = || {
+        let start = Instant::now();
+        let answer = post(&engine, "/v1/chat/completions", &body);
+        (start.elapsed(), answer)
+    };
+    let (cold, first) = timed();
+    let prompt = first.body["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(cold >= per_token * prompt as u32, "{cold:?} for {prompt} uncached tokens");
+    let (warm, second) = timed();
+    let uncached = prompt - cached(&second);
+    assert!(uncached < prompt / 4, "most of the prompt is cached: {}", second.body);
+    assert!(warm < cold, "a cache hit answers faster: {warm:?} vs {cold:?}");
+}
+
 fn error_of(answer: &openai_support::Answer) -> (&str, &str) {
     let error = &answer.body["error"];
     assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "{}", answer.body);
@@ -124,7 +146,7 @@ fn error_of(answer: &openai_support::Answer) -> (&str, &str) {
 
 #[test]
 fn bad_requests_get_openai_error_json_with_the_right_status() {
-    let engine = serving(1, OpenAiConfigExt::small_bodies());
+    let engine = serving(1, OpenAiConfig { max_request_bytes: 2048, ..openai() });
     let chat_path = "/v1/chat/completions";
     let cases: Vec<(&str, String, u16, &str)> = vec![
         (chat_path, "{not json".into(), 400, "invalid_json"),
@@ -170,14 +192,4 @@ fn without_a_text_model_the_openai_routes_answer_503_and_health_still_200() {
     let config = EngineConfig { openai: Some(openai()), ..EngineConfig::default() };
     let problem = config.validate().unwrap_err().to_string();
     assert!(problem.contains("http_port = 0"), "{problem}");
-}
-
-/// Configs only these tests need.
-struct OpenAiConfigExt;
-
-impl OpenAiConfigExt {
-    /// Bodies up to 2 KiB.
-    fn small_bodies() -> kvdir_sim::OpenAiConfig {
-        kvdir_sim::OpenAiConfig { max_request_bytes: 2048, ..openai() }
-    }
 }
