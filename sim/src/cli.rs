@@ -18,8 +18,10 @@ use serde_json::{json, Value};
 use crate::{EngineConfig, HashMode, RegistrationOptions, SimEngine, SimError};
 
 mod args;
+mod text;
 
 pub(crate) use args::{choice, flag_pairs, number};
+pub use text::TextOptions;
 
 /// With `--http_port`, engine `k` uses `http_port + k * HTTP_PORT_STRIDE`.
 pub const HTTP_PORT_STRIDE: u16 = 100;
@@ -57,11 +59,23 @@ USAGE: kvdir-sim [--flag=value | --flag value]...
   --seed S              workload seed                                        [42]
   --duration_s N        stop after N seconds (default: run until Ctrl-C)
   --query_file PATH     write {\"token_ids\": [...]} of system prompt 0 there, for kvdir queries
+  --tokenizer_path P    serve OpenAI chat/completions with this model (a directory with
+                        tokenizer.json and tokenizer_config.json, or a tokenizer.json);
+                        needs --http_port
+  --chat_template FILE  Jinja chat template overriding the model's
+  --served_model_name N the model name requests must give        [--tokenizer_path]
+  --prefill_us_per_token N  simulated prefill per uncached prompt token, us     [20]
+  --decode_us_per_token N   simulated decode per output token, us             [1000]
+  --max_tokens N        output tokens of a request that gives no max_tokens  [16]
   --help                this text
 
 Prints every engine's endpoints and the {\"streams\": [...]} JSON for a kvdir config file,
 then drives a shared-prefix workload (a few system prompts, multi-turn sessions routed to a
-fixed rank each) until Ctrl-C or --duration_s.
+fixed rank each) until Ctrl-C or --duration_s. With --tokenizer_path every engine also serves
+POST /v1/chat/completions and /v1/completions on its HTTP port: it tokenizes like the engine,
+answers from the DP rank holding the longest cached prefix (ties: fewest requests in flight,
+then lowest rank), reports usage.prompt_tokens_details.cached_tokens and the rank in the
+x-sim-dp-rank header, publishes the request's KV events and streams tokens (stream: true).
 ";
 
 /// What the command line asks for.
@@ -120,6 +134,8 @@ pub struct CliOptions {
     pub heartbeat_to: Option<String>,
     /// `X-Internal-Token` of heartbeats.
     pub internal_api_token: Option<String>,
+    /// The OpenAI engine's flags.
+    pub text: TextOptions,
 }
 
 impl Default for CliOptions {
@@ -147,6 +163,7 @@ impl Default for CliOptions {
             instance_type: 0,
             heartbeat_to: None,
             internal_api_token: None,
+            text: TextOptions::default(),
         }
     }
 }
@@ -170,6 +187,9 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<CliCommand,
 
 impl CliOptions {
     fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
+        if self.text.set(name, value)? {
+            return Ok(());
+        }
         match name {
             "name" => self.name = value.to_string(),
             "engines" => self.engines = number(name, value)?,
@@ -217,6 +237,14 @@ impl CliOptions {
     /// One validated config per engine, following the port rules in the module docs.
     pub fn engine_configs(&self) -> Result<Vec<EngineConfig>, SimError> {
         let mut problems = self.registration_problems();
+        problems.extend(self.text.problems(self.http_port));
+        let mut openai = None;
+        if problems.is_empty() {
+            match self.text.openai_config() {
+                Ok(config) => openai = config,
+                Err(problem) => problems.push(problem),
+            }
+        }
         if self.engines == 0 {
             problems.push("--engines = 0 is below the minimum 1".to_string());
         }
@@ -228,7 +256,10 @@ impl CliOptions {
         let mut configs = Vec::new();
         for k in 0..self.engines {
             let config = match self.ports_of(k) {
-                Ok((http, event, replay)) => self.engine_config(k, http, event, replay),
+                Ok((http, event, replay)) => EngineConfig {
+                    openai: openai.clone(),
+                    ..self.engine_config(k, http, event, replay)
+                },
                 Err(problem) => {
                     problems.push(problem);
                     break;
