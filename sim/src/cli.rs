@@ -67,6 +67,8 @@ USAGE: kvdir-sim [--flag=value | --flag value]...
   --prefill_us_per_token N  simulated prefill per uncached prompt token, us     [20]
   --decode_us_per_token N   simulated decode per output token, us             [1000]
   --max_tokens N        output tokens of a request that gives no max_tokens  [16]
+  --write_demo_model DIR  write the project's demo model (a small BPE tokenizer and a
+                        ChatML template) into DIR and exit; use with --tokenizer_path DIR
   --help                this text
 
 Prints every engine's endpoints and the {\"streams\": [...]} JSON for a kvdir config file,
@@ -85,6 +87,8 @@ pub enum CliCommand {
     Help,
     /// Run engines.
     Run(Box<CliOptions>),
+    /// Write the demo text model (`kvdir_text::demo`) into this directory and exit.
+    WriteDemoModel(String),
 }
 
 /// Parsed flags.
@@ -173,6 +177,11 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<CliCommand,
     let mut options = CliOptions::default();
     let mut problems = Vec::new();
     let Some(pairs) = flag_pairs(args, &[], &mut problems) else { return Ok(CliCommand::Help) };
+    if let [(name, dir)] = pairs.as_slice() {
+        if name == "write_demo_model" && problems.is_empty() {
+            return Ok(CliCommand::WriteDemoModel(dir.clone()));
+        }
+    }
     for (name, value) in pairs {
         if let Err(problem) = options.set(&name, &value) {
             problems.push(problem);

@@ -24,6 +24,18 @@ fn main() -> ExitCode {
             print!("{}", cli::HELP);
             ExitCode::SUCCESS
         }
+        Ok(CliCommand::WriteDemoModel(dir)) => {
+            match kvdir_text::demo::write_model(std::path::Path::new(&dir)) {
+                Ok(()) => {
+                    println!("demo model written to {dir}; serve it with --tokenizer_path {dir}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("kvdir-sim: --write_demo_model {dir}: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Ok(CliCommand::Run(options)) => match run(&options) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

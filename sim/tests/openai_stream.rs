@@ -128,6 +128,7 @@ fn requests_in_prefill_count_as_waiting_in_in_flight_and_in_heartbeats() {
         etcd: etcd.endpoint.clone(),
         heartbeat_to: Some(sink.addr()),
         heartbeat_interval: Duration::from_millis(50),
+        write_loadmetrics: true,
         ..RegistrationOptions::default()
     };
     let registration = Registration::start(&engine, options).expect("registers");
@@ -142,6 +143,14 @@ fn requests_in_prefill_count_as_waiting_in_in_flight_and_in_heartbeats() {
     eventually("the request waits in prefill", || engine.in_flight().waiting == 1);
     let beat = sink.wait_for(|b| b.body["load_metrics"]["waiting_requests_num"] == 3);
     assert_eq!(beat.body["name"], engine.instance_name(), "set load 2 + 1 in prefill");
+    // set_load wrote 2 before the request; the keepalive rewrites LOADMETRICS when it changes.
+    let reader = etcd_support::EtcdReader::new(&etcd);
+    let key = format!("XLLM:LOADMETRICS:{}", engine.instance_name());
+    let waiting = || {
+        let value: Value = serde_json::from_slice(&reader.get(&key)?.value).ok()?;
+        value["waiting_requests_num"].as_u64()
+    };
+    eventually("LOADMETRICS counts the request in prefill", || waiting() == Some(3));
     drop(engine);
     assert!(request.join().unwrap().is_err(), "stopping the engine ends the request");
     drop(registration);

@@ -147,3 +147,13 @@ fn text_flag_problems_name_the_value_and_the_fix() {
         assert!(HELP.contains(flag), "{flag} missing from the help");
     }
 }
+
+#[test]
+fn write_demo_model_stands_alone() {
+    assert_eq!(
+        parse(&["--write_demo_model", "/tmp/m"]).unwrap(),
+        CliCommand::WriteDemoModel("/tmp/m".into())
+    );
+    let msg = parse(&["--write_demo_model=/tmp/m", "--dp_size=2"]).unwrap_err().to_string();
+    assert!(msg.contains("--write_demo_model DIR is used alone"), "{msg}");
+}

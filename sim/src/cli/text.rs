@@ -52,6 +52,10 @@ impl TextOptions {
             "prefill_us_per_token" => self.prefill_us_per_token = number(name, value)?,
             "decode_us_per_token" => self.decode_us_per_token = number(name, value)?,
             "max_tokens" => self.max_tokens = number(name, value)?,
+            "write_demo_model" => {
+                return Err("--write_demo_model DIR is used alone: it writes the model and exits"
+                    .to_string())
+            }
             _ => return Ok(false),
         }
         Ok(true)

@@ -69,7 +69,6 @@ pub(crate) struct Reply {
 }
 
 impl Reply {
-    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
         kind: Kind,
         params: Params,
