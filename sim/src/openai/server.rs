@@ -191,14 +191,7 @@ async fn serve(
     .await?;
     guard.assign(rank);
     let prompt_tokens = parsed.tokens.len() as u64;
-    let uncached = prompt_tokens.saturating_sub(cached);
-    let prefill = Duration::from_micros(openai.prefill_us_per_token.saturating_mul(uncached));
-    tokio::time::sleep(prefill).await;
-    let (data, tokens) = (served.clone(), parsed.tokens);
-    blocking(move || {
-        data.engine.ranks.call(rank, move |r| r.process(&tokens)).map_err(unavailable)
-    })
-    .await?;
+    prefill(&served, &openai, rank, parsed.tokens, cached).await?;
     guard.start_decode();
     let decode = Duration::from_micros(openai.decode_us_per_token);
     let pieces = Arc::clone(&served.pieces);
@@ -217,6 +210,23 @@ async fn serve(
     let body = reply.complete().await;
     drop(guard);
     Ok(response.json(body))
+}
+
+/// Sleeps the prefill cost of the uncached tokens, then puts the prompt in `rank`'s cache,
+/// which publishes its KV events.
+async fn prefill(
+    served: &web::Data<Served>,
+    openai: &OpenAiConfig,
+    rank: u32,
+    tokens: Vec<i32>,
+    cached: u64,
+) -> Result<(), ApiError> {
+    let uncached = (tokens.len() as u64).saturating_sub(cached);
+    let cost = Duration::from_micros(openai.prefill_us_per_token.saturating_mul(uncached));
+    tokio::time::sleep(cost).await;
+    let data = served.clone();
+    let process = move || data.engine.ranks.call(rank, move |r| r.process(&tokens));
+    blocking(move || process().map(|_| ()).map_err(unavailable)).await
 }
 
 /// Runs `f` on the blocking pool (tokenizing and rank calls are synchronous).
