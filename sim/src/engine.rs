@@ -238,6 +238,12 @@ impl SimEngine {
         self.load.in_flight()
     }
 
+    /// OpenAI requests assigned to `rank` and not finished (waiting, prefilling or running):
+    /// what the rank rule's tie-break compares.
+    pub fn in_flight_on(&self, rank: u32) -> u64 {
+        self.load.on_rank(rank)
+    }
+
     /// The live request counters, shared with a registration's load reports.
     pub(crate) fn request_load(&self) -> Arc<RequestLoad> {
         Arc::clone(&self.load)

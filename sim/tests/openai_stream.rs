@@ -174,3 +174,28 @@ fn health_answers_until_drop_and_the_port_is_free_again_at_once() {
     assert_eq!(client().get(&url).send().unwrap().status(), 200);
     drop(again);
 }
+
+#[test]
+fn a_tie_on_cached_prefix_goes_to_the_rank_with_fewer_requests_in_flight() {
+    // 1 s per uncached token: the first request stays in prefill on rank 0 until the drop.
+    let engine = serving(2, OpenAiConfig { prefill_us_per_token: 1_000_000, ..openai() });
+    let addr = engine.instance_name();
+    let slow = thread::spawn(move || {
+        let body = json!({"prompt": (300..340).collect::<Vec<i32>>()});
+        let url = format!("http://{addr}/v1/completions");
+        let request = client().post(url).json_body(&body).timeout(Duration::from_secs(600));
+        request.send().map(|r| r.status().as_u16())
+    });
+    eventually("the slow request is on rank 0", || engine.in_flight_on(0) == 1);
+    assert_eq!(engine.in_flight(), InFlight { waiting: 1, running: 0 }, "it is in prefill");
+    // Both ranks hold the whole second prompt (whole blocks): no prefill, a tie on the prefix.
+    let cached: Vec<i32> = (100..100 + 4 * openai_support::B as i32).collect();
+    engine.process(0, &cached).unwrap();
+    engine.process(1, &cached).unwrap();
+    let answer = post(&engine, "/v1/completions", &json!({"prompt": cached}).to_string());
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.rank, Some(1), "rank 0 is busy with the slow request");
+    assert_eq!((engine.in_flight_on(0), engine.in_flight_on(1)), (1, 0), "the fast one is done");
+    drop(engine);
+    assert!(slow.join().unwrap().is_err(), "stopping the engine ends the slow request");
+}

@@ -181,15 +181,16 @@ async fn serve(
     let body = read_body(request, payload, openai.max_request_bytes).await?;
     let mut guard = RequestGuard::new(Arc::clone(&served.engine.load));
     let (data, config) = (served.clone(), openai.clone());
-    let (parsed, rank, cached) = blocking(move || {
+    let (parsed, rank, cached, mut guard) = blocking(move || {
         let parsed = request::parse(kind, &body, &config)?;
         let (ranks, load) = (&data.engine.ranks, &data.engine.load);
         let (rank, cached) =
             generate::choose_rank(ranks, load, &parsed.tokens).map_err(unavailable)?;
-        Ok((parsed, rank, cached))
+        // Counted on the rank at once, so the next request's choice sees it.
+        guard.assign(rank);
+        Ok((parsed, rank, cached, guard))
     })
     .await?;
-    guard.assign(rank);
     let prompt_tokens = parsed.tokens.len() as u64;
     prefill(&served, &openai, rank, parsed.tokens, cached).await?;
     guard.start_decode();
