@@ -138,6 +138,19 @@ fn time_to_answer_pays_the_prefill_of_uncached_tokens_only() {
     assert!(warm < cold, "a cache hit answers faster: {warm:?} vs {cold:?}");
 }
 
+#[test]
+fn a_restarted_rank_serves_on_with_an_empty_cache_and_sequence_zero() {
+    let engine = serving(1, openai());
+    let body = chat(&system_prompt(2), "Before and after.", json!({})).to_string();
+    assert_eq!(post(&engine, "/v1/chat/completions", &body).status, 200);
+    assert!(cached(&post(&engine, "/v1/chat/completions", &body)) > 0);
+    engine.restart(0).unwrap();
+    let sub = Subscriber::connect(&engine, 0);
+    let after = post(&engine, "/v1/chat/completions", &body);
+    assert_eq!((after.status, cached(&after)), (200, 0), "the restart emptied the cache");
+    assert_eq!(sub.recv_live().0, 0, "the first batch after a restart is sequence 0");
+}
+
 fn error_of(answer: &openai_support::Answer) -> (&str, &str) {
     let error = &answer.body["error"];
     assert!(error["message"].as_str().is_some_and(|m| !m.is_empty()), "{}", answer.body);

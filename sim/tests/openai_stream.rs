@@ -98,6 +98,16 @@ fn a_stream_without_include_usage_ends_with_done_after_the_tokens() {
     assert_eq!(data.len(), 4, "{data:?}");
     assert_eq!(data[3], "[DONE]");
     assert!(data[..3].iter().all(|d| !d.contains("usage")), "{data:?}");
+
+    let url = format!("http://{}/v1/completions", engine.instance_name());
+    let body = json!({"prompt": "Once upon a time", "stream": true, "max_tokens": 2});
+    let response = client().post(url).json_body(&body).send().unwrap();
+    let events = read_events(response);
+    assert_eq!(events.len(), 3, "{events:?}");
+    let chunk: Value = serde_json::from_str(&events[1].1).unwrap();
+    assert_eq!(chunk["object"], "text_completion");
+    assert_eq!(chunk["choices"][0]["finish_reason"], "length");
+    assert!(chunk["choices"][0]["text"].as_str().is_some_and(|t| !t.is_empty()), "{chunk}");
 }
 
 #[test]
