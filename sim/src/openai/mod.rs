@@ -1,13 +1,13 @@
 //! The engine as an OpenAI-compatible server: with [`OpenAiConfig`] in
 //! [`crate::EngineConfig::openai`], the engine's business HTTP port serves
 //! `GET /v1/models`, `POST /v1/chat/completions` and `POST /v1/completions` next to
-//! `GET /health` (see [`server`]).
+//! `GET /health` (see `server`).
 //!
 //! A request is served the way a prefix-caching engine serves it:
-//! 1. tokenize like the engine ([`request`]): chat = the model's chat template rendered with
+//! 1. tokenize like the engine (`request`): chat = the model's chat template rendered with
 //!    `add_generation_prompt` (default true, as in vLLM), encoded without special tokens;
 //!    completions = `prompt` text encoded with special tokens, or a token-id array as given;
-//! 2. pick the DP rank ([`generate::choose_rank`]): the rank holding the longest cached prefix
+//! 2. pick the DP rank (`generate::choose_rank`): the rank holding the longest cached prefix
 //!    of the prompt (Device or Host), ties to the rank with fewest requests in flight, then to
 //!    the lowest rank. `usage.prompt_tokens_details.cached_tokens` is that prefix, in tokens
 //!    (whole blocks); the rank is in the `x-sim-dp-rank` response header;
@@ -21,8 +21,9 @@
 //! Without a text model the OpenAI routes answer 503. Every error is OpenAI's error JSON
 //! (`{"error": {"message", "type", "code"}}`), see [`ApiError`].
 //!
-//! [`RequestLoad`] counts requests in flight; a [`crate::Registration`] adds those waiting or
-//! prefilling to the `waiting_requests_num` it reports.
+//! `RequestLoad` counts requests in flight ([`crate::SimEngine::in_flight`]); a
+//! [`crate::Registration`] adds those waiting or prefilling to the `waiting_requests_num` it
+//! reports.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
