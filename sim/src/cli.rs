@@ -18,51 +18,15 @@ use serde_json::{json, Value};
 use crate::{EngineConfig, HashMode, RegistrationOptions, SimEngine, SimError};
 
 mod args;
+mod help;
+mod text;
 
 pub(crate) use args::{choice, flag_pairs, number};
+pub use help::HELP;
+pub use text::TextOptions;
 
 /// With `--http_port`, engine `k` uses `http_port + k * HTTP_PORT_STRIDE`.
 pub const HTTP_PORT_STRIDE: u16 = 100;
-
-/// `kvdir-sim --help`.
-pub const HELP: &str = "\
-kvdir-sim: simulated xLLM engines that publish KV-cache events over ZeroMQ
-
-USAGE: kvdir-sim [--flag=value | --flag value]...
-
-  --name NAME           instance name prefix; engine k is NAME-k            [sim]
-  --engines N           number of engines                                    [1]
-  --dp_size N           DP ranks per engine                                  [1]
-  --event_port P        PUB port of engine 0 rank 0 (0 = ephemeral)          [18000]
-  --replay_port P       ROUTER (snapshot) port of engine 0 rank 0 (0 = eph.) [38000]
-                        engine k rank r binds PORT + k*dp_size + r on 127.0.0.1
-  --http_port P         business HTTP port of engine 0 (0 = none); engine k   [0]
-                        uses P + k*100, serves GET /health, is named
-                        127.0.0.1:<port>, and binds events on port+10000+r and
-                        snapshots on port+30000+r (--event_port/--replay_port
-                        are then ignored)
-  --etcd_addr H:P       register every engine in this etcd (needs --http_port)
-  --etcd_namespace NS   etcd key namespace (keys under /NS/)                 []
-  --instance_type T     0 DEFAULT | 1 PREFILL | 2 DECODE | 3 MIX             [0]
-  --heartbeat_to H:P    POST heartbeats to this kvdir (needs --etcd_addr)
-  --internal_api_token T  X-Internal-Token of heartbeats
-  --block_size N        tokens per block                                     [128]
-  --topic T             topic frame of live messages                         [xllm-kv]
-  --device_blocks N     Device tier capacity per rank, blocks                [1024]
-  --host_blocks N       Host tier capacity per rank, blocks (0 = no Host)    [0]
-  --hash_mode M         u64 | bin32                                          [u64]
-  --batch_form F        array | short_array | map                            [array]
-  --event_form F        map | positional                                     [map]
-  --rate R              synthetic requests per second over all ranks (0 = idle) [1]
-  --seed S              workload seed                                        [42]
-  --duration_s N        stop after N seconds (default: run until Ctrl-C)
-  --query_file PATH     write {\"token_ids\": [...]} of system prompt 0 there, for kvdir queries
-  --help                this text
-
-Prints every engine's endpoints and the {\"streams\": [...]} JSON for a kvdir config file,
-then drives a shared-prefix workload (a few system prompts, multi-turn sessions routed to a
-fixed rank each) until Ctrl-C or --duration_s.
-";
 
 /// What the command line asks for.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,6 +35,8 @@ pub enum CliCommand {
     Help,
     /// Run engines.
     Run(Box<CliOptions>),
+    /// Write the demo text model (`kvdir_text::demo`) into this directory and exit.
+    WriteDemoModel(String),
 }
 
 /// Parsed flags.
@@ -120,6 +86,8 @@ pub struct CliOptions {
     pub heartbeat_to: Option<String>,
     /// `X-Internal-Token` of heartbeats.
     pub internal_api_token: Option<String>,
+    /// The OpenAI engine's flags.
+    pub text: TextOptions,
 }
 
 impl Default for CliOptions {
@@ -147,6 +115,7 @@ impl Default for CliOptions {
             instance_type: 0,
             heartbeat_to: None,
             internal_api_token: None,
+            text: TextOptions::default(),
         }
     }
 }
@@ -156,6 +125,11 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<CliCommand,
     let mut options = CliOptions::default();
     let mut problems = Vec::new();
     let Some(pairs) = flag_pairs(args, &[], &mut problems) else { return Ok(CliCommand::Help) };
+    if let [(name, dir)] = pairs.as_slice() {
+        if name == "write_demo_model" && problems.is_empty() {
+            return Ok(CliCommand::WriteDemoModel(dir.clone()));
+        }
+    }
     for (name, value) in pairs {
         if let Err(problem) = options.set(&name, &value) {
             problems.push(problem);
@@ -170,6 +144,9 @@ pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<CliCommand,
 
 impl CliOptions {
     fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
+        if self.text.set(name, value)? {
+            return Ok(());
+        }
         match name {
             "name" => self.name = value.to_string(),
             "engines" => self.engines = number(name, value)?,
@@ -217,6 +194,14 @@ impl CliOptions {
     /// One validated config per engine, following the port rules in the module docs.
     pub fn engine_configs(&self) -> Result<Vec<EngineConfig>, SimError> {
         let mut problems = self.registration_problems();
+        problems.extend(self.text.problems(self.http_port));
+        let mut openai = None;
+        if problems.is_empty() {
+            match self.text.openai_config() {
+                Ok(config) => openai = config,
+                Err(problem) => problems.push(problem),
+            }
+        }
         if self.engines == 0 {
             problems.push("--engines = 0 is below the minimum 1".to_string());
         }
@@ -228,7 +213,10 @@ impl CliOptions {
         let mut configs = Vec::new();
         for k in 0..self.engines {
             let config = match self.ports_of(k) {
-                Ok((http, event, replay)) => self.engine_config(k, http, event, replay),
+                Ok((http, event, replay)) => EngineConfig {
+                    openai: openai.clone(),
+                    ..self.engine_config(k, http, event, replay)
+                },
                 Err(problem) => {
                     problems.push(problem);
                     break;

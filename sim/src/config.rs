@@ -14,7 +14,7 @@
 use kvdir::wire::record::{BatchForm, EventForm, WireHash};
 use xxhash_rust::xxh3::xxh3_128_with_seed;
 
-use crate::SimError;
+use crate::{OpenAiConfig, SimError};
 
 /// How engine block hashes go on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -74,6 +74,9 @@ pub struct EngineConfig {
     pub event_port_offset: u16,
     /// Discovery rule: replay port of rank `r` = `http_port + replay_port_offset + r`.
     pub replay_port_offset: u16,
+    /// The text model served on the HTTP port's OpenAI routes; `None` answers them with 503.
+    /// Needs `http_port != 0`.
+    pub openai: Option<OpenAiConfig>,
 }
 
 impl Default for EngineConfig {
@@ -93,6 +96,7 @@ impl Default for EngineConfig {
             http_port: 0,
             event_port_offset: 10000,
             replay_port_offset: 30000,
+            openai: None,
         }
     }
 }
@@ -123,6 +127,16 @@ impl EngineConfig {
             problems.push("device_capacity_blocks = 0 is below the minimum 1".to_string());
         }
         self.check_ports(&mut problems);
+        if let Some(openai) = &self.openai {
+            if self.http_port == 0 {
+                problems.push(
+                    "openai is set but http_port = 0; the OpenAI routes are served on the \
+                     HTTP port, so set http_port"
+                        .to_string(),
+                );
+            }
+            problems.extend(openai.problems());
+        }
         if problems.is_empty() {
             Ok(())
         } else {

@@ -5,45 +5,78 @@
 //! fault is in force, a restart has re-bound. Tests rely on this instead of sleeping.
 //! `SimEngine` is `Send + Sync`; calls for one rank are served in order.
 //!
-//! With `http_port != 0` the engine also serves `GET /health` on 127.0.0.1:`http_port` from
-//! its own thread, until it stops; `restart` of a rank leaves it up.
+//! With `http_port != 0` the engine also serves `GET /health` (and, with a text model, the
+//! OpenAI endpoints of [`crate::openai`]) on 127.0.0.1:`http_port` from its own thread, until
+//! it stops; `restart` of a rank leaves it up.
 
 use std::sync::mpsc::{self, Sender};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
 
 use kvdir::wire::Tier;
 use tracing::info;
 
 use crate::fault::Fault;
-use crate::http::HealthServer;
+use crate::openai::server::{EngineServer, ServerState};
+use crate::openai::{InFlight, RequestLoad};
 use crate::rank::{Job, RankState, Sockets};
 use crate::{EngineConfig, RankEndpoints, SimError};
 
+/// The job channels of every rank, shared by the engine's API and its HTTP server. Closing
+/// them (when the engine drops) ends the rank threads; a later call gets
+/// [`SimError::RankStopped`].
+pub(crate) struct Ranks {
+    links: Vec<Mutex<Option<Sender<Job>>>>,
+    dp_size: u32,
+}
+
+impl Ranks {
+    /// The number of ranks.
+    pub(crate) fn dp_size(&self) -> u32 {
+        self.dp_size
+    }
+
+    /// Runs `f` on the rank's thread and waits for its result.
+    pub(crate) fn call<R, F>(&self, rank: u32, f: F) -> Result<R, SimError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut RankState) -> Result<R, SimError> + Send + 'static,
+    {
+        let link = self
+            .links
+            .get(rank as usize)
+            .ok_or(SimError::NoSuchRank { rank, dp_size: self.dp_size })?;
+        let jobs = link.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let jobs = jobs.ok_or(SimError::RankStopped { rank })?;
+        let (reply, answer) = mpsc::sync_channel(1);
+        let job: Job = Box::new(move |state| {
+            // The caller waits on `answer`; it cannot have gone away.
+            let _ = reply.send(f(state));
+        });
+        jobs.send(job).map_err(|_| SimError::RankStopped { rank })?;
+        drop(jobs);
+        answer.recv().map_err(|_| SimError::RankStopped { rank })?
+    }
+
+    /// Drops every job sender; each rank thread ends after its current job.
+    fn close(&self) {
+        for link in &self.links {
+            *link.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
+        }
+    }
+}
+
 struct RankHandle {
-    jobs: Option<Sender<Job>>,
     thread: Option<JoinHandle<()>>,
     endpoints: RankEndpoints,
 }
 
 impl RankHandle {
-    /// Closes the job channel; the thread ends after its current job.
-    fn close(&mut self) {
-        self.jobs = None;
-    }
-
     fn join(&mut self) {
-        self.close();
         if let Some(thread) = self.thread.take() {
             // A panicked rank thread has nothing left to clean up.
             let _ = thread.join();
         }
-    }
-}
-
-impl Drop for RankHandle {
-    fn drop(&mut self) {
-        self.join();
     }
 }
 
@@ -62,9 +95,11 @@ pub struct Published {
 /// A running simulated engine.
 pub struct SimEngine {
     config: Arc<EngineConfig>,
-    ranks: Vec<RankHandle>,
-    /// Dropped after the ranks (field order), so `/health` answers while they stop.
-    _http: Option<HealthServer>,
+    ranks: Arc<Ranks>,
+    threads: Vec<RankHandle>,
+    load: Arc<RequestLoad>,
+    /// Stopped after the ranks (see `Drop`), so `/health` answers while they stop.
+    http: Option<EngineServer>,
 }
 
 impl std::fmt::Debug for SimEngine {
@@ -78,28 +113,36 @@ impl std::fmt::Debug for SimEngine {
 
 impl SimEngine {
     /// Validates `config`, applies the discovery port rule ([`EngineConfig::resolved`]), binds
-    /// every rank's sockets, starts the rank threads and, with an `http_port`, the `/health`
-    /// server.
+    /// every rank's sockets, starts the rank threads and, with an `http_port`, the HTTP server
+    /// (`/health`, and the OpenAI endpoints of [`crate::openai`]).
     pub fn start(config: EngineConfig) -> Result<SimEngine, SimError> {
         config.validate()?;
         let config = Arc::new(config.resolved());
         let ctx = zmq::Context::new();
-        let mut ranks = Vec::with_capacity(config.dp_size as usize);
+        let (mut links, mut threads) = (Vec::new(), Vec::new());
         for rank in 0..config.dp_size {
-            ranks.push(start_rank(&config, &ctx, rank)?);
+            let (jobs, handle) = start_rank(&config, &ctx, rank)?;
+            links.push(Mutex::new(Some(jobs)));
+            threads.push(handle);
         }
-        let http = match config.http_port {
-            0 => None,
-            port => Some(HealthServer::start(port, &config.name)?),
-        };
-        let engine = SimEngine { config, ranks, _http: http };
+        let ranks = Arc::new(Ranks { links, dp_size: config.dp_size });
+        let load = Arc::new(RequestLoad::new(config.dp_size));
+        let mut engine = SimEngine { config, ranks, threads, load, http: None };
+        if engine.config.http_port != 0 {
+            let state = ServerState {
+                config: Arc::clone(&engine.config),
+                ranks: Arc::clone(&engine.ranks),
+                load: Arc::clone(&engine.load),
+            };
+            engine.http = Some(EngineServer::start(state)?);
+        }
         info!(engine = %engine.config.name, endpoints = ?engine.endpoints(), "simulated engine started");
         Ok(engine)
     }
 
     /// The actual, connectable endpoints of every rank, in rank order.
     pub fn endpoints(&self) -> Vec<RankEndpoints> {
-        self.ranks.iter().map(|r| r.endpoints.clone()).collect()
+        self.threads.iter().map(|r| r.endpoints.clone()).collect()
     }
 
     /// The configuration the engine runs with (ports already derived by the discovery rule).
@@ -189,6 +232,23 @@ impl SimEngine {
         self.call(rank, move |r| r.send_raw(frames))
     }
 
+    /// OpenAI requests in flight on this engine right now (always zero without a text model).
+    /// [`crate::Registration`] adds `waiting` to the load it reports.
+    pub fn in_flight(&self) -> InFlight {
+        self.load.in_flight()
+    }
+
+    /// OpenAI requests assigned to `rank` and not finished (waiting, prefilling or running):
+    /// what the rank rule's tie-break compares.
+    pub fn in_flight_on(&self, rank: u32) -> u64 {
+        self.load.on_rank(rank)
+    }
+
+    /// The live request counters, shared with a registration's load reports.
+    pub(crate) fn request_load(&self) -> Arc<RequestLoad> {
+        Arc::clone(&self.load)
+    }
+
     /// Stops every rank thread and closes the sockets. Dropping the engine does the same.
     pub fn stop(self) {}
 
@@ -198,26 +258,17 @@ impl SimEngine {
         R: Send + 'static,
         F: FnOnce(&mut RankState) -> Result<R, SimError> + Send + 'static,
     {
-        let handle = self
-            .ranks
-            .get(rank as usize)
-            .ok_or(SimError::NoSuchRank { rank, dp_size: self.config.dp_size })?;
-        let jobs = handle.jobs.as_ref().ok_or(SimError::RankStopped { rank })?;
-        let (reply, answer) = mpsc::sync_channel(1);
-        let job: Job = Box::new(move |state| {
-            // The caller waits on `answer`; it cannot have gone away.
-            let _ = reply.send(f(state));
-        });
-        jobs.send(job).map_err(|_| SimError::RankStopped { rank })?;
-        answer.recv().map_err(|_| SimError::RankStopped { rank })?
+        self.ranks.call(rank, f)
     }
 }
 
 impl Drop for SimEngine {
-    /// Closes every job channel first so the ranks stop in parallel, then joins them.
+    /// Closes every job channel first so the ranks stop in parallel, joins them, then stops
+    /// the HTTP server (which frees its port before `drop` returns).
     fn drop(&mut self) {
-        self.ranks.iter_mut().for_each(RankHandle::close);
-        self.ranks.iter_mut().for_each(RankHandle::join);
+        self.ranks.close();
+        self.threads.iter_mut().for_each(RankHandle::join);
+        self.http = None;
     }
 }
 
@@ -225,7 +276,7 @@ fn start_rank(
     config: &Arc<EngineConfig>,
     ctx: &zmq::Context,
     rank: u32,
-) -> Result<RankHandle, SimError> {
+) -> Result<(Sender<Job>, RankHandle), SimError> {
     let (event, replay) = (config.event_bind_address(rank), config.replay_bind_address(rank));
     let (sockets, endpoints) = Sockets::bind(ctx, rank, &event, &replay)?;
     let state = RankState::new(rank, Arc::clone(config), ctx.clone(), sockets, endpoints.clone());
@@ -234,5 +285,5 @@ fn start_rank(
         .name(format!("sim-{}-r{rank}", config.name))
         .spawn(move || state.run(inbox))
         .map_err(|source| SimError::Spawn { rank, source })?;
-    Ok(RankHandle { jobs: Some(jobs), thread: Some(thread), endpoints })
+    Ok((jobs, RankHandle { thread: Some(thread), endpoints }))
 }

@@ -1,124 +1,23 @@
-//! HTTP for the simulator: the engine's business-port server (`HealthServer`, `GET /health`
-//! only, bound on 127.0.0.1, over std sockets) and a one-shot client ([`request`], over
-//! `reqwest`'s blocking client) used for heartbeats, for waiting on etcd's `/health`, by the
-//! demo, benches and tests.
+//! HTTP client of the simulator: a one-shot client ([`request`], over `reqwest`'s blocking
+//! client) used for heartbeats, for waiting on etcd's `/health`, by the demo, benches and tests.
+//! (The engine's own HTTP server is [`crate::openai`]'s.)
 //!
 //! Every client exchange is one request per connection (`Connection: close`, no idle pool),
 //! bounded by one overall timeout, and reads at most [`MAX_BODY_BYTES`], so a silent or chatty
-//! peer cannot hold a thread. Server exchanges have read and write timeouts and a head cap.
+//! peer cannot hold a thread.
 
 use std::error::Error as _;
-use std::io::{self, Read, Write};
-use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::thread::{self, JoinHandle};
+use std::io::{self, Read};
+use std::sync::OnceLock;
+use std::thread;
 use std::time::Duration;
 
 use reqwest::blocking::Client;
 use reqwest::header::{CONNECTION, CONTENT_TYPE};
-use tracing::debug;
 
-use crate::SimError;
-
-/// How often the accept loop looks at its stop flag while no client connects.
-const ACCEPT_POLL: Duration = Duration::from_millis(5);
-/// Read/write timeout of one server-side exchange.
-const SERVER_IO_TIMEOUT: Duration = Duration::from_millis(500);
-/// Largest request head the server reads.
-const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Largest response body a client reads. Large enough for the streams report of a big
 /// fleet (128 streams are several hundred KiB); it only stops a runaway peer.
 pub const MAX_BODY_BYTES: usize = 64 * 1024 * 1024;
-
-/// The `GET /health` server of a running engine; stops (and frees the port) on drop.
-pub(crate) struct HealthServer {
-    stop: Arc<AtomicBool>,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl HealthServer {
-    /// Binds 127.0.0.1:`port` and serves on a thread named after the engine.
-    pub(crate) fn start(port: u16, engine: &str) -> Result<HealthServer, SimError> {
-        let http_err = |source| SimError::Http { port, source };
-        let listener = TcpListener::bind(("127.0.0.1", port)).map_err(http_err)?;
-        listener.set_nonblocking(true).map_err(http_err)?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let flag = Arc::clone(&stop);
-        let thread = thread::Builder::new()
-            .name(format!("sim-{engine}-http"))
-            .spawn(move || serve(&listener, &flag))
-            .map_err(http_err)?;
-        Ok(HealthServer { stop, thread: Some(thread) })
-    }
-}
-
-impl Drop for HealthServer {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            // A panicked server thread has nothing left to clean up.
-            let _ = thread.join();
-        }
-    }
-}
-
-/// Accepts until `stop` is set; the listener closes when the thread returns.
-fn serve(listener: &TcpListener, stop: &AtomicBool) {
-    while !stop.load(Ordering::Relaxed) {
-        match listener.accept() {
-            Ok((stream, _)) => {
-                if let Err(e) = answer(stream) {
-                    debug!(error = %e, "health request failed");
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => thread::sleep(ACCEPT_POLL),
-            Err(e) => {
-                debug!(error = %e, "accept failed");
-                thread::sleep(ACCEPT_POLL);
-            }
-        }
-    }
-}
-
-fn answer(mut stream: TcpStream) -> io::Result<()> {
-    stream.set_nonblocking(false)?;
-    stream.set_read_timeout(Some(SERVER_IO_TIMEOUT))?;
-    stream.set_write_timeout(Some(SERVER_IO_TIMEOUT))?;
-    let head = read_head(&mut stream)?;
-    let request_line = head.lines().next().unwrap_or_default();
-    let mut parts = request_line.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or_default(), parts.next().unwrap_or_default());
-    let (status, body) = if method == "GET" && path == "/health" {
-        ("200 OK", r#"{"status":"ok"}"#)
-    } else {
-        ("404 Not Found", r#"{"error":"not found"}"#)
-    };
-    let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\
-         Connection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(response.as_bytes())?;
-    stream.flush()
-}
-
-/// Reads up to the blank line that ends a request head (the body, if any, is ignored).
-fn read_head(stream: &mut TcpStream) -> io::Result<String> {
-    let mut head = Vec::new();
-    let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        if head.len() > MAX_HEAD_BYTES {
-            return Err(io::Error::new(io::ErrorKind::InvalidData, "request head too large"));
-        }
-        let n = stream.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        head.extend_from_slice(&buf[..n]);
-    }
-    Ok(String::from_utf8_lossy(&head).into_owned())
-}
 
 /// An HTTP response: status code, head and body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -236,22 +135,24 @@ pub(crate) fn io_error(e: reqwest::Error) -> io::Error {
 
 #[cfg(test)]
 mod tests {
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+    use std::thread::JoinHandle;
+
     use super::*;
 
-    #[test]
-    fn health_is_served_until_drop_and_other_paths_are_404() {
-        let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let server = HealthServer::start(port, "t").unwrap();
-        let addr = format!("127.0.0.1:{port}");
-        let t = Duration::from_secs(2);
-        let ok = request(&addr, "GET", "/health", &[], None, t).unwrap();
-        assert_eq!((ok.status, ok.body.as_str()), (200, r#"{"status":"ok"}"#));
-        assert_eq!(request(&addr, "GET", "/other", &[], None, t).unwrap().status, 404);
-        assert_eq!(request(&addr, "POST", "/health", &[], Some("{}"), t).unwrap().status, 404);
-        drop(server);
-        assert!(request(&addr, "GET", "/health", &[], None, t).is_err());
-        let again = HealthServer::start(port, "t").expect("the port is free again after drop");
-        drop(again);
+    /// Reads up to the blank line that ends a request head (the body, if any, is ignored).
+    fn read_head(stream: &mut TcpStream) -> io::Result<String> {
+        let mut head = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+            let n = stream.read(&mut buf)?;
+            if n == 0 {
+                break;
+            }
+            head.extend_from_slice(&buf[..n]);
+        }
+        Ok(String::from_utf8_lossy(&head).into_owned())
     }
 
     /// A server that answers one connection with `response` and returns the request it read.

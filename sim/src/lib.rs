@@ -12,7 +12,10 @@
 //!   the public API sends a job to the rank thread and waits for its answer, so a call returns
 //!   only after its batch has been handed to the PUB socket.
 //! - [`workload`]: a seeded synthetic workload (shared system prompts, multi-turn sessions).
-//! - [`http`]: the engine's `GET /health` server (business HTTP port) and a tiny HTTP client.
+//! - [`openai`]: the engine's business HTTP port (actix-web): `GET /health` and, with a text
+//!   model ([`OpenAiConfig`]), OpenAI-compatible chat and completions that tokenize, hit and
+//!   fill the prefix cache, publish its KV events and stream tokens.
+//! - [`http`]: a tiny blocking HTTP client.
 //! - [`etcd`]: [`Registration`], which registers an engine in etcd the way xLLM engines do
 //!   (leased instance key, LOADMETRICS, heartbeats to kvdir), with knobs to pause, resume and
 //!   kill it.
@@ -35,6 +38,7 @@ pub mod etcd;
 pub mod etcd_test;
 pub mod fault;
 pub mod http;
+pub mod openai;
 mod rank;
 pub mod workload;
 
@@ -44,3 +48,5 @@ pub use engine::{Published, SimEngine};
 pub use error::SimError;
 pub use etcd::{Registration, RegistrationOptions};
 pub use fault::{malformed_payload, Fault, SnapshotMode};
+pub use openai::server::{CACHED_TOKENS_HEADER, DP_RANK_HEADER};
+pub use openai::{ApiError, InFlight, OpenAiConfig};

@@ -2,8 +2,8 @@
 //! static-stream JSON for a kvdir config file, then drives a synthetic shared-prefix workload
 //! until Ctrl-C (the default SIGINT action ends the process; the OS closes the sockets) or
 //! `--duration_s`. With `--etcd_addr` every engine also registers in etcd (and reports its
-//! Device usage as load every [`LOAD_EVERY`]). Everything but the pacing loop lives in the
-//! library.
+//! Device usage as load every [`LOAD_EVERY`]); with `--tokenizer_path` every engine serves the
+//! OpenAI endpoints on its HTTP port. Everything but the pacing loop lives in the library.
 
 use std::process::ExitCode;
 use std::thread;
@@ -23,6 +23,18 @@ fn main() -> ExitCode {
         Ok(CliCommand::Help) => {
             print!("{}", cli::HELP);
             ExitCode::SUCCESS
+        }
+        Ok(CliCommand::WriteDemoModel(dir)) => {
+            match kvdir_text::demo::write_model(std::path::Path::new(&dir)) {
+                Ok(()) => {
+                    println!("demo model written to {dir}; serve it with --tokenizer_path {dir}");
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("kvdir-sim: --write_demo_model {dir}: {e}");
+                    ExitCode::FAILURE
+                }
+            }
         }
         Ok(CliCommand::Run(options)) => match run(&options) {
             Ok(()) => ExitCode::SUCCESS,
@@ -52,6 +64,13 @@ fn run(options: &CliOptions) -> Result<(), SimError> {
         for (rank, ep) in engine.endpoints().iter().enumerate() {
             println!("  rank {rank}: events {}  snapshots {}", ep.event, ep.replay);
         }
+        if let Some(openai) = &engine.config().openai {
+            println!(
+                "  openai: http://{}/v1/chat/completions (model {:?})",
+                engine.instance_name(),
+                openai.served_model_name
+            );
+        }
     }
     let registrations = register(&engines, options)?;
     println!("kvdir config (static streams):");
@@ -75,7 +94,8 @@ fn register(engines: &[SimEngine], options: &CliOptions) -> Result<Vec<Registrat
     Ok(registrations)
 }
 
-/// Sets each registration's load: no queue, Device usage over all ranks.
+/// Sets each registration's load: Device usage over all ranks, and no queue besides the
+/// OpenAI requests in flight, which the registration adds itself.
 fn report_load(engines: &[SimEngine], registrations: &[Registration]) -> Result<(), SimError> {
     for (engine, registration) in engines.iter().zip(registrations) {
         let mut used = 0u64;

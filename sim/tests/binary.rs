@@ -1,6 +1,9 @@
-//! The `kvdir-sim` binary: flags in, endpoints and a static-stream config out.
+//! The `kvdir-sim` binary: flags in, endpoints and a static-stream config out, and the OpenAI
+//! endpoints served with `--tokenizer_path`.
 
-use std::process::Command;
+use std::io::{BufRead, BufReader};
+use std::process::{Command, Stdio};
+use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvdir-sim");
 
@@ -32,4 +35,58 @@ fn bad_flags_exit_with_status_2_and_name_every_problem() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("--hash_mode = \"md5\" is not one of u64, bin32"), "{stderr}");
+}
+
+#[test]
+fn with_a_tokenizer_the_binary_serves_chat_completions_on_its_http_port() {
+    let dir = std::env::temp_dir().join(format!("kvdir-sim-bin-model-{}", std::process::id()));
+    let out = Command::new(BIN).arg(format!("--write_demo_model={}", dir.display())).output();
+    assert!(out.expect("the binary runs").status.success());
+    assert!(dir.join("tokenizer.json").is_file() && dir.join("tokenizer_config.json").is_file());
+    let seed = std::process::id() % 400;
+    for attempt in 0..10 {
+        let port = 25000 + (seed + attempt * 37) % 400 * 10;
+        let mut child = Command::new(BIN)
+            .args([format!("--http_port={port}"), "--dp_size=2".into(), "--rate=0".into()])
+            .args(["--block_size=4".to_string(), "--duration_s=60".into()])
+            .arg(format!("--tokenizer_path={}", dir.display()))
+            .args(["--served_model_name=demo", "--prefill_us_per_token=0"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("the binary runs");
+        // Drain stdout on a thread for as long as the child lives, so it never hits a full or
+        // closed pipe; the lines come through a channel.
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        let (lines, received) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                let _ = lines.send(line);
+            }
+        });
+        let line = received.iter().find(|l| l.contains("openai: "));
+        let Some(line) = line else {
+            let _ = child.wait();
+            continue; // The port was taken; try another.
+        };
+        assert!(line.contains(&format!("127.0.0.1:{port}/v1/chat/completions")), "{line}");
+        let body = r#"{"model": "demo", "messages": [{"role": "user", "content": "Hello there"}]}"#;
+        let answer = kvdir_sim::http::request(
+            &format!("127.0.0.1:{port}"),
+            "POST",
+            "/v1/chat/completions",
+            &[],
+            Some(body),
+            Duration::from_secs(20),
+        );
+        let _ = child.kill();
+        let _ = child.wait();
+        let answer = answer.expect("the engine answers");
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        let json: serde_json::Value = serde_json::from_str(&answer.body).expect("JSON");
+        assert_eq!(json["usage"]["completion_tokens"], 16, "the default max_tokens");
+        assert!(answer.head.contains("x-sim-dp-rank: 0"), "{}", answer.head);
+        return;
+    }
+    panic!("no free HTTP port in 10 attempts");
 }

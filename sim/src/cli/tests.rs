@@ -96,3 +96,64 @@ fn registration_options_follow_the_flags() {
     assert_eq!(r.internal_token.as_deref(), Some("s"));
     assert!(r.write_loadmetrics);
 }
+
+#[test]
+fn text_flags_load_one_model_for_every_engine() {
+    let dir = std::env::temp_dir().join(format!("kvdir-sim-cli-text-{}", std::process::id()));
+    kvdir_text::demo::write_model(&dir).unwrap();
+    let path = dir.display().to_string();
+    let args = [
+        "--http_port=8000",
+        "--engines=2",
+        "--tokenizer_path",
+        path.as_str(),
+        "--prefill_us_per_token=7",
+        "--decode_us_per_token=0",
+        "--max_tokens=3",
+    ];
+    let CliCommand::Run(o) = parse(&args).unwrap() else { panic!("not run") };
+    let configs = o.engine_configs().unwrap();
+    let (a, b) = (configs[0].openai.as_ref().unwrap(), configs[1].openai.as_ref().unwrap());
+    assert!(std::sync::Arc::ptr_eq(&a.model, &b.model), "one model for all engines");
+    assert_eq!(a.served_model_name, path, "named by its path by default");
+    assert_eq!((a.prefill_us_per_token, a.decode_us_per_token, a.max_tokens), (7, 0, 3));
+    let named = CliOptions {
+        text: TextOptions { served_model_name: Some("m".into()), ..o.text.clone() },
+        ..(*o).clone()
+    };
+    assert_eq!(named.engine_configs().unwrap()[0].openai.as_ref().unwrap().served_model_name, "m");
+    assert!(CliOptions::default().engine_configs().unwrap()[0].openai.is_none());
+}
+
+#[test]
+fn text_flag_problems_name_the_value_and_the_fix() {
+    let missing = std::env::temp_dir().join("kvdir-sim-no-such-model");
+    let missing = missing.display().to_string();
+    let o = CliOptions {
+        text: TextOptions { tokenizer_path: Some(missing.clone()), ..TextOptions::default() },
+        ..CliOptions::default()
+    };
+    let msg = o.engine_configs().unwrap_err().to_string();
+    assert!(msg.contains("needs --http_port"), "{msg}");
+    let o = CliOptions { http_port: 8000, ..o };
+    let msg = o.engine_configs().unwrap_err().to_string();
+    assert!(msg.contains(&format!("--tokenizer_path {missing}")), "{msg}");
+    let msg = parse(&["--max_tokens=x", "--chat_template=t.jinja"]).unwrap_err().to_string();
+    assert!(msg.contains("--max_tokens = \"x\""), "{msg}");
+    let CliCommand::Run(o) = parse(&["--chat_template=t.jinja"]).unwrap() else { panic!() };
+    let msg = o.engine_configs().unwrap_err().to_string();
+    assert!(msg.contains("need --tokenizer_path"), "{msg}");
+    for flag in ["--tokenizer_path", "--chat_template", "--prefill_us_per_token", "x-sim-dp-rank"] {
+        assert!(HELP.contains(flag), "{flag} missing from the help");
+    }
+}
+
+#[test]
+fn write_demo_model_stands_alone() {
+    assert_eq!(
+        parse(&["--write_demo_model", "/tmp/m"]).unwrap(),
+        CliCommand::WriteDemoModel("/tmp/m".into())
+    );
+    let msg = parse(&["--write_demo_model=/tmp/m", "--dp_size=2"]).unwrap_err().to_string();
+    assert!(msg.contains("--write_demo_model DIR is used alone"), "{msg}");
+}

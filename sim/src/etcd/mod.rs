@@ -5,7 +5,8 @@
 //!   `ttl_s` seconds, kept alive every `ttl_s / 3`. At each keepalive the key is checked and put
 //!   again if it went missing (deleted by someone, or the lease expired).
 //! - With `write_loadmetrics`, `<prefix>XLLM:LOADMETRICS:<name>` (no lease) holds the load set
-//!   by [`Registration::set_load`].
+//!   by [`Registration::set_load`], whose `waiting_requests_num` also counts the engine's OpenAI
+//!   requests waiting or prefilling (rewritten at keepalives when it changed).
 //! - With `heartbeat_to`, a thread POSTs `/v1/internal/heartbeat` every `heartbeat_interval`.
 //!
 //! The etcd client is async; it runs on a private current-thread tokio runtime in a dedicated
@@ -25,6 +26,7 @@ use serde_json::{json, Map, Value};
 use tokio::sync::mpsc::UnboundedSender;
 use tracing::warn;
 
+use crate::openai::RequestLoad;
 use crate::{SimEngine, SimError};
 
 mod heartbeat;
@@ -187,7 +189,10 @@ impl Load {
 /// State read by the worker and the heartbeat thread.
 #[derive(Debug)]
 pub(crate) struct Shared {
+    /// The load last set by [`Registration::set_load`].
     pub(crate) load: Mutex<Load>,
+    /// The engine's live OpenAI request counters.
+    pub(crate) live: Arc<RequestLoad>,
     /// Heartbeats stop while set.
     pub(crate) paused: AtomicBool,
     /// Last heartbeat HTTP status; 0 = none yet.
@@ -197,8 +202,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// The load to report: the one set, plus the engine's OpenAI requests waiting or
+    /// prefilling right now in `waiting`.
     pub(crate) fn load(&self) -> Load {
-        *self.load.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        let set = *self.load.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        Load { waiting: set.waiting.saturating_add(self.live.in_flight().waiting), ..set }
     }
 }
 
@@ -234,6 +242,7 @@ impl Registration {
         let value = instance_json(&name, engine.config().dp_size, &incarnation_id, &opts);
         let shared = Arc::new(Shared {
             load: Mutex::new(Load { waiting: 0, usage: 0.0 }),
+            live: engine.request_load(),
             paused: AtomicBool::new(false),
             last_status: AtomicU64::new(0),
             answered: AtomicU64::new(0),
@@ -279,7 +288,10 @@ impl Registration {
     }
 
     /// Sets the load reported by heartbeats and, with `write_loadmetrics`, written to
-    /// LOADMETRICS (asynchronously: the call does not wait for etcd).
+    /// LOADMETRICS (asynchronously: the call does not wait for etcd). The reported
+    /// `waiting_requests_num` is `waiting` plus the engine's OpenAI requests waiting or
+    /// prefilling at the time of the report ([`SimEngine::in_flight`]); LOADMETRICS is also
+    /// rewritten at each keepalive when that sum changed.
     pub fn set_load(&self, waiting: u64, usage: f64) {
         *self.shared.load.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
             Load { waiting, usage };

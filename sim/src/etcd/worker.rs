@@ -114,13 +114,15 @@ struct Worker {
     setup: Setup,
     lease: Option<i64>,
     paused: bool,
+    /// The LOADMETRICS value last written.
+    written_load: Option<String>,
 }
 
 impl Worker {
     fn connect(setup: Setup) -> Result<Worker, SimError> {
         let client = Client::new(&setup.endpoint, ETCD_OP_TIMEOUT)
             .map_err(|e| etcd_err(&setup.endpoint, "connect", e))?;
-        Ok(Worker { client, setup, lease: None, paused: false })
+        Ok(Worker { client, setup, lease: None, paused: false, written_load: None })
     }
 
     /// Keepalive period: a third of the TTL, at least 100 ms.
@@ -182,7 +184,18 @@ impl Worker {
         let Some(key) = self.setup.load_key.as_deref() else { return Ok(()) };
         let value = self.setup.shared.load().to_json().to_string();
         let put = self.client.put(key.as_bytes(), value.as_bytes(), 0);
-        timed(&self.setup.endpoint, "put LOADMETRICS", put).await.map(|_| ())
+        timed(&self.setup.endpoint, "put LOADMETRICS", put).await?;
+        self.written_load = Some(value);
+        Ok(())
+    }
+
+    /// Rewrites LOADMETRICS when the load to report (live requests included) changed.
+    async fn refresh_load(&mut self) -> Result<(), SimError> {
+        let now = self.setup.shared.load().to_json().to_string();
+        if self.setup.load_key.is_none() || self.written_load.as_deref() == Some(now.as_str()) {
+            return Ok(());
+        }
+        self.write_load().await
     }
 
     async fn tick(&mut self) {
@@ -190,6 +203,8 @@ impl Worker {
             return;
         }
         let result = self.refresh().await;
+        self.log(result);
+        let result = self.refresh_load().await;
         self.log(result);
     }
 

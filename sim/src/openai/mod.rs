@@ -1,0 +1,278 @@
+//! The engine as an OpenAI-compatible server: with [`OpenAiConfig`] in
+//! [`crate::EngineConfig::openai`], the engine's business HTTP port serves
+//! `GET /v1/models`, `POST /v1/chat/completions` and `POST /v1/completions` next to
+//! `GET /health` (see `server`).
+//!
+//! A request is served the way a prefix-caching engine serves it:
+//! 1. tokenize like the engine (`request`): chat = the model's chat template rendered with
+//!    `add_generation_prompt` (default true, as in vLLM), encoded without special tokens;
+//!    completions = `prompt` text encoded with special tokens, or a token-id array as given;
+//! 2. pick the DP rank (`generate::choose_rank`): the rank holding the longest cached prefix
+//!    of the prompt (Device or Host), ties to the rank with fewest requests in flight, then to
+//!    the lowest rank. `usage.prompt_tokens_details.cached_tokens` is that prefix, in tokens
+//!    (whole blocks); the rank is in the `x-sim-dp-rank` response header;
+//! 3. sleep `prefill_us_per_token` per uncached prompt token (async), then process the prompt
+//!    into that rank's cache, which publishes its KV events exactly like
+//!    [`crate::SimEngine::process`];
+//! 4. produce `max_tokens` output tokens (a fixed answer text, tokenized by the model),
+//!    sleeping `decode_us_per_token` before each; with `stream: true` each token is one SSE
+//!    chunk as soon as it exists, and a client that disconnects stops the generation.
+//!
+//! Without a text model the OpenAI routes answer 503. Every error is OpenAI's error JSON
+//! (`{"error": {"message", "type", "code"}}`), see [`ApiError`].
+//!
+//! `RequestLoad` counts requests in flight ([`crate::SimEngine::in_flight`]); a
+//! [`crate::Registration`] adds those waiting or prefilling to the `waiting_requests_num` it
+//! reports.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use actix_web::http::StatusCode;
+use actix_web::{HttpResponse, ResponseError};
+use kvdir_text::TextModel;
+use serde_json::json;
+use thiserror::Error;
+
+pub(crate) mod generate;
+pub(crate) mod request;
+pub(crate) mod server;
+
+/// Largest `max_tokens` a request may ask for.
+pub const MAX_OUTPUT_TOKENS: u32 = 65_536;
+
+/// The text side of an engine: its model, its name and its costs.
+#[derive(Debug, Clone)]
+pub struct OpenAiConfig {
+    /// Tokenizer and chat template, shared by every engine that serves the model.
+    pub model: Arc<TextModel>,
+    /// The `model` requests must name (when they name one) and `/v1/models` lists.
+    pub served_model_name: String,
+    /// Simulated prefill cost per prompt token not found in the cache, microseconds.
+    pub prefill_us_per_token: u64,
+    /// Simulated decode cost per output token, microseconds.
+    pub decode_us_per_token: u64,
+    /// `max_tokens` of a request that gives none.
+    pub max_tokens: u32,
+    /// Largest request body accepted; a larger one gets 413.
+    pub max_request_bytes: usize,
+}
+
+impl OpenAiConfig {
+    /// `model` served as `served_model_name`, with the default costs: 20 us per uncached prompt
+    /// token, 1 ms per output token, 16 output tokens, bodies up to 4 MiB.
+    pub fn new(model: Arc<TextModel>, served_model_name: &str) -> OpenAiConfig {
+        OpenAiConfig {
+            model,
+            served_model_name: served_model_name.to_string(),
+            prefill_us_per_token: 20,
+            decode_us_per_token: 1000,
+            max_tokens: 16,
+            max_request_bytes: 4 << 20,
+        }
+    }
+
+    /// Problems with the fields, each naming the value and the fix.
+    pub(crate) fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.served_model_name.trim().is_empty() {
+            problems.push("openai.served_model_name is empty; name the served model".to_string());
+        }
+        if !(1..=MAX_OUTPUT_TOKENS).contains(&self.max_tokens) {
+            problems.push(format!(
+                "openai.max_tokens = {} is outside 1..={MAX_OUTPUT_TOKENS}",
+                self.max_tokens
+            ));
+        }
+        if self.max_request_bytes < 1024 {
+            problems.push(format!(
+                "openai.max_request_bytes = {} is below the minimum 1024",
+                self.max_request_bytes
+            ));
+        }
+        problems
+    }
+}
+
+impl PartialEq for OpenAiConfig {
+    /// Same model object (by pointer) and same settings.
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.model, &other.model)
+            && self.served_model_name == other.served_model_name
+            && self.prefill_us_per_token == other.prefill_us_per_token
+            && self.decode_us_per_token == other.decode_us_per_token
+            && self.max_tokens == other.max_tokens
+            && self.max_request_bytes == other.max_request_bytes
+    }
+}
+
+/// OpenAI requests in flight on one engine, at one instant.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct InFlight {
+    /// Admitted and not yet producing tokens: tokenizing, queued for a rank, or prefilling.
+    pub waiting: u64,
+    /// Producing output tokens.
+    pub running: u64,
+}
+
+/// Live request counters of one engine, per phase and per DP rank.
+#[derive(Debug)]
+pub(crate) struct RequestLoad {
+    waiting: AtomicU64,
+    running: AtomicU64,
+    per_rank: Vec<AtomicU64>,
+}
+
+impl RequestLoad {
+    pub(crate) fn new(dp_size: u32) -> RequestLoad {
+        RequestLoad {
+            waiting: AtomicU64::new(0),
+            running: AtomicU64::new(0),
+            per_rank: (0..dp_size).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    pub(crate) fn in_flight(&self) -> InFlight {
+        InFlight {
+            waiting: self.waiting.load(Ordering::SeqCst),
+            running: self.running.load(Ordering::SeqCst),
+        }
+    }
+
+    /// Requests assigned to `rank` and not finished.
+    pub(crate) fn on_rank(&self, rank: u32) -> u64 {
+        self.per_rank.get(rank as usize).map_or(0, |n| n.load(Ordering::SeqCst))
+    }
+}
+
+/// One request's place in [`RequestLoad`]: waiting from creation, then on a rank, then
+/// running; every count it added is taken back when it drops (finished, failed or cancelled).
+#[derive(Debug)]
+pub(crate) struct RequestGuard {
+    load: Arc<RequestLoad>,
+    rank: Option<u32>,
+    running: bool,
+}
+
+impl RequestGuard {
+    pub(crate) fn new(load: Arc<RequestLoad>) -> RequestGuard {
+        load.waiting.fetch_add(1, Ordering::SeqCst);
+        RequestGuard { load, rank: None, running: false }
+    }
+
+    /// The request now belongs to `rank` (once).
+    pub(crate) fn assign(&mut self, rank: u32) {
+        if self.rank.is_none() {
+            if let Some(n) = self.load.per_rank.get(rank as usize) {
+                n.fetch_add(1, Ordering::SeqCst);
+                self.rank = Some(rank);
+            }
+        }
+    }
+
+    /// Prefill is done: the request moves from waiting to running (once).
+    pub(crate) fn start_decode(&mut self) {
+        if !self.running {
+            self.load.running.fetch_add(1, Ordering::SeqCst);
+            self.load.waiting.fetch_sub(1, Ordering::SeqCst);
+            self.running = true;
+        }
+    }
+}
+
+impl Drop for RequestGuard {
+    fn drop(&mut self) {
+        let phase = if self.running { &self.load.running } else { &self.load.waiting };
+        phase.fetch_sub(1, Ordering::SeqCst);
+        if let Some(n) = self.rank.and_then(|r| self.load.per_rank.get(r as usize)) {
+            n.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Why an OpenAI request failed; each becomes OpenAI's error JSON with its status.
+#[derive(Debug, Error)]
+pub enum ApiError {
+    /// The engine was started without a text model.
+    #[error(
+        "engine {engine} serves no text model; start it with a tokenizer \
+         (kvdir-sim --tokenizer_path DIR_OR_FILE, or EngineConfig::openai)"
+    )]
+    NoModel {
+        /// The engine's instance name.
+        engine: String,
+    },
+    /// The body is not JSON, or not a JSON object.
+    #[error("the request body is not a JSON object: {0}; send Content-Type: application/json")]
+    BadJson(String),
+    /// A field is missing or has the wrong type or value.
+    #[error("`{field}` {problem}")]
+    BadField {
+        /// The field, such as `messages`.
+        field: &'static str,
+        /// What is wrong and what is expected.
+        problem: String,
+    },
+    /// The request names another model.
+    #[error("the model `{asked}` does not exist; this engine serves `{served}`")]
+    ModelNotFound {
+        /// The `model` of the request.
+        asked: String,
+        /// The served model name.
+        served: String,
+    },
+    /// The body is over the limit.
+    #[error("the request body is over {limit} bytes; send a smaller request")]
+    TooLarge {
+        /// `max_request_bytes`.
+        limit: usize,
+    },
+    /// The chat template or the tokenizer refused the request.
+    #[error("cannot tokenize the request: {0}")]
+    Tokenize(String),
+    /// The engine is stopping (its ranks are gone) or failed internally.
+    #[error("the engine cannot serve the request: {0}; retry on another engine")]
+    Unavailable(String),
+    /// No such route.
+    #[error("no route {method} {path}; this engine serves GET /health, GET /v1/models, POST /v1/chat/completions and POST /v1/completions")]
+    NotFound {
+        /// The request method.
+        method: String,
+        /// The request path.
+        path: String,
+    },
+}
+
+impl ApiError {
+    /// OpenAI's `(type, code)` of the error.
+    fn kind(&self) -> (&'static str, &'static str) {
+        match self {
+            ApiError::NoModel { .. } => ("service_unavailable_error", "model_not_loaded"),
+            ApiError::BadJson(_) => ("invalid_request_error", "invalid_json"),
+            ApiError::BadField { .. } => ("invalid_request_error", "invalid_value"),
+            ApiError::ModelNotFound { .. } => ("invalid_request_error", "model_not_found"),
+            ApiError::TooLarge { .. } => ("invalid_request_error", "request_too_large"),
+            ApiError::Tokenize(_) => ("invalid_request_error", "invalid_prompt"),
+            ApiError::Unavailable(_) => ("service_unavailable_error", "engine_unavailable"),
+            ApiError::NotFound { .. } => ("invalid_request_error", "not_found"),
+        }
+    }
+}
+
+impl ResponseError for ApiError {
+    fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::NoModel { .. } | ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::ModelNotFound { .. } | ApiError::NotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            _ => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    fn error_response(&self) -> HttpResponse {
+        let (kind, code) = self.kind();
+        HttpResponse::build(self.status_code()).json(json!({
+            "error": { "message": self.to_string(), "type": kind, "code": code }
+        }))
+    }
+}

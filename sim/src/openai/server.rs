@@ -1,0 +1,267 @@
+//! [`EngineServer`]: the engine's business HTTP port on 127.0.0.1, served by actix-web on a
+//! thread of its own (its own `actix_rt::System`, one worker): `GET /health` always, and the
+//! OpenAI routes (503 without a text model). Dropping the server stops it and returns once
+//! the port is free again.
+
+use std::io;
+use std::net::TcpListener;
+use std::sync::{mpsc, Arc};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use actix_web::dev::ServerHandle;
+use actix_web::http::header;
+use actix_web::web::{self, Bytes, BytesMut};
+use actix_web::{App, HttpRequest, HttpResponse, HttpServer};
+use futures_util::StreamExt;
+use serde_json::json;
+use tracing::debug;
+
+use super::generate::{self, Reply};
+use super::request::{self, Kind};
+use super::{ApiError, OpenAiConfig, RequestGuard, RequestLoad};
+use crate::engine::Ranks;
+use crate::{EngineConfig, SimError};
+
+/// How long `drop` waits for the listening socket to close.
+const FREE_PORT_DEADLINE: Duration = Duration::from_secs(5);
+/// The response header naming the DP rank that served a request.
+pub const DP_RANK_HEADER: &str = "x-sim-dp-rank";
+/// The response header with the request's cached prompt tokens.
+pub const CACHED_TOKENS_HEADER: &str = "x-sim-cached-tokens";
+
+/// What the HTTP server needs from its engine.
+pub(crate) struct ServerState {
+    pub(crate) config: Arc<EngineConfig>,
+    pub(crate) ranks: Arc<Ranks>,
+    pub(crate) load: Arc<RequestLoad>,
+}
+
+/// The state handlers see: the engine's, plus the answer text of its model.
+struct Served {
+    engine: ServerState,
+    pieces: Arc<Vec<String>>,
+}
+
+impl Served {
+    fn openai(&self) -> Result<&OpenAiConfig, ApiError> {
+        let engine = || self.engine.config.instance_name();
+        self.engine.config.openai.as_ref().ok_or_else(|| ApiError::NoModel { engine: engine() })
+    }
+}
+
+/// The running server; stops on drop.
+pub(crate) struct EngineServer {
+    port: u16,
+    handle: Option<ServerHandle>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl EngineServer {
+    /// Binds 127.0.0.1:`http_port` and serves until dropped.
+    pub(crate) fn start(engine: ServerState) -> Result<EngineServer, SimError> {
+        let port = engine.config.http_port;
+        let http_err = |source| SimError::Http { port, source };
+        let listener = TcpListener::bind(("127.0.0.1", port)).map_err(http_err)?;
+        let pieces = engine.config.openai.as_ref().map(|o| generate::answer_pieces(&o.model));
+        let served = Served { engine, pieces: Arc::new(pieces.unwrap_or_default()) };
+        let name = format!("sim-{}-http", served.engine.config.name);
+        let (ready, started) = mpsc::sync_channel(1);
+        let thread = thread::Builder::new()
+            .name(name)
+            .spawn(move || run(listener, served, &ready))
+            .map_err(http_err)?;
+        let stopped = || io::Error::other("the HTTP thread stopped while starting");
+        let handle = started.recv().map_err(|_| http_err(stopped()))?.map_err(http_err)?;
+        Ok(EngineServer { port, handle: Some(handle), thread: Some(thread) })
+    }
+}
+
+impl Drop for EngineServer {
+    fn drop(&mut self) {
+        if let Some(handle) = self.handle.take() {
+            // `stop` sends the command at once; its future only reports completion, which
+            // joining the thread waits for.
+            drop(handle.stop(false));
+        }
+        if let Some(thread) = self.thread.take() {
+            // A panicked server thread has nothing left to clean up.
+            let _ = thread.join();
+        }
+        // actix closes the listener on its accept thread, which nobody joins: wait for it.
+        let deadline = Instant::now() + FREE_PORT_DEADLINE;
+        while TcpListener::bind(("127.0.0.1", self.port)).is_err() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+/// The server thread: runs the actix system until the server is stopped.
+fn run(listener: TcpListener, served: Served, ready: &mpsc::SyncSender<io::Result<ServerHandle>>) {
+    let system = actix_rt::System::new();
+    system.block_on(async move {
+        let data = web::Data::new(served);
+        let server = HttpServer::new(move || {
+            let route = |path: &str, method: actix_web::Route| {
+                web::resource(path).route(method).default_service(web::to(not_found))
+            };
+            App::new()
+                .app_data(data.clone())
+                .service(route("/health", web::get().to(health)))
+                .service(route("/v1/models", web::get().to(models)))
+                .service(route("/v1/chat/completions", web::post().to(chat)))
+                .service(route("/v1/completions", web::post().to(completions)))
+                .default_service(web::to(not_found))
+        })
+        .workers(1)
+        .worker_max_blocking_threads(4)
+        .disable_signals()
+        .shutdown_timeout(0)
+        .listen(listener);
+        let server = match server {
+            Ok(server) => server.run(),
+            Err(e) => {
+                let _ = ready.send(Err(e));
+                return;
+            }
+        };
+        let _ = ready.send(Ok(server.handle()));
+        if let Err(e) = server.await {
+            debug!(error = %e, "engine HTTP server failed");
+        }
+    });
+}
+
+async fn health() -> HttpResponse {
+    HttpResponse::Ok().content_type("application/json").body(r#"{"status":"ok"}"#)
+}
+
+async fn not_found(request: HttpRequest) -> HttpResponse {
+    let (method, path) = (request.method().to_string(), request.path().to_string());
+    actix_web::ResponseError::error_response(&ApiError::NotFound { method, path })
+}
+
+async fn models(served: web::Data<Served>) -> Result<HttpResponse, ApiError> {
+    let openai = served.openai()?;
+    Ok(HttpResponse::Ok().json(json!({
+        "object": "list",
+        "data": [{
+            "id": openai.served_model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "kvdir-sim",
+        }],
+    })))
+}
+
+async fn chat(
+    request: HttpRequest,
+    payload: web::Payload,
+    served: web::Data<Served>,
+) -> Result<HttpResponse, ApiError> {
+    serve(Kind::Chat, &request, payload, served).await
+}
+
+async fn completions(
+    request: HttpRequest,
+    payload: web::Payload,
+    served: web::Data<Served>,
+) -> Result<HttpResponse, ApiError> {
+    serve(Kind::Completion, &request, payload, served).await
+}
+
+/// Reads the body (at most `limit` bytes), tokenizes it, picks a rank, prefills, and answers.
+async fn serve(
+    kind: Kind,
+    request: &HttpRequest,
+    payload: web::Payload,
+    served: web::Data<Served>,
+) -> Result<HttpResponse, ApiError> {
+    let openai = served.openai()?.clone();
+    let body = read_body(request, payload, openai.max_request_bytes).await?;
+    let mut guard = RequestGuard::new(Arc::clone(&served.engine.load));
+    let (data, config) = (served.clone(), openai.clone());
+    let (parsed, rank, cached, mut guard) = blocking(move || {
+        let parsed = request::parse(kind, &body, &config)?;
+        let (ranks, load) = (&data.engine.ranks, &data.engine.load);
+        let (rank, cached) =
+            generate::choose_rank(ranks, load, &parsed.tokens).map_err(unavailable)?;
+        // Counted on the rank at once, so the next request's choice sees it.
+        guard.assign(rank);
+        Ok((parsed, rank, cached, guard))
+    })
+    .await?;
+    let prompt_tokens = parsed.tokens.len() as u64;
+    prefill(&served, &openai, rank, parsed.tokens, cached).await?;
+    guard.start_decode();
+    let decode = Duration::from_micros(openai.decode_us_per_token);
+    let pieces = Arc::clone(&served.pieces);
+    let model = &openai.served_model_name;
+    let reply = Reply::new(kind, parsed.params, model, prompt_tokens, cached, decode, pieces);
+    let mut response = HttpResponse::Ok();
+    response
+        .insert_header((DP_RANK_HEADER, rank.to_string()))
+        .insert_header((CACHED_TOKENS_HEADER, cached.to_string()));
+    if reply.params.stream {
+        response
+            .content_type("text/event-stream")
+            .insert_header((header::CACHE_CONTROL, "no-cache"));
+        return Ok(response.streaming(generate::sse(reply, guard)));
+    }
+    let body = reply.complete().await;
+    drop(guard);
+    Ok(response.json(body))
+}
+
+/// Sleeps the prefill cost of the uncached tokens, then puts the prompt in `rank`'s cache,
+/// which publishes its KV events.
+async fn prefill(
+    served: &web::Data<Served>,
+    openai: &OpenAiConfig,
+    rank: u32,
+    tokens: Vec<i32>,
+    cached: u64,
+) -> Result<(), ApiError> {
+    let uncached = (tokens.len() as u64).saturating_sub(cached);
+    let cost = Duration::from_micros(openai.prefill_us_per_token.saturating_mul(uncached));
+    tokio::time::sleep(cost).await;
+    let data = served.clone();
+    let process = move || data.engine.ranks.call(rank, move |r| r.process(&tokens));
+    blocking(move || process().map(|_| ()).map_err(unavailable)).await
+}
+
+/// Runs `f` on the blocking pool (tokenizing and rank calls are synchronous).
+async fn blocking<R: Send + 'static>(
+    f: impl FnOnce() -> Result<R, ApiError> + Send + 'static,
+) -> Result<R, ApiError> {
+    web::block(f).await.map_err(|e| ApiError::Unavailable(format!("blocking pool: {e}")))?
+}
+
+fn unavailable(e: SimError) -> ApiError {
+    ApiError::Unavailable(e.to_string())
+}
+
+/// The request body, refused with 413 as soon as it is known to exceed `limit`.
+async fn read_body(
+    request: &HttpRequest,
+    mut payload: web::Payload,
+    limit: usize,
+) -> Result<Bytes, ApiError> {
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(ApiError::TooLarge { limit });
+    }
+    let mut body = BytesMut::new();
+    while let Some(chunk) = payload.next().await {
+        let chunk = chunk.map_err(|e| ApiError::BadJson(format!("reading the body: {e}")))?;
+        if body.len() + chunk.len() > limit {
+            return Err(ApiError::TooLarge { limit });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body.freeze())
+}
