@@ -1,0 +1,290 @@
+//! The front door end to end: kvdir discovers three simulated engines in a real etcd, each an
+//! OpenAI-compatible server over its prefix cache; chat requests go client -> kvdir -> engine
+//! -> KV events -> kvdir's directory -> the next route.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use common::*;
+use kvdir::car::Policy;
+use kvdir::config::{Flags, FrontDoorFlags};
+use kvdir_sim::etcd_test::etcd_endpoint;
+use kvdir_sim::{EngineConfig, OpenAiConfig, Registration, RegistrationOptions, SimEngine};
+use kvdir_text::TextModel;
+use reqwest::blocking::{Client, Response};
+use serde_json::{json, Value};
+
+/// The served model's name (the demo model directory's name).
+const MODEL: &str = "kvdir-demo";
+
+/// The demo model directory, written once per test binary.
+fn model_dir() -> &'static PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("fd-{}", std::process::id())).join(MODEL);
+        kvdir_text::demo::write_model(&dir).expect("the demo model is written");
+        dir
+    })
+}
+
+fn model() -> Arc<TextModel> {
+    static MODEL_: OnceLock<Arc<TextModel>> = OnceLock::new();
+    Arc::clone(MODEL_.get_or_init(|| Arc::new(TextModel::load(model_dir(), None).unwrap())))
+}
+
+/// An engine serving the demo model, registered in etcd under `ns` with load reports.
+fn serving(etcd: &str, ns: &str, openai: &OpenAiConfig) -> (SimEngine, Registration) {
+    let engine = SimEngine::start(EngineConfig {
+        http_port: free_http_port(1),
+        block_size: B,
+        device_capacity_blocks: 4096,
+        openai: Some(openai.clone()),
+        ..EngineConfig::default()
+    })
+    .expect("engine starts");
+    let opts = RegistrationOptions {
+        etcd: etcd.into(),
+        namespace: ns.into(),
+        kind: 0,
+        write_loadmetrics: true,
+        ..RegistrationOptions::default()
+    };
+    let reg = Registration::start(&engine, opts).expect("registered");
+    (engine, reg)
+}
+
+fn costs(prefill_us: u64, decode_us: u64, max_tokens: u32) -> OpenAiConfig {
+    OpenAiConfig {
+        prefill_us_per_token: prefill_us,
+        decode_us_per_token: decode_us,
+        max_tokens,
+        ..OpenAiConfig::new(model(), MODEL)
+    }
+}
+
+/// kvdir with the front door, following etcd namespace `ns`.
+fn kvdir(etcd: &str, ns: &str, policy: Policy) -> kvdir_actors::Service {
+    let front = FrontDoorFlags { tokenizer_path: Some(model_dir().clone()), ..Default::default() };
+    let mut flags = Flags { front, ..Flags::default() };
+    flags.route.policy = policy;
+    discovery_service(etcd, ns, json!({}), flags)
+}
+
+/// Waits until kvdir routes over `n` instances with load reports and synchronized streams.
+fn ready(svc: &kvdir_actors::Service, n: usize) {
+    eventually("every engine known, loaded and synchronized", || {
+        let inst = http(svc.http_addr(), "GET", "/v1/internal/instances", &[], b"").json();
+        let list = inst["instances"].as_array().cloned().unwrap_or_default();
+        let loaded = list.iter().filter(|i| i["waiting_requests_num"].is_u64()).count();
+        let synced = query(svc, &[]).matches.iter().filter(|m| m.synchronized).count();
+        if list.len() == n && loaded == n && synced == n {
+            Ok(())
+        } else {
+            Err(format!("{} instances, {loaded} loaded, {synced} synchronized", list.len()))
+        }
+    });
+}
+
+fn client() -> Client {
+    Client::builder().timeout(Duration::from_secs(20)).build().unwrap()
+}
+
+fn chat(svc: &kvdir_actors::Service, messages: &Value, stream: bool) -> Response {
+    let body = json!({"model": MODEL, "messages": messages, "stream": stream});
+    client()
+        .post(format!("http://{}/v1/chat/completions", svc.http_addr()))
+        .json(&body)
+        .send()
+        .expect("kvdir answers")
+}
+
+fn header(r: &Response, name: &str) -> String {
+    r.headers().get(name).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string()
+}
+
+/// The token ids the engine computes for `messages` (for polling kvdir's directory).
+fn tokens_of(messages: &Value) -> Vec<i32> {
+    let m = model();
+    let text = m.chat_prompt(messages, None, true).unwrap();
+    m.encode(&text, false).unwrap().into_iter().map(|t| t as i32).collect()
+}
+
+fn conversation(system: &str, question: &str) -> Value {
+    json!([{"role": "system", "content": system}, {"role": "user", "content": question}])
+}
+
+fn long_system_prompt() -> String {
+    kvdir_text::demo::CORPUS.lines().take(12).collect::<Vec<_>>().join(" ")
+}
+
+#[test]
+fn a_shared_system_prompt_brings_the_next_chat_to_the_engine_that_holds_it() {
+    let etcd = etcd_endpoint();
+    let ns = format!("fd-share-{}", std::process::id());
+    let openai = costs(20, 0, 4);
+    let engines: Vec<_> = (0..3).map(|_| serving(&etcd.endpoint, &ns, &openai)).collect();
+    let svc = kvdir(&etcd.endpoint, &ns, Policy::Car);
+    ready(&svc, 3);
+    let system = long_system_prompt();
+
+    let first = conversation(&system, "What is the capital of France?");
+    let r = chat(&svc, &first, false);
+    assert_eq!(r.status().as_u16(), 200);
+    let holder = header(&r, "x-kvdir-instance");
+    assert_eq!(header(&r, "x-kvdir-policy"), "CAR");
+    let body: Value = r.json().unwrap();
+    assert_eq!(body["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "{body}");
+    assert!(body["choices"][0]["message"]["content"].as_str().is_some_and(|c| !c.is_empty()));
+
+    // The engine's KV events reach kvdir's directory.
+    let prompt = tokens_of(&first);
+    eventually("the first prompt in kvdir's directory", || {
+        let m = find_entry(&query(&svc, &prompt), &holder, 0).cloned();
+        match m {
+            Some(m) if m.device_hit_tokens > 0 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+
+    let second = conversation(&system, "And the capital of Spain?");
+    let r = chat(&svc, &second, false);
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(header(&r, "x-kvdir-instance"), holder, "routed to the engine holding the prefix");
+    let ratio: f64 = header(&r, "x-kvdir-kv-hit-ratio").parse().unwrap();
+    assert!(ratio > 0.5, "most of the prompt is the shared system prompt: {ratio}");
+    let body: Value = r.json().unwrap();
+    let cached = body["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    // The engine reuses the complete blocks of the prefix the two prompts share.
+    let next = tokens_of(&second);
+    let common = prompt.iter().zip(&next).take_while(|(a, b)| a == b).count() as u64;
+    assert!(common > 200, "the system prompt is most of the prompt: {common}");
+    assert_eq!(cached, common / u64::from(B) * u64::from(B), "{body}");
+
+    // Both decisions are visible to operators.
+    let recent = http(svc.http_addr(), "GET", "/v1/internal/route/recent", &[], b"").json();
+    assert!(recent["total"].as_u64().unwrap() >= 2, "{recent}");
+    let metrics = http(svc.http_addr(), "GET", "/metrics", &[], b"").body;
+    let line = format!("kvdir_frontend_requests_total{{instance=\"{holder}\",status=\"200\"}} 2");
+    assert!(metrics.contains(&line), "{line} missing from\n{metrics}");
+    drop(engines);
+}
+
+#[test]
+fn a_streamed_answer_passes_through_chunk_by_chunk() {
+    let etcd = etcd_endpoint();
+    let ns = format!("fd-stream-{}", std::process::id());
+    let (engine, _reg) = serving(&etcd.endpoint, &ns, &costs(0, 50_000, 8));
+    let svc = kvdir(&etcd.endpoint, &ns, Policy::Car);
+    ready(&svc, 1);
+    let r = chat(&svc, &conversation("Be brief.", "Count to eight."), true);
+    assert_eq!(r.status().as_u16(), 200);
+    assert!(header(&r, "content-type").starts_with("text/event-stream"), "{:?}", r.headers());
+    let mut lines = BufReader::new(r).lines();
+    let first = lines.next().unwrap().unwrap();
+    assert!(first.starts_with("data: {"), "{first}");
+    // The first chunk reached the client while the engine was still generating.
+    assert_eq!(engine.in_flight().running, 1, "the engine is still decoding");
+    let events: Vec<String> = std::iter::once(first)
+        .chain(lines.map(Result::unwrap))
+        .filter(|l| l.starts_with("data: "))
+        .collect();
+    assert_eq!(events.last().map(String::as_str), Some("data: [DONE]"));
+    let tokens = events.iter().filter(|e| e.contains("\"content\"")).count();
+    assert!(tokens >= 8, "one chunk per token: {events:?}");
+    assert_eq!(engine.in_flight().running, 0);
+}
+
+#[test]
+fn an_unreachable_engine_gets_one_retry_elsewhere_then_a_502() {
+    let etcd = etcd_endpoint();
+    let ns = format!("fd-retry-{}", std::process::id());
+    let openai = costs(0, 0, 2);
+    let (a, _reg_a) = serving(&etcd.endpoint, &ns, &openai);
+    let (b, _reg_b) = serving(&etcd.endpoint, &ns, &openai);
+    let svc = kvdir(&etcd.endpoint, &ns, Policy::Rr);
+    ready(&svc, 2);
+    let (dead, alive) = (a.instance_name(), b.instance_name());
+    drop(a); // its registration stays: kvdir still lists it
+    for i in 0..4 {
+        let r = chat(&svc, &conversation("Hi.", &format!("question {i}")), false);
+        assert_eq!(r.status().as_u16(), 200, "{:?}", r.text());
+        assert_eq!(header(&r, "x-kvdir-instance"), alive);
+    }
+    let metrics = http(svc.http_addr(), "GET", "/metrics", &[], b"").body;
+    let line =
+        format!("kvdir_frontend_requests_total{{instance=\"{dead}\",status=\"unreachable\"}}");
+    assert!(metrics.contains(&line), "round-robin tried {dead}: {line} missing from\n{metrics}");
+
+    drop(b);
+    let r = chat(&svc, &conversation("Hi.", "anyone?"), false);
+    assert_eq!(r.status().as_u16(), 502);
+    let body: Value = r.json().unwrap();
+    assert_eq!(body["error"]["code"], "upstream_unreachable", "{body}");
+    let message = body["error"]["message"].as_str().unwrap();
+    assert!(message.contains(&dead) && message.contains(&alive), "{message}");
+}
+
+#[test]
+fn requests_in_flight_spread_a_burst_that_would_all_hit_one_cache() {
+    let etcd = etcd_endpoint();
+    let ns = format!("fd-burst-{}", std::process::id());
+    // Slow prefill: a burst is still in flight when its last request is routed.
+    let openai = costs(3_000, 0, 1);
+    let engines: Vec<_> = (0..3).map(|_| serving(&etcd.endpoint, &ns, &openai)).collect();
+    let svc = kvdir(&etcd.endpoint, &ns, Policy::Car);
+    ready(&svc, 3);
+    let system = long_system_prompt();
+    let warm = conversation(&system, "warm up");
+    let r = chat(&svc, &warm, false);
+    assert_eq!(r.status().as_u16(), 200);
+    let holder = header(&r, "x-kvdir-instance");
+    let prompt = tokens_of(&warm);
+    eventually("the prompt in kvdir's directory", || {
+        match find_entry(&query(&svc, &prompt), &holder, 0) {
+            Some(m) if m.device_hit_tokens > 0 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    // The holder's load report taken during the warm-up is replaced by an idle one.
+    eventually("every engine reporting an empty queue", || {
+        let inst = http(svc.http_addr(), "GET", "/v1/internal/instances", &[], b"").json();
+        let busy: Vec<Value> = inst["instances"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|i| i["waiting_requests_num"] != 0)
+            .cloned()
+            .collect();
+        if busy.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{busy:?}"))
+        }
+    });
+    // Eight requests at once, each a hit on `holder` only. Load reports come every second at
+    // best; without its own in-flight count kvdir would send all eight there.
+    let svc_addr = svc.http_addr();
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let messages = conversation(&system, &format!("burst {i}"));
+            std::thread::spawn(move || {
+                let body = json!({"model": MODEL, "messages": messages});
+                let r = client()
+                    .post(format!("http://{svc_addr}/v1/chat/completions"))
+                    .json(&body)
+                    .send()
+                    .unwrap();
+                assert_eq!(r.status().as_u16(), 200);
+                header(&r, "x-kvdir-instance")
+            })
+        })
+        .collect();
+    let chosen: Vec<String> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let on_holder = chosen.iter().filter(|c| **c == holder).count();
+    assert!(on_holder >= 1 && on_holder < 8, "spread: {chosen:?}");
+    drop(engines);
+}
