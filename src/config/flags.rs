@@ -36,6 +36,8 @@ FLAGS (--flag=value or --flag value):
     --chat_template FILE           Jinja chat template overriding tokenizer_config.json's
     --served_model_name NAME       model name of the front door [default: the tokenizer
                                    directory's name]
+    --lora_adapters A,B            LoRA adapter names the engines serve; a request whose
+                                   `model` names one is looked up in that adapter's keys
     --api_key KEY                  require `Authorization: Bearer KEY` on the front door
     --upstream_connect_timeout_ms MS  connecting to an engine [default: 3000]
     --upstream_timeout_ms MS       waiting for an engine's response head, and the longest
@@ -105,6 +107,8 @@ pub struct FrontDoorFlags {
     pub chat_template: Option<PathBuf>,
     /// The model name clients use; defaults to the tokenizer directory's name.
     pub served_model_name: Option<String>,
+    /// LoRA adapters the engines serve, by the names requests use as `model`.
+    pub lora_adapters: Vec<String>,
     /// Required `Authorization: Bearer` key, if any.
     pub api_key: Option<String>,
     /// Connect timeout towards an engine.
@@ -119,6 +123,7 @@ impl Default for FrontDoorFlags {
             tokenizer_path: None,
             chat_template: None,
             served_model_name: None,
+            lora_adapters: Vec::new(),
             api_key: None,
             upstream_connect_timeout_ms: 3000,
             upstream_timeout_ms: 300_000,
@@ -217,6 +222,10 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
         "tokenizer_path" => flags.front.tokenizer_path = path(v),
         "chat_template" => flags.front.chat_template = path(v),
         "served_model_name" => flags.front.served_model_name = (!v.is_empty()).then(|| v.into()),
+        "lora_adapters" => {
+            flags.front.lora_adapters =
+                v.split(',').map(str::trim).filter(|a| !a.is_empty()).map(String::from).collect();
+        }
         "api_key" => flags.front.api_key = (!v.is_empty()).then(|| v.to_string()),
         "upstream_connect_timeout_ms" => {
             flags.front.upstream_connect_timeout_ms = number(name, v, 1, 600_000)?;

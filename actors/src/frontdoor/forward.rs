@@ -22,6 +22,7 @@ use actix_web::web::{self, Bytes};
 use actix_web::HttpResponse;
 use futures_util::stream::{BoxStream, Stream, StreamExt};
 use kvdir::car::{RequestId, Routed};
+use kvdir::query::QueryScope;
 
 use super::request::ApiKind;
 use super::{FrontError, FrontMetrics};
@@ -34,10 +35,11 @@ pub async fn run(
     kind: ApiKind,
     body: Vec<u8>,
     tokens: Vec<i32>,
+    scope: &QueryScope,
 ) -> Result<HttpResponse, FrontError> {
     let started = Instant::now();
     let body = Bytes::from(body);
-    let hits = state.indexes.read(&tokens);
+    let hits = state.indexes.read_in(&tokens, scope);
     let mut failed: Vec<(String, String)> = Vec::new();
     loop {
         let exclude = failed.iter().map(|f| f.0.clone()).collect();

@@ -21,6 +21,8 @@ use std::time::{Duration, Instant};
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use kvdir::config::FrontDoorFlags;
+use kvdir::index::Namespace;
+use kvdir::query::QueryScope;
 use kvdir_text::{TextError, TextModel};
 use serde_json::json;
 use subtle::ConstantTimeEq;
@@ -34,6 +36,7 @@ use request::{ApiKind, Prompt};
 pub struct FrontDoor {
     model: Option<Arc<TextModel>>,
     served_model_name: String,
+    lora_adapters: Vec<String>,
     api_key: Option<String>,
     client: reqwest::Client,
     upstream_timeout: Duration,
@@ -73,6 +76,7 @@ impl FrontDoor {
         Ok(FrontDoor {
             model,
             served_model_name,
+            lora_adapters: flags.lora_adapters.clone(),
             api_key: flags.api_key.clone(),
             client,
             upstream_timeout,
@@ -100,15 +104,24 @@ impl FrontDoor {
         }
     }
 
-    fn check_model(&self, model: &str) -> Result<(), FrontError> {
-        if model == self.served_model_name {
-            Ok(())
+    /// Which streams and keys a request for `model` (the served model or one of its LoRA
+    /// adapters) with `cache_salt` may get credit from.
+    pub fn scope(&self, model: &str, cache_salt: &str) -> Result<QueryScope, FrontError> {
+        let lora = if model == self.served_model_name {
+            0
+        } else if self.lora_adapters.iter().any(|a| a == model) {
+            Namespace::lora_name(model.as_bytes())
         } else {
-            Err(FrontError::ModelNotFound {
+            return Err(FrontError::ModelNotFound {
                 given: model.to_string(),
                 served: self.served_model_name.clone(),
-            })
-        }
+            });
+        };
+        Ok(QueryScope {
+            model: self.served_model_name.clone(),
+            namespace: Namespace { lora, salt: Namespace::salt(cache_salt.as_bytes()) },
+            ..QueryScope::default()
+        })
     }
 }
 
@@ -238,8 +251,11 @@ async fn models(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResp
     front.authorize(&req)?;
     Ok(HttpResponse::Ok().json(json!({
         "object": "list",
-        "data": [{"id": front.served_model_name, "object": "model", "created": 0,
-                  "owned_by": "kvdir", "ready": front.model.is_some()}],
+        "data": std::iter::once(&front.served_model_name)
+            .chain(&front.lora_adapters)
+            .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "kvdir",
+                             "ready": front.model.is_some()}))
+            .collect::<Vec<_>>(),
     })))
 }
 
@@ -260,14 +276,14 @@ async fn serve(
                 other => FrontError::invalid(other.to_string(), None),
             })?;
         let parsed = request::parse(kind, &body)?;
-        front.check_model(&parsed.model)?;
+        let scope = front.scope(&parsed.model, &parsed.cache_salt)?;
         let started = Instant::now();
         let max = state.max_query_tokens;
         let tokens = web::block(move || tokenize(&model, parsed.prompt, max))
             .await
             .map_err(|e| FrontError::Internal(format!("tokenizer task failed: {e}")))??;
         front.metrics.tokenization.observe(started.elapsed());
-        forward::run(&state, kind, body, tokens).await
+        forward::run(&state, kind, body, tokens, &scope).await
     };
     let result = result.await;
     if let Err(e) = &result {
@@ -303,4 +319,28 @@ fn tokenize(model: &TextModel, prompt: Prompt, max_tokens: usize) -> Result<Vec<
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_model_names_the_namespace_and_the_salt_joins_it() {
+        let flags = FrontDoorFlags {
+            served_model_name: Some("base".into()),
+            lora_adapters: vec!["sql".into()],
+            ..FrontDoorFlags::default()
+        };
+        let front = FrontDoor::new(&flags).unwrap();
+        let base = front.scope("base", "").unwrap();
+        assert_eq!((base.model.as_str(), base.namespace), ("base", Namespace::default()));
+        let sql = front.scope("sql", "").unwrap();
+        assert_eq!(sql.namespace.lora, Namespace::lora_name(b"sql"));
+        assert_eq!(sql.model, "base", "an adapter runs on the served model's engines");
+        let salted = front.scope("base", "tenant-7").unwrap();
+        assert_eq!(salted.namespace, Namespace { lora: 0, salt: Namespace::salt(b"tenant-7") });
+        let err = front.scope("other", "").unwrap_err();
+        assert!(matches!(err, FrontError::ModelNotFound { .. }), "{err}");
+    }
 }

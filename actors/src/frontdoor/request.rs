@@ -52,6 +52,8 @@ pub struct OpenAiRequest {
     pub prompt: Prompt,
     /// `stream`.
     pub stream: bool,
+    /// `cache_salt` (vLLM's extension): blocks are shared only with requests of the same salt.
+    pub cache_salt: String,
 }
 
 /// Parses `body` for `kind`; every problem names the field and what is expected.
@@ -70,11 +72,16 @@ pub fn parse(kind: ApiKind, body: &[u8]) -> Result<OpenAiRequest, FrontError> {
         Some(Value::Bool(b)) => *b,
         Some(other) => return Err(wrong("stream", "a boolean", other)),
     };
+    let cache_salt = match map.get("cache_salt") {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => return Err(wrong("cache_salt", "a string", other)),
+    };
     let prompt = match kind {
         ApiKind::Chat => chat_prompt(map)?,
         ApiKind::Completion => completion_prompt(map.get("prompt"))?,
     };
-    Ok(OpenAiRequest { model, prompt, stream })
+    Ok(OpenAiRequest { model, prompt, stream, cache_salt })
 }
 
 fn chat_prompt(map: &serde_json::Map<String, Value>) -> Result<Prompt, FrontError> {
