@@ -1,8 +1,13 @@
 //! The zero-setup demo (`kvdir` with no flags, or `--demo`): three in-process simulated engines
 //! (four DP streams, Device and Host tiers) and kvdir subscribed to them, driven by a
 //! shared-prefix workload that kvdir itself routes with CAR. Nothing beyond Rust is needed: no
-//! etcd and no config file. It prints the URLs to open (the status page first) and a one-line
-//! summary every 5 s. With `--internal_api_token` its own route requests carry the token.
+//! etcd and no config file. It prints the URLs to open (the status page first, then a working
+//! `curl` for the OpenAI front door) and a one-line summary every 5 s. With
+//! `--internal_api_token` its own route requests carry the token.
+//!
+//! The engines are OpenAI-compatible servers over their caches (named `127.0.0.1:<port>`, as
+//! registered instances are), and the front door serves the demo model that `kvdir-text`
+//! trains at start into a temporary directory, unless `--tokenizer_path` names another.
 //!
 //! The demo stands in for discovery: it knows each engine's identity, so its streams earn CAR
 //! credit, and it pushes the engines' queue lengths to the router as heartbeats would. Queues
@@ -15,7 +20,8 @@ use kvdir::car::Routed;
 use kvdir::config::{Flags, Limits, StreamSpec};
 use kvdir::registry::{Identity, InstanceState, InstanceType, LoadMetrics};
 use kvdir_sim::workload::{Workload, WorkloadConfig};
-use kvdir_sim::{EngineConfig, SimEngine};
+use kvdir_sim::{EngineConfig, OpenAiConfig, SimEngine};
+use kvdir_text::TextModel;
 
 use crate::router_actor::{InstanceInfo, SetCandidates};
 use crate::service::{Directory, Service};
@@ -26,8 +32,10 @@ const SUMMARY_EVERY: Duration = Duration::from_secs(5);
 /// Requests an engine finishes per tick in the queue model.
 const DRAIN_PER_TICK: f64 = 0.3;
 
-/// (name, DP size, Host capacity in blocks).
+/// (label, DP size, Host capacity in blocks).
 const ENGINES: [(&str, u32, usize); 3] = [("demo-a", 2, 512), ("demo-b", 1, 0), ("demo-c", 1, 256)];
+/// The demo model's name on the front door.
+const MODEL: &str = "kvdir-demo";
 
 struct Demo {
     engines: Vec<SimEngine>,
@@ -44,13 +52,26 @@ struct Demo {
 }
 
 /// Runs the demo until `flags.demo_seconds` pass (or forever).
-pub fn run(flags: Flags) -> Result<(), String> {
-    let mut demo = Demo::start()?;
+pub fn run(mut flags: Flags) -> Result<(), String> {
+    if flags.front.tokenizer_path.is_none() {
+        let dir = std::env::temp_dir().join(format!("kvdir-demo-{}", std::process::id()));
+        let dir = dir.join(MODEL);
+        kvdir_text::demo::write_model(&dir).map_err(|e| e.to_string())?;
+        flags.front.tokenizer_path = Some(dir);
+    }
+    let model = TextModel::load(
+        flags.front.tokenizer_path.as_deref().unwrap_or(std::path::Path::new(".")),
+        flags.front.chat_template.as_deref(),
+    )
+    .map_err(|e| format!("--tokenizer_path: {e}"))?;
+    let served = flags.front.served_model_name.clone().unwrap_or_else(|| MODEL.to_string());
+    flags.front.served_model_name = Some(served.clone());
+    let mut demo = Demo::start(OpenAiConfig::new(std::sync::Arc::new(model), &served))?;
     demo.token = flags.internal_api_token.clone();
     let svc =
         Service::start_directory(flags.clone(), demo.directory()).map_err(|e| e.to_string())?;
     let addr = svc.http_addr();
-    print_urls(&addr.to_string(), demo.token.is_some());
+    print_urls(&addr.to_string(), demo.token.is_some(), &served);
     let mut workload = Workload::new(WorkloadConfig {
         seed: 7,
         system_prompts: 4,
@@ -77,11 +98,15 @@ pub fn run(flags: Flags) -> Result<(), String> {
 }
 
 /// The URLs to open, the status page first; the first line is the address (tests read it).
-fn print_urls(addr: &str, with_token: bool) {
+fn print_urls(addr: &str, with_token: bool, model: &str) {
     say(&format!("kvdir demo listening on http://{addr}"));
     let (fragment, h) =
         if with_token { ("#token=...", "-H 'X-Internal-Token: ...' ") } else { ("", "") };
     say(&format!("  status:    http://{addr}/{fragment}   (live page: open it in a browser)"));
+    let chat = format!(
+        r#"-H 'Content-Type: application/json' -d '{{"model":"{model}","messages":[{{"role":"user","content":"Hello!"}}]}}'"#
+    );
+    say(&format!("  chat:      curl -sS -i http://{addr}/v1/chat/completions {chat}"));
     let q = r#"-d '{"token_ids":[]}'"#;
     say(&format!("  query:     curl -sS {h}http://{addr}/v1/internal/kv-cache/query {q}"));
     say(&format!("  streams:   curl -sS {h}http://{addr}/v1/internal/streams"));
@@ -98,7 +123,7 @@ fn say(line: &str) {
 }
 
 impl Demo {
-    fn start() -> Result<Demo, String> {
+    fn start(openai: OpenAiConfig) -> Result<Demo, String> {
         let mut engines = Vec::new();
         for (name, dp_size, host) in ENGINES {
             let config = EngineConfig {
@@ -107,9 +132,10 @@ impl Demo {
                 block_size: BLOCK,
                 device_capacity_blocks: 384,
                 host_capacity_blocks: host,
+                openai: Some(openai.clone()),
                 ..EngineConfig::default()
             };
-            engines.push(SimEngine::start(config).map_err(|e| e.to_string())?);
+            engines.push(start_on_free_port(config)?);
         }
         let identities = ENGINES
             .iter()
@@ -137,7 +163,7 @@ impl Demo {
         for (e, id) in self.engines.iter().zip(&self.identities) {
             for (rank, ep) in e.endpoints().into_iter().enumerate() {
                 let spec = StreamSpec {
-                    instance_name: e.config().name.clone(),
+                    instance_name: e.instance_name(),
                     dp_rank: rank as u32,
                     block_size: BLOCK,
                     endpoint: ep.event,
@@ -162,7 +188,7 @@ impl Demo {
             let (device, _) = e.counts(0).unwrap_or((0, 0));
             let usage = (device as f64 / 384.0).min(1.0);
             let candidate = kvdir::car::Candidate {
-                name: e.config().name.clone(),
+                name: e.instance_name(),
                 kind: InstanceType::Default,
                 mix_acting_prefill: true,
                 state: InstanceState::Active,
@@ -193,7 +219,7 @@ impl Demo {
             return;
         };
         let Ok(routed) = serde_json::from_str::<Routed>(&resp.body) else { return };
-        let Some(i) = self.engines.iter().position(|e| e.config().name == routed.prefill) else {
+        let Some(i) = self.engines.iter().position(|e| e.instance_name() == routed.prefill) else {
             return;
         };
         let chosen = routed.candidates.iter().find(|c| c.chosen);
@@ -212,7 +238,7 @@ impl Demo {
             .engines
             .iter()
             .zip(&self.picks)
-            .map(|(e, p)| format!("{}={p}", e.config().name))
+            .map(|(e, p)| format!("{}={p}", e.instance_name()))
             .collect();
         let rate = if self.input_tokens == 0 {
             0.0
@@ -226,4 +252,24 @@ impl Demo {
             picks.join(" ")
         )
     }
+}
+
+/// Starts `config` on a free loopback HTTP port whose derived ZeroMQ ports (+10000, +30000 per
+/// rank) are free too; a port taken meanwhile is retried.
+fn start_on_free_port(config: EngineConfig) -> Result<SimEngine, String> {
+    let free = |p: u16| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok();
+    let start = 20_000 + (std::process::id() % 500) as u16 * 10;
+    let mut last = String::from("no free port");
+    for port in (start..25_000).step_by(7) {
+        let ranks = 0..config.dp_size as u16;
+        if !free(port) || !ranks.clone().all(|r| free(port + 10_000 + r) && free(port + 30_000 + r))
+        {
+            continue;
+        }
+        match SimEngine::start(EngineConfig { http_port: port, ..config.clone() }) {
+            Ok(engine) => return Ok(engine),
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(format!("cannot start a demo engine: {last}"))
 }

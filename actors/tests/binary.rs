@@ -6,7 +6,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{kvdir, post_to, spawn};
+use common::{kvdir, post_to, request, spawn};
 use kvdir_sim::{EngineConfig, SimEngine};
 
 fn repo_file(path: &str) -> PathBuf {
@@ -122,7 +122,8 @@ fn the_binary_serves_a_simulated_engines_cache() {
     );
 }
 
-/// `kvdir --demo`: simulated engines in-process, all four streams synchronized, routes answered.
+/// `kvdir --demo`: simulated engines in-process, all four streams synchronized, routes answered,
+/// and the front door's `curl` line it prints answers a chat through one of its engines.
 #[test]
 fn the_demo_runs_without_any_setup() {
     let args = ["--demo", "--demo_seconds=60", "--http_server_port=0"];
@@ -134,18 +135,24 @@ fn the_demo_runs_without_any_setup() {
         query = post_to(addr, "/v1/internal/kv-cache/query", r#"{"token_ids":[]}"#);
         route = post_to(addr, "/v1/internal/route", r#"{"token_ids":[1,2,3,4]}"#);
         if query.matches("\"synchronized\":true").count() == 4
-            && route.contains("\"prefill\":\"demo-")
+            && route.contains("\"prefill\":\"127.0.0.1:")
         {
             break;
         }
         std::thread::sleep(Duration::from_millis(50)); // poll interval, under the deadline
     }
-    drop(kv);
     assert_eq!(query.matches("\"synchronized\":true").count(), 4, "{query}");
     assert!(
-        route.contains("\"policy\":\"CAR\"") && route.contains("\"prefill\":\"demo-"),
+        route.contains("\"policy\":\"CAR\"") && route.contains("\"prefill\":\"127.0.0.1:"),
         "{route}"
     );
+    let chat = r#"{"model":"kvdir-demo","messages":[{"role":"user","content":"Hello!"}]}"#;
+    let reply = request(addr, "POST", "/v1/chat/completions", None, Some(chat));
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(reply.head.to_lowercase().contains("x-kvdir-instance: 127.0.0.1:"), "{}", reply.head);
+    let answer: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
+    assert!(answer["choices"][0]["message"]["content"].as_str().is_some_and(|c| !c.is_empty()));
+    drop(kv);
 }
 
 /// Runs a one-second demo with `envs` and `args` and returns its stderr lines.

@@ -23,7 +23,8 @@ use serde_json::Value;
 const CHROMIUM: &str = "/usr/bin/chromium";
 const TOKEN: &str = "status-page-test-token";
 /// The demo's engines and their DP sizes (actors/src/demo.rs).
-const INSTANCES: [(&str, u32); 3] = [("demo-a", 2), ("demo-b", 1), ("demo-c", 1)];
+/// DP sizes of the demo's three engines (named `127.0.0.1:<port>`), in name order.
+const DP_SIZES: usize = 4;
 /// How long the demo may take to fill.
 const DEADLINE: Duration = Duration::from_secs(60);
 /// How long the page may take to show a filled service (it refreshes every second).
@@ -57,7 +58,7 @@ fn the_status_page_shows_live_streams_residency_and_decisions() {
     let kv =
         spawn(&[&args[..], &[token_flag.as_str()]].concat(), "kvdir demo listening on http://");
     let addr = kv.addr.clone();
-    wait_until_filled(&addr);
+    let instances = wait_until_filled(&addr);
     the_page_is_static_and_the_data_needs_the_token(&addr);
     the_recent_decisions_are_bounded_and_newest_first(&addr);
 
@@ -75,7 +76,8 @@ fn the_status_page_shows_live_streams_residency_and_decisions() {
 
     // With it, the page shows what the service reports.
     let recorder = Recorder::start(&addr);
-    let shown = dump_until(&format!("{url}#token={TOKEN}"), check_filled_page);
+    let shown =
+        dump_until(&format!("{url}#token={TOKEN}"), |dom| check_filled_page(dom, &instances));
     let observed = recorder.stop();
     assert_matches_the_service(shown, &observed);
 }
@@ -104,8 +106,8 @@ fn assert_matches_the_service(shown: Vec<Row>, observed: &Observed) {
 }
 
 /// Polls the service until every demo stream is synchronized with Device blocks and more
-/// decisions were made than the ring keeps.
-fn wait_until_filled(addr: &str) {
+/// decisions were made than the ring keeps; returns each instance with its DP size.
+fn wait_until_filled(addr: &str) -> Vec<(String, u32)> {
     let deadline = Instant::now() + DEADLINE;
     let (mut query, mut recent) = (Value::Null, Value::Null);
     while Instant::now() < deadline {
@@ -117,7 +119,17 @@ fn wait_until_filled(addr: &str) {
                 .iter()
                 .all(|m| m["synchronized"] == true && m["device_blocks"].as_u64() > Some(0));
         if filled && recent["total"].as_u64() > Some(20) {
-            return;
+            let mut instances: Vec<(String, u32)> = Vec::new();
+            for m in &matches {
+                let name = m["instance_name"].as_str().unwrap_or_default().to_string();
+                match instances.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, dp)) => *dp += 1,
+                    None => instances.push((name, 1)),
+                }
+            }
+            let ranks: u32 = instances.iter().map(|i| i.1).sum();
+            assert_eq!((instances.len(), ranks as usize), (3, DP_SIZES), "{query}");
+            return instances;
         }
         std::thread::sleep(Duration::from_millis(50)); // poll interval, under the deadline
     }
@@ -173,12 +185,12 @@ fn the_recent_decisions_are_bounded_and_newest_first(addr: &str) {
 }
 
 /// Checks a dumped DOM; returns what each stream row shows.
-fn check_filled_page(dom: &str) -> Result<Vec<Row>, String> {
+fn check_filled_page(dom: &str, instances: &[(String, u32)]) -> Result<Vec<Row>, String> {
     if !dom.contains(r#"id="status" data-state="live""#) {
         return Err("status is not live".into());
     }
     let mut shown = Vec::new();
-    for (name, dp_size) in INSTANCES {
+    for (name, dp_size) in instances.iter().map(|(n, d)| (n.as_str(), *d)) {
         if !dom.contains(&format!(r#"<div class="instance" data-instance="{name}">"#)) {
             return Err(format!("no section for {name}"));
         }
@@ -197,7 +209,7 @@ fn check_filled_page(dom: &str) -> Result<Vec<Row>, String> {
     let decisions = dom.matches(r#"<li class="decision""#).count();
     let first =
         element(dom, r#"<li class="decision""#, "</li>").ok_or("no routing decision listed")?;
-    let explained = first.contains(r#"data-policy="CAR" data-prefill="demo-"#)
+    let explained = first.contains(r#"data-policy="CAR" data-prefill="127.0.0.1:"#)
         && first.contains(r#"data-chosen="true""#);
     if !explained || !(1..=20).contains(&decisions) {
         return Err(format!("{decisions} decisions; the newest: {first}"));
