@@ -164,6 +164,20 @@ fn a_shared_system_prompt_brings_the_next_chat_to_the_engine_that_holds_it() {
     assert!(common > 200, "the system prompt is most of the prompt: {common}");
     assert_eq!(cached, common / u64::from(B) * u64::from(B), "{body}");
 
+    // Discovered streams carry the model the engines registered; another model's query
+    // leaves them out.
+    let streams = report(&svc);
+    assert!(
+        streams["streams"].as_array().unwrap().iter().all(|s| s["model"] == MODEL),
+        "{streams}"
+    );
+    let scoped = |model: &str| {
+        let body = json!({"token_ids": prompt, "model": model}).to_string();
+        let r = http(svc.http_addr(), "POST", "/v1/internal/kv-cache/query", &[], body.as_bytes());
+        r.json()["matches"].as_array().map_or(0, Vec::len)
+    };
+    assert_eq!((scoped(MODEL), scoped("another-model")), (3, 0));
+
     // Both decisions are visible to operators.
     let recent = http(svc.http_addr(), "GET", "/v1/internal/route/recent", &[], b"").json();
     assert!(recent["total"].as_u64().unwrap() >= 2, "{recent}");

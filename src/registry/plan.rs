@@ -166,7 +166,7 @@ fn streams_for(
                 replay_endpoint: ep(d.replay_port_offset, rank),
                 topic: d.topic.clone(),
                 hash_seed: 1024,
-                model: String::new(),
+                model: r.model.clone(),
                 salt: String::new(),
             },
             identity: r.identity.clone(),

@@ -82,6 +82,9 @@ pub struct InstanceRecord {
     pub dp_size: u32,
     /// `xllm` (or absent) gets subscriptions; other backends do not.
     pub backend: String,
+    /// The model it serves (`model_name`, a kvdir extension of the record; empty: not said).
+    /// Its streams carry it, so queries for another model leave them out.
+    pub model: String,
     /// `[prompt_len, ttft_ms]` samples, for SLO_AWARE.
     pub ttft_profile: Vec<(f64, f64)>,
     /// `[avg_len, batch, tpot_ms]` samples, for SLO_AWARE.
@@ -100,6 +103,8 @@ struct Raw {
     register_ts_ms: Option<u64>,
     dp_size: Option<u32>,
     backend_type: Option<String>,
+    #[serde(default)]
+    model_name: Option<String>,
     #[serde(default)]
     ttft_profiling_data: Vec<(f64, f64)>,
     #[serde(default)]
@@ -168,6 +173,7 @@ pub fn parse_instance(key_name: &str, value: &[u8]) -> Result<InstanceRecord, Re
         },
         dp_size: raw.dp_size.unwrap_or(1).max(1),
         backend: raw.backend_type.unwrap_or_else(|| "xllm".into()),
+        model: raw.model_name.unwrap_or_default(),
         ttft_profile: raw.ttft_profiling_data,
         tpot_profile: raw.tpot_profiling_data,
     })

@@ -137,8 +137,15 @@ fn type_segment(kind: u8) -> &'static str {
     }
 }
 
-/// The instance JSON of contract.md section 5, absent optionals omitted.
-fn instance_json(name: &str, dp_size: u32, incarnation: &str, o: &RegistrationOptions) -> Value {
+/// The instance JSON of contract.md section 5, absent optionals omitted; `model` is the
+/// served model of an OpenAI engine (`model_name`).
+fn instance_json(
+    name: &str,
+    dp_size: u32,
+    incarnation: &str,
+    model: Option<&str>,
+    o: &RegistrationOptions,
+) -> Value {
     let mut v = Map::new();
     v.insert("name".into(), json!(name));
     v.insert("rpc_address".into(), json!(""));
@@ -153,6 +160,9 @@ fn instance_json(name: &str, dp_size: u32, incarnation: &str, o: &RegistrationOp
     }
     if let Some(current) = o.current_type {
         v.insert("current_type".into(), json!(current));
+    }
+    if let Some(model) = model {
+        v.insert("model_name".into(), json!(model));
     }
     Value::Object(v)
 }
@@ -239,7 +249,8 @@ impl Registration {
         let prefix = namespace_prefix(&opts.namespace);
         let key = format!("{prefix}XLLM:{}:{name}", type_segment(opts.kind));
         let incarnation_id = opts.incarnation_id.clone().unwrap_or_else(random_incarnation);
-        let value = instance_json(&name, engine.config().dp_size, &incarnation_id, &opts);
+        let model = engine.config().openai.as_ref().map(|o| o.served_model_name.as_str());
+        let value = instance_json(&name, engine.config().dp_size, &incarnation_id, model, &opts);
         let shared = Arc::new(Shared {
             load: Mutex::new(Load { waiting: 0, usage: 0.0 }),
             live: engine.request_load(),

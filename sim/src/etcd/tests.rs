@@ -14,13 +14,14 @@ fn instance_json_parses_as_kvdir_reads_it() {
         backend_type: Some("xllm".into()),
         ..RegistrationOptions::default()
     };
-    let v = instance_json("127.0.0.1:8000", 2, "abc", &o);
+    let v = instance_json("127.0.0.1:8000", 2, "abc", Some("m"), &o);
     let r = parse_instance("127.0.0.1:8000", v.to_string().as_bytes()).unwrap();
     assert_eq!((r.kind, r.dp_size, r.mix_acting_prefill), (InstanceType::Mix, 2, false));
     assert_eq!(r.identity.incarnation_id.as_deref(), Some("abc"));
     assert_eq!(r.identity.register_ts_ms, Some(7));
-    let plain = instance_json("127.0.0.1:8000", 1, "abc", &RegistrationOptions::default());
-    for absent in ["register_ts_ms", "backend_type", "current_type"] {
+    assert_eq!(r.model, "m", "an OpenAI engine names its model");
+    let plain = instance_json("127.0.0.1:8000", 1, "abc", None, &RegistrationOptions::default());
+    for absent in ["register_ts_ms", "backend_type", "current_type", "model_name"] {
         assert!(plain.get(absent).is_none(), "{absent} present in {plain}");
     }
     assert_eq!(plain["rpc_address"], "");
