@@ -68,7 +68,17 @@ fn costs(prefill_us: u64, decode_us: u64, max_tokens: u32) -> OpenAiConfig {
 
 /// kvdir with the front door, following etcd namespace `ns`.
 fn kvdir(etcd: &str, ns: &str, policy: Policy) -> kvdir_actors::Service {
-    let front = FrontDoorFlags { tokenizer_path: Some(model_dir().clone()), ..Default::default() };
+    kvdir_with(etcd, ns, policy, FrontDoorFlags::default())
+}
+
+/// [`kvdir`] with other front door flags (the demo model is always the tokenizer).
+fn kvdir_with(
+    etcd: &str,
+    ns: &str,
+    policy: Policy,
+    front: FrontDoorFlags,
+) -> kvdir_actors::Service {
+    let front = FrontDoorFlags { tokenizer_path: Some(model_dir().clone()), ..front };
     let mut flags = Flags { front, ..Flags::default() };
     flags.route.policy = policy;
     discovery_service(etcd, ns, json!({}), flags)
@@ -301,4 +311,40 @@ fn requests_in_flight_spread_a_burst_that_would_all_hit_one_cache() {
     let on_holder = chosen.iter().filter(|c| **c == holder).count();
     assert!((1..8).contains(&on_holder), "spread: {chosen:?}");
     drop(engines);
+}
+
+#[test]
+fn a_client_that_goes_away_cancels_the_request_at_the_engine() {
+    let etcd = etcd_endpoint();
+    let ns = format!("fd-cancel-{}", std::process::id());
+    // 1,000 tokens at 50 ms each: the answer would take 50 s, past any deadline here.
+    let (engine, _reg) = serving(&etcd.endpoint, &ns, &costs(0, 50_000, 1_000));
+    let svc = kvdir(&etcd.endpoint, &ns, Policy::Car);
+    ready(&svc, 1);
+    let r = chat(&svc, &conversation("Be long.", "Tell me everything."), true);
+    assert_eq!(r.status().as_u16(), 200);
+    let mut lines = BufReader::new(r).lines();
+    assert!(lines.next().unwrap().unwrap().starts_with("data: {"));
+    assert_eq!(engine.in_flight().running, 1, "the engine is generating");
+    drop(lines); // the client disconnects
+    eventually("the engine to stop generating", || match engine.in_flight().running {
+        0 => Ok(()),
+        n => Err(format!("{n} running")),
+    });
+}
+
+#[test]
+fn an_engine_slower_than_the_upstream_timeout_is_a_504() {
+    let etcd = etcd_endpoint();
+    let ns = format!("fd-timeout-{}", std::process::id());
+    // 100 ms per prompt token: no response head for seconds.
+    let (_engine, _reg) = serving(&etcd.endpoint, &ns, &costs(100_000, 0, 1));
+    let front = FrontDoorFlags { upstream_timeout_ms: 300, ..FrontDoorFlags::default() };
+    let svc = kvdir_with(&etcd.endpoint, &ns, Policy::Car, front);
+    ready(&svc, 1);
+    let r = chat(&svc, &conversation("Hi.", "Slowly, please."), false);
+    assert_eq!(r.status().as_u16(), 504);
+    let body: Value = r.json().unwrap();
+    assert_eq!(body["error"]["code"], "upstream_timeout", "{body}");
+    assert!(body["error"]["message"].as_str().unwrap().contains("300 ms"), "{body}");
 }

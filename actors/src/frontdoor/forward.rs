@@ -50,17 +50,9 @@ pub async fn run(
             Err(e) => return Err(unreachable(&failed, Some(&e.to_string()))),
         };
         let progress = Progress::new(state.router.clone(), routed.prefill.clone(), id);
-        let url = format!("http://{}{}", routed.prefill, kind.path());
-        let request = state
-            .front
-            .client
-            .post(&url)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body.clone())
-            .send();
-        match tokio::time::timeout(state.front.upstream_timeout, request).await {
-            Ok(Ok(response)) => return Ok(relay(state, response, &routed, progress, started)),
-            Ok(Err(e)) => {
+        match send(state, kind, &routed.prefill, body.clone()).await {
+            Ok(response) => return Ok(relay(state, response, &routed, progress, started)),
+            Err(Some(e)) => {
                 tracing::warn!(instance = %routed.prefill, error = %e, "engine unreachable");
                 state.front.metrics.count_failed(&routed.prefill);
                 failed.push((routed.prefill.clone(), e.to_string()));
@@ -68,7 +60,7 @@ pub async fn run(
                     return Err(unreachable(&failed, None));
                 }
             }
-            Err(_) => {
+            Err(None) => {
                 return Err(FrontError::UpstreamTimeout(format!(
                     "{} sent no response head within --upstream_timeout_ms = {} ms",
                     routed.prefill,
@@ -76,6 +68,30 @@ pub async fn run(
                 )))
             }
         }
+    }
+}
+
+/// POSTs `body` to `instance`; `Err(None)` when it took longer than `--upstream_timeout_ms`
+/// (the engine has the request and is slow: retrying would run it twice), `Err(Some(e))` when
+/// it could not be reached.
+async fn send(
+    state: &AppState,
+    kind: ApiKind,
+    instance: &str,
+    body: Bytes,
+) -> Result<reqwest::Response, Option<reqwest::Error>> {
+    let request = state
+        .front
+        .client
+        .post(format!("http://{instance}{}", kind.path()))
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .send();
+    match tokio::time::timeout(state.front.upstream_timeout, request).await {
+        Ok(Ok(response)) => Ok(response),
+        Ok(Err(e)) if e.is_timeout() => Err(None),
+        Ok(Err(e)) => Err(Some(e)),
+        Err(_) => Err(None),
     }
 }
 
