@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use kvdir::config::{Limits, StreamSpec};
+use kvdir::stream::StreamPhase;
 use serde::Serialize;
 
 use crate::index_actor::{IndexActor, Invalidate, StreamShared};
@@ -62,7 +63,7 @@ pub struct StreamReport {
     /// Snapshot endpoint.
     pub replay_endpoint: String,
     /// `disconnected`, `syncing`, `live`, `resyncing` or `backoff`.
-    pub phase: &'static str,
+    pub phase: StreamPhase,
     /// Whether the SUB socket is connected.
     pub connected: bool,
     /// Live messages received.
@@ -216,7 +217,7 @@ impl Supervised for StreamActor {
         self.stop_worker();
         self.restarts += 1;
         if let Ok(mut s) = self.status.lock() {
-            s.phase = "disconnected";
+            s.phase = StreamPhase::Disconnected;
         }
     }
 }
@@ -231,7 +232,7 @@ impl Handler<WorkerExited> for StreamActor {
         let delay = Duration::from_millis(200 * (1 << self.restarts.min(5)));
         self.backoff = Some(delay);
         if let Ok(mut s) = self.status.lock() {
-            s.phase = "backoff";
+            s.phase = StreamPhase::Backoff;
             s.connected = false;
             s.last_fault = Some(format!("stream worker failed: {}", msg.0));
         }
@@ -259,7 +260,7 @@ impl Handler<GetStreamReport> for StreamActor {
             model: self.spec.model.clone(),
             endpoint: self.spec.endpoint.clone(),
             replay_endpoint: self.spec.replay_endpoint.clone(),
-            phase: if s.phase.is_empty() { "disconnected" } else { s.phase },
+            phase: s.phase,
             connected: s.connected,
             messages: s.messages,
             decode_errors: s.decode_errors,

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use kvdir::config::{Limits, StreamSpec};
 use kvdir::index::{SharedSnapshot, StreamWriter};
-use kvdir::stream::{Action, Recovery, RecoveryConfig, RecoveryStats};
+use kvdir::stream::{Action, Recovery, RecoveryConfig, RecoveryStats, StreamPhase};
 use kvdir::wire::{decode_live, decode_snapshot_frame, Batch, SnapshotFrame};
 
 use crate::faults::{self, FaultPoint};
@@ -34,8 +34,8 @@ const SUB_HWM: i32 = 100_000;
 /// What the worker reports about itself, read by the stream actor's status handler.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct WorkerStatus {
-    /// Recovery phase name.
-    pub phase: &'static str,
+    /// Recovery phase.
+    pub phase: StreamPhase,
     /// Whether the SUB socket has completed its ZMTP handshake with the publisher.
     pub connected: bool,
     /// Recovery counters.
@@ -255,7 +255,7 @@ impl Worker {
     /// (a publisher sending garbage must not flood the log).
     fn fault(&mut self, reason: String, seq: u64, now: Instant) {
         let (stream, dp) = (&self.ctx.spec.instance_name, self.ctx.spec.dp_rank);
-        if self.recovery.phase_name() == "live" {
+        if self.recovery.phase() == StreamPhase::Live {
             tracing::warn!(%stream, dp, seq, %reason, "stream fault");
         } else {
             tracing::debug!(%stream, dp, seq, %reason, "stream fault while recovering");
@@ -280,7 +280,7 @@ impl Worker {
                     self.recovery.on_snapshot_error(&reason, now, &mut self.actions);
                 }
             }
-            if !matches!(self.recovery.phase_name(), "syncing" | "resyncing") {
+            if !self.recovery.phase().is_syncing() {
                 break;
             }
         }
@@ -427,8 +427,8 @@ impl Worker {
     }
 
     fn publish_status(&mut self) {
-        self.status.phase = self.recovery.phase_name();
-        if self.status.phase == "live" {
+        self.status.phase = self.recovery.phase();
+        if self.status.phase == StreamPhase::Live {
             self.warn_on_invalidate = true;
         }
         let stats = self.recovery.stats();

@@ -12,7 +12,9 @@
 
 mod recovery;
 
-pub use recovery::{Action, Recovery, RecoveryConfig, RecoveryStats, MAX_FAILED_RESYNCS};
+pub use recovery::{
+    Action, Recovery, RecoveryConfig, RecoveryStats, StreamPhase, MAX_FAILED_RESYNCS,
+};
 
 #[cfg(test)]
 mod tests;

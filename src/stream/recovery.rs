@@ -110,6 +110,41 @@ enum Phase {
     Backoff { until: Instant },
 }
 
+/// A stream's phase as operators see it (the streams report's `phase`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamPhase {
+    /// No connection to the publisher; no credit.
+    #[default]
+    Disconnected,
+    /// Waiting for the first snapshot (or one after a fault); no credit.
+    Syncing,
+    /// Applying live batches; credit.
+    Live,
+    /// A periodic snapshot while live batches still apply; credit.
+    Resyncing,
+    /// Waiting to retry a failed snapshot; no credit.
+    Backoff,
+}
+
+impl StreamPhase {
+    /// The name in the streams report.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            StreamPhase::Disconnected => "disconnected",
+            StreamPhase::Syncing => "syncing",
+            StreamPhase::Live => "live",
+            StreamPhase::Resyncing => "resyncing",
+            StreamPhase::Backoff => "backoff",
+        }
+    }
+
+    /// Whether a snapshot is being received.
+    pub fn is_syncing(self) -> bool {
+        matches!(self, StreamPhase::Syncing | StreamPhase::Resyncing)
+    }
+}
+
 /// The recovery state machine of one stream.
 pub struct Recovery {
     cfg: RecoveryConfig,
@@ -125,7 +160,7 @@ pub struct Recovery {
 impl std::fmt::Debug for Recovery {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Recovery")
-            .field("phase", &self.phase_name())
+            .field("phase", &self.phase())
             .field("next_seq", &self.next_seq)
             .finish()
     }
@@ -158,14 +193,14 @@ impl Recovery {
         self.stats
     }
 
-    /// `disconnected`, `live`, `syncing`, `resyncing` or `backoff`.
-    pub fn phase_name(&self) -> &'static str {
+    /// The phase, as operators see it.
+    pub fn phase(&self) -> StreamPhase {
         match &self.phase {
-            Phase::Disconnected => "disconnected",
-            Phase::Live { .. } => "live",
-            Phase::Syncing(p) if p.keep_live => "resyncing",
-            Phase::Syncing(_) => "syncing",
-            Phase::Backoff { .. } => "backoff",
+            Phase::Disconnected => StreamPhase::Disconnected,
+            Phase::Live { .. } => StreamPhase::Live,
+            Phase::Syncing(p) if p.keep_live => StreamPhase::Resyncing,
+            Phase::Syncing(_) => StreamPhase::Syncing,
+            Phase::Backoff { .. } => StreamPhase::Backoff,
         }
     }
 

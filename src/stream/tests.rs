@@ -66,7 +66,7 @@ fn cold_start_snapshots_then_applies_in_order() {
     let t0 = Instant::now();
     let mut m = machine();
     let mut out = Vec::new();
-    assert_eq!(m.phase_name(), "disconnected");
+    assert_eq!(m.phase(), StreamPhase::Disconnected);
     m.on_connected(t0, &mut out);
     assert_eq!(show(&mut out), ["request 0"]);
     m.on_live(3, batch(), 10, t0, &mut out);
@@ -142,7 +142,7 @@ fn deltas_that_do_not_continue_the_watermark_fail_and_back_off() {
             "invalidate: live deltas do not continue the snapshot: expected sequence 5, got 8"
         ]
     );
-    assert_eq!(m.phase_name(), "backoff");
+    assert_eq!(m.phase(), StreamPhase::Backoff);
     m.on_live(9, batch(), 10, t0, &mut out);
     assert!(out.is_empty(), "batches are dropped while backing off");
     m.on_tick(t0 + Duration::from_millis(99), &mut out);
@@ -219,7 +219,7 @@ fn a_snapshot_of_another_dp_rank_is_rejected() {
             "invalidate: snapshot rejected: batch dp_rank 0 does not match the stream's dp_rank 1"
         ]
     );
-    assert_eq!((m.phase_name(), m.stats().recoveries), ("backoff", 0), "no credit from it");
+    assert_eq!((m.phase(), m.stats().recoveries), (StreamPhase::Backoff, 0), "no credit from it");
 
     m.on_tick(t0 + Duration::from_millis(100), &mut out);
     let mut rank1 = batch();
@@ -256,7 +256,7 @@ fn periodic_resync_keeps_applying_and_installs_without_losing_credit() {
     let (mut m, mut out) = live_at(3, t0);
     m.on_tick(t0 + Duration::from_secs(10), &mut out);
     assert_eq!(show(&mut out), ["request 3"], "no invalidation for a routine resync");
-    assert_eq!(m.phase_name(), "resyncing");
+    assert_eq!(m.phase(), StreamPhase::Resyncing);
     m.on_live(3, batch(), 10, t0, &mut out);
     m.on_live(4, batch(), 10, t0, &mut out);
     assert_eq!(show(&mut out), ["apply 3", "apply 4"]);
@@ -270,7 +270,7 @@ fn periodic_resync_keeps_applying_and_installs_without_losing_credit() {
     m.on_tick(t1, &mut out);
     m.on_tick(t1 + Duration::from_millis(201), &mut out);
     assert_eq!(show(&mut out), ["request 5", "close"]);
-    assert_eq!(m.phase_name(), "live");
+    assert_eq!(m.phase(), StreamPhase::Live);
 }
 
 #[test]
@@ -280,7 +280,7 @@ fn a_gap_during_periodic_resync_invalidates() {
     m.on_tick(t0 + Duration::from_secs(10), &mut out);
     m.on_live(5, batch(), 10, t0, &mut out);
     assert_eq!(show(&mut out), ["request 3", "invalidate: sequence gap: expected 3, got 5"]);
-    assert_eq!(m.phase_name(), "syncing");
+    assert_eq!(m.phase(), StreamPhase::Syncing);
 }
 
 #[test]
@@ -293,7 +293,7 @@ fn a_full_state_batch_restores_sync_from_any_phase() {
     out.clear();
     m.on_live(40, full_state(), 10, t0, &mut out);
     assert_eq!(show(&mut out), ["apply 40"]);
-    assert_eq!(m.phase_name(), "live");
+    assert_eq!(m.phase(), StreamPhase::Live);
     m.on_live(41, batch(), 10, t0, &mut out);
     assert_eq!(show(&mut out), ["apply 41"]);
     m.on_live(0, full_state(), 10, t0, &mut out);
@@ -335,7 +335,7 @@ fn the_next_deadline_follows_the_phase() {
     assert_eq!(m.next_deadline(), Some(t0 + cfg().replay_timeout), "the snapshot timeout");
     let t1 = t0 + Duration::from_millis(300);
     m.on_tick(t1, &mut out);
-    assert_eq!(m.phase_name(), "backoff");
+    assert_eq!(m.phase(), StreamPhase::Backoff);
     assert_eq!(m.next_deadline(), Some(t1 + cfg().backoff_min), "the end of the back-off");
     let (live, _) = live_at(5, t0);
     assert_eq!(live.next_deadline(), Some(t0 + cfg().resync_interval), "the periodic resync");
@@ -354,7 +354,7 @@ fn consecutive_failed_resyncs_end_the_credit_and_a_success_resets_the_count() {
     for _ in 1..MAX_FAILED_RESYNCS {
         fail_one_resync(&mut m, &mut out);
         assert_eq!(show(&mut out), ["request 3", "close"], "live events keep the credit");
-        assert_eq!(m.phase_name(), "live");
+        assert_eq!(m.phase(), StreamPhase::Live);
     }
     fail_one_resync(&mut m, &mut out);
     let shown = show(&mut out);
@@ -364,7 +364,7 @@ fn consecutive_failed_resyncs_end_the_credit_and_a_success_resets_the_count() {
             .starts_with("invalidate: 3 periodic resyncs failed in a row (last: snapshot ended"),
         "{shown:?}"
     );
-    assert_eq!(m.phase_name(), "backoff");
+    assert_eq!(m.phase(), StreamPhase::Backoff);
 
     // Once a snapshot succeeds, the count starts again.
     let (mut m, mut out) = live_at(3, t0);
@@ -378,6 +378,6 @@ fn consecutive_failed_resyncs_end_the_credit_and_a_success_resets_the_count() {
             m.on_snapshot_reply(3, &batch(), t, &mut out);
             m.on_snapshot_end(t, &mut out);
         }
-        assert_eq!(m.phase_name(), "live", "round {round}: {:?}", show(&mut out));
+        assert_eq!(m.phase().as_str(), "live", "round {round}: {:?}", show(&mut out));
     }
 }
