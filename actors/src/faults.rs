@@ -45,25 +45,25 @@ mod armed {
 #[cfg(feature = "fault-injection")]
 pub fn arm(point: FaultPoint, instance: &str, dp_rank: u32, times: u32, fault: Fault) {
     let stream = (instance.to_string(), dp_rank);
-    if let Ok(mut a) = armed::ARMED.lock() {
-        a.push(armed::Armed { point, stream, remaining: times, fault });
-    }
+    crate::sync::lock(&armed::ARMED).push(armed::Armed { point, stream, remaining: times, fault });
 }
 
 /// Checks `point` for a stream: `Err` (or a panic) when a fault is armed for it.
 pub fn check(point: FaultPoint, instance: &str, dp_rank: u32) -> Result<(), zmq::Error> {
     #[cfg(feature = "fault-injection")]
     {
-        let fault = armed::ARMED.lock().ok().and_then(|mut all| {
-            let a = all.iter_mut().find(|a| {
+        let fault = crate::sync::lock(&armed::ARMED)
+            .iter_mut()
+            .find(|a| {
                 a.point == point
                     && a.remaining > 0
                     && a.stream.0 == instance
                     && a.stream.1 == dp_rank
-            })?;
-            a.remaining -= 1;
-            Some(a.fault)
-        });
+            })
+            .map(|a| {
+                a.remaining -= 1;
+                a.fault
+            });
         match fault {
             Some(Fault::OutOfFiles) => return Err(zmq::Error::EMFILE),
             Some(Fault::Panic) => panic!("injected fault at {point:?}"),
@@ -79,9 +79,7 @@ pub fn check(point: FaultPoint, instance: &str, dp_rank: u32) -> Result<(), zmq:
 #[cfg(feature = "fault-injection")]
 pub fn hold_stream(instance: &str, dp_rank: u32) -> StreamHold {
     let stream = (instance.to_string(), dp_rank);
-    if let Ok(mut h) = armed::HELD.lock() {
-        h.push(stream.clone());
-    }
+    crate::sync::lock(&armed::HELD).push(stream.clone());
     StreamHold { stream }
 }
 
@@ -94,9 +92,7 @@ pub struct StreamHold {
 #[cfg(feature = "fault-injection")]
 impl Drop for StreamHold {
     fn drop(&mut self) {
-        if let Ok(mut h) = armed::HELD.lock() {
-            h.retain(|s| *s != self.stream);
-        }
+        crate::sync::lock(&armed::HELD).retain(|s| *s != self.stream);
     }
 }
 
@@ -104,10 +100,12 @@ impl Drop for StreamHold {
 pub fn stream_held(instance: &str, dp_rank: u32) -> bool {
     #[cfg(feature = "fault-injection")]
     {
-        if let Ok(held) = armed::HELD.lock() {
-            return held.iter().any(|(i, d)| i == instance && *d == dp_rank);
-        }
+        let held = crate::sync::lock(&armed::HELD);
+        held.iter().any(|(i, d)| i == instance && *d == dp_rank)
     }
-    let _ = (instance, dp_rank);
-    false
+    #[cfg(not(feature = "fault-injection"))]
+    {
+        let _ = (instance, dp_rank);
+        false
+    }
 }

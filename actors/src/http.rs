@@ -277,13 +277,10 @@ async fn recent_routes(
 async fn stream_reports(
     state: &AppState,
 ) -> Result<Vec<(StreamReport, Arc<metrics::StreamCounters>)>, ApiError> {
-    let running: Vec<_> = match state.streams.read() {
-        Ok(m) => m
-            .values()
-            .map(|r| (r.stream.clone(), Arc::clone(&r.counters), r.source.as_str()))
-            .collect(),
-        Err(_) => Vec::new(),
-    };
+    let running: Vec<_> = crate::sync::read(&state.streams)
+        .values()
+        .map(|r| (r.stream.clone(), Arc::clone(&r.counters), r.source.as_str()))
+        .collect();
     let mut reports = Vec::with_capacity(running.len());
     for (s, counters, source) in running {
         let report = StreamReport { source, ..s.send(GetStreamReport).await? };

@@ -78,7 +78,7 @@ impl Indexes {
                 .find(|g| (g.block_size, g.hash_seed) == (block_size, hash_seed))
                 .map(|g| g.index.clone())
         };
-        if let Some(index) = self.groups.read().ok().and_then(|g| find(&g)) {
+        if let Some(index) = find(&crate::sync::read(&self.groups)) {
             return index;
         }
         let mut groups = self.groups.write().unwrap_or_else(|e| e.into_inner());

@@ -11,6 +11,7 @@
 //! - [`indexes`]: the shared query indexes and the lock-free, mailbox-free read path.
 //! - [`index_actor`]: `IndexActor`, the owner of one stream's writer in its shared index (its stream
 //!   thread is the single writer).
+//! - [`sync`]: locks that survive a panicked holder.
 //! - [`metrics`]: per-stream and request counters and the `/metrics` rendering.
 //! - [`router_actor`]: `RouterActor`, routing decisions: rotation and recent decisions.
 //! - [`http`]: routes and `ApiError`, the one place errors become status codes.
@@ -31,6 +32,7 @@ pub mod service;
 pub mod status_page;
 pub mod stream_actor;
 pub mod streams;
+pub mod sync;
 pub mod worker;
 
 pub use service::{Service, StartError};

@@ -15,6 +15,7 @@ use kvdir::stream::StreamPhase;
 use serde::Serialize;
 
 use crate::index_actor::{IndexActor, Invalidate, StreamShared};
+use crate::sync::lock;
 use crate::worker::{self, Stop, WorkerCtx, WorkerStatus};
 
 static WORKER_IDS: AtomicU64 = AtomicU64::new(0);
@@ -28,15 +29,14 @@ pub struct WorkerThreads(Arc<Mutex<Vec<Thread>>>);
 
 impl WorkerThreads {
     fn add(&self, handle: std::thread::JoinHandle<()>, stop: Arc<Stop>) {
-        if let Ok(mut all) = self.0.lock() {
-            all.retain(|(h, _)| !h.is_finished());
-            all.push((handle, stop));
-        }
+        let mut all = lock(&self.0);
+        all.retain(|(h, _)| !h.is_finished());
+        all.push((handle, stop));
     }
 
     /// Stops every thread and waits for it (a stop wakes the thread, which ends at once).
     pub fn stop_and_join(&self) {
-        let all = self.0.lock().map(|mut all| std::mem::take(&mut *all)).unwrap_or_default();
+        let all = std::mem::take(&mut *lock(&self.0));
         for (_, stop) in &all {
             stop.set();
         }
@@ -216,9 +216,7 @@ impl Supervised for StreamActor {
     fn restarting(&mut self, _: &mut Self::Context) {
         self.stop_worker();
         self.restarts += 1;
-        if let Ok(mut s) = self.status.lock() {
-            s.phase = StreamPhase::Disconnected;
-        }
+        lock(&self.status).phase = StreamPhase::Disconnected;
     }
 }
 
@@ -231,7 +229,8 @@ impl Handler<WorkerExited> for StreamActor {
         self.index.do_send(Invalidate { reason: format!("stream worker failed: {}", msg.0) });
         let delay = Duration::from_millis(200 * (1 << self.restarts.min(5)));
         self.backoff = Some(delay);
-        if let Ok(mut s) = self.status.lock() {
+        {
+            let mut s = lock(&self.status);
             s.phase = StreamPhase::Backoff;
             s.connected = false;
             s.last_fault = Some(format!("stream worker failed: {}", msg.0));
@@ -252,7 +251,7 @@ impl Handler<GetStreamReport> for StreamActor {
     type Result = MessageResult<GetStreamReport>;
 
     fn handle(&mut self, _: GetStreamReport, _: &mut Context<Self>) -> Self::Result {
-        let s = self.status.lock().map(|s| s.clone()).unwrap_or_default();
+        let s = lock(&self.status).clone();
         MessageResult(StreamReport {
             instance_name: self.spec.instance_name.clone(),
             dp_rank: self.spec.dp_rank,

@@ -23,6 +23,7 @@ use crate::indexes::Indexes;
 use crate::metrics::StreamCounters;
 use crate::router_actor::{RouterActor, StreamKey};
 use crate::stream_actor::{Shutdown, StreamActor, WorkerThreads};
+use crate::sync::{read, write};
 
 /// Why a stream could not start.
 #[derive(Debug, Error)]
@@ -153,7 +154,7 @@ impl StreamSet {
 
     /// Keys of the running streams.
     pub fn keys(&self) -> Vec<StreamKey> {
-        self.map.read().map(|m| m.keys().cloned().collect()).unwrap_or_default()
+        read(&self.map).keys().cloned().collect()
     }
 
     /// Keys of the running streams from `source`.
@@ -161,13 +162,13 @@ impl StreamSet {
         let from = |m: &BTreeMap<StreamKey, RunningStream>| {
             m.iter().filter(|(_, r)| r.source == source).map(|(k, _)| k.clone()).collect()
         };
-        self.map.read().map(|m| from(&m)).unwrap_or_default()
+        from(&read(&self.map))
     }
 
     /// Starts a registered stream after the checks every stream passes: no stream of the same
     /// instance and rank, no endpoint shared with another stream, at most `max_streams`.
     pub fn register(&self, reg: Registration) -> Result<(), StartStreamError> {
-        let _one_at_a_time = self.registering.lock().unwrap_or_else(|e| e.into_inner());
+        let _one_at_a_time = crate::sync::lock(&self.registering);
         self.check_new(&reg.spec)?;
         self.start_as(reg.spec, None, StreamSource::Register, reg.tenant)
     }
@@ -207,7 +208,7 @@ impl StreamSet {
 
     /// The running stream for `key`.
     pub fn get(&self, key: &StreamKey) -> Option<RunningStream> {
-        self.map.read().ok().and_then(|m| m.get(key).cloned())
+        read(&self.map).get(key).cloned()
     }
 
     /// Starts a stream; queries list it (unsynchronized) once this returns.
@@ -228,7 +229,7 @@ impl StreamSet {
         tenant: String,
     ) -> Result<(), StartStreamError> {
         let key = StreamKey { instance_name: spec.instance_name.clone(), dp_rank: spec.dp_rank };
-        let n = self.map.read().map(|m| m.len()).unwrap_or(0);
+        let n = read(&self.map).len();
         let arb = &self.arbiters[n % self.arbiters.len()];
         let label = StreamLabel {
             instance_name: spec.instance_name.clone(),
@@ -248,18 +249,15 @@ impl StreamSet {
         let stream = Supervisor::start_in_arbiter(arb, move |_| {
             StreamActor::new(s, limits, idx, shared, zmq, threads)
         });
-        if let Ok(mut m) = self.map.write() {
-            let run = RunningStream { spec, identity, source, tenant, stream, counters, index };
-            m.insert(key, run);
-        }
+        let run = RunningStream { spec, identity, source, tenant, stream, counters, index };
+        write(&self.map).insert(key, run);
         Ok(())
     }
 
     /// Stops a stream: when this returns, its entry and bits have left query answers.
     pub async fn stop(&self, key: &StreamKey) {
-        let handles = self.map.read().ok().and_then(|m| {
-            m.get(key).map(|running| (running.stream.clone(), running.index.clone()))
-        });
+        let handles =
+            read(&self.map).get(key).map(|running| (running.stream.clone(), running.index.clone()));
         let Some((stream, index)) = handles else { return };
         stream.do_send(Shutdown);
         // Drops the writer (waiting for a write in progress); a closed mailbox means the
@@ -267,8 +265,6 @@ impl StreamSet {
         let _ = index.send(Shutdown).await;
         // Only now, with its bits gone from the shared index, does the stream leave the map:
         // a report that no longer lists it never meets a query answer that still does.
-        if let Ok(mut map) = self.map.write() {
-            map.remove(key);
-        }
+        write(&self.map).remove(key);
     }
 }

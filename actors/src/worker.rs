@@ -22,6 +22,7 @@ use kvdir::wire::{decode_live, decode_snapshot_frame, Batch, SnapshotFrame};
 
 use crate::faults::{self, FaultPoint};
 use crate::index_actor::StreamShared;
+use crate::sync::lock;
 
 mod stop;
 pub use stop::{Stop, StopListener};
@@ -143,7 +144,7 @@ impl Worker {
         sub.set_subscribe(ctx.spec.topic.as_bytes())?;
         sub.connect(&ctx.spec.endpoint)?;
         // A restarted worker continues its predecessor's counters.
-        let status = ctx.status.lock().map(|s| s.clone()).unwrap_or_default();
+        let status = lock(&ctx.status).clone();
         let index_config = ctx.spec.index_config(&ctx.limits);
         let recovery =
             Recovery::new(RecoveryConfig::for_stream(&ctx.spec, &ctx.limits), index_config)
@@ -438,10 +439,9 @@ impl Worker {
             }
         }
         self.status.stats = stats;
-        if let Ok(mut s) = self.ctx.status.lock() {
-            if *s != self.status {
-                s.clone_from(&self.status);
-            }
+        let mut s = lock(&self.ctx.status);
+        if *s != self.status {
+            s.clone_from(&self.status);
         }
     }
 }
