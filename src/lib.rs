@@ -4,8 +4,8 @@
 //!   accepted dialect into a reusable batch, and encoders for the simulator and tests.
 //! - [`index`]: content keys, one stream's tiered prefix index (engine-hash map, limits,
 //!   snapshots) and its lock-free read view with prefix matching; and the shared index (one
-//!   `content key -> stream sets` view for all streams, one walk per query), not yet used by
-//!   the service.
+//!   `content key -> stream sets` view for all streams, one walk per query), which the
+//!   service queries.
 //! - [`stream`]: one subscription's recovery state machine: sequence gaps, snapshots with
 //!   buffered deltas, back-off and periodic resync, with time passed in.
 //! - [`config`]: command-line flags and the `kv_events_config_file`, validated with every
@@ -14,9 +14,11 @@
 //!   adapter, salt, tenant, instance) and its response types.
 //! - [`indexer`]: the KV indexer API of Mooncake RFC #1403: register bodies and the RFC answer.
 //! - [`metrics`]: a lock-free latency histogram and the Prometheus text format.
+//! - [`backoff`]: the doubling retry delay every retry loop uses.
 //!
 //! The contract is `docs/contract.md`; the layout is in the README.
 
+pub mod backoff;
 pub mod car;
 pub mod config;
 pub mod index;

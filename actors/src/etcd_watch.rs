@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use actix::Addr;
+use kvdir::backoff::Backoff;
 use kvdir::registry::{watched_prefixes, watched_range};
 use kvdir_etcd::{Client, Event};
 
@@ -20,7 +21,7 @@ const ETCD_TIMEOUT: Duration = Duration::from_secs(5);
 /// Lists the registry prefixes ([`watched_prefixes`]) under `prefix` and watches
 /// [`watched_range`], forever, feeding `discovery`.
 pub async fn run(discovery: Addr<DiscoveryActor>, endpoint: String, prefix: String) {
-    let mut backoff = BACKOFF_MIN;
+    let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
     loop {
         let listed_before = std::time::Instant::now();
         let error = match watch_once(&discovery, &endpoint, &prefix).await {
@@ -32,10 +33,9 @@ pub async fn run(discovery: Addr<DiscoveryActor>, endpoint: String, prefix: Stri
             return;
         }
         if listed_before.elapsed() > Duration::from_secs(10) {
-            backoff = BACKOFF_MIN;
+            backoff.reset();
         }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(BACKOFF_MAX);
+        tokio::time::sleep(backoff.next_delay()).await;
     }
 }
 

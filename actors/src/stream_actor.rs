@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
+use kvdir::backoff::Backoff;
 use kvdir::config::{Limits, StreamSpec};
 use kvdir::stream::StreamPhase;
 use serde::Serialize;
@@ -120,6 +121,8 @@ pub struct StreamActor {
     threads: WorkerThreads,
     restarts: u64,
     backoff: Option<Duration>,
+    /// Delays between restarts: 200 ms, doubling, at most 6.4 s.
+    restart_delay: Backoff,
 }
 
 impl StreamActor {
@@ -143,6 +146,7 @@ impl StreamActor {
             threads,
             restarts: 0,
             backoff: None,
+            restart_delay: Backoff::new(Duration::from_millis(200), Duration::from_millis(6400)),
         }
     }
 
@@ -227,7 +231,7 @@ impl Handler<WorkerExited> for StreamActor {
         tracing::error!(stream = %self.spec.instance_name, dp = self.spec.dp_rank, error = %msg.0, "stream worker failed; restarting");
         // No credit while no worker follows the publisher.
         self.index.do_send(Invalidate { reason: format!("stream worker failed: {}", msg.0) });
-        let delay = Duration::from_millis(200 * (1 << self.restarts.min(5)));
+        let delay = self.restart_delay.next_delay();
         self.backoff = Some(delay);
         {
             let mut s = lock(&self.status);

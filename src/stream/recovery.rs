@@ -1,5 +1,6 @@
 //! [`Recovery`]: sequence tracking, snapshot recovery, buffering and back-off for one stream.
 
+use crate::backoff::Backoff;
 use std::time::{Duration, Instant};
 
 use crate::config::{Limits, StreamSpec};
@@ -151,7 +152,7 @@ pub struct Recovery {
     index: IndexConfig,
     phase: Phase,
     next_seq: Option<u64>,
-    backoff: Duration,
+    backoff: Backoff,
     /// Periodic resyncs that failed since the last installed snapshot.
     failed_resyncs: u32,
     stats: RecoveryStats,
@@ -169,7 +170,7 @@ impl std::fmt::Debug for Recovery {
 impl Recovery {
     /// A disconnected stream; nothing happens until [`Recovery::on_connected`] or a live batch.
     pub fn new(cfg: RecoveryConfig, index: IndexConfig) -> Self {
-        let backoff = cfg.backoff_min;
+        let backoff = Backoff::new(cfg.backoff_min, cfg.backoff_max);
         Recovery {
             cfg,
             index,
@@ -300,7 +301,7 @@ impl Recovery {
         self.stats.full_state_restores += 1;
         self.apply(seq, batch, out);
         self.phase = Phase::Live { since_snapshot: now };
-        self.backoff = self.cfg.backoff_min;
+        self.backoff.reset();
     }
 
     fn buffer(
@@ -386,7 +387,7 @@ impl Recovery {
         self.next_seq = Some(watermark + deltas.len() as u64);
         self.stats.recoveries += 1;
         self.stats.last_recovery = Some(now.saturating_duration_since(p.started));
-        self.backoff = self.cfg.backoff_min;
+        self.backoff.reset();
         self.phase = Phase::Live { since_snapshot: now };
         self.failed_resyncs = 0;
         out.push(Action::CloseSnapshot);
@@ -471,7 +472,6 @@ impl Recovery {
             self.failed_resyncs = 0;
         }
         self.invalidate(&reason, out);
-        self.phase = Phase::Backoff { until: now + self.backoff };
-        self.backoff = (self.backoff * 2).min(self.cfg.backoff_max);
+        self.phase = Phase::Backoff { until: now + self.backoff.next_delay() };
     }
 }
