@@ -1,8 +1,8 @@
 //! [`Recovery`]: sequence tracking, snapshot recovery, buffering and back-off for one stream.
 
-use crate::backoff::Backoff;
 use std::time::{Duration, Instant};
 
+use crate::backoff::Backoff;
 use crate::config::{Limits, StreamSpec};
 use crate::index::{IndexConfig, SharedSnapshot};
 use crate::wire::Batch;
