@@ -216,7 +216,7 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 /// The value of an unlabelled Prometheus sample `name value`.
-fn metric(text: &str, name: &str) -> Option<f64> {
+pub(crate) fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
