@@ -223,7 +223,7 @@ fn rate(name: &str, value: &str) -> Result<Option<f64>, String> {
     }
 }
 
-fn switch(name: &str, value: &str) -> Result<bool, String> {
+pub(crate) fn switch(name: &str, value: &str) -> Result<bool, String> {
     match value {
         "true" | "1" => Ok(true),
         "false" | "0" => Ok(false),

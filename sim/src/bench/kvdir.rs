@@ -96,7 +96,8 @@ impl Drop for Kvdir {
     }
 }
 
-fn temp_dir() -> PathBuf {
+/// A fresh path under the system temp directory, named after this process.
+pub(crate) fn temp_dir() -> PathBuf {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());

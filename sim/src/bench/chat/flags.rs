@@ -5,8 +5,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::super::flags::{check_loopback, BenchOptions, Mode};
-use super::super::replay::flags::policy_name;
+use super::super::flags::{check_loopback, switch, BenchOptions, Mode};
+use super::super::replay::flags::{policy_name, POLICIES};
 use super::super::BenchError;
 use crate::cli::{choice, flag_pairs, number};
 use kvdir::car::Policy;
@@ -141,9 +141,6 @@ pub enum ChatCommand {
     Run(Box<ChatOptions>),
 }
 
-const POLICIES: [(&str, Policy); 3] =
-    [("CAR", Policy::Car), ("RR", Policy::Rr), ("SLO_AWARE", Policy::SloAware)];
-
 /// Parses the arguments after `chat`.
 pub fn parse_chat_args<I>(args: I) -> Result<ChatCommand, BenchError>
 where
@@ -182,14 +179,6 @@ where
     match problems.is_empty() {
         true => Ok(ChatCommand::Run(Box::new(o))),
         false => Err(BenchError::Flags(problems)),
-    }
-}
-
-fn switch(name: &str, value: &str) -> Result<bool, String> {
-    match value {
-        "true" | "1" => Ok(true),
-        "false" | "0" => Ok(false),
-        _ => Err(format!("--{name} = {value:?} is not true or false")),
     }
 }
 

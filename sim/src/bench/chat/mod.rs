@@ -25,7 +25,7 @@ use kvdir_text::TextModel;
 
 use super::fleet::Fleet;
 use super::http::Conn;
-use super::kvdir::{cpu_seconds, metric, Kvdir, Rss};
+use super::kvdir::{cpu_seconds, metric, temp_dir, Kvdir, Rss};
 use super::probe::Probe;
 use super::{loadavg, BenchError, BenchOptions};
 use crate::OpenAiConfig;
@@ -57,12 +57,7 @@ impl Drop for TempDir {
 /// Runs the chat load described by `o` and returns its report.
 pub fn run(o: &ChatOptions) -> Result<ChatReport, BenchError> {
     let loadavg_start = loadavg();
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let temp = TempDir(
-        std::env::temp_dir().join(format!("kvdir-bench-chat-{}-{nanos}", std::process::id())),
-    );
+    let temp = TempDir(temp_dir());
     let dir = temp.0.join("model");
     let model = load_model(&dir)?;
     let openai = OpenAiConfig {
