@@ -1,10 +1,13 @@
 //! The `kvdir-bench` binary: parses flags, runs the load against kvdir
 //! ([`kvdir_sim::bench::run`]) or, as `kvdir-bench replay ...`, replays a trace
-//! ([`kvdir_sim::bench::replay::run`]), and prints the report, as text or with `--json` as JSON.
+//! ([`kvdir_sim::bench::replay::run`]) or, as `kvdir-bench chat ...`, sends chat requests through
+//! kvdir's OpenAI front door ([`kvdir_sim::bench::chat::run`]), and prints the report, as text
+//! or with `--json` as JSON.
 //! Exit codes: 0 after a report, 1 when the run failed, 2 for bad flags.
 
 use std::process::ExitCode;
 
+use kvdir_sim::bench::chat::{self, ChatCommand};
 use kvdir_sim::bench::replay::{self, ReplayCommand};
 use kvdir_sim::bench::{self, BenchCommand, BenchError};
 
@@ -12,6 +15,9 @@ fn main() -> ExitCode {
     let mut args = std::env::args().skip(1).peekable();
     if args.next_if(|a| a == "replay").is_some() {
         return replay_main(args);
+    }
+    if args.next_if(|a| a == "chat").is_some() {
+        return chat_main(args);
     }
     let options = match bench::parse_args(args) {
         Ok(BenchCommand::Help) => {
@@ -35,6 +41,19 @@ fn replay_main(args: impl Iterator<Item = String>) -> ExitCode {
         Err(e) => return flags_failed(e),
     };
     match replay::run(&options) {
+        Ok(report) if options.json => print_ok(format!("{:#}\n", report.json())),
+        Ok(report) => print_ok(report.text()),
+        Err(e) => failed(e),
+    }
+}
+
+fn chat_main(args: impl Iterator<Item = String>) -> ExitCode {
+    let options = match chat::parse_chat_args(args) {
+        Ok(ChatCommand::Help) => return print_ok(chat::CHAT_HELP.to_string()),
+        Ok(ChatCommand::Run(options)) => options,
+        Err(e) => return flags_failed(e),
+    };
+    match chat::run(&options) {
         Ok(report) if options.json => print_ok(format!("{:#}\n", report.json())),
         Ok(report) => print_ok(report.text()),
         Err(e) => failed(e),

@@ -84,18 +84,23 @@ impl KindStats {
 
     /// Nearest-rank percentile of the served requests' latency (zero when none).
     pub fn percentile(&self, p: f64) -> Duration {
-        let n = self.latencies.len();
-        if n == 0 {
-            return Duration::ZERO;
-        }
-        let rank = ((p / 100.0) * n as f64).ceil() as usize;
-        self.latencies[rank.clamp(1, n) - 1]
+        percentile(&self.latencies, p)
     }
 
     /// The slowest served request (zero when none).
     pub fn max(&self) -> Duration {
         self.latencies.last().copied().unwrap_or_default()
     }
+}
+
+/// Nearest-rank percentile `p` of `sorted` (zero when empty).
+pub fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let n = sorted.len();
+    if n == 0 {
+        return Duration::ZERO;
+    }
+    let rank = ((p / 100.0) * n as f64).ceil() as usize;
+    sorted[rank.clamp(1, n) - 1]
 }
 
 /// Who sends what, and where.

@@ -19,6 +19,8 @@ kvdir-bench: drive a running kvdir with simulated engines and HTTP clients, prin
 
 USAGE: kvdir-bench [--flag=value | --flag value]...
        kvdir-bench replay --trace FILE ...   replay a request trace (kvdir-bench replay --help)
+       kvdir-bench chat --etcd_addr H:P ...  chat load through the OpenAI front door
+                                             (kvdir-bench chat --help)
 
 How kvdir learns about the engines (one of):
   --etcd_addr H:P          register every engine in this etcd (leased key, LOADMETRICS,
@@ -221,7 +223,7 @@ fn rate(name: &str, value: &str) -> Result<Option<f64>, String> {
     }
 }
 
-fn switch(name: &str, value: &str) -> Result<bool, String> {
+pub(crate) fn switch(name: &str, value: &str) -> Result<bool, String> {
     match value {
         "true" | "1" => Ok(true),
         "false" | "0" => Ok(false),

@@ -13,7 +13,10 @@ use serde_json::{json, Value};
 
 use super::flags::{BenchOptions, Mode};
 use super::BenchError;
-use crate::{cli, EngineConfig, Published, Registration, RegistrationOptions, SimEngine, SimError};
+use crate::{
+    cli, EngineConfig, OpenAiConfig, Published, Registration, RegistrationOptions, SimEngine,
+    SimError,
+};
 
 /// Discovery's default offsets (kvdir's `discovery.event_port_offset` / `replay_port_offset`).
 const EVENT_OFFSET: u32 = 10_000;
@@ -48,6 +51,14 @@ pub struct Fleet {
 impl Fleet {
     /// Starts `--engines` engines by the port rule of the mode.
     pub fn start(o: &BenchOptions) -> Result<Fleet, BenchError> {
+        Fleet::start_serving(o, None)
+    }
+
+    /// Starts the engines, OpenAI-compatible servers with `openai` when given.
+    pub fn start_serving(
+        o: &BenchOptions,
+        openai: Option<&OpenAiConfig>,
+    ) -> Result<Fleet, BenchError> {
         let base = match o.mode {
             Mode::Static => None,
             Mode::Etcd { .. } => Some(http_base(o)?),
@@ -55,7 +66,8 @@ impl Fleet {
         let mut engines = Vec::with_capacity(o.engines as usize);
         for k in 0..o.engines {
             let http_port = base.map_or(0, |b| (b + k * o.dp_size) as u16);
-            engines.push(SimEngine::start(engine_config(o, k, http_port))?);
+            let config = EngineConfig { openai: openai.cloned(), ..engine_config(o, k, http_port) };
+            engines.push(SimEngine::start(config)?);
         }
         Ok(Fleet { engines, registrations: Vec::new() })
     }

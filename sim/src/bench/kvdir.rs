@@ -96,7 +96,8 @@ impl Drop for Kvdir {
     }
 }
 
-fn temp_dir() -> PathBuf {
+/// A fresh path under the system temp directory, named after this process.
+pub(crate) fn temp_dir() -> PathBuf {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.subsec_nanos());
@@ -216,7 +217,7 @@ pub fn cpu_seconds(pid: u32) -> Option<f64> {
 }
 
 /// The value of an unlabelled Prometheus sample `name value`.
-fn metric(text: &str, name: &str) -> Option<f64> {
+pub(crate) fn metric(text: &str, name: &str) -> Option<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())

@@ -14,7 +14,8 @@
 //!
 //! Modules: [`flags`] (options, `--help`), [`fleet`], [`kvdir`], [`probe`], [`drive`],
 //! [`clients`], [`http`], [`report`]; [`replay`] is the `kvdir-bench replay` subcommand, which
-//! replays a request trace through the same fleet, kvdir and probe. The one error type is
+//! replays a request trace through the same fleet, kvdir and probe; [`chat`] is `kvdir-bench
+//! chat`, the OpenAI front door under a chat load. The one error type is
 //! [`BenchError`].
 
 use std::collections::{BTreeMap, HashMap};
@@ -26,6 +27,7 @@ use thiserror::Error;
 
 use crate::{Published, SimError};
 
+pub mod chat;
 pub mod clients;
 pub mod drive;
 pub mod flags;
@@ -246,7 +248,7 @@ fn setup(o: &BenchOptions, kvdir: &Kvdir) -> String {
     )
 }
 
-fn loadavg() -> String {
+pub(crate) fn loadavg() -> String {
     let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     text.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
 }

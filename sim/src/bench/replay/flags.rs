@@ -115,7 +115,8 @@ pub enum ReplayCommand {
     Run(Box<ReplayOptions>),
 }
 
-const POLICIES: [(&str, Policy); 3] =
+/// The policies by name, for `--policy`.
+pub(crate) const POLICIES: [(&str, Policy); 3] =
     [("CAR", Policy::Car), ("RR", Policy::Rr), ("SLO_AWARE", Policy::SloAware)];
 
 /// The policy's name on kvdir's command line and in reports: `CAR`, `RR`, `SLO_AWARE`.
