@@ -242,8 +242,20 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
     let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(routes))
         .workers(2)
         .disable_signals()
+        .on_connect(no_delay)
         .bind(&addr)
         .map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
     let bound = server.addrs().first().copied().ok_or(StartError::Died)?;
     Ok((server.run(), bound, router, set.threads(), arbiters))
+}
+
+/// Sends small writes at once. A streamed answer's head goes out before its first chunk
+/// exists; with Nagle's algorithm on, that chunk then waited for the client's delayed ACK of
+/// the head (about 40 ms on Linux) before leaving.
+fn no_delay(conn: &dyn std::any::Any, _: &mut actix_web::dev::Extensions) {
+    if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY on an HTTP connection");
+        }
+    }
 }

@@ -71,6 +71,7 @@ impl FrontDoor {
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(flags.upstream_connect_timeout_ms))
             .read_timeout(upstream_timeout)
+            .tcp_nodelay(true)
             .build()
             .map_err(|e| FrontDoorSetupError::Client(e.to_string()))?;
         Ok(FrontDoor {

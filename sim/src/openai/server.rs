@@ -116,6 +116,7 @@ fn run(listener: TcpListener, served: Served, ready: &mpsc::SyncSender<io::Resul
         .workers(1)
         .worker_max_blocking_threads(4)
         .disable_signals()
+        .on_connect(no_delay)
         .shutdown_timeout(0)
         .listen(listener);
         let server = match server {
@@ -264,4 +265,12 @@ async fn read_body(
         body.extend_from_slice(&chunk);
     }
     Ok(body.freeze())
+}
+
+/// Streams token by token as engines do (their HTTP servers set TCP_NODELAY): without it, a
+/// token written after the response head waits for the client's delayed ACK.
+fn no_delay(conn: &dyn std::any::Any, _: &mut actix_web::dev::Extensions) {
+    if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
+        let _ = tcp.set_nodelay(true);
+    }
 }
