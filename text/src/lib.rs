@@ -8,7 +8,8 @@
 //!   methods, passing `messages`, `tools`, `add_generation_prompt` and the special tokens, as
 //!   vLLM's and xLLM's Python front ends do.
 //! - Chat prompts are encoded without adding special tokens (the template writes them);
-//!   plain completion prompts with them, again as the engines do.
+//!   plain completion prompts with them, again as the engines do. Long pieces between added
+//!   tokens (a shared system prompt) are encoded once and remembered ([`SegmentCache`]).
 //! - [`demo`] trains a small byte-level BPE and writes a ChatML model directory, for the demo
 //!   and the tests (no model can be downloaded here).
 //!
@@ -16,6 +17,7 @@
 //! blocking pool.
 
 pub mod demo;
+mod segments;
 mod template;
 
 use std::path::{Path, PathBuf};
@@ -24,6 +26,7 @@ use serde_json::Value;
 use thiserror::Error;
 use tokenizers::Tokenizer;
 
+pub use segments::SegmentCache;
 pub use template::ChatTemplate;
 
 /// Everything that can go wrong loading a model's text files or applying them.
@@ -70,6 +73,7 @@ pub enum TextError {
 /// A model's tokenizer and chat template.
 pub struct TextModel {
     tokenizer: Tokenizer,
+    segments: Option<SegmentCache>,
     template: Option<ChatTemplate>,
     source: PathBuf,
 }
@@ -112,7 +116,8 @@ impl TextModel {
         };
         let override_text = template.map(read).transpose()?;
         let template = ChatTemplate::from_config(config.as_ref(), override_text)?;
-        Ok(TextModel { tokenizer, template, source: tokenizer_file })
+        let segments = SegmentCache::new(&tokenizer);
+        Ok(TextModel { tokenizer, segments, template, source: tokenizer_file })
     }
 
     /// The `tokenizer.json` this model was loaded from.
@@ -142,6 +147,11 @@ impl TextModel {
     /// Token ids of `text`; `add_special_tokens` as the `tokenizers` post-processor defines it
     /// (false for rendered chat prompts, true for plain completion prompts).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TextError> {
+        if let (false, Some(cache)) = (add_special_tokens, &self.segments) {
+            return cache
+                .encode(&self.tokenizer, text)
+                .map_err(|e| TextError::Encode(e.to_string()));
+        }
         let encoding = self
             .tokenizer
             .encode_fast(text, add_special_tokens)
@@ -157,6 +167,11 @@ impl TextModel {
     /// The id of a token in the vocabulary (added tokens included).
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.tokenizer.token_to_id(token)
+    }
+
+    /// Whether long pieces between added tokens are remembered ([`SegmentCache`]).
+    pub fn caches_segments(&self) -> bool {
+        self.segments.is_some()
     }
 
     /// Vocabulary size, added tokens included.

@@ -92,3 +92,52 @@ fn template_errors_and_missing_files_name_the_problem() {
     // Plain completion prompts still tokenize.
     assert!(!plain.encode("hello world", true).unwrap().is_empty());
 }
+
+/// Texts mixing corpus sentences, ChatML tokens, whitespace runs and non-ASCII, long enough
+/// that the pieces between tokens are remembered; deterministic.
+fn mixed_texts(n: usize) -> Vec<String> {
+    let lines: Vec<&str> = demo::CORPUS.lines().collect();
+    let extras = [IM_START, IM_END, demo::BOS, "\n", "  ", "\t", "é→ü 漢字 ", "<|im", "_end|>"];
+    let mut state = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move |m: usize| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % m as u64) as usize
+    };
+    (0..n)
+        .map(|_| {
+            let mut t = String::new();
+            for _ in 0..(4 + next(24)) {
+                match next(3) {
+                    0 => t.push_str(extras[next(extras.len())]),
+                    _ => t.push_str(lines[next(lines.len())]),
+                }
+            }
+            t
+        })
+        .collect()
+}
+
+#[test]
+fn remembered_pieces_give_exactly_the_tokenizers_ids() {
+    let dir = model_dir("segments");
+    let model = TextModel::load(&dir, None).unwrap();
+    assert!(model.caches_segments(), "ChatML's added tokens split plainly");
+    let raw = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    let texts = mixed_texts(300);
+    for round in 0..2 {
+        for t in &texts {
+            let expected = raw.encode(t.as_str(), false).unwrap().get_ids().to_vec();
+            assert_eq!(model.encode(t, false).unwrap(), expected, "round {round}: {t:?}");
+        }
+    }
+    // A long shared system prompt: the second request reuses its piece and still matches.
+    let system = demo::CORPUS.repeat(4);
+    for q in ["first?", "second!"] {
+        let m = json!([{"role": "system", "content": system}, {"role": "user", "content": q}]);
+        let text = model.chat_prompt(&m, None, true).unwrap();
+        let expected = raw.encode(text.as_str(), false).unwrap().get_ids().to_vec();
+        assert_eq!(model.encode(&text, false).unwrap(), expected);
+    }
+}
