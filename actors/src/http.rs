@@ -74,7 +74,7 @@ pub enum ApiError {
     #[error("service unavailable: {0}")]
     Unavailable(String),
     /// No such route.
-    #[error("no route for {0}; see the README's HTTP API table")]
+    #[error("no route for {0}; see the HTTP API table in docs/reference.md")]
     NotFound(String),
     /// No such stream (`POST /unregister`).
     #[error("{0}")]

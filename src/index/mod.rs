@@ -1,6 +1,6 @@
 //! One stream's tiered prefix index: content keys, the engine-hash map, and the read view.
 //!
-//! Layout (see the README's design notes for why):
+//! Layout (see `docs/design.md` for why):
 //! - the writer ([`StreamIndex`]) owns `engine hash -> (content key, tiers)`; it is the truth for
 //!   parents, removals and tokenless replica events, and counts resident blocks per tier;
 //! - readers see `content key -> per-tier counts` through a `left-right` view ([`ViewHandle`]),
