@@ -210,6 +210,16 @@ pub(crate) async fn read_body(
     Ok(body)
 }
 
+/// The body of an internal POST: the token checked, then read up to `--max_request_bytes`.
+pub(crate) async fn authorized_body(
+    req: &HttpRequest,
+    payload: web::Payload,
+    state: &AppState,
+) -> Result<Vec<u8>, ApiError> {
+    authorize(req, state)?;
+    read_body(payload, req, state.max_request_bytes).await
+}
+
 /// The checks shared by the query and route endpoints: token, body limit, strict token ids;
 /// and the query's scope (model, namespace, ...).
 pub(crate) async fn read_tokens(
@@ -217,8 +227,7 @@ pub(crate) async fn read_tokens(
     payload: web::Payload,
     state: &AppState,
 ) -> Result<(Vec<i32>, QueryScope), ApiError> {
-    authorize(req, state)?;
-    let body = read_body(payload, req, state.max_request_bytes).await?;
+    let body = authorized_body(req, payload, state).await?;
     parse_scoped_query(&body, state.max_query_tokens)
         .map_err(|e| ApiError::BadRequest(e.to_string()))
 }
@@ -329,8 +338,7 @@ async fn heartbeat(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
-    let body = read_body(payload, &req, state.max_request_bytes).await?;
+    let body = authorized_body(&req, payload, &state).await?;
     let hb: HeartbeatBody = serde_json::from_slice(&body).map_err(|e| {
         ApiError::BadRequest(format!(
             "heartbeat body: {e}; expected {{\"name\", \"incarnation_id\", \"load_metrics\"}}"

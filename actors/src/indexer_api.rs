@@ -13,7 +13,7 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use kvdir::indexer::{parse_register, parse_unregister, rfc_answer};
 use serde::Serialize;
 
-use crate::http::{authorize, observed, read_body, read_tokens, ApiError, AppState};
+use crate::http::{authorize, authorized_body, observed, read_tokens, ApiError, AppState};
 use crate::metrics::Endpoint;
 use crate::router_actor::StreamKey;
 use crate::streams::{StartStreamError, StreamSource};
@@ -31,8 +31,7 @@ async fn register(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
-    let body = read_body(payload, &req, state.max_request_bytes).await?;
+    let body = authorized_body(&req, payload, &state).await?;
     let reg = parse_register(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let (instance_id, dp_rank) = (reg.spec.instance_name.clone(), reg.spec.dp_rank);
     // Duplicates, overlaps and a full set are conflicts with the running streams.
@@ -55,8 +54,7 @@ async fn unregister(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    authorize(&req, &state)?;
-    let body = read_body(payload, &req, state.max_request_bytes).await?;
+    let body = authorized_body(&req, payload, &state).await?;
     let u = parse_unregister(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let keys: Vec<StreamKey> = state
         .set

@@ -126,8 +126,8 @@ fn range_msg(name: &str, value: &str, min: u64, max: u64) -> String {
     }
 }
 
-/// A JSON type name for messages.
-pub(crate) fn kind(v: &Value) -> &'static str {
+/// A JSON value's type, as error messages name it ("a string", "an array", ...).
+pub fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -12,6 +12,7 @@ mod json;
 pub use endpoint::{canonical_endpoint, check_endpoint};
 pub use file::parse_config_file;
 pub use flags::{parse_flags, Command, Flags, FrontDoorFlags, LogFormat, USAGE};
+pub use json::kind as json_type_name;
 
 use std::fmt;
 use std::time::Duration;

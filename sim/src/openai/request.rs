@@ -1,6 +1,7 @@
 //! Parsing OpenAI request bodies into the prompt tokens an engine computes and the generation
 //! parameters, with every bad value named (see [`ApiError`]).
 
+use kvdir::config::json_type_name;
 use serde_json::{Map, Value};
 
 use super::{ApiError, OpenAiConfig, MAX_OUTPUT_TOKENS};
@@ -37,7 +38,7 @@ pub(crate) fn parse(kind: Kind, body: &[u8], config: &OpenAiConfig) -> Result<Pa
     let value: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::BadJson(e.to_string()))?;
     let Value::Object(fields) = value else {
-        return Err(ApiError::BadJson(format!("got {}", type_name(&value))));
+        return Err(ApiError::BadJson(format!("got {}", json_type_name(&value))));
     };
     check_model(&fields, config)?;
     let params = params(kind, &fields, config)?;
@@ -56,17 +57,6 @@ fn bad(field: &'static str, problem: impl Into<String>) -> ApiError {
     ApiError::BadField { field, problem: problem.into() }
 }
 
-fn type_name(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 /// A present, non-null field.
 fn field<'a>(fields: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
     fields.get(name).filter(|v| !v.is_null())
@@ -81,7 +71,9 @@ fn check_model(fields: &Map<String, Value>, config: &OpenAiConfig) -> Result<(),
             asked: m.clone(),
             served: config.served_model_name.clone(),
         }),
-        Some(other) => Err(bad("model", format!("is {}; give the model name", type_name(other)))),
+        Some(other) => {
+            Err(bad("model", format!("is {}; give the model name", json_type_name(other))))
+        }
     }
 }
 
@@ -89,7 +81,7 @@ fn flag(fields: &Map<String, Value>, name: &'static str, default: bool) -> Resul
     match field(fields, name) {
         None => Ok(default),
         Some(Value::Bool(b)) => Ok(*b),
-        Some(other) => Err(bad(name, format!("is {}; give true or false", type_name(other)))),
+        Some(other) => Err(bad(name, format!("is {}; give true or false", json_type_name(other)))),
     }
 }
 
@@ -117,7 +109,10 @@ fn params(
         None => false,
         Some(Value::Object(options)) => flag(options, "include_usage", false)?,
         Some(other) => {
-            return Err(bad("stream_options", format!("is {}; give an object", type_name(other))))
+            return Err(bad(
+                "stream_options",
+                format!("is {}; give an object", json_type_name(other)),
+            ))
         }
     };
     Ok(Params { max_tokens, stream, include_usage })
@@ -134,7 +129,7 @@ fn chat_tokens(fields: &Map<String, Value>, config: &OpenAiConfig) -> Result<Vec
         Some(other) => {
             return Err(bad(
                 "messages",
-                format!("is {}; give an array of messages", type_name(other)),
+                format!("is {}; give an array of messages", json_type_name(other)),
             ))
         }
     };
@@ -166,7 +161,7 @@ fn completion_tokens(
         },
         Some(other) => Err(bad(
             "prompt",
-            format!("is {}; give a string or an array of token ids", type_name(other)),
+            format!("is {}; give a string or an array of token ids", json_type_name(other)),
         )),
     }
 }
