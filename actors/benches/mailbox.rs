@@ -40,7 +40,7 @@ use kvdir::query::QueryResponse;
 use kvdir::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord, WireHash};
 use kvdir::wire::{decode_batch, encode_batch, Batch, Tier};
 use kvdir_actors::indexes::Indexes;
-use kvdir_actors::router_actor::{RouteRequest, RouterActor};
+use kvdir_actors::router::{RouteRequest, RouterActor};
 
 /// Streams registered with the router.
 const STREAMS: usize = 128;

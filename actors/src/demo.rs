@@ -23,7 +23,7 @@ use kvdir_sim::workload::{Workload, WorkloadConfig};
 use kvdir_sim::{EngineConfig, OpenAiConfig, SimEngine};
 use kvdir_text::TextModel;
 
-use crate::router_actor::{InstanceInfo, SetCandidates};
+use crate::router::{InstanceInfo, SetCandidates};
 use crate::service::{Directory, Service};
 
 const BLOCK: u32 = 16;

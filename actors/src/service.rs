@@ -15,11 +15,11 @@ use kvdir::registry::Identity;
 use thiserror::Error;
 
 use crate::discovery::DiscoveryActor;
-use crate::frontdoor::{FrontDoor, FrontDoorSetupError};
+use crate::http::frontdoor::{FrontDoor, FrontDoorSetupError};
 use crate::http::{routes, AppState};
-use crate::router_actor::RouterActor;
-use crate::stream_actor::WorkerThreads;
-use crate::streams::{StreamSet, StreamSource};
+use crate::router::RouterActor;
+use crate::stream::WorkerThreads;
+use crate::stream::{StreamSet, StreamSource};
 
 /// Arbiters (threads) shared by the index actors.
 const INDEX_ARBITERS: usize = 2;

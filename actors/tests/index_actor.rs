@@ -7,8 +7,8 @@ use std::sync::Arc;
 use actix::Actor;
 use kvdir::index::{IndexConfig, SharedIndex, SharedSnapshot};
 use kvdir::wire::{Batch, EngineHash, Tier};
-use kvdir_actors::index_actor::{IndexActor, Invalidate, StreamShared};
-use kvdir_actors::stream_actor::Shutdown;
+use kvdir_actors::stream::Shutdown;
+use kvdir_actors::stream::{IndexActor, Invalidate, StreamShared};
 
 fn stored(h: u128, tokens: [i32; 2]) -> Batch {
     let mut b = Batch::default();

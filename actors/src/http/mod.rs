@@ -2,11 +2,16 @@
 //!
 //! Routes: `POST /v1/internal/kv-cache/query`, `GET /v1/internal/streams`,
 //! `POST /v1/internal/route`, `GET /v1/internal/route/recent`, `POST /v1/internal/heartbeat`,
-//! `GET /v1/internal/instances`, the indexer API ([`crate::indexer_api`]), `GET /health`, `GET /metrics` (Prometheus text; like `/health`,
-//! it needs no token), and `GET /`, the status page ([`crate::status_page`]; static, served
+//! `GET /v1/internal/instances`, the indexer API ([`indexer_api`]), `GET /health`, `GET /metrics` (Prometheus text; like `/health`,
+//! it needs no token), and `GET /`, the status page ([`status_page`]; static, served
 //! without a token: its script sends the token).
 //! Internal routes need `X-Internal-Token` when a token is configured; it is compared in
 //! constant time. Bodies are read up to `--max_request_bytes`, then parsed strictly.
+
+pub mod frontdoor;
+mod indexer_api;
+pub mod metrics;
+mod status_page;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -21,12 +26,12 @@ use subtle::ConstantTimeEq;
 use thiserror::Error;
 
 use crate::discovery::{DiscoveryActor, GetInstances, Heartbeat};
-use crate::frontdoor::{FrontDoor, FrontError};
 use crate::indexes::Indexes;
-use crate::metrics::{self, Endpoint, ServiceMetrics, StreamSample};
-use crate::router_actor::{GetRecentRoutes, RouteRequest, RouterActor};
-use crate::stream_actor::{GetStreamReport, StreamReport};
-use crate::streams::{StreamMap, StreamSet};
+use crate::router::{GetRecentRoutes, RouteRequest, RouterActor};
+use crate::stream::{GetStreamReport, StreamCounters, StreamReport};
+use crate::stream::{StreamMap, StreamSet};
+use frontdoor::{FrontDoor, FrontError};
+use metrics::{Endpoint, ServiceMetrics, StreamSample};
 
 /// What the handlers share.
 pub struct AppState {
@@ -161,9 +166,9 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         .route("/v1/internal/route", web::post().to(route_request))
         .route("/v1/internal/instances", web::get().to(instances))
         .route("/v1/internal/route/recent", web::get().to(recent_routes))
-        .route("/", web::get().to(crate::status_page::page))
-        .configure(crate::indexer_api::routes)
-        .configure(crate::frontdoor::routes)
+        .route("/", web::get().to(status_page::page))
+        .configure(indexer_api::routes)
+        .configure(frontdoor::routes)
         .default_service(web::to(not_found));
 }
 
@@ -285,7 +290,7 @@ async fn recent_routes(
 /// Every running stream's report with its counters, ordered by instance and rank.
 async fn stream_reports(
     state: &AppState,
-) -> Result<Vec<(StreamReport, Arc<metrics::StreamCounters>)>, ApiError> {
+) -> Result<Vec<(StreamReport, Arc<StreamCounters>)>, ApiError> {
     let running: Vec<_> = crate::sync::read(&state.streams)
         .values()
         .map(|r| (r.stream.clone(), Arc::clone(&r.counters), r.source.as_str()))

@@ -8,6 +8,8 @@
 //! cold, vanished ones stop, and a changed endpoint, DP topology or process identity restarts a
 //! stream with an empty index, so a replacement gets no credit before its own snapshot.
 
+mod etcd_watch;
+
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -19,8 +21,8 @@ use kvdir::registry::{
 };
 use serde::Serialize;
 
-use crate::router_actor::{InstanceInfo, SetCandidates, StreamKey};
-use crate::streams::{StreamSet, StreamSource};
+use crate::router::{InstanceInfo, SetCandidates, StreamKey};
+use crate::stream::{StreamSet, StreamSource};
 
 /// A full listing of the registry keys at `revision`.
 #[derive(Message)]
@@ -207,7 +209,7 @@ impl DiscoveryActor {
         let Some(ticket) = self.registry.deleted(&name) else { return };
         let me = ctx.address();
         actix::spawn(async move {
-            let healthy = crate::etcd_watch::probe_health(&name).await;
+            let healthy = etcd_watch::probe_health(&name).await;
             me.do_send(Probed { name, ticket, healthy });
         });
     }
@@ -298,7 +300,7 @@ impl Actor for DiscoveryActor {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         let (me, endpoint, prefix) = (ctx.address(), self.etcd_addr.clone(), self.prefix.clone());
-        actix::spawn(crate::etcd_watch::run(me, endpoint, prefix));
+        actix::spawn(etcd_watch::run(me, endpoint, prefix));
         // Without subscriptions the tick only applies the registry's timeouts.
         let every = self.cfg.as_ref().map_or(REGISTRY_TICK, |c| c.refresh_interval);
         ctx.run_interval(every, |a, ctx| a.reconcile(ctx));

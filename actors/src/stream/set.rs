@@ -18,11 +18,11 @@ use kvdir::indexer::Registration;
 use kvdir::registry::Identity;
 use thiserror::Error;
 
-use crate::index_actor::{IndexActor, StreamShared};
+use super::StreamCounters;
+use super::{IndexActor, StreamShared};
+use super::{Shutdown, StreamActor, WorkerThreads};
 use crate::indexes::Indexes;
-use crate::metrics::StreamCounters;
-use crate::router_actor::{RouterActor, StreamKey};
-use crate::stream_actor::{Shutdown, StreamActor, WorkerThreads};
+use crate::router::{RouterActor, StreamKey};
 use crate::sync::{read, write};
 
 /// Why a stream could not start.

@@ -6,7 +6,7 @@
 //!   the next-best instance; the failed one is left out of that second decision. Waiting longer
 //!   than `--upstream_timeout_ms` for the response head is not retried (the engine may be
 //!   working on it), nor is anything after the first byte.
-//! - The request counts in flight at its instance ([`crate::router_actor::RouteForward`]) until
+//! - The request counts in flight at its instance ([`crate::router::RouteForward`]) until
 //!   its first byte, and is finished when the answer ends or the client goes away: dropping the
 //!   relayed body drops the upstream response, which closes the engine connection and so
 //!   cancels the request there.
@@ -27,7 +27,7 @@ use kvdir::query::QueryScope;
 use super::request::ApiKind;
 use super::{FrontError, FrontMetrics};
 use crate::http::AppState;
-use crate::router_actor::{RequestProgress, RouteForward, RouterActor};
+use crate::router::{RequestProgress, RouteForward, RouterActor};
 
 /// Routes the request and relays the chosen engine's answer.
 pub async fn run(

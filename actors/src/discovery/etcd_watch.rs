@@ -10,7 +10,7 @@ use kvdir::backoff::Backoff;
 use kvdir::registry::{watched_prefixes, watched_range};
 use kvdir_etcd::{Client, Event};
 
-use crate::discovery::{Change, DiscoveryActor, EtcdDown, EtcdListed};
+use super::{Change, DiscoveryActor, EtcdDown, EtcdListed};
 
 /// Retry delays after a failure, doubling.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
@@ -86,8 +86,8 @@ async fn watch_once(
     }
 }
 
-fn changes_msg(changes: Vec<Change>) -> crate::discovery::EtcdChanged {
-    crate::discovery::EtcdChanged(changes)
+fn changes_msg(changes: Vec<Change>) -> super::EtcdChanged {
+    super::EtcdChanged(changes)
 }
 
 /// `GET http://<name>/health`, up to 2 tries of 1000 ms each; true on a 200.

@@ -15,9 +15,10 @@ use kvdir::config::{Limits, StreamSpec};
 use kvdir::stream::StreamPhase;
 use serde::Serialize;
 
-use crate::index_actor::{IndexActor, Invalidate, StreamShared};
+use super::worker::{self, Stop, WorkerCtx, WorkerStatus};
+use super::Shutdown;
+use super::{IndexActor, Invalidate, StreamShared};
 use crate::sync::lock;
-use crate::worker::{self, Stop, WorkerCtx, WorkerStatus};
 
 static WORKER_IDS: AtomicU64 = AtomicU64::new(0);
 
@@ -92,12 +93,6 @@ pub struct StreamReport {
     /// The last fault.
     pub last_fault: Option<String>,
 }
-
-/// End a stream for good: the worker thread stops; the actor ends once no address is left
-/// (a supervised actor that stops by itself would be restarted).
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct Shutdown;
 
 /// Ask a stream for its report.
 #[derive(Message)]

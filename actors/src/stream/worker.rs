@@ -20,8 +20,8 @@ use kvdir::index::{SharedSnapshot, StreamWriter};
 use kvdir::stream::{Action, Recovery, RecoveryConfig, RecoveryStats, StreamPhase};
 use kvdir::wire::{decode_live, decode_snapshot_frame, Batch, SnapshotFrame};
 
+use super::StreamShared;
 use crate::faults::{self, FaultPoint};
-use crate::index_actor::StreamShared;
 use crate::sync::lock;
 
 mod stop;

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use actix::prelude::*;
 use kvdir::index::StreamWriter;
 
-use crate::metrics::StreamCounters;
+use super::StreamCounters;
 
 /// State shared between a stream's worker thread and its actors.
 #[derive(Debug)]
@@ -101,10 +101,10 @@ impl Handler<Invalidate> for IndexActor {
     }
 }
 
-impl Handler<crate::stream_actor::Shutdown> for IndexActor {
+impl Handler<super::Shutdown> for IndexActor {
     type Result = ();
 
-    fn handle(&mut self, _: crate::stream_actor::Shutdown, ctx: &mut Context<Self>) {
+    fn handle(&mut self, _: super::Shutdown, ctx: &mut Context<Self>) {
         self.shared.shut_down();
         ctx.stop();
     }

@@ -13,10 +13,10 @@ use actix_web::{web, HttpRequest, HttpResponse};
 use kvdir::indexer::{parse_register, parse_unregister, rfc_answer};
 use serde::Serialize;
 
-use crate::http::{authorize, authorized_body, observed, read_tokens, ApiError, AppState};
-use crate::metrics::Endpoint;
-use crate::router_actor::StreamKey;
-use crate::streams::{StartStreamError, StreamSource};
+use super::metrics::Endpoint;
+use super::{authorize, authorized_body, observed, read_tokens, ApiError, AppState};
+use crate::router::StreamKey;
+use crate::stream::{StartStreamError, StreamSource};
 
 /// Registers the indexer routes.
 pub fn routes(cfg: &mut web::ServiceConfig) {
