@@ -1,7 +1,7 @@
 //! The KV indexer API of Mooncake Conductor (RFC #1403), without any HTTP: the bodies of
 //! `POST /register` and `POST /unregister`, and the RFC shape of a `POST /query` answer.
 //!
-//! Mapping (`docs/reference.md`, "Indexer API", says the same for users):
+//! Mapping (`docs/http-api.md`, "Indexer API", says the same for users):
 //! - `/register` is one stream: `instance_id` is the instance name, `dp_rank` the rank,
 //!   `modelname` the stream's model, `additionalsalt` its salt (its blocks are keyed in that
 //!   salt's namespace), `tenant_id` its tenant. `topic` and `hash_seed` are kvdir extensions.

@@ -16,7 +16,7 @@
 //! - [`metrics`]: a lock-free latency histogram and the Prometheus text format.
 //! - [`backoff`]: the doubling retry delay every retry loop uses.
 //!
-//! The contract is `docs/contract.md`; the layout is in the README, the design notes in `docs/design.md`.
+//! The contract is `docs/protocol.md`; the layout is in the README, the design notes in `docs/design.md`.
 
 pub mod backoff;
 pub mod car;

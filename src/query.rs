@@ -1,4 +1,4 @@
-//! The internal query API's input and output (contract.md section 6), without any HTTP.
+//! The internal query API's input and output (protocol.md section 6), without any HTTP.
 //!
 //! Input is `{"token_ids": [int, ...]}` with an optional scope ([`QueryScope`]: model, LoRA
 //! adapter, salt, tenant, instance, block size; other keys are ignored). Token ids must be integers in
@@ -27,7 +27,7 @@ pub fn parse_query(body: &[u8], max_tokens: usize) -> Result<Vec<i32>, QueryErro
     parse_scoped_query(body, max_tokens).map(|(tokens, _)| tokens)
 }
 
-/// Which streams a query is for and in which key namespace (contract.md section 1.1): the
+/// Which streams a query is for and in which key namespace (protocol.md section 1.1): the
 /// optional `model`, `lora_name` (or `lora_id`), `cache_salt`, `tenant_id`, `instance_id` and
 /// `block_size` of a query body. Empty or absent fields select everything, as before them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

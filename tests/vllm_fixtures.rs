@@ -1,6 +1,6 @@
 //! Compatibility with vLLM's own publisher: every live message recorded from
 //! `ZmqEventPublisher` (`tests/fixtures/vllm`, see its README) decodes into exactly the events its
-//! `expected.json` lists. LoRA events are indexed in their adapter's namespace (contract.md
+//! `expected.json` lists. LoRA events are indexed in their adapter's namespace (protocol.md
 //! section 1.1); multimodal events are skipped and counted. Skipped stores keep their hashes as
 //! out-of-scope events; the fixtures mark their first block, so the whole event is out of scope.
 

@@ -1,4 +1,4 @@
-//! Decoding rules of contract.md section 2: every accepted batch and event dialect, hash
+//! Decoding rules of protocol.md section 2: every accepted batch and event dialect, hash
 //! canonicalisation, medium mapping, skipped events, and errors that name field and value.
 
 use kvdir::index::Namespace;

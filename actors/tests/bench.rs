@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use kvdir_sim::bench::{self, BenchCommand, BenchOptions, Kind, Report};
-use kvdir_sim::etcd_test::etcd_endpoint;
+use kvdir_testkit::etcd::etcd_endpoint;
 
 /// Parses flags as the binary does, with the `kvdir` binary of this build to spawn.
 fn options(flags: &[&str]) -> BenchOptions {

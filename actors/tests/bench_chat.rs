@@ -4,7 +4,7 @@
 //! bounded by its request count and duration.
 
 use kvdir_sim::bench::chat::{self, ChatCommand, ChatOptions};
-use kvdir_sim::etcd_test::etcd_endpoint;
+use kvdir_testkit::etcd::etcd_endpoint;
 
 fn options(flags: &[&str]) -> ChatOptions {
     let mut args = vec![format!("--spawn_kvdir={}", env!("CARGO_BIN_EXE_kvdir"))];

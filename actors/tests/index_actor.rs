@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use actix::Actor;
 use kvdir::index::{IndexConfig, SharedIndex, SharedSnapshot};
+use kvdir::stream::StreamFault;
 use kvdir::wire::{Batch, EngineHash, Tier};
 use kvdir_actors::stream::Shutdown;
 use kvdir_actors::stream::{IndexActor, Invalidate, StreamShared};
@@ -33,7 +34,7 @@ async fn invalidate_ends_credit_and_shutdown_removes_the_stream() {
     assert_eq!(reader.query(&[1, 2]).tokens(slot), (2, 0), "the stream holds the block");
 
     let addr = IndexActor::new(Arc::clone(&shared)).start();
-    addr.send(Invalidate { reason: "stream worker failed: test".into() }).await.unwrap();
+    addr.send(Invalidate { fault: StreamFault::WorkerFailed("test".into()) }).await.unwrap();
     assert_eq!(reader.query(&[1, 2]).tokens(slot), (0, 0), "no credit once invalidated");
     let error = reader.status(slot).and_then(|s| s.error.clone());
     assert_eq!(error.as_deref(), Some("stream worker failed: test"));

@@ -5,7 +5,7 @@
 //! starts a private one); everything binds 127.0.0.1.
 
 use kvdir_sim::bench::replay::{self, ReplayCommand, ReplayOptions};
-use kvdir_sim::etcd_test::etcd_endpoint;
+use kvdir_testkit::etcd::etcd_endpoint;
 use serde_json::Value;
 
 const CONVERSATION: &str =

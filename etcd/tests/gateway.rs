@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use kvdir_etcd::{prefix_end, Client, EtcdError, Event};
-use kvdir_sim::etcd_test::{etcd_endpoint, EtcdServer};
+use kvdir_testkit::etcd::{etcd_endpoint, EtcdServer};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 

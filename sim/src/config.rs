@@ -7,7 +7,7 @@
 //! contiguous. Only loopback is ever bound.
 //!
 //! Discovery rule: with a business HTTP port (`http_port != 0`) and both ZeroMQ ports left at 0,
-//! the ports are derived the way kvdir discovery expects (contract.md section 5): rank `r` binds
+//! the ports are derived the way kvdir discovery expects (protocol.md section 5): rank `r` binds
 //! `http_port + event_port_offset + r` and `http_port + replay_port_offset + r`.
 //! [`EngineConfig::resolved`] applies the rule; [`crate::SimEngine`] runs with the resolved config.
 

@@ -1,5 +1,5 @@
 //! kvdir-sim: a simulated xLLM engine that speaks the publisher side of the kvdir wire contract
-//! (`shared/docs/contract.md` sections 2 and 3), for end-to-end tests, benches and the demo.
+//! (`docs/protocol.md` sections 2 and 3), for end-to-end tests, benches and the demo.
 //!
 //! Module map:
 //! - [`config`]: [`EngineConfig`] (ports, DP size, block size, tiers, wire dialect) and its
@@ -19,7 +19,6 @@
 //! - [`etcd`]: [`Registration`], which registers an engine in etcd the way xLLM engines do
 //!   (leased instance key, LOADMETRICS, heartbeats to kvdir), with knobs to pause, resume and
 //!   kill it.
-//! - [`etcd_test`]: test support: a private etcd server per test, or the one CI names.
 //! - [`cli`]: the `kvdir-sim` binary's flags and the static-stream JSON it prints.
 //! - [`bench`]: the `kvdir-bench` load tool: engines publishing into a running kvdir while
 //!   HTTP clients query and route, and the report.
@@ -35,7 +34,6 @@ pub mod config;
 pub mod engine;
 mod error;
 pub mod etcd;
-pub mod etcd_test;
 pub mod fault;
 pub mod http;
 pub mod openai;

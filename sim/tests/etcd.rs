@@ -1,8 +1,8 @@
-//! Engines register in a real etcd like xLLM engines (contract.md section 5): the instance key
+//! Engines register in a real etcd like xLLM engines (protocol.md section 5): the instance key
 //! and JSON as kvdir parses them, the lease, pause/resume/kill, re-put of a deleted key, the
 //! namespace, LOADMETRICS, heartbeats, and surviving an etcd restart.
 //!
-//! Every test gets its etcd from `etcd_test` (a private server, or `KVDIR_TEST_ETCD`); the restart
+//! Every test gets its etcd from `kvdir_testkit::etcd` (a private server, or `KVDIR_TEST_ETCD`); the restart
 //! test always uses a private one. Tests poll with deadlines; the only fixed waits are
 //! observation windows for "stays present" and "no more heartbeats".
 
@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use etcd_support::{engine_with_http, eventually, EtcdReader, HeartbeatSink, DEADLINE};
 use kvdir::registry::{parse_instance, parse_key, parse_load, InstanceType, RegistryKey};
-use kvdir_sim::etcd_test::{etcd_endpoint, EtcdServer};
 use kvdir_sim::http;
 use kvdir_sim::{Registration, RegistrationOptions, SimError};
+use kvdir_testkit::etcd::{etcd_endpoint, EtcdServer};
 
 fn options(etcd: &EtcdServer) -> RegistrationOptions {
     RegistrationOptions { etcd: etcd.endpoint.clone(), ..RegistrationOptions::default() }

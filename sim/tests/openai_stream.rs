@@ -12,8 +12,8 @@ use std::net::TcpListener;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use kvdir_sim::etcd_test::etcd_endpoint;
 use kvdir_sim::{EngineConfig, InFlight, OpenAiConfig, Registration, RegistrationOptions};
+use kvdir_testkit::etcd::etcd_endpoint;
 use openai_support::{chat, client, engine, eventually, openai, post, serving, system_prompt};
 use serde_json::{json, Value};
 

@@ -1,4 +1,4 @@
-//! Routing decisions (contract.md section 7): candidate selection and the CAR, RR and SLO_AWARE
+//! Routing decisions (protocol.md section 7): candidate selection and the CAR, RR and SLO_AWARE
 //! policies, as pure functions over a snapshot of instances, loads and per-DP cache hits.
 //!
 //! CAR, for prefill-side (P) candidates, smallest wins:

@@ -1,4 +1,4 @@
-//! The `kv_events_config_file` (contract.md section 4): `discovery` or a non-empty `streams`
+//! The `kv_events_config_file` (protocol.md section 4): `discovery` or a non-empty `streams`
 //! list, never both, plus resource limits. Unknown fields are rejected and every error is
 //! reported at once.
 

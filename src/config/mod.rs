@@ -49,7 +49,7 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// Resource and recovery limits (contract.md section 4).
+/// Resource and recovery limits (protocol.md section 4).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
     /// Maximum subscription streams, one per instance/DP.
@@ -103,7 +103,7 @@ pub struct StreamSpec {
     /// The model the engine serves; empty: unnamed, answers queries for any model.
     pub model: String,
     /// The stream's salt (`additionalsalt` of `POST /register`); empty: none. Its blocks are
-    /// keyed in that salt's namespace (contract.md section 1.1).
+    /// keyed in that salt's namespace (protocol.md section 1.1).
     pub salt: String,
 }
 

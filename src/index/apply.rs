@@ -100,7 +100,7 @@ pub(crate) struct Table {
 }
 
 /// The fixed inputs of applying: the stream's block size, hashers (one per namespace: a LoRA
-/// store is keyed in its adapter's, contract.md section 1.1) and limit.
+/// store is keyed in its adapter's, protocol.md section 1.1) and limit.
 pub(crate) struct Ctx<'a> {
     pub hasher: &'a mut Keys,
     pub max_blocks: usize,

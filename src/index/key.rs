@@ -1,4 +1,4 @@
-//! Content keys: the directory's own 128-bit key for each complete block (contract.md section 1).
+//! Content keys: the directory's own 128-bit key for each complete block (protocol.md section 1).
 //!
 //! `key(0) = XXH3_128(le_i32(tokens[0..B]), seed)` and
 //! `key(i) = XXH3_128(key(i-1).to_le_bytes() ++ le_i32(tokens[iB..(i+1)B]), seed)`.

@@ -1,4 +1,4 @@
-//! Content-key namespaces (contract.md section 1.1): a LoRA adapter and a salt select the seed
+//! Content-key namespaces (protocol.md section 1.1): a LoRA adapter and a salt select the seed
 //! of the content keys, so blocks cached under adapter A, adapter B, the base model or another
 //! salt never share a key.
 //!

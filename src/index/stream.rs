@@ -26,7 +26,7 @@ pub struct IndexConfig {
     /// Seed of the content keys (`hash_seed`, default 1024).
     pub hash_seed: u64,
     /// The stream's salt tag ([`super::Namespace::salt`]; 0 = none): every block it stores is
-    /// keyed in that salt's namespace (contract.md section 1.1).
+    /// keyed in that salt's namespace (protocol.md section 1.1).
     pub salt: u64,
     /// `max_blocks_per_stream`: engine blocks held, each with its content entry and hash mapping.
     pub max_blocks: usize,

@@ -1,4 +1,4 @@
-//! Unit tests of the index rules (contract.md sections 1, 2.2, 3 and 6), on small blocks.
+//! Unit tests of the index rules (protocol.md sections 1, 2.2, 3 and 6), on small blocks.
 
 use super::*;
 use crate::wire::{Batch, EngineHash, Tier};

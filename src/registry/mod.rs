@@ -1,4 +1,4 @@
-//! The instance registry that xLLM engines keep in etcd (contract.md section 5), without etcd:
+//! The instance registry that xLLM engines keep in etcd (protocol.md section 5), without etcd:
 //! parsing keys and values, the instance state machine (time passed in), and planning the
 //! streams discovery should run. The discovery actor feeds it what etcd and `/health` say.
 

@@ -1,4 +1,4 @@
-//! Instance records as xLLM engines write them to etcd (contract.md section 5), parsed leniently:
+//! Instance records as xLLM engines write them to etcd (protocol.md section 5), parsed leniently:
 //! a value that does not parse is an error for that key only, never for discovery as a whole.
 //!
 //! Values are hostile input: a name is at most [`MAX_NAME_BYTES`] (a DNS name and a port fit), and

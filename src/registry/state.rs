@@ -1,4 +1,4 @@
-//! The instance state machine of contract.md section 5.1, with time passed in.
+//! The instance state machine of protocol.md section 5.1, with time passed in.
 //!
 //! | trigger | result |
 //! |---|---|

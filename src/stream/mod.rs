@@ -1,8 +1,9 @@
-//! One subscription's recovery logic (contract.md section 3), as a pure state machine.
+//! One subscription's recovery logic (protocol.md section 3), as a pure state machine.
 //!
 //! The stream actor owns the sockets and feeds [`Recovery`] what happens (live batches,
 //! snapshot replies, connects, disconnects, faults, clock ticks); the machine answers with
-//! [`Action`]s: apply a batch, invalidate, request or install a snapshot. Time is passed in, so
+//! [`Action`]s: apply a batch, invalidate (with a typed [`StreamFault`]), request or install a
+//! snapshot. Time is passed in, so
 //! every rule (gaps, restarts, timeouts, budgets, back-off, periodic resync) is tested here
 //! without sockets or sleeps.
 //!
@@ -10,8 +11,10 @@
 //! a gap, a restart or a fault in `Live` goes back to `Syncing`; a failed snapshot waits in
 //! `Backoff`, then syncs again; a full-state live batch restores `Live` from any phase.
 
+mod fault;
 mod recovery;
 
+pub use fault::{StreamFault, FAULT_LABELS};
 pub use recovery::{
     Action, Recovery, RecoveryConfig, RecoveryStats, StreamPhase, MAX_FAILED_RESYNCS,
 };

@@ -7,6 +7,8 @@ use crate::config::{Limits, StreamSpec};
 use crate::index::{IndexConfig, SharedSnapshot};
 use crate::wire::Batch;
 
+use super::StreamFault;
+
 /// Consecutive failed periodic resyncs after which a live stream loses its credit: a
 /// publisher that keeps sending live events but no longer answers snapshots could otherwise
 /// keep credit forever on an index that silently lost events. With the default 30 s resync
@@ -54,10 +56,10 @@ pub enum Action {
         /// The batch.
         batch: Batch,
     },
-    /// Mark the index unsynchronized with this reason and publish.
+    /// Mark the index unsynchronized and publish.
     Invalidate {
-        /// Why, for the status and logs.
-        reason: String,
+        /// Why, for the status, the logs and the fault counter.
+        fault: StreamFault,
     },
     /// Open a fresh DEALER (dropping any old one) and request a snapshot from `start_seq`.
     RequestSnapshot {
@@ -220,7 +222,7 @@ impl Recovery {
     /// The publisher went away: no credit until a snapshot after the reconnect.
     pub fn on_disconnected(&mut self, out: &mut Vec<Action>) {
         if !matches!(self.phase, Phase::Disconnected) {
-            self.invalidate("publisher disconnected", out);
+            self.invalidate(StreamFault::Disconnected, out);
             out.push(Action::CloseSnapshot);
             self.phase = Phase::Disconnected;
             self.next_seq = None;
@@ -228,8 +230,8 @@ impl Recovery {
     }
 
     /// A problem on the live side (decode error, index error, full mailbox): resynchronize.
-    pub fn on_fault(&mut self, reason: &str, now: Instant, out: &mut Vec<Action>) {
-        self.invalidate(reason, out);
+    pub fn on_fault(&mut self, fault: StreamFault, now: Instant, out: &mut Vec<Action>) {
+        self.invalidate(fault, out);
         if !matches!(self.phase, Phase::Disconnected | Phase::Backoff { .. }) {
             self.begin_sync(now, false, out);
         }
@@ -275,17 +277,15 @@ impl Recovery {
 
     fn gap(&mut self, seq: u64, out: &mut Vec<Action>) {
         self.stats.gaps += 1;
-        let reason = self.gap_reason(seq);
-        self.invalidate(&reason, out);
+        let fault = self.gap_fault(seq);
+        self.invalidate(fault, out);
     }
 
-    fn gap_reason(&self, seq: u64) -> String {
+    fn gap_fault(&self, seq: u64) -> StreamFault {
         match self.next_seq {
-            Some(n) if seq < n => {
-                format!("sequence went back from {} to {seq}: publisher restarted", n - 1)
-            }
-            Some(n) => format!("sequence gap: expected {n}, got {seq}"),
-            None => format!("unexpected sequence {seq}"),
+            Some(n) if seq < n => StreamFault::SequenceRegressed { last: n - 1, got: seq },
+            Some(n) => StreamFault::SequenceGap { expected: n, got: seq },
+            None => StreamFault::UnexpectedSequence(seq),
         }
     }
 
@@ -316,11 +316,8 @@ impl Recovery {
         p.buffered_bytes += wire_bytes + batch.heap_bytes();
         p.buffer.push((seq, batch));
         if p.buffered_bytes > self.cfg.max_buffered_bytes {
-            let reason = format!(
-                "live deltas buffered during recovery exceeded max_buffered_bytes = {}",
-                self.cfg.max_buffered_bytes
-            );
-            self.fail(&reason, now, out);
+            let fault = StreamFault::BufferOverflow { max_bytes: self.cfg.max_buffered_bytes };
+            self.fail(fault, now, out);
         }
     }
 
@@ -335,26 +332,23 @@ impl Recovery {
     ) {
         let Phase::Syncing(p) = &mut self.phase else { return };
         if batch.dp_rank != self.cfg.dp_rank {
-            let reason = format!(
-                "snapshot rejected: batch dp_rank {} does not match the stream's dp_rank {}",
-                batch.dp_rank, self.cfg.dp_rank
-            );
-            return self.fail(&reason, now, out);
+            let fault =
+                StreamFault::SnapshotWrongDpRank { got: batch.dp_rank, want: self.cfg.dp_rank };
+            return self.fail(fault, now, out);
         }
         if p.watermark.is_some_and(|w| w != watermark) {
-            let reason = format!("snapshot replies disagree on the watermark: {watermark}");
-            return self.fail(&reason, now, out);
+            return self.fail(StreamFault::SnapshotWatermarks(watermark), now, out);
         }
         p.watermark = Some(watermark);
         if let Err(e) = p.builder.add(batch) {
-            self.fail(&format!("snapshot rejected: {e}"), now, out);
+            self.fail(StreamFault::SnapshotRejected(e.to_string()), now, out);
         }
     }
 
     /// A snapshot reply could not be read (malformed, oversized...).
-    pub fn on_snapshot_error(&mut self, reason: &str, now: Instant, out: &mut Vec<Action>) {
+    pub fn on_snapshot_error(&mut self, fault: StreamFault, now: Instant, out: &mut Vec<Action>) {
         if matches!(self.phase, Phase::Syncing(_)) {
-            self.fail(reason, now, out);
+            self.fail(fault, now, out);
         }
     }
 
@@ -369,20 +363,16 @@ impl Recovery {
             return;
         };
         let Some(watermark) = p.watermark else {
-            let reason = "snapshot ended without a reply (publisher refused)";
-            return self.fail_attempt(reason, p.keep_live, now, out);
+            return self.fail_attempt(StreamFault::SnapshotRefused, p.keep_live, now, out);
         };
         let deltas: Vec<(u64, Batch)> =
             p.buffer.into_iter().filter(|(s, _)| *s >= watermark).collect();
         if let Some(hole) =
             deltas.iter().enumerate().find(|(i, (s, _))| *s != watermark + *i as u64)
         {
-            let expected = watermark + hole.0 as u64;
-            let reason = format!(
-                "live deltas do not continue the snapshot: expected sequence {expected}, got {}",
-                (hole.1).0
-            );
-            return self.fail_attempt(&reason, p.keep_live, now, out);
+            let fault =
+                StreamFault::SnapshotGap { expected: watermark + hole.0 as u64, got: (hole.1).0 };
+            return self.fail_attempt(fault, p.keep_live, now, out);
         }
         self.next_seq = Some(watermark + deltas.len() as u64);
         self.stats.recoveries += 1;
@@ -412,11 +402,8 @@ impl Recovery {
             Phase::Syncing(p)
                 if now.saturating_duration_since(p.started) > self.cfg.replay_timeout =>
             {
-                let reason = format!(
-                    "snapshot incomplete after replay_timeout_ms = {}",
-                    self.cfg.replay_timeout.as_millis()
-                );
-                self.fail(&reason, now, out);
+                let timeout_ms = self.cfg.replay_timeout.as_millis();
+                self.fail(StreamFault::SnapshotTimeout { timeout_ms }, now, out);
             }
             Phase::Backoff { until } if now >= *until => self.begin_sync(now, false, out),
             Phase::Live { since_snapshot }
@@ -441,37 +428,40 @@ impl Recovery {
         out.push(Action::RequestSnapshot { start_seq: self.next_seq.unwrap_or(0) });
     }
 
-    fn invalidate(&mut self, reason: &str, out: &mut Vec<Action>) {
-        out.push(Action::Invalidate { reason: reason.to_string() });
+    fn invalidate(&mut self, fault: StreamFault, out: &mut Vec<Action>) {
+        out.push(Action::Invalidate { fault });
     }
 
     /// A snapshot attempt failed while pending.
-    fn fail(&mut self, reason: &str, now: Instant, out: &mut Vec<Action>) {
+    fn fail(&mut self, fault: StreamFault, now: Instant, out: &mut Vec<Action>) {
         let keep_live = matches!(&self.phase, Phase::Syncing(p) if p.keep_live);
-        self.fail_attempt(reason, keep_live, now, out);
+        self.fail_attempt(fault, keep_live, now, out);
     }
 
     /// A periodic resync of a live stream stays live and retries at the next interval, up to
     /// [`MAX_FAILED_RESYNCS`] in a row; otherwise the stream becomes unsynchronized and retries
     /// with back-off.
-    fn fail_attempt(&mut self, reason: &str, keep_live: bool, now: Instant, out: &mut Vec<Action>) {
+    fn fail_attempt(
+        &mut self,
+        fault: StreamFault,
+        keep_live: bool,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
         self.stats.snapshot_failures += 1;
         out.push(Action::CloseSnapshot);
-        let mut reason = reason.to_string();
+        let mut fault = fault;
         if keep_live {
             self.failed_resyncs += 1;
             if self.failed_resyncs < MAX_FAILED_RESYNCS {
                 self.phase = Phase::Live { since_snapshot: now };
                 return;
             }
-            reason = format!(
-                "{} periodic resyncs failed in a row (last: {reason}); no credit until a \
-                 snapshot succeeds",
-                self.failed_resyncs
-            );
+            fault =
+                StreamFault::ResyncsFailed { count: self.failed_resyncs, last: Box::new(fault) };
             self.failed_resyncs = 0;
         }
-        self.invalidate(&reason, out);
+        self.invalidate(fault, out);
         self.phase = Phase::Backoff { until: now + self.backoff.next_delay() };
     }
 }

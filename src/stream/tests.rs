@@ -39,7 +39,7 @@ fn show(out: &mut Vec<Action>) -> Vec<String> {
     out.drain(..)
         .map(|a| match a {
             Action::Apply { seq, .. } => format!("apply {seq}"),
-            Action::Invalidate { reason } => format!("invalidate: {reason}"),
+            Action::Invalidate { fault } => format!("invalidate: {fault}"),
             Action::RequestSnapshot { start_seq } => format!("request {start_seq}"),
             Action::CloseSnapshot => "close".into(),
             Action::Install { watermark, deltas, .. } => {
@@ -321,8 +321,15 @@ fn a_disconnect_invalidates_and_waits_for_the_reconnect() {
 fn a_fault_resyncs_at_once() {
     let t0 = Instant::now();
     let (mut m, mut out) = live_at(3, t0);
-    m.on_fault("events[0]: block_hashes: truncated", t0, &mut out);
-    assert_eq!(show(&mut out), ["invalidate: events[0]: block_hashes: truncated", "request 3"]);
+    m.on_fault(
+        StreamFault::LiveRejected("events[0]: block_hashes: truncated".into()),
+        t0,
+        &mut out,
+    );
+    assert_eq!(
+        show(&mut out),
+        ["invalidate: live message rejected: events[0]: block_hashes: truncated", "request 3"]
+    );
 }
 
 #[test]
@@ -349,7 +356,7 @@ fn consecutive_failed_resyncs_end_the_credit_and_a_success_resets_the_count() {
     let mut fail_one_resync = |m: &mut Recovery, out: &mut Vec<Action>| {
         t += Duration::from_secs(10);
         m.on_tick(t, out);
-        m.on_snapshot_error("snapshot ended without a reply (publisher refused)", t, out);
+        m.on_snapshot_error(StreamFault::SnapshotRefused, t, out);
     };
     for _ in 1..MAX_FAILED_RESYNCS {
         fail_one_resync(&mut m, &mut out);
@@ -373,7 +380,7 @@ fn consecutive_failed_resyncs_end_the_credit_and_a_success_resets_the_count() {
         t += Duration::from_secs(10);
         m.on_tick(t, &mut out);
         if round % 2 == 0 {
-            m.on_snapshot_error("refused", t, &mut out);
+            m.on_snapshot_error(StreamFault::SnapshotRefused, t, &mut out);
         } else {
             m.on_snapshot_reply(3, &batch(), t, &mut out);
             m.on_snapshot_end(t, &mut out);

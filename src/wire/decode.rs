@@ -1,6 +1,6 @@
 //! Decoding one MessagePack batch into a reusable [`Batch`].
 //!
-//! Accepted (contract.md section 2.1 and 2.2): a batch as `[ts, events, dp_rank]`, `[ts, events]`
+//! Accepted (protocol.md section 2.1 and 2.2): a batch as `[ts, events, dp_rank]`, `[ts, events]`
 //! or a map `{ts, events, data_parallel_rank | dp_rank}`; each event as a map tagged by `"type"`
 //! or as a positional array `[type, fields...]`. Fields are read into the batch's arenas as they
 //! come, so the `type` key may appear anywhere in a map; an event that turns out to be skipped

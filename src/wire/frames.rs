@@ -1,5 +1,5 @@
 //! Message envelopes: live messages (`topic | seq | payload`) and snapshot replies
-//! (`"" | watermark | payload`, ended by `"" | u64::MAX | ""`), contract.md sections 2 and 3.
+//! (`"" | watermark | payload`, ended by `"" | u64::MAX | ""`), protocol.md sections 2 and 3.
 
 use super::decode::decode_batch;
 use super::types::Batch;

@@ -2,7 +2,7 @@
 //!
 //! Decoding writes into a reusable [`Batch`] whose events point into two flat arenas (engine
 //! hashes and token ids), so a batch of any size costs no allocation per event once the arenas
-//! have grown. Every accepted dialect of contract.md section 2 decodes into the same [`Batch`]:
+//! have grown. Every accepted dialect of protocol.md section 2 decodes into the same [`Batch`]:
 //! 3-, 2-element and map batches; tagged-map and positional events; integer and `bin` hashes.
 //! Events outside the index's scope are counted in [`SkipCounts`]: unknown types and
 //! `storage`-like media are dropped; stores with multimodal or salt context keep only their

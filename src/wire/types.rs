@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-/// An engine's block hash in canonical form (contract.md section 2.2): an integer as itself
+/// An engine's block hash in canonical form (protocol.md section 2.2): an integer as itself
 /// (negative values bit-cast to u64), a `bin` of up to 16 bytes as a big-endian number, a longer
 /// `bin` reduced to 128 bits with XXH3-128. Only an identifier, never used for matching.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -91,7 +91,7 @@ pub struct Stored {
     /// Where the blocks now reside.
     pub tier: Tier,
     /// The LoRA adapter's namespace tag (`crate::index::Namespace::lora_name` of `lora_name`,
-    /// else `lora_id`); 0 for the base model (contract.md section 1.1).
+    /// else `lora_id`); 0 for the base model (protocol.md section 1.1).
     pub lora: u64,
 }
 
@@ -209,7 +209,7 @@ impl Batch {
 
     /// Whether this batch is a full state: an unlimited `AllBlocksCleared` followed only by
     /// `BlockStored` events (in or out of scope). Applying it restores synchronization
-    /// (contract.md section 2.2).
+    /// (protocol.md section 2.2).
     pub fn is_full_state(&self) -> bool {
         matches!(self.events.first(), Some(Event::Cleared { tier: None }))
             && self.events[1..]

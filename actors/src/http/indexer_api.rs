@@ -16,7 +16,7 @@ use serde::Serialize;
 use super::metrics::Endpoint;
 use super::{authorize, authorized_body, observed, read_tokens, ApiError, AppState};
 use crate::router::StreamKey;
-use crate::stream::{StartStreamError, StreamSource};
+use crate::stream::StreamSource;
 
 /// Registers the indexer routes.
 pub fn routes(cfg: &mut web::ServiceConfig) {
@@ -32,10 +32,10 @@ async fn register(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let body = authorized_body(&req, payload, &state).await?;
-    let reg = parse_register(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let reg = parse_register(&body)?;
     let (instance_id, dp_rank) = (reg.spec.instance_name.clone(), reg.spec.dp_rank);
     // Duplicates, overlaps and a full set are conflicts with the running streams.
-    state.set.register(reg).map_err(|e: StartStreamError| ApiError::Conflict(e.to_string()))?;
+    state.set.register(reg)?;
     tracing::info!(instance = %instance_id, dp = dp_rank, "stream registered");
     Ok(HttpResponse::Ok().json(serde_json::json!({
         "status": "ok", "instance_id": instance_id, "dp_rank": dp_rank, "source": "register"
@@ -55,7 +55,7 @@ async fn unregister(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let body = authorized_body(&req, payload, &state).await?;
-    let u = parse_unregister(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let u = parse_unregister(&body)?;
     let keys: Vec<StreamKey> = state
         .set
         .keys_from(StreamSource::Register)

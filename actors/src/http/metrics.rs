@@ -11,8 +11,10 @@ use std::time::Instant;
 
 use kvdir::metrics::{Exposition, Histogram, Kind};
 use kvdir::query::StreamMatch;
+use kvdir::stream::FAULT_LABELS;
 
 use super::frontdoor::FrontMetrics;
+use super::ApiError;
 use crate::stream::StreamCounters;
 use crate::stream::StreamReport;
 
@@ -25,42 +27,24 @@ pub enum Endpoint {
     Route,
 }
 
-/// Error reasons counted by `kvdir_http_errors_total`.
-pub const ERROR_REASONS: [&str; 7] = [
-    "unauthorized",
-    "bad_request",
-    "payload_too_large",
-    "conflict",
-    "no_candidate",
-    "unavailable",
-    "not_found",
-];
-
 /// Service-wide request metrics.
 #[derive(Debug, Default)]
 pub struct ServiceMetrics {
     query: Histogram,
     route: Histogram,
-    errors: [AtomicU64; ERROR_REASONS.len()],
+    errors: [AtomicU64; ApiError::REASONS.len()],
 }
 
 impl ServiceMetrics {
-    /// Records a request that started at `started`; `error` is its reason when it failed.
-    pub fn observe(&self, endpoint: Endpoint, started: Instant, error: Option<&str>) {
+    /// Records a request that started at `started`, and its error's reason when it failed.
+    pub fn observe(&self, endpoint: Endpoint, started: Instant, error: Option<&ApiError>) {
         let h = match endpoint {
             Endpoint::Query => &self.query,
             Endpoint::Route => &self.route,
         };
         h.observe(started.elapsed());
-        if let Some(reason) = error {
-            self.count_error(reason);
-        }
-    }
-
-    /// Counts an error response by reason (one of [`ERROR_REASONS`]).
-    pub fn count_error(&self, reason: &str) {
-        if let Some(i) = ERROR_REASONS.iter().position(|r| *r == reason) {
-            self.errors[i].fetch_add(1, Ordering::Relaxed);
+        if let Some(error) = error {
+            self.errors[error.reason_index()].fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -94,6 +78,7 @@ pub fn render(
     front.render(&mut e);
     render_per_stream(&mut e, streams);
     render_per_tier(&mut e, streams);
+    render_faults(&mut e, streams);
     e.family(
         "kvdir_recovery_duration_seconds",
         Kind::Histogram,
@@ -125,7 +110,7 @@ fn render_service(
     e.family("kvdir_route_duration_seconds", Kind::Histogram, help);
     e.histogram("kvdir_route_duration_seconds", &[], &service.route.snapshot());
     e.family("kvdir_http_errors_total", Kind::Counter, "Error responses to query and route.");
-    for (reason, n) in ERROR_REASONS.iter().zip(&service.errors) {
+    for (reason, n) in ApiError::REASONS.iter().zip(&service.errors) {
         e.sample(
             "kvdir_http_errors_total",
             &[("reason", reason)],
@@ -218,6 +203,26 @@ fn render_per_tier(e: &mut Exposition, streams: &[StreamSample]) {
             let labels =
                 [("instance", s.report.instance_name.as_str()), ("dp_rank", &dp), ("tier", tier)];
             e.sample("kvdir_resident_blocks", &labels, n as f64);
+        }
+    }
+}
+
+fn render_faults(e: &mut Exposition, streams: &[StreamSample]) {
+    let name = "kvdir_stream_faults_total";
+    e.family(
+        name,
+        Kind::Counter,
+        "Faults that ended, or kept, a stream without credit, by reason.",
+    );
+    for s in streams {
+        let dp = s.report.dp_rank.to_string();
+        for (reason, n) in FAULT_LABELS.iter().zip(&s.counters.faults) {
+            let labels = [
+                ("instance", s.report.instance_name.as_str()),
+                ("dp_rank", dp.as_str()),
+                ("reason", reason),
+            ];
+            e.sample(name, &labels, n.load(Ordering::Relaxed) as f64);
         }
     }
 }

@@ -20,7 +20,10 @@ use actix::Addr;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use futures_util::StreamExt;
-use kvdir::query::{parse_scoped_query, QueryScope};
+use kvdir::car::RouteError;
+use kvdir::indexer::IndexerError;
+use kvdir::query::{parse_scoped_query, QueryError, QueryScope};
+use kvdir::registry::HeartbeatError;
 use serde::Serialize;
 use subtle::ConstantTimeEq;
 use thiserror::Error;
@@ -29,7 +32,7 @@ use crate::discovery::{DiscoveryActor, GetInstances, Heartbeat};
 use crate::indexes::Indexes;
 use crate::router::{GetRecentRoutes, RouteRequest, RouterActor};
 use crate::stream::{GetStreamReport, StreamCounters, StreamReport};
-use crate::stream::{StreamMap, StreamSet};
+use crate::stream::{StartStreamError, StreamMap, StreamSet};
 use frontdoor::{FrontDoor, FrontError};
 use metrics::{Endpoint, ServiceMetrics, StreamSample};
 
@@ -63,23 +66,35 @@ pub enum ApiError {
     /// Missing or wrong `X-Internal-Token`.
     #[error("missing or wrong X-Internal-Token header")]
     Unauthorized,
-    /// The body is not a valid request.
+    /// The body could not be read or is not a valid request.
     #[error("{0}")]
     BadRequest(String),
+    /// A query or route body that breaks the token rules.
+    #[error(transparent)]
+    Query(#[from] QueryError),
+    /// A `/register` or `/unregister` body that is not valid.
+    #[error(transparent)]
+    Indexer(#[from] IndexerError),
     /// The body is larger than `--max_request_bytes`.
     #[error("request body exceeds --max_request_bytes = {0}")]
     PayloadTooLarge(usize),
-    /// The heartbeat names an unknown instance or a stale incarnation.
+    /// A heartbeat that names no registered instance, or a stale incarnation.
     #[error("{0}")]
     Conflict(String),
+    /// The heartbeat names an unknown instance or a stale incarnation.
+    #[error(transparent)]
+    Heartbeat(#[from] HeartbeatError),
+    /// A stream that cannot start next to the running ones (`/register`).
+    #[error(transparent)]
+    Stream(#[from] StartStreamError),
     /// No instance can take the request.
-    #[error("{0}")]
-    NoCandidate(String),
+    #[error(transparent)]
+    NoCandidate(#[from] RouteError),
     /// An actor did not answer (shutting down).
     #[error("service unavailable: {0}")]
-    Unavailable(String),
+    Unavailable(#[from] actix::MailboxError),
     /// No such route.
-    #[error("no route for {0}; see the HTTP API table in docs/reference.md")]
+    #[error("no route for {0}; see the HTTP API table in docs/http-api.md")]
     NotFound(String),
     /// No such stream (`POST /unregister`).
     #[error("{0}")]
@@ -95,17 +110,29 @@ struct ErrorBody {
 }
 
 impl ApiError {
-    /// The `reason` label of `kvdir_http_errors_total`.
-    pub fn reason(&self) -> &'static str {
+    /// The `reason` labels of `kvdir_http_errors_total`, in [`ApiError::reason_index`] order.
+    pub const REASONS: [&'static str; 8] = [
+        "unauthorized",
+        "bad_request",
+        "payload_too_large",
+        "conflict",
+        "no_candidate",
+        "unavailable",
+        "not_found",
+        "not_implemented",
+    ];
+
+    /// The position of this error's `reason` label in [`ApiError::REASONS`].
+    pub fn reason_index(&self) -> usize {
         match self {
-            ApiError::Unauthorized => "unauthorized",
-            ApiError::BadRequest(_) => "bad_request",
-            ApiError::PayloadTooLarge(_) => "payload_too_large",
-            ApiError::Conflict(_) => "conflict",
-            ApiError::NoCandidate(_) => "no_candidate",
-            ApiError::Unavailable(_) => "unavailable",
-            ApiError::NotFound(_) | ApiError::UnknownStream(_) => "not_found",
-            ApiError::NotImplemented(_) => "not_implemented",
+            ApiError::Unauthorized => 0,
+            ApiError::BadRequest(_) | ApiError::Query(_) | ApiError::Indexer(_) => 1,
+            ApiError::PayloadTooLarge(_) => 2,
+            ApiError::Conflict(_) | ApiError::Heartbeat(_) | ApiError::Stream(_) => 3,
+            ApiError::NoCandidate(_) => 4,
+            ApiError::Unavailable(_) => 5,
+            ApiError::NotFound(_) | ApiError::UnknownStream(_) => 6,
+            ApiError::NotImplemented(_) => 7,
         }
     }
 }
@@ -114,9 +141,13 @@ impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
         match self {
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::BadRequest(_) | ApiError::Query(_) | ApiError::Indexer(_) => {
+                StatusCode::BAD_REQUEST
+            }
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Conflict(_) | ApiError::Heartbeat(_) | ApiError::Stream(_) => {
+                StatusCode::CONFLICT
+            }
             ApiError::Unavailable(_) | ApiError::NoCandidate(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::NotFound(_) | ApiError::UnknownStream(_) => StatusCode::NOT_FOUND,
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
@@ -147,12 +178,6 @@ impl ResponseError for FrontError {
 
     fn error_response(&self) -> HttpResponse {
         HttpResponse::build(self.status_code()).json(self.body())
-    }
-}
-
-impl From<actix::MailboxError> for ApiError {
-    fn from(e: actix::MailboxError) -> Self {
-        ApiError::Unavailable(e.to_string())
     }
 }
 
@@ -233,8 +258,7 @@ pub(crate) async fn read_tokens(
     state: &AppState,
 ) -> Result<(Vec<i32>, QueryScope), ApiError> {
     let body = authorized_body(req, payload, state).await?;
-    parse_scoped_query(&body, state.max_query_tokens)
-        .map_err(|e| ApiError::BadRequest(e.to_string()))
+    Ok(parse_scoped_query(&body, state.max_query_tokens)?)
 }
 
 /// Records a request's latency and, if it failed, its error reason.
@@ -244,8 +268,7 @@ pub(crate) fn observed<T>(
     started: Instant,
     result: Result<T, ApiError>,
 ) -> Result<T, ApiError> {
-    let reason = result.as_ref().err().map(ApiError::reason);
-    state.metrics.observe(endpoint, started, reason);
+    state.metrics.observe(endpoint, started, result.as_ref().err());
     result
 }
 
@@ -273,7 +296,7 @@ async fn route_request(
         let (tokens, scope) = read_tokens(&req, payload, &state).await?;
         let hits = state.indexes.read_in(&tokens, &scope);
         let routed = state.router.send(RouteRequest { input_tokens: tokens.len(), hits }).await?;
-        routed.map_err(|e| ApiError::NoCandidate(e.to_string()))
+        Ok(routed?)
     };
     let routed = observed(&state, Endpoint::Route, started, result.await)?;
     Ok(HttpResponse::Ok().json(routed))
@@ -358,7 +381,7 @@ async fn heartbeat(
         )));
     };
     let msg = Heartbeat { name: hb.name, incarnation_id: hb.incarnation_id, load };
-    discovery.send(msg).await?.map_err(|e| ApiError::Conflict(e.to_string()))?;
+    discovery.send(msg).await??;
     Ok(HttpResponse::Ok().json(serde_json::json!({ "status": "ok" })))
 }
 

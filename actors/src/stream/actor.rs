@@ -12,7 +12,7 @@ use std::time::Duration;
 use actix::prelude::*;
 use kvdir::backoff::Backoff;
 use kvdir::config::{Limits, StreamSpec};
-use kvdir::stream::StreamPhase;
+use kvdir::stream::{StreamFault, StreamPhase};
 use serde::Serialize;
 
 use super::worker::{self, Stop, WorkerCtx, WorkerStatus};
@@ -225,14 +225,16 @@ impl Handler<WorkerExited> for StreamActor {
     fn handle(&mut self, msg: WorkerExited, ctx: &mut Context<Self>) {
         tracing::error!(stream = %self.spec.instance_name, dp = self.spec.dp_rank, error = %msg.0, "stream worker failed; restarting");
         // No credit while no worker follows the publisher.
-        self.index.do_send(Invalidate { reason: format!("stream worker failed: {}", msg.0) });
+        let fault = StreamFault::WorkerFailed(msg.0);
+        let last_fault = fault.to_string();
+        self.index.do_send(Invalidate { fault });
         let delay = self.restart_delay.next_delay();
         self.backoff = Some(delay);
         {
             let mut s = lock(&self.status);
             s.phase = StreamPhase::Backoff;
             s.connected = false;
-            s.last_fault = Some(format!("stream worker failed: {}", msg.0));
+            s.last_fault = Some(last_fault);
         }
         ctx.run_later(delay, |_, ctx| ctx.stop());
     }

@@ -4,6 +4,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use kvdir::metrics::Histogram;
+use kvdir::stream::{StreamFault, FAULT_LABELS};
 use kvdir::wire::{Batch, Event, Tier};
 
 /// Counters of one stream, shared by its index actor (applied events) and worker (recoveries).
@@ -19,6 +20,8 @@ pub struct StreamCounters {
     pub cleared: AtomicU64,
     /// How long each successful snapshot recovery took.
     pub recovery: Histogram,
+    /// Losses of credit, by [`StreamFault::label_index`].
+    pub faults: [AtomicU64; FAULT_LABELS.len()],
 }
 
 fn tier_index(t: Tier) -> usize {
@@ -44,5 +47,10 @@ impl StreamCounters {
             };
             slot.fetch_add(u64::from(n), Ordering::Relaxed);
         }
+    }
+
+    /// Counts a loss of credit by its bounded reason.
+    pub fn count_fault(&self, fault: &StreamFault) {
+        self.faults[fault.label_index()].fetch_add(1, Ordering::Relaxed);
     }
 }

@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use actix::prelude::*;
 use kvdir::index::StreamWriter;
+use kvdir::stream::StreamFault;
 
 use super::StreamCounters;
 
@@ -71,7 +72,7 @@ impl StreamShared {
 #[rtype(result = "()")]
 pub struct Invalidate {
     /// Why.
-    pub reason: String,
+    pub fault: StreamFault,
 }
 
 /// The owner of one stream's writer.
@@ -94,8 +95,9 @@ impl Handler<Invalidate> for IndexActor {
     type Result = ();
 
     fn handle(&mut self, msg: Invalidate, _: &mut Context<Self>) {
+        self.shared.counters.count_fault(&msg.fault);
         self.shared.with_writer(|w| {
-            w.invalidate(msg.reason);
+            w.invalidate(msg.fault.to_string());
             w.publish();
         });
     }

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use kvdir::config::{Limits, StreamSpec};
 use kvdir::index::{SharedSnapshot, StreamWriter};
-use kvdir::stream::{Action, Recovery, RecoveryConfig, RecoveryStats, StreamPhase};
+use kvdir::stream::{Action, Recovery, RecoveryConfig, RecoveryStats, StreamFault, StreamPhase};
 use kvdir::wire::{decode_live, decode_snapshot_frame, Batch, SnapshotFrame};
 
 use super::StreamShared;
@@ -232,11 +232,11 @@ impl Worker {
             let topic = self.ctx.spec.topic.as_bytes();
             match decode_live(&frames, topic, self.ctx.limits.max_message_bytes, &mut batch) {
                 Ok(seq) if batch.dp_rank != self.ctx.spec.dp_rank => {
-                    let reason = format!(
-                        "batch dp_rank {} does not match the stream's dp_rank {}",
-                        batch.dp_rank, self.ctx.spec.dp_rank
-                    );
-                    self.fault(reason, seq, now);
+                    let fault = StreamFault::WrongDpRank {
+                        got: batch.dp_rank,
+                        want: self.ctx.spec.dp_rank,
+                    };
+                    self.fault(fault, seq, now);
                 }
                 Ok(seq) => {
                     self.status.skipped_events += batch.skipped.total();
@@ -244,7 +244,7 @@ impl Worker {
                 }
                 Err(e) => {
                     self.status.decode_errors += 1;
-                    self.fault(format!("live message rejected: {e}"), 0, now);
+                    self.fault(StreamFault::LiveRejected(e.to_string()), 0, now);
                 }
             }
             self.run_actions(now)?;
@@ -254,15 +254,16 @@ impl Worker {
 
     /// A fault found by the worker; WARN when it ends synchronization, DEBUG while recovering
     /// (a publisher sending garbage must not flood the log).
-    fn fault(&mut self, reason: String, seq: u64, now: Instant) {
+    fn fault(&mut self, fault: StreamFault, seq: u64, now: Instant) {
         let (stream, dp) = (&self.ctx.spec.instance_name, self.ctx.spec.dp_rank);
+        let reason = fault.label();
         if self.recovery.phase() == StreamPhase::Live {
-            tracing::warn!(%stream, dp, seq, %reason, "stream fault");
+            tracing::warn!(%stream, dp, seq, reason, fault = %fault, "stream fault");
         } else {
-            tracing::debug!(%stream, dp, seq, %reason, "stream fault while recovering");
+            tracing::debug!(%stream, dp, seq, reason, fault = %fault, "stream fault while recovering");
         }
-        self.recovery.on_fault(&reason, now, &mut self.actions);
-        self.status.last_fault = Some(reason);
+        self.status.last_fault = Some(fault.to_string());
+        self.recovery.on_fault(fault, now, &mut self.actions);
     }
 
     fn read_snapshot(&mut self, now: Instant) -> Result<(), zmq::Error> {
@@ -276,9 +277,9 @@ impl Worker {
                 }
                 Ok(SnapshotFrame::End) => self.recovery.on_snapshot_end(now, &mut self.actions),
                 Err(e) => {
-                    let reason = format!("snapshot reply rejected: {e}");
-                    self.status.last_fault = Some(reason.clone());
-                    self.recovery.on_snapshot_error(&reason, now, &mut self.actions);
+                    let fault = StreamFault::SnapshotRejected(format!("reply: {e}"));
+                    self.status.last_fault = Some(fault.to_string());
+                    self.recovery.on_snapshot_error(fault, now, &mut self.actions);
                 }
             }
             if !self.recovery.phase().is_syncing() {
@@ -303,7 +304,7 @@ impl Worker {
             Action::Install { snapshot, watermark, deltas } => {
                 self.install(*snapshot, watermark, &deltas, now);
             }
-            Action::Invalidate { reason } => self.invalidate(reason),
+            Action::Invalidate { fault } => self.invalidate(fault),
             Action::RequestSnapshot { start_seq } => self.request_snapshot(start_seq)?,
             Action::CloseSnapshot => self.dealer = None,
         }
@@ -339,8 +340,7 @@ impl Worker {
                 shared.skipped_out_of_scope.fetch_add(stats.out_of_scope, Ordering::Relaxed);
             }
             Some(Err(e)) => {
-                let reason = format!("batch {seq} rejected by the index: {e}");
-                self.fault(reason, seq, now);
+                self.fault(StreamFault::IndexRejected { seq, error: e.to_string() }, seq, now);
             }
             None => {}
         }
@@ -377,15 +377,17 @@ impl Worker {
     }
 
     /// Stops giving credit, visible at the end of this poll.
-    fn invalidate(&mut self, reason: String) {
+    fn invalidate(&mut self, fault: StreamFault) {
         let (stream, dp) = (&self.ctx.spec.instance_name, self.ctx.spec.dp_rank);
+        let (reason, text) = (fault.label(), fault.to_string());
         if std::mem::take(&mut self.warn_on_invalidate) {
-            tracing::warn!(%stream, dp, %reason, "stream unsynchronized");
+            tracing::warn!(%stream, dp, reason, fault = %text, "stream unsynchronized");
         } else {
-            tracing::debug!(%stream, dp, %reason, "stream still unsynchronized");
+            tracing::debug!(%stream, dp, reason, fault = %text, "stream still unsynchronized");
         }
-        self.status.last_fault = Some(reason.clone());
-        self.write(|w| w.invalidate(reason));
+        self.ctx.shared.counters.count_fault(&fault);
+        self.status.last_fault = Some(text.clone());
+        self.write(|w| w.invalidate(text));
     }
 
     /// Makes everything this poll changed visible to queries at once.

@@ -3,7 +3,7 @@
 //! engine (leased key, LOADMETRICS, heartbeats).
 //!
 //! Static mode binds every rank on ephemeral 127.0.0.1 ports and names engine `k`
-//! `bench-<k>`. Etcd mode needs the discovery port rule (contract.md section 5): engine `k`
+//! `bench-<k>`. Etcd mode needs the discovery port rule (protocol.md section 5): engine `k`
 //! gets the HTTP port `base + k * dp_size` and binds events on `+10000 + r`, snapshots on
 //! `+30000 + r`; `base` is `--http_port`, or the first block of free ports found by probing.
 

@@ -1,5 +1,5 @@
 //! Unit tests of the cache model, including a replay check: applying the published events to a
-//! naive consumer (with the live rules of contract.md: known parents, known tokenless hashes)
+//! naive consumer (with the live rules of protocol.md: known parents, known tokenless hashes)
 //! must always reproduce the model's residency.
 
 use std::collections::HashMap;

@@ -1,4 +1,4 @@
-//! Heartbeats to kvdir (contract.md section 5.2): a std thread that POSTs
+//! Heartbeats to kvdir (protocol.md section 5.2): a std thread that POSTs
 //! `/v1/internal/heartbeat` every interval while the registration is not paused, and records
 //! the HTTP status of each answer. It stops when its [`Heartbeat`] is dropped.
 

@@ -1,5 +1,5 @@
 //! [`Registration`]: a simulated engine registers itself in etcd like an xLLM engine
-//! (contract.md section 5) and, optionally, sends heartbeats to kvdir (section 5.2).
+//! (protocol.md section 5) and, optionally, sends heartbeats to kvdir (section 5.2).
 //!
 //! - The instance key `<prefix>XLLM:<TYPE>:<name>` holds the instance JSON under a lease of
 //!   `ttl_s` seconds, kept alive every `ttl_s / 3`. At each keepalive the key is checked and put
@@ -137,7 +137,7 @@ fn type_segment(kind: u8) -> &'static str {
     }
 }
 
-/// The instance JSON of contract.md section 5, absent optionals omitted; `model` is the
+/// The instance JSON of protocol.md section 5, absent optionals omitted; `model` is the
 /// served model of an OpenAI engine (`model_name`).
 fn instance_json(
     name: &str,

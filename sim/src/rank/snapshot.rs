@@ -1,4 +1,4 @@
-//! The snapshot (replay) endpoint of a rank, contract.md section 3, publisher side.
+//! The snapshot (replay) endpoint of a rank, protocol.md section 3, publisher side.
 //!
 //! The ROUTER receives `[identity, "", start_seq]` and answers `[identity, "", watermark,
 //! payload]` then `[identity, "", u64::MAX, ""]`. The payload is a full state (every resident

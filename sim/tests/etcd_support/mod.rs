@@ -10,24 +10,16 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use kvdir_etcd::Client;
-use kvdir_sim::etcd_test::EtcdServer;
 use kvdir_sim::{EngineConfig, SimEngine, SimError};
+use kvdir_testkit::etcd::EtcdServer;
 use serde_json::Value;
 
 /// Upper bound for anything that should happen promptly.
 pub const DEADLINE: Duration = Duration::from_secs(10);
 
-/// Polls `check` every 20 ms until it holds; panics with `what` after `deadline`.
-pub fn eventually(deadline: Duration, what: &str, mut check: impl FnMut() -> bool) {
-    let end = Instant::now() + deadline;
-    while Instant::now() < end {
-        if check() {
-            return;
-        }
-        thread::sleep(Duration::from_millis(20));
-    }
-    panic!("{what}: not within {deadline:?}");
-}
+/// Polls until a check holds, with a deadline (the workspace test kit's).
+#[allow(unused_imports)] // not every test crate that includes this module polls
+pub use kvdir_testkit::eventually_true_within as eventually;
 
 /// An engine with an HTTP port in 20000..25000 whose derived ports (+10000, +30000) are free.
 pub fn engine_with_http(dp_size: u32) -> SimEngine {

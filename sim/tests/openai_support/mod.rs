@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvdir_sim::{EngineConfig, OpenAiConfig, SimEngine, SimError};
 use kvdir_text::{demo, TextModel};
@@ -143,17 +143,9 @@ pub fn cached(answer: &Answer) -> u64 {
         .unwrap_or_else(|| panic!("no cached_tokens in {}", answer.body))
 }
 
-/// Polls `check` every 5 ms until it holds; panics with `what` after [`DEADLINE`].
-pub fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    let end = Instant::now() + DEADLINE;
-    while Instant::now() < end {
-        if check() {
-            return;
-        }
-        thread::sleep(Duration::from_millis(5));
-    }
-    panic!("{what}: not within {DEADLINE:?}");
-}
+/// Polls until a check holds (the workspace test kit's).
+#[allow(unused_imports)] // not every test crate that includes this module polls
+pub use kvdir_testkit::eventually_true as eventually;
 
 /// A long system prompt: the first `lines` lines of the demo corpus.
 pub fn system_prompt(lines: usize) -> String {

@@ -198,7 +198,7 @@ impl SharedHandle {
     }
 
     /// [`Self::query_streams`] with the query's keys in namespace `ns` (a LoRA adapter, a
-    /// salt: contract.md section 1.1), so only blocks stored in that namespace match.
+    /// salt: protocol.md section 1.1), so only blocks stored in that namespace match.
     pub fn query_streams_in(
         &mut self,
         ns: Namespace,

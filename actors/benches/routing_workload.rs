@@ -36,7 +36,7 @@
 //! router saw (max and mean over all engines and decisions, and the mean queue a request
 //! joined), and the hit tokens of each policy relative to RR's in the same run.
 //!
-//! Run: `cargo bench --bench routing_workload` (about 10 s; needs `etcd` on `PATH`, Debian
+//! Run: `cargo bench -p kvdir-actors --bench routing_workload` (about 10 s; needs `etcd` on `PATH`, Debian
 //! package `etcd-server`). Without `--bench` (as `cargo test --benches` runs it) it replays only
 //! [`SMOKE_REQUESTS`] requests as a smoke test.
 
@@ -47,9 +47,9 @@ use kvdir::car::{Policy, RouteParams, Routed};
 use kvdir::config::{parse_config_file, Flags};
 use kvdir::query::QueryResponse;
 use kvdir_actors::Service;
-use kvdir_sim::etcd_test::EtcdServer;
 use kvdir_sim::workload::{Request, Workload, WorkloadConfig};
 use kvdir_sim::{EngineConfig, Registration, RegistrationOptions, SimEngine};
+use kvdir_testkit::etcd::EtcdServer;
 use serde_json::{json, Value};
 
 /// Engines per fleet.

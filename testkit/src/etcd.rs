@@ -1,5 +1,4 @@
-//! Test support: an etcd server for integration tests (compiled always, so other crates' tests
-//! can use it).
+//! The etcd server of a test.
 //!
 //! - [`etcd_endpoint`] uses the server named by the environment variable `KVDIR_TEST_ETCD`
 //!   (`host:port`; CI starts one etcd and sets it), else spawns a private one.
@@ -22,7 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use crate::http;
+use kvdir_sim::http;
 
 /// Environment variable naming a running etcd (`host:port`) for tests.
 pub const ENV_VAR: &str = "KVDIR_TEST_ETCD";
@@ -36,7 +35,7 @@ const SPAWN_ATTEMPTS: u32 = 3;
 /// An etcd server for one test.
 #[derive(Debug)]
 pub struct EtcdServer {
-    /// The client endpoint, `host:port` (for [`crate::RegistrationOptions::etcd`]).
+    /// The client endpoint, `host:port` (for `kvdir_sim::RegistrationOptions::etcd`).
     pub endpoint: String,
     private: Option<Private>,
 }

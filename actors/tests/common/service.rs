@@ -1,24 +1,16 @@
 //! End-to-end harness: a running kvdir service (real HTTP on 127.0.0.1, port 0) subscribed to
-//! simulated engines (real ZeroMQ on loopback), an HTTP helper over `kvdir_sim::http::request`,
-//! and polling with a deadline.
-//!
-//! Nothing here sleeps for synchronisation: [`eventually`] polls what a user would see (the
-//! query response, the streams report) every 20 ms until it holds or the deadline passes, and
-//! then fails with the last observation.
-
-#![allow(dead_code)]
+//! simulated engines (real ZeroMQ on loopback), and what a user reads from it.
 
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
 
 use kvdir::config::{parse_config_file, Flags};
 use kvdir::query::{QueryResponse, StreamMatch};
 use kvdir_actors::Service;
 use kvdir_sim::{EngineConfig, SimEngine};
+use kvdir_testkit::eventually;
+use kvdir_testkit::http::Response;
 use serde_json::{json, Value};
 
-/// How long anything may take to become visible.
-pub const DEADLINE: Duration = Duration::from_secs(20);
 /// Block size used by the end-to-end tests.
 pub const B: u32 = 16;
 
@@ -92,22 +84,6 @@ pub fn discovery_service(etcd: &str, namespace: &str, extra: Value, flags: Flags
     Service::start(flags, Some(directory)).expect("kvdir starts")
 }
 
-/// One HTTP response.
-#[derive(Debug)]
-pub struct Response {
-    /// Status code.
-    pub status: u16,
-    /// Body as text.
-    pub body: String,
-}
-
-impl Response {
-    /// The body as JSON.
-    pub fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
-    }
-}
-
 /// One request on its own connection; an empty `body` sends none. Panics on a transport error.
 pub fn http(
     addr: SocketAddr,
@@ -118,10 +94,7 @@ pub fn http(
 ) -> Response {
     let text = std::str::from_utf8(body).expect("request bodies are JSON text");
     let body = (!body.is_empty()).then_some(text);
-    let timeout = Duration::from_secs(10);
-    let r = kvdir_sim::http::request(&addr.to_string(), method, path, headers, body, timeout)
-        .unwrap_or_else(|e| panic!("{method} {path} to {addr}: {e}"));
-    Response { status: r.status, body: r.body }
+    kvdir_testkit::http::request(&addr.to_string(), method, path, headers, body)
 }
 
 /// POSTs a query and returns the parsed response.
@@ -146,21 +119,6 @@ pub fn entry<'a>(r: &'a QueryResponse, instance: &str, rank: u32) -> &'a StreamM
 /// The streams report of kvdir.
 pub fn report(svc: &Service) -> Value {
     http(svc.http_addr(), "GET", "/v1/internal/streams", &[], b"").json()
-}
-
-/// Polls `probe` every 20 ms until it returns `Ok`, or panics with its last `Err` at the deadline.
-pub fn eventually<T>(what: &str, mut probe: impl FnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + DEADLINE;
-    let poll_interval = Duration::from_millis(20);
-    loop {
-        match probe() {
-            Ok(v) => return v,
-            Err(last) if Instant::now() >= deadline => {
-                panic!("timed out waiting for {what}; last: {last}")
-            }
-            Err(_) => std::thread::sleep(poll_interval),
-        }
-    }
 }
 
 /// `(device_hit_tokens, host_only_hit_tokens)` kvdir reports, if synchronized.

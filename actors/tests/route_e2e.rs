@@ -8,8 +8,8 @@ use common::*;
 use kvdir::car::Routed;
 use kvdir::config::Flags;
 use kvdir_actors::Service;
-use kvdir_sim::etcd_test::etcd_endpoint;
 use kvdir_sim::{Registration, RegistrationOptions, SimEngine};
+use kvdir_testkit::etcd::etcd_endpoint;
 use serde_json::json;
 
 fn route(svc: &Service, tokens: &[i32]) -> Result<Routed, String> {

@@ -8,8 +8,8 @@ mod common;
 use common::*;
 use kvdir::config::Flags;
 use kvdir_actors::Service;
-use kvdir_sim::etcd_test::{etcd_endpoint, EtcdServer};
 use kvdir_sim::{Registration, RegistrationOptions, SimEngine};
+use kvdir_testkit::etcd::{etcd_endpoint, EtcdServer};
 use serde_json::{json, Value};
 
 /// Starts kvdir with discovery on `etcd` under `namespace`.

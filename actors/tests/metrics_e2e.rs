@@ -120,4 +120,10 @@ fn metrics_show_gaps_recoveries_and_their_duration() {
         "every recovery has a duration"
     );
     assert!(get(&m, &format!("kvdir_snapshot_bytes_total{l}")) > 0.0);
+    // The gap is a fault with a bounded reason; nothing else went wrong.
+    let fault = |reason: &str| {
+        get(&m, &format!("kvdir_stream_faults_total{{instance=\"met-gap\",dp_rank=\"0\",reason=\"{reason}\"}}"))
+    };
+    assert!(fault("sequence") >= 1.0, "the gap counted as a sequence fault");
+    assert_eq!(fault("decode") + fault("index") + fault("snapshot"), 0.0);
 }

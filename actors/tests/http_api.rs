@@ -1,4 +1,4 @@
-//! The HTTP contract of the query endpoint (contract.md section 6) over real HTTP: readiness,
+//! The HTTP contract of the query endpoint (protocol.md section 6) over real HTTP: readiness,
 //! the internal token, strict input with errors that say what is wrong, and the body limit.
 
 mod common;
