@@ -1,28 +1,29 @@
 //! kvdir service: the actors around the pure core, the HTTP API and start-up wiring.
 //!
-//! Modules by owner, each depending only on those listed before it:
-//! - [`sync`]: locks that survive a panicked holder; [`faults`]: fault injection points for
+//! Modules by owner, each depending only on those listed before it (`discovery`, `http` and
+//! `sync` are private: only the service starts them):
+//! - `sync`: locks that survive a panicked holder; [`faults`]: fault injection points for
 //!   end-to-end tests (feature `fault-injection`).
 //! - [`indexes`]: the shared query indexes and the lock-free, mailbox-free read path.
 //! - [`router`]: `RouterActor`, routing decisions: rotation, requests in flight and recent
 //!   decisions.
 //! - [`stream`]: one stream per instance and DP rank: `StreamSet`, the supervised
 //!   `StreamActor`, its I/O thread (the single writer of its state) and the `IndexActor`.
-//! - [`discovery`]: `DiscoveryActor`, the instance registry from etcd (list-then-watch,
+//! - `discovery`: `DiscoveryActor`, the instance registry from etcd (list-then-watch,
 //!   `/health` probes) and stream reconciliation.
-//! - [`http`]: routes and `ApiError`, the one place errors become status codes; the indexer
+//! - `http`: routes and `ApiError`, the one place errors become status codes; the indexer
 //!   API, the OpenAI front door, `/metrics` and the status page.
 //! - [`service`]: starts the actors for a configuration, then the HTTP server; [`demo`]: the
 //!   zero-setup demo with in-process simulated engines.
 
 pub mod demo;
-pub mod discovery;
+mod discovery;
 pub mod faults;
-pub mod http;
+mod http;
 pub mod indexes;
 pub mod router;
 pub mod service;
 pub mod stream;
-pub mod sync;
+mod sync;
 
 pub use service::{Service, StartError};

@@ -79,8 +79,8 @@ pub enum Action {
     },
 }
 
-/// Counters for status and metrics.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Counters for status and metrics (reported by name in the streams report).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RecoveryStats {
     /// Sequence gaps and regressions seen on a synchronized stream.
     pub gaps: u64,
@@ -93,6 +93,7 @@ pub struct RecoveryStats {
     /// Live batches restored synchronization as full states.
     pub full_state_restores: u64,
     /// Time the last successful recovery took.
+    #[serde(skip)]
     pub last_recovery: Option<Duration>,
 }
 

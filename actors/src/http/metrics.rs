@@ -130,22 +130,26 @@ type TierSlots = fn(&StreamCounters) -> &[AtomicU64; 2];
 type StreamFamily = (&'static str, Kind, &'static str, fn(&StreamSample) -> u64);
 
 const STREAM_FAMILIES: [StreamFamily; 11] = [
-    ("kvdir_live_messages_total", Kind::Counter, "Live messages received.", |s| s.report.messages),
+    ("kvdir_live_messages_total", Kind::Counter, "Live messages received.", |s| {
+        s.report.status.messages
+    }),
     ("kvdir_decode_errors_total", Kind::Counter, "Live messages that failed to decode.", |s| {
-        s.report.decode_errors
+        s.report.status.decode_errors
     }),
     ("kvdir_sequence_gaps_total", Kind::Counter, "Sequence gaps and regressions.", |s| {
-        s.report.gaps
+        s.report.status.stats.gaps
     }),
-    ("kvdir_recoveries_total", Kind::Counter, "Snapshots installed.", |s| s.report.recoveries),
+    ("kvdir_recoveries_total", Kind::Counter, "Snapshots installed.", |s| {
+        s.report.status.stats.recoveries
+    }),
     ("kvdir_snapshot_failures_total", Kind::Counter, "Snapshots that failed.", |s| {
-        s.report.snapshot_failures
+        s.report.status.stats.snapshot_failures
     }),
     ("kvdir_snapshot_bytes_total", Kind::Counter, "Snapshot bytes received.", |s| {
-        s.report.snapshot_bytes
+        s.report.status.snapshot_bytes
     }),
     ("kvdir_skipped_events_total", Kind::Counter, "Out-of-scope events skipped.", |s| {
-        s.report.skipped_events
+        s.report.status.skipped_events
     }),
     ("kvdir_stream_restarts_total", Kind::Counter, "Stream thread restarts.", |s| {
         s.report.restarts

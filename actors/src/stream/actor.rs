@@ -64,34 +64,13 @@ pub struct StreamReport {
     pub endpoint: String,
     /// Snapshot endpoint.
     pub replay_endpoint: String,
-    /// `disconnected`, `syncing`, `live`, `resyncing` or `backoff`.
-    pub phase: StreamPhase,
-    /// Whether the SUB socket is connected.
-    pub connected: bool,
-    /// Live messages received.
-    pub messages: u64,
-    /// Live messages that failed to decode.
-    pub decode_errors: u64,
-    /// Sequence gaps and regressions.
-    pub gaps: u64,
-    /// Snapshots installed.
-    pub recoveries: u64,
-    /// Snapshots that failed.
-    pub snapshot_failures: u64,
-    /// Snapshot bytes received.
-    pub snapshot_bytes: u64,
-    /// Live batches dropped while waiting to retry.
-    pub dropped_batches: u64,
-    /// Events skipped as out of scope: by the decoder (unknown types, media, multimodal or
-    /// salt context; LoRA events are indexed in their adapter's namespace) and by the index
-    /// (stores chaining to or replicating those blocks).
-    pub skipped_events: u64,
+    /// The worker's status: phase, connection, counters, last fault.
+    #[serde(flatten)]
+    pub status: WorkerStatus,
     /// Worker restarts by the supervisor.
     pub restarts: u64,
     /// The wait before the last restart, in ms (it doubles per restart, up to 6.4 s).
     pub restart_backoff_ms: Option<u64>,
-    /// The last fault.
-    pub last_fault: Option<String>,
 }
 
 /// Ask a stream for its report.
@@ -252,7 +231,8 @@ impl Handler<GetStreamReport> for StreamActor {
     type Result = MessageResult<GetStreamReport>;
 
     fn handle(&mut self, _: GetStreamReport, _: &mut Context<Self>) -> Self::Result {
-        let s = lock(&self.status).clone();
+        let mut status = lock(&self.status).clone();
+        status.skipped_events += self.shared.skipped_out_of_scope.load(Ordering::Relaxed);
         MessageResult(StreamReport {
             instance_name: self.spec.instance_name.clone(),
             dp_rank: self.spec.dp_rank,
@@ -260,20 +240,9 @@ impl Handler<GetStreamReport> for StreamActor {
             model: self.spec.model.clone(),
             endpoint: self.spec.endpoint.clone(),
             replay_endpoint: self.spec.replay_endpoint.clone(),
-            phase: s.phase,
-            connected: s.connected,
-            messages: s.messages,
-            decode_errors: s.decode_errors,
-            gaps: s.stats.gaps,
-            recoveries: s.stats.recoveries,
-            snapshot_failures: s.stats.snapshot_failures,
-            snapshot_bytes: s.snapshot_bytes,
-            dropped_batches: s.stats.dropped_batches,
-            skipped_events: s.skipped_events
-                + self.shared.skipped_out_of_scope.load(Ordering::Relaxed),
+            status,
             restarts: self.restarts,
             restart_backoff_ms: self.backoff.map(|d| d.as_millis() as u64),
-            last_fault: s.last_fault,
         })
     }
 }

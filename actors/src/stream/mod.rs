@@ -21,6 +21,7 @@ pub use actor::{GetStreamReport, StreamActor, StreamReport, WorkerThreads};
 pub use counters::StreamCounters;
 pub use index_actor::{IndexActor, Invalidate, StreamShared};
 pub use set::{RunningStream, StartStreamError, StreamMap, StreamSet, StreamSource};
+pub use worker::WorkerStatus;
 
 /// End a stream for good, sent to both of its actors: the `IndexActor` drops the writer (the
 /// stream's bits leave the shared index) before it answers; the `StreamActor` stops its worker

@@ -19,6 +19,7 @@ use kvdir::config::{Limits, StreamSpec};
 use kvdir::index::{SharedSnapshot, StreamWriter};
 use kvdir::stream::{Action, Recovery, RecoveryConfig, RecoveryStats, StreamFault, StreamPhase};
 use kvdir::wire::{decode_live, decode_snapshot_frame, Batch, SnapshotFrame};
+use serde::Serialize;
 
 use super::StreamShared;
 use crate::faults::{self, FaultPoint};
@@ -32,14 +33,17 @@ const MAX_BURST: usize = 256;
 /// Receive high-water mark of the SUB socket, in messages.
 const SUB_HWM: i32 = 100_000;
 
-/// What the worker reports about itself, read by the stream actor's status handler.
-#[derive(Debug, Clone, Default, PartialEq)]
+/// What the worker reports about itself: the stream's status, flattened into its report on
+/// the streams endpoint (and read by `/metrics`), so each field is defined once.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct WorkerStatus {
-    /// Recovery phase.
+    /// `disconnected`, `syncing`, `live`, `resyncing` or `backoff`.
     pub phase: StreamPhase,
     /// Whether the SUB socket has completed its ZMTP handshake with the publisher.
     pub connected: bool,
-    /// Recovery counters.
+    /// Recovery counters: `gaps`, `recoveries`, `snapshot_failures`, `dropped_batches`,
+    /// `full_state_restores`.
+    #[serde(flatten)]
     pub stats: RecoveryStats,
     /// Live messages received.
     pub messages: u64,
@@ -47,7 +51,9 @@ pub struct WorkerStatus {
     pub decode_errors: u64,
     /// Snapshot payload bytes received.
     pub snapshot_bytes: u64,
-    /// Events skipped by the decoder (unknown types, media, LoRA).
+    /// Events skipped as out of scope: by the decoder (unknown types, media, multimodal or
+    /// salt context) and, in the report, by the index too (stores chaining to or replicating
+    /// those blocks).
     pub skipped_events: u64,
     /// The last fault, for operators.
     pub last_fault: Option<String>,

@@ -85,11 +85,6 @@ impl FrontDoor {
         })
     }
 
-    /// The model name clients use.
-    pub fn served_model_name(&self) -> &str {
-        &self.served_model_name
-    }
-
     fn authorize(&self, req: &HttpRequest) -> Result<(), FrontError> {
         let Some(key) = &self.api_key else { return Ok(()) };
         let given = req
