@@ -168,18 +168,33 @@ impl<K: FlatKey, V: Vacancy> FlatTable<K, V> {
     /// the peer bench (128 streams in one shared index) that took the heap from 138 to 96-113
     /// bytes per (block, worker), for 5-10 % more ingest CPU (more, smaller rehashes).
     fn grow(&mut self) {
+        *self = self.grown(self.len + 1);
+    }
+
+    /// A copy with room for `extra` more entries, or `None` when this table has it already.
+    /// The shared view builds it while readers still read this one, so they never wait for a
+    /// rehash.
+    pub fn grown_for(&self, extra: usize) -> Option<Self> {
+        let need = self.len.saturating_add(extra);
+        (need > max_len(self.slots.len())).then(|| self.grown(need))
+    }
+
+    /// A copy of the next growth step's capacity (at least the capacity for `need` entries).
+    fn grown(&self, need: usize) -> Self {
         let cap = self.slots.len();
         let grown = (cap + cap / 2).max(MIN_CAPACITY);
         let at_limit = capacity_for(self.limit);
         let target = if cap < at_limit { grown.min(at_limit) } else { grown };
-        let new_cap = target.max(capacity_for(self.len + 1));
-        let old = std::mem::replace(&mut self.slots, vec![(K::FILLER, V::default()); new_cap]);
-        for (k, v) in old {
+        let new_cap = target.max(capacity_for(need));
+        let slots = vec![(K::FILLER, V::default()); new_cap];
+        let mut t = FlatTable { slots, len: self.len, limit: self.limit };
+        for &(k, v) in &self.slots {
             if !v.is_vacant() {
-                let at = self.find(&k).expect_err("keys are unique");
-                self.place(at, k, v);
+                let at = t.find(&k).expect_err("keys are unique");
+                t.place(at, k, v);
             }
         }
+        t
     }
 
     /// Empties an occupied slot and moves the entries displaced behind it one slot back, up
