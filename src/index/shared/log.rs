@@ -19,11 +19,14 @@
 //! Everything of one publish that a reader can see is applied under one write lock, so a batch,
 //! an install (old contents out, new in, status) and a removal are each visible all at once.
 
+use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use super::super::flat::FlatTable;
+use super::super::key::ContentKey;
 use super::super::view::{Change, StreamStatus};
-use super::holders::{SharedData, StreamLabel};
+use super::holders::{Holders, SharedData, StreamLabel};
 
 /// Changes applied per write lock when readers cannot see them.
 const CHUNK: usize = 4096;
@@ -71,8 +74,7 @@ impl Log {
         let mut ops = std::mem::take(&mut self.ops);
         // Only a publish changes the view, and publishes are serialized (the index's writer
         // mutex), so a larger map built under the read lock is still current when swapped in.
-        let adds = self.changes.iter().filter(|c| c.add).count();
-        let grown = read(view).map.grown_for(adds);
+        let grown = self.grown_map(&read(view));
         let mut data = write(view);
         let old = grown.map(|map| std::mem::replace(&mut data.map, map));
         for op in ops.drain(..) {
@@ -97,6 +99,21 @@ impl Log {
         drop(old); // freed outside the lock
         self.ops = ops;
         self.changes.clear();
+    }
+}
+
+impl Log {
+    /// The view's map grown for this log's new keys, when it needs to grow. Additions are
+    /// counted first (cheap); only when they could overflow the map are the keys that are new
+    /// counted, so that the map grows exactly when inserting one by one would have grown it.
+    fn grown_map(&self, data: &SharedData) -> Option<FlatTable<ContentKey, Holders>> {
+        let adds = self.changes.iter().filter(|c| c.add);
+        if data.map.has_room(adds.clone().count()) {
+            return None;
+        }
+        let new: HashSet<_> =
+            adds.filter(|c| data.map.get(&c.key).is_none()).map(|c| c.key).collect();
+        data.map.grown_for(new.len())
     }
 }
 
