@@ -28,7 +28,6 @@ pub struct Kvdir {
     streams: Vec<StreamWriter>,
     batch: Batch,
     hashes: Vec<EngineHash>,
-    tokens: Vec<i32>,
     seq: Vec<u64>,
     rejected: u64,
     // query scratch (query takes &self): the reader handle, its token buffer, and a hasher
@@ -61,7 +60,6 @@ impl Kvdir {
             streams,
             batch: Batch::default(),
             hashes: Vec::new(),
-            tokens: Vec::new(),
             seq: vec![0; s.workers as usize],
             rejected: 0,
             q: RefCell::new((handle, Vec::new(), KeyHasher::new(block_size, 1024), Vec::new())),
@@ -89,14 +87,13 @@ impl Kvdir {
 /// takes about 10).
 fn to_i32(tokens: &[u32], out: &mut Vec<i32>) {
     out.clear();
-    push_i32(tokens, out);
+    out.resize(tokens.len(), 0);
+    convert(tokens, out);
 }
 
-/// Appends the harness's u32 ids to `out` as i32 (see [`to_i32`]).
-fn push_i32(tokens: &[u32], out: &mut Vec<i32>) {
-    let start = out.len();
-    out.resize(start + tokens.len(), 0);
-    for (d, s) in out[start..].iter_mut().zip(tokens) {
+/// Writes the harness's u32 ids into `out` (of the same length) as i32 (see [`to_i32`]).
+fn convert(tokens: &[u32], out: &mut [i32]) {
+    for (d, s) in out.iter_mut().zip(tokens) {
         *d = (*s & 0x7fff_ffff) as i32;
     }
 }
@@ -107,18 +104,23 @@ impl PrefixIndexUnderTest for Kvdir {
     }
     fn store(&mut self, worker: u32, parent: Option<u64>, blocks: &[(u64, &[u32])]) {
         self.hashes.clear();
-        self.tokens.clear();
-        for &(h, toks) in blocks {
-            self.hashes.push(EngineHash(h as u128));
-            push_i32(toks, &mut self.tokens);
-        }
+        self.hashes.extend(blocks.iter().map(|&(h, _)| EngineHash(h as u128)));
+        let tokens = blocks.iter().map(|(_, t)| t.len()).sum();
         self.batch.clear();
-        self.batch.push_stored(
+        // The ids are converted straight into the batch (one write, no second copy).
+        self.batch.push_stored_with(
             &self.hashes,
             parent.map(|p| EngineHash(p as u128)),
-            &self.tokens,
+            tokens,
             self.block_size,
             Tier::Device,
+            |out| {
+                let mut at = 0;
+                for (_, toks) in blocks {
+                    convert(toks, &mut out[at..at + toks.len()]);
+                    at += toks.len();
+                }
+            },
         );
         self.apply(worker);
     }
@@ -156,9 +158,9 @@ impl PrefixIndexUnderTest for Kvdir {
     fn describe(&self) -> Value {
         json!({
             "crate": "kvdir", "version": "path (project checkout)",
-            "type": "one SharedIndex (left-right view: content key -> Device/Host stream sets) for all workers, one StreamWriter per worker",
+            "type": "one SharedIndex (one view behind a reader/writer lock: content key -> Device/Host stream sets) for all workers, one StreamWriter per worker",
             "publish": if self.publish_each { "after every event" } else { "once per harness slice (flush)" },
-            "api": ["SharedIndex::add_stream", "StreamWriter::apply(seq, &Batch)",
+            "api": ["SharedIndex::add_stream", "Batch::push_stored_with", "StreamWriter::apply(seq, &Batch)",
                     "StreamWriter::publish / commit + SharedIndex::publish",
                     "SharedHandle::query (hash once, one walk for all workers)"],
         })

@@ -168,18 +168,44 @@ impl<K: FlatKey, V: Vacancy> FlatTable<K, V> {
     /// the peer bench (128 streams in one shared index) that took the heap from 138 to 96-113
     /// bytes per (block, worker), for 5-10 % more ingest CPU (more, smaller rehashes).
     fn grow(&mut self) {
-        let cap = self.slots.len();
-        let grown = (cap + cap / 2).max(MIN_CAPACITY);
+        *self = self.grown(self.len + 1);
+    }
+
+    /// Whether `extra` more entries fit without growing.
+    pub fn has_room(&self, extra: usize) -> bool {
+        self.len.saturating_add(extra) <= max_len(self.slots.len())
+    }
+
+    /// A copy with room for `extra` more entries, or `None` when this table has it already.
+    /// The shared view builds it while readers still read this one, so they never wait for a
+    /// rehash.
+    pub fn grown_for(&self, extra: usize) -> Option<Self> {
+        (!self.has_room(extra)).then(|| self.grown(self.len.saturating_add(extra)))
+    }
+
+    /// A copy with the capacity of the first growth step that holds `need` entries: whether a
+    /// table grows one insert at a time or ahead of a whole batch, it goes through the same
+    /// capacities (a step is half the capacity, and stops once at the capacity for `limit`).
+    fn grown(&self, need: usize) -> Self {
         let at_limit = capacity_for(self.limit);
-        let target = if cap < at_limit { grown.min(at_limit) } else { grown };
-        let new_cap = target.max(capacity_for(self.len + 1));
-        let old = std::mem::replace(&mut self.slots, vec![(K::FILLER, V::default()); new_cap]);
-        for (k, v) in old {
-            if !v.is_vacant() {
-                let at = self.find(&k).expect_err("keys are unique");
-                self.place(at, k, v);
+        let need_cap = capacity_for(need);
+        let mut new_cap = self.slots.len();
+        loop {
+            let grown = (new_cap + new_cap / 2).max(MIN_CAPACITY);
+            new_cap = if new_cap < at_limit { grown.min(at_limit) } else { grown };
+            if new_cap >= need_cap {
+                break;
             }
         }
+        let slots = vec![(K::FILLER, V::default()); new_cap];
+        let mut t = FlatTable { slots, len: self.len, limit: self.limit };
+        for &(k, v) in &self.slots {
+            if !v.is_vacant() {
+                let at = t.find(&k).expect_err("keys are unique");
+                t.place(at, k, v);
+            }
+        }
+        t
     }
 
     /// Empties an occupied slot and moves the entries displaced behind it one slot back, up

@@ -245,6 +245,26 @@ impl Batch {
         self.events.push(Event::Stored(stored));
     }
 
+    /// [`Self::push_stored`] with the token ids written by `fill` into `tokens` zeroed slots,
+    /// for a caller that converts ids on the way in: they are then written once, not copied
+    /// again from the caller's buffer.
+    pub fn push_stored_with(
+        &mut self,
+        hashes: &[EngineHash],
+        parent: Option<EngineHash>,
+        tokens: usize,
+        block_size: u32,
+        tier: Tier,
+        fill: impl FnOnce(&mut [i32]),
+    ) {
+        let hashes = self.push_hashes(hashes);
+        let start = self.tokens.len() as u32;
+        fill(self.token_slots(tokens));
+        let tokens = Span { start, len: tokens as u32 };
+        let stored = Stored { hashes, parent, tokens, block_size, tier, lora: 0 };
+        self.events.push(Event::Stored(stored));
+    }
+
     /// Appends a `BlockStored` event of out-of-scope blocks (see [`Event::OutOfScope`]).
     pub fn push_out_of_scope(&mut self, hashes: &[EngineHash], tier: Tier) {
         let hashes = self.push_hashes(hashes);

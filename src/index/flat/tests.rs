@@ -129,3 +129,27 @@ fn capacities_hold_what_they_promise() {
         assert!(max_len(capacity_for(n)) < capacity_for(n).max(1), "always a vacant slot");
     }
 }
+
+#[test]
+fn growing_ahead_of_a_batch_goes_through_the_capacities_of_growing_one_insert_at_a_time() {
+    let (mut one, mut ahead) = (FlatTable::<Clumped, Count>::default(), FlatTable::default());
+    let mut next = 1u16;
+    for batch in [1u16, 5, 16, 3, 40, 100, 7] {
+        if let Some(grown) = ahead.grown_for(usize::from(batch)) {
+            assert_eq!((grown.len(), grown.iter().count()), (ahead.len(), ahead.len()));
+            ahead = grown;
+        }
+        let cap = ahead.slots.len();
+        for k in next..next + batch {
+            for t in [&mut one, &mut ahead] {
+                let at = t.find(&Clumped(k)).unwrap_err();
+                t.insert_at(at, Clumped(k), Count(u32::from(k)));
+            }
+        }
+        next += batch;
+        assert_eq!(ahead.slots.len(), cap, "room was made ahead: no growth inside the batch");
+        assert!(one.slots.len() <= cap && ahead.has_room(0));
+        assert_eq!(one.slots.len(), ahead.slots.len(), "the same capacities");
+    }
+    assert!((1..next).all(|k| ahead.get(&Clumped(k)) == Some(&Count(u32::from(k)))));
+}

@@ -1,4 +1,4 @@
-//! The data behind one copy of the shared view: content key -> the streams holding it, per tier.
+//! The data behind the shared view: content key -> the streams holding it, per tier.
 //!
 //! Memory is dominated by blocks that one stream alone holds, so a map value is 4 bytes
 //! ([`Holders`]): one stream's slot and tier bits inline, or the index of a [`HolderSet`]
@@ -9,15 +9,10 @@
 //! with that content is resident on that tier. Two engine hashes of one stream naming the same
 //! content (rare) keep the count beyond one in `extra`, keyed by (key, stream, tier), so a bit
 //! flips only on a 0 <-> nonzero transition and removals stay exact.
-//!
-//! Both copies apply the same operations in the same order from the same start, so the slab's
-//! free list, and with it every set index, is identical in both.
 
 use std::collections::HashMap;
 use std::hint::black_box;
 use std::sync::Arc;
-
-use left_right::Absorb;
 
 use super::super::blocks::bit;
 use super::super::flat::{FlatTable, Vacancy};
@@ -64,17 +59,6 @@ impl HolderSet {
     }
 }
 
-/// One operation on the shared view.
-#[derive(Debug)]
-pub(crate) enum SharedOp {
-    /// One stream's changes, in order (a batch, a snapshot install, a removal).
-    Changes { slot: u8, changes: Vec<Change> },
-    /// A stream's status; `None` when the stream is removed (its label goes with it).
-    Status { slot: u8, status: Option<Arc<StreamStatus>> },
-    /// Who holds a slot, set when a stream joins.
-    Label { slot: u8, label: Arc<StreamLabel> },
-}
-
 /// Who a slot belongs to: instance, DP rank and, for discovered streams, the engine process
 /// the stream was started for. It is published in the view beside the
 /// slot's status, so a reader never pairs a reused slot's bits with the stream that held it
@@ -94,7 +78,7 @@ pub struct StreamLabel {
 }
 
 /// See the module documentation.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Default)]
 pub(crate) struct SharedData {
     pub map: FlatTable<ContentKey, Holders>,
     sets: Vec<HolderSet>,
@@ -129,41 +113,42 @@ impl SharedData {
         self.sets.len() - self.free_sets.len()
     }
 
-    fn apply(&mut self, op: &SharedOp) {
-        match op {
-            SharedOp::Changes { slot, changes } => {
-                for group in changes.chunks(AHEAD) {
-                    black_box(group.iter().fold(false, |acc, c| acc ^ self.map.touch(&c.key)));
-                    for c in group {
-                        if c.add {
-                            self.add(c.key, *slot, c.tier);
-                        } else {
-                            self.remove(c.key, *slot, c.tier);
-                        }
-                    }
+    /// Applies one stream's changes, in order.
+    pub fn apply_changes(&mut self, slot: u8, changes: &[Change]) {
+        for group in changes.chunks(AHEAD) {
+            black_box(group.iter().fold(false, |acc, c| acc ^ self.map.touch(&c.key)));
+            for c in group {
+                if c.add {
+                    self.add(c.key, slot, c.tier);
+                } else {
+                    self.remove(c.key, slot, c.tier);
                 }
-            }
-            SharedOp::Status { slot, status } => {
-                let i = usize::from(*slot);
-                if self.status.len() <= i {
-                    self.status.resize(i + 1, None);
-                }
-                self.status[i] = status.clone();
-                if status.is_none() && i < self.labels.len() {
-                    self.labels[i] = None;
-                }
-                let synced = status.as_ref().is_some_and(|s| s.synchronized);
-                let b = 1u128 << slot;
-                self.synced = if synced { self.synced | b } else { self.synced & !b };
-            }
-            SharedOp::Label { slot, label } => {
-                let i = usize::from(*slot);
-                if self.labels.len() <= i {
-                    self.labels.resize(i + 1, None);
-                }
-                self.labels[i] = Some(Arc::clone(label));
             }
         }
+    }
+
+    /// Sets a stream's status (`None`: removed, with its label) and its synchronized bit.
+    pub fn set_status(&mut self, slot: u8, status: Option<Arc<StreamStatus>>) {
+        let i = usize::from(slot);
+        if self.status.len() <= i {
+            self.status.resize(i + 1, None);
+        }
+        let synced = status.as_ref().is_some_and(|s| s.synchronized);
+        if status.is_none() && i < self.labels.len() {
+            self.labels[i] = None;
+        }
+        self.status[i] = status;
+        let b = 1u128 << slot;
+        self.synced = if synced { self.synced | b } else { self.synced & !b };
+    }
+
+    /// Sets who holds a slot.
+    pub fn set_label(&mut self, slot: u8, label: Arc<StreamLabel>) {
+        let i = usize::from(slot);
+        if self.labels.len() <= i {
+            self.labels.resize(i + 1, None);
+        }
+        self.labels[i] = Some(label);
     }
 
     fn add(&mut self, key: ContentKey, slot: u8, tier: Tier) {
@@ -240,22 +225,6 @@ impl SharedData {
     }
 }
 
-impl Absorb<SharedOp> for SharedData {
-    fn absorb_first(&mut self, op: &mut SharedOp, _other: &Self) {
-        self.apply(op);
-    }
-
-    fn absorb_second(&mut self, op: SharedOp, _other: &Self) {
-        self.apply(&op);
-    }
-
-    fn drop_first(self: Box<Self>) {}
-
-    fn sync_with(&mut self, first: &Self) {
-        self.clone_from(first);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,8 +234,7 @@ mod tests {
     }
 
     fn change(data: &mut SharedData, slot: u8, key: u128, tier: Tier, add: bool) {
-        let changes = vec![Change { key: k(key), tier, add }];
-        data.apply(&SharedOp::Changes { slot, changes });
+        data.apply_changes(slot, &[Change { key: k(key), tier, add }]);
     }
 
     fn holders(data: &SharedData, key: u128) -> Option<HolderSet> {
@@ -320,12 +288,12 @@ mod tests {
     fn status_sets_and_clears_the_synchronized_mask() {
         let mut d = SharedData::default();
         let st = |synchronized| Some(Arc::new(StreamStatus { synchronized, ..Default::default() }));
-        d.apply(&SharedOp::Status { slot: 5, status: st(true) });
+        d.set_status(5, st(true));
         assert_eq!(d.synced, 1 << 5);
-        d.apply(&SharedOp::Status { slot: 5, status: st(false) });
+        d.set_status(5, st(false));
         assert_eq!(d.synced, 0);
-        d.apply(&SharedOp::Status { slot: 5, status: st(true) });
-        d.apply(&SharedOp::Status { slot: 5, status: None });
+        d.set_status(5, st(true));
+        d.set_status(5, None);
         assert_eq!((d.synced, d.status[5].is_none()), (0, true));
     }
 }

@@ -2,12 +2,13 @@
 //!
 //! Layout:
 //! - the shared view (`content key -> (Device streams, Host streams)`, plus every stream's
-//!   status and the mask of synchronized streams) is a `left-right` pair: readers
-//!   ([`SharedHandle`]) hash a query once and walk it once for all streams, with no lock;
+//!   status and the mask of synchronized streams) is one copy behind a reader/writer lock
+//!   (`log.rs` says why and how readers are kept from waiting): readers ([`SharedHandle`])
+//!   hash a query once, then walk it once for all streams under the read lock;
 //! - each stream keeps its own writer state in a [`StreamWriter`]: engine hash -> content key
 //!   and tiers, sync state, sequence, `max_blocks`. Applying a batch or building a snapshot
 //!   (the hashing) touches only that state, so streams do it in parallel; the resulting
-//!   changes are appended to the shared view under one mutex and published in one step.
+//!   changes are appended to a log under one mutex and published in one step.
 //!
 //! Invariants:
 //! - a stream's bit for a key on a tier is set exactly while one of its resident engine blocks
@@ -18,16 +19,17 @@
 //! - an unsynchronized stream, and a free slot, match nothing (the synchronized mask);
 //! - dropping a [`StreamWriter`] removes all of its bits and frees its slot in one publish.
 
+mod diff;
 mod holders;
+mod log;
 mod read;
 mod slots;
 
 pub use holders::{StreamLabel, MAX_STREAMS};
 pub use read::{SharedHandle, SharedMatches, SharedReader, SlotRead};
 
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-use left_right::WriteHandle;
 use thiserror::Error;
 
 use super::apply::{ApplyStats, Ctx, Mode, Sink, Table};
@@ -35,7 +37,8 @@ use super::namespace::Keys;
 use super::view::{Change, StreamStatus, ViewOp};
 use super::{IndexConfig, IndexError};
 use crate::wire::Batch;
-use holders::{SharedData, SharedOp};
+use holders::SharedData;
+use log::Log;
 use slots::Slots;
 
 /// Why a stream could not join a shared index.
@@ -65,8 +68,14 @@ pub enum SharedError {
 }
 
 struct Writer {
-    handle: WriteHandle<SharedData, SharedOp>,
+    log: Log,
     slots: Slots,
+}
+
+impl Writer {
+    fn publish(&mut self, reader: &SharedReader) {
+        self.log.publish(&reader.view);
+    }
 }
 
 struct Inner {
@@ -90,10 +99,10 @@ impl SharedIndex {
     /// An empty index for streams of `block_size` and `hash_seed`, at most `max_streams` of
     /// them (capped at [`MAX_STREAMS`]).
     pub fn new(block_size: u32, hash_seed: u64, max_streams: usize) -> Self {
-        let (mut handle, read) = left_right::new_from_empty(SharedData::default());
-        handle.publish();
-        let reader = SharedReader { factory: read.factory(), block_size, hash_seed };
-        let writer = Writer { handle, slots: Slots::new(max_streams.min(MAX_STREAMS)) };
+        let view = Arc::new(RwLock::new(SharedData::default()));
+        let reader = SharedReader { view, block_size, hash_seed };
+        let writer =
+            Writer { log: Log::default(), slots: Slots::new(max_streams.min(MAX_STREAMS)) };
         SharedIndex { inner: Arc::new(Inner { writer: Mutex::new(writer), reader }) }
     }
 
@@ -136,19 +145,19 @@ impl SharedIndex {
             sequence: None,
             pending: Vec::new(),
         };
-        w.handle.append(SharedOp::Label { slot, label: Arc::new(label) });
-        w.handle.append(SharedOp::Status { slot, status: Some(Arc::new(stream.status())) });
+        w.log.label(slot, Arc::new(label));
+        w.log.status(slot, Some(Arc::new(stream.status())));
         Ok(stream)
     }
 
     /// Makes everything committed so far visible to readers in one step.
     pub fn publish(&self) {
-        self.lock().handle.publish();
+        self.lock().publish(&self.inner.reader);
     }
 
     fn lock(&self) -> MutexGuard<'_, Writer> {
-        // Appending and publishing leave the view consistent at every step a panic could
-        // interrupt, so a poisoned lock is still usable.
+        // Appending and publishing leave the log and the view consistent at every step a panic
+        // could interrupt, so a poisoned lock is still usable.
         self.inner.writer.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -266,11 +275,12 @@ impl StreamWriter {
 
     /// Replaces the contents with a complete snapshot (watermark: the first live sequence not
     /// in it) and synchronizes. The removal of the old contents and the new ones are one
-    /// pending change set, so readers go from the old contents to the new in one publish.
+    /// pending change set, so readers go from the old contents to the new in one publish; only
+    /// the difference is sent (a periodic resync changes little, and the view is locked while
+    /// it applies), see [`diff::changes_between`].
     pub fn install_snapshot(&mut self, snapshot: SharedSnapshot, watermark: u64) -> ApplyStats {
-        self.table.changes_of_all(false, &mut self.pending);
-        self.table = snapshot.table;
-        self.table.changes_of_all(true, &mut self.pending);
+        let old = std::mem::replace(&mut self.table, snapshot.table);
+        diff::changes_between(&old, &self.table, &mut self.pending);
         self.sync = Ok(());
         self.sequence = watermark.checked_sub(1);
         snapshot.stats
@@ -304,30 +314,27 @@ impl StreamWriter {
         let index = self.index.clone();
         let mut w = index.lock();
         self.append(&mut w);
-        w.handle.publish();
+        w.publish(&index.inner.reader);
     }
 
     fn append(&mut self, w: &mut Writer) {
-        let (slot, changes) = (self.slot, std::mem::take(&mut self.pending));
-        if !changes.is_empty() {
-            w.handle.append(SharedOp::Changes { slot, changes });
-        }
-        w.handle.append(SharedOp::Status { slot, status: Some(Arc::new(self.status())) });
+        w.log.changes(self.slot, &mut self.pending);
+        w.log.status(self.slot, Some(Arc::new(self.status())));
     }
 }
 
-/// Removes the stream: every one of its bits and its status go in one publish, then its
-/// slot is free for another stream.
+/// Removes the stream: its status goes first (from then on it matches nothing), then every
+/// one of its bits, in the same publish; then its slot is free for another stream.
 impl Drop for StreamWriter {
     fn drop(&mut self) {
+        // After the pending changes: they may add what the removal then takes out.
         self.table.changes_of_all(false, &mut self.pending);
         let index = self.index.clone();
         let mut w = index.lock();
-        let (slot, changes) = (self.slot, std::mem::take(&mut self.pending));
-        w.handle.append(SharedOp::Changes { slot, changes });
-        w.handle.append(SharedOp::Status { slot, status: None });
-        w.handle.publish();
-        w.slots.give_back(slot);
+        w.log.status(self.slot, None);
+        w.log.changes(self.slot, &mut self.pending);
+        w.publish(&index.inner.reader);
+        w.slots.give_back(self.slot);
     }
 }
 

@@ -9,14 +9,13 @@
 //! is credited once per run, not once per block.
 
 use std::hint::black_box;
-use std::sync::Arc;
-
-use left_right::{ReadHandle, ReadHandleFactory};
+use std::sync::{Arc, RwLock};
 
 use super::super::key::{ContentKey, KeyHasher};
 use super::super::namespace::Namespace;
 use super::super::view::StreamStatus;
 use super::holders::{SharedData, StreamLabel, MAX_STREAMS};
+use super::log::read;
 
 /// Per-stream matched prefix lengths of one query, in blocks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -138,7 +137,7 @@ pub struct SlotRead {
 /// A source of reader handles; cheap to clone and shareable between threads.
 #[derive(Clone)]
 pub struct SharedReader {
-    pub(crate) factory: ReadHandleFactory<SharedData>,
+    pub(crate) view: Arc<RwLock<SharedData>>,
     pub(crate) block_size: u32,
     pub(crate) hash_seed: u64,
 }
@@ -153,7 +152,7 @@ impl SharedReader {
     /// A handle for one reading thread, with its own hasher and key buffer.
     pub fn handle(&self) -> SharedHandle {
         SharedHandle {
-            handle: self.factory.handle(),
+            view: Arc::clone(&self.view),
             hasher: KeyHasher::new(self.block_size, self.hash_seed),
             namespaced: None,
             keys: Vec::new(),
@@ -163,9 +162,10 @@ impl SharedReader {
     }
 }
 
-/// One reader's handle on the shared view. `Send`, not `Sync`: one per reading thread.
+/// One reader's handle on the shared view: one per reading thread (it keeps its own hasher
+/// and key buffer).
 pub struct SharedHandle {
-    handle: ReadHandle<SharedData>,
+    view: Arc<RwLock<SharedData>>,
     hasher: KeyHasher,
     /// The hasher of the last namespace other than the default one that was queried.
     namespaced: Option<(Namespace, KeyHasher)>,
@@ -185,10 +185,7 @@ impl SharedHandle {
     pub fn query(&mut self, tokens: &[i32]) -> SharedMatches {
         self.keys.clear();
         self.hasher.prefix_keys(tokens, &mut self.keys);
-        let Some(view) = self.handle.enter() else {
-            return SharedMatches::empty(self.block_size, 0);
-        };
-        walk(&view, &self.keys, self.block_size)
+        walk(&read(&self.view), &self.keys, self.block_size)
     }
 
     /// [`Self::query`], plus every present stream's label and status read from the same
@@ -217,9 +214,7 @@ impl SharedHandle {
             &mut self.namespaced.as_mut().expect("set above").1
         };
         hasher.prefix_keys(tokens, &mut self.keys);
-        let Some(view) = self.handle.enter() else {
-            return SharedMatches::empty(self.block_size, 0);
-        };
+        let view = read(&self.view);
         for (i, label) in view.labels.iter().enumerate() {
             let status = view.status.get(i).cloned().flatten();
             if let (Some(label), Some(status)) = (label, status) {
@@ -231,25 +226,21 @@ impl SharedHandle {
 
     /// Walks keys already computed under this index's block size and seed.
     pub fn match_keys(&self, keys: &[ContentKey]) -> SharedMatches {
-        match self.handle.enter() {
-            Some(view) => walk(&view, keys, self.block_size),
-            None => SharedMatches::empty(self.block_size, 0),
-        }
+        walk(&read(&self.view), keys, self.block_size)
     }
 
     /// The published status of stream `slot`; `None` for a free slot.
     pub fn status(&self, slot: u8) -> Option<Arc<StreamStatus>> {
-        let view = self.handle.enter()?;
-        view.status.get(usize::from(slot)).cloned().flatten()
+        read(&self.view).status.get(usize::from(slot)).cloned().flatten()
     }
 
     /// Distinct content keys held by any stream (for memory accounting and tests).
     pub fn content_entries(&self) -> usize {
-        self.handle.enter().map(|v| v.map.len()).unwrap_or(0)
+        read(&self.view).map.len()
     }
 
     /// Content keys held by two streams or more.
     pub fn shared_entries(&self) -> usize {
-        self.handle.enter().map(|v| v.shared_keys()).unwrap_or(0)
+        read(&self.view).shared_keys()
     }
 }

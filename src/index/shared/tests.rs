@@ -280,3 +280,81 @@ fn labels_are_published_with_the_status_and_a_reused_slot_never_shows_the_old_st
     c.publish();
     assert_eq!(listed(&mut r, &[1, 2])[0], ("c".into(), 1, true, (0, 0)));
 }
+
+/// A chain of `n` blocks (hashes 1..=n, token pairs `2i, 2i + 1`) on `tier`.
+fn chain(n: u32, tier: Tier) -> (Batch, Vec<i32>) {
+    let tokens: Vec<i32> = (0..2 * n as i32).collect();
+    let hashes: Vec<u128> = (1..=u128::from(n)).collect();
+    (stored(&hashes, None, &tokens, tier), tokens)
+}
+
+#[test]
+fn large_installs_and_a_removal_are_seen_whole_by_a_concurrent_reader() {
+    // Large enough that the changes of an unsynchronized stream are applied in several
+    // write-locked chunks (`log.rs`): a reader must still only ever see nothing, or all of the
+    // old contents, or all of the new ones.
+    const N: u32 = 10_000;
+    let index = SharedIndex::new(B, 1024, 4);
+    let mut a = index.add_stream(config(2 * N as usize)).unwrap();
+    a.publish();
+    let slot = a.slot();
+    let (device, tokens) = chain(N, Tier::Device);
+    let (host, _) = chain(N, Tier::Host);
+    let mut half = device.clone();
+    half.push_removed(
+        &(N / 2 + 1..=N).map(|h| EngineHash(h.into())).collect::<Vec<_>>(),
+        Tier::Device,
+    );
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let (reader, done, tokens) = (index.reader(), &done, &tokens);
+        let seen = scope.spawn(move || {
+            let mut r = reader.handle();
+            let mut states = std::collections::BTreeSet::new();
+            while !done.load(std::sync::atomic::Ordering::Acquire) {
+                let got = r.query(tokens).blocks(slot);
+                assert!(
+                    [(0, 0), (N, 0), (0, N), (N / 2, 0)].contains(&got),
+                    "part of an install: {got:?}"
+                );
+                states.insert(got);
+            }
+            states
+        });
+        for _ in 0..8 {
+            a.load_snapshot(&device, 1).unwrap(); // first sync: unsynchronized, chunked
+            a.publish();
+            a.load_snapshot(&host, 2).unwrap(); // periodic resync: one write lock
+            a.publish();
+            a.load_snapshot(&half, 3).unwrap();
+            a.publish();
+            a.invalidate("gap");
+            a.publish();
+        }
+        drop(a); // the removal: status first, then the bits in chunks
+        done.store(true, std::sync::atomic::Ordering::Release);
+        seen.join().unwrap();
+    });
+    let mut r = index.reader().handle();
+    assert_eq!((r.content_entries(), r.query(&tokens).hit), (0, 0));
+}
+
+#[test]
+fn a_resync_sends_the_view_only_what_changed() {
+    let index = SharedIndex::new(B, 1024, 4);
+    let mut r = index.reader().handle();
+    let mut a = stream(&index);
+    let (device, tokens) = chain(99, Tier::Device);
+    a.load_snapshot(&device, 1).unwrap();
+    a.publish();
+    let mut same = device.clone();
+    same.push_stored(&[EngineHash(1000)], None, &[7, 7], B, Tier::Host);
+    a.load_snapshot(&same, 2).unwrap();
+    assert_eq!(a.pending.len(), 1, "one block added, nothing else");
+    a.publish();
+    assert_eq!((r.query(&tokens).blocks(a.slot()), r.content_entries()), ((99, 0), 100));
+    a.load_snapshot(&Batch::default(), 3).unwrap();
+    assert_eq!(a.pending.len(), 100);
+    a.publish();
+    assert_eq!(r.content_entries(), 0);
+}
