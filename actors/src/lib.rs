@@ -14,6 +14,7 @@
 //! - [`sync`]: locks that survive a panicked holder.
 //! - [`metrics`]: per-stream and request counters and the `/metrics` rendering.
 //! - [`router_actor`]: `RouterActor`, routing decisions: rotation and recent decisions.
+//! - [`route_predict`]: predict-on-route, between a request's hits and the router's predictions.
 //! - [`http`]: routes and `ApiError`, the one place errors become status codes.
 //! - [`status_page`]: the live status page at `/` (one embedded HTML file).
 
@@ -27,6 +28,7 @@ pub mod index_actor;
 pub mod indexer_api;
 pub mod indexes;
 pub mod metrics;
+pub mod route_predict;
 pub mod router_actor;
 pub mod service;
 pub mod status_page;

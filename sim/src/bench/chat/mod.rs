@@ -33,6 +33,7 @@ use crate::OpenAiConfig;
 pub mod flags;
 pub mod load;
 pub mod report;
+pub mod siblings;
 
 pub use flags::{parse_chat_args, ChatCommand, ChatOptions, CHAT_HELP, USER_TURN_TOKENS};
 use load::{run_clients, Targets};
@@ -136,9 +137,13 @@ fn new_report(o: &ChatOptions, path: String, stats: ChatStats) -> ChatReport {
         true => String::new(),
         false => format!(", policy {}", super::replay::flags::policy_name(o.policy)),
     };
+    let siblings = match o.siblings {
+        1 => String::new(),
+        k => format!(", {k} siblings per prompt sent at once"),
+    };
     let setup = format!(
         "{} engines x {} DP, block {}, prefill {} µs/token, decode {} µs/token x {} tokens; {} \
-         clients, {} requests max, {} system prompts, {}; {path}{policy}",
+         clients, {} requests max, {} system prompts{siblings}, {}; {path}{policy}",
         o.engines,
         o.dp_size,
         o.block_size,
@@ -158,6 +163,7 @@ fn new_report(o: &ChatOptions, path: String, stats: ChatStats) -> ChatReport {
         tokenization: None,
         rss: None,
         loadavg: (String::new(), loadavg()),
+        siblings: o.siblings,
     }
 }
 
