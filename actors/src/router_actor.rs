@@ -184,7 +184,7 @@ impl RouterActor {
         let mut cands = self.candidates(hits, prompt, now_ms);
         cands.retain(|c| !exclude.contains(&c.name));
         let routed = route(&cands, input_tokens, &self.params, &mut self.rotation);
-        if let (true, Ok(r)) = (self.predicting(), &routed) {
+        if let (true, Ok(r)) = (predicting, &routed) {
             route_predict::record(&mut self.predictions, now_ms, &r.prefill, hits);
         }
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
@@ -194,9 +194,10 @@ impl RouterActor {
 
     /// The instance snapshot with each instance's per-DP hits and, in its queue, the front
     /// door's requests started since its latest load report; siblings of `prompt` (given only
-    /// when predicting) are left out of both. A rank gives credit only when its stream was started for
-    /// the instance's current process; streams without an identity (static configuration) give
-    /// none. Each rank's `predicted_hit_tokens` is the instance's predicted prefix beyond it.
+    /// when predicting) are left out of both. A rank gives credit only when its stream was
+    /// started for the instance's current process; streams without an identity (static
+    /// configuration) give none. Each rank's `predicted_hit_tokens` is the instance's
+    /// predicted prefix beyond it.
     fn candidates(
         &self,
         hits: &[StreamHit],

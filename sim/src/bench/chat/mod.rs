@@ -199,4 +199,32 @@ mod tests {
         assert_eq!((report.kvdir_cpu, report.tokenization), (None, None), "{text}");
         assert!(text.contains("not in the path (--direct)"), "{text}");
     }
+
+    /// `--siblings`: groups of identical prompts sent at once, counted per group. Direct, the
+    /// copies go round-robin, so each group of 4 splits 2 + 2 over the 2 engines.
+    #[test]
+    fn sibling_groups_are_sent_together_and_counted_by_their_most_used_instance() {
+        let args = [
+            "--etcd_addr=127.0.0.1:1",
+            "--direct",
+            "--engines=2",
+            "--siblings=4",
+            "--clients=1",
+            "--requests=8",
+            "--prompt_tokens=300",
+            "--decode_us_per_token=0",
+            "--max_tokens=2",
+        ];
+        let Ok(ChatCommand::Run(o)) = parse_chat_args(args.iter().map(|a| a.to_string())) else {
+            panic!("valid flags")
+        };
+        let report = run(&o).expect("the run completes");
+        let text = report.text();
+        assert_eq!((report.served(), report.errors()), (8, 0), "{text}");
+        let s = &report.stats;
+        assert_eq!((s.sibling_groups, s.siblings_together), (2, 4), "{text}");
+        assert_eq!(report.siblings_together_share(), Some(0.5));
+        assert!(text.contains("siblings: 50.0% on their group's most used instance"), "{text}");
+        assert_eq!(report.json()["siblings"]["groups"], 2);
+    }
 }
