@@ -18,8 +18,8 @@
 //!   something is recorded.
 //! - **Bound.** At most `capacity` recordings are queued (one per key and instance); recording
 //!   past it drops the oldest first, live or not. Live predictions never outnumber queued
-//!   recordings, so memory stays under `capacity` times about 100 bytes (a queue item of 40
-//!   bytes, a map entry of 24 plus the hash table's slack).
+//!   recordings, so memory stays under `capacity` times about 120 bytes (a queue item of 48
+//!   bytes, a map entry of 32 plus the hash table's control byte and slack).
 //! - **Credit.** [`Predictions::predicted_blocks`] is the length of the longest predicted
 //!   prefix of the request's keys: keys chain, so the instance is expected to hold every block
 //!   up to the last predicted one. The CAR term it feeds is [`predicted_hit_ratio`].
@@ -66,7 +66,7 @@ pub struct PredictCounters {
 }
 
 impl Predictions {
-    /// How many recordings are kept unless told otherwise (about 13 MB at most).
+    /// How many recordings are kept unless told otherwise (about 16 MB at most).
     pub const DEFAULT_CAPACITY: usize = 1 << 17;
 
     /// A store whose predictions live `ttl_ms` (0 turns prediction off) and that keeps at most
