@@ -14,11 +14,11 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::RwLock;
+use std::sync::{Arc, RwLock};
 
 use kvdir::index::{
-    IndexConfig, SharedError, SharedHandle, SharedIndex, SlotRead, StreamLabel, StreamWriter,
-    MAX_STREAMS,
+    ContentKey, IndexConfig, SharedError, SharedHandle, SharedIndex, SlotRead, StreamLabel,
+    StreamWriter, MAX_STREAMS,
 };
 use kvdir::query::{QueryResponse, QueryScope, StreamMatch};
 use kvdir::registry::Identity;
@@ -53,6 +53,11 @@ pub struct StreamHit {
     pub identity: Option<Identity>,
     /// The stream's tenant (registered streams; empty otherwise).
     pub tenant: String,
+    /// The query's content keys under this stream's index ([`Indexes::read_keyed_in`]; empty
+    /// from the other reads), shared by the streams of one index.
+    pub keys: Arc<[ContentKey]>,
+    /// Tokens per block of the stream's index (what one of `keys` covers).
+    pub block_size: u32,
 }
 
 impl Indexes {
@@ -98,14 +103,26 @@ impl Indexes {
 
     /// [`Self::read`] for the streams `scope` admits, with the query's keys in its namespace.
     pub fn read_in(&self, tokens: &[i32], scope: &QueryScope) -> Vec<StreamHit> {
+        self.read_scoped(tokens, scope, false)
+    }
+
+    /// [`Self::read_in`] with each hit carrying the query's keys (for predict-on-route).
+    pub fn read_keyed_in(&self, tokens: &[i32], scope: &QueryScope) -> Vec<StreamHit> {
+        self.read_scoped(tokens, scope, true)
+    }
+
+    fn read_scoped(&self, tokens: &[i32], scope: &QueryScope, keyed: bool) -> Vec<StreamHit> {
         let mut hits = Vec::new();
         let mut slots: Vec<SlotRead> = Vec::new();
         let groups = self.groups.read().unwrap_or_else(|e| e.into_inner());
         for g in groups.iter().filter(|g| scope.block_size.is_none_or(|b| b == g.block_size)) {
-            let matches = HANDLES.with(|h| {
+            let (matches, keys) = HANDLES.with(|h| {
                 let mut h = h.borrow_mut();
                 let handle = h.entry(g.id).or_insert_with(|| g.index.reader().handle());
-                handle.query_streams_in(scope.namespace, tokens, &mut slots)
+                let matches = handle.query_streams_in(scope.namespace, tokens, &mut slots);
+                let keys: Arc<[ContentKey]> =
+                    if keyed { Arc::from(handle.keys()) } else { Arc::from([]) };
+                (matches, keys)
             });
             slots.retain(|s| scope.admits(&s.label, g.block_size));
             hits.extend(slots.drain(..).map(|s| {
@@ -125,6 +142,8 @@ impl Indexes {
                     },
                     identity: s.label.identity.clone(),
                     tenant: s.label.tenant.clone(),
+                    keys: Arc::clone(&keys),
+                    block_size: g.block_size,
                 }
             }));
         }

@@ -7,11 +7,29 @@
 //! A request counts from [`InFlight::start`] until [`InFlight::first_byte`] or
 //! [`InFlight::finish`], and only while no newer load report arrived for its instance (a report
 //! received after the start already includes it).
+//!
+//! Siblings: with predict-on-route on, a request's queue at an instance leaves out the
+//! unanswered requests there with the same prompt ([`InFlight::unreported_besides`]; same
+//! [`PromptId`]), and those that a load report already counted come off the reported queue
+//! ([`InFlight::reported_siblings`]). A sibling queued behind its twin prefills almost nothing (the twin's blocks
+//! are cached by then), so it does not wait for a prefill as a different request would; counting
+//! it would spread a burst of identical prompts, which is what prediction is there to keep
+//! together. Different prompts, even sharing a long system prompt, still count.
 
 use std::collections::HashMap;
 
 /// Identifies one forwarded request.
 pub type RequestId = u64;
+
+/// Identifies a prompt by all of its tokens ([`prompt_id`]). Equal ids are siblings.
+pub type PromptId = u128;
+
+/// The id of the prompt `tokens`: XXH3-128 of their little-endian bytes. Prompts differing in
+/// one token are not siblings, even in a partial last block.
+pub fn prompt_id(tokens: &[i32]) -> PromptId {
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    xxhash_rust::xxh3::xxh3_128(&bytes)
+}
 
 #[derive(Debug, Clone, Copy)]
 struct Entry {
@@ -19,6 +37,8 @@ struct Entry {
     reports_at_start: u64,
     /// Whether the first byte came back (the request is past its prefill).
     answered: bool,
+    /// Its prompt, when the caller named it.
+    prompt: Option<PromptId>,
 }
 
 /// Per-instance requests in flight.
@@ -29,10 +49,10 @@ pub struct InFlight {
 }
 
 impl InFlight {
-    /// A request sent to `instance`, whose load reports numbered `reports` so far.
-    pub fn start(&mut self, instance: &str, reports: u64) -> RequestId {
+    /// A request for `prompt` sent to `instance`, whose load reports numbered `reports` so far.
+    pub fn start(&mut self, instance: &str, reports: u64, prompt: Option<PromptId>) -> RequestId {
         self.next += 1;
-        let entry = Entry { reports_at_start: reports, answered: false };
+        let entry = Entry { reports_at_start: reports, answered: false, prompt };
         self.by_instance.entry(instance.to_string()).or_default().insert(self.next, entry);
         self.next
     }
@@ -57,9 +77,31 @@ impl InFlight {
     /// Unanswered requests to `instance` that its latest report (number `reports`) cannot
     /// include, because they started after it.
     pub fn unreported(&self, instance: &str, reports: u64) -> u64 {
-        self.by_instance.get(instance).map_or(0, |m| {
-            m.values().filter(|e| !e.answered && e.reports_at_start >= reports).count() as u64
-        })
+        self.unreported_besides(instance, reports, None)
+    }
+
+    /// [`Self::unreported`] without the siblings of `prompt` (requests with the same prompt).
+    pub fn unreported_besides(
+        &self,
+        instance: &str,
+        reports: u64,
+        prompt: Option<PromptId>,
+    ) -> u64 {
+        let counts = |e: &&Entry| {
+            !e.answered && e.reports_at_start >= reports && (prompt.is_none() || e.prompt != prompt)
+        };
+        self.by_instance.get(instance).map_or(0, |m| m.values().filter(counts).count() as u64)
+    }
+
+    /// Unanswered siblings of `prompt` at `instance` started before its latest report (number
+    /// `reports`), which that report counts as waiting; 0 without a prompt id.
+    pub fn reported_siblings(&self, instance: &str, reports: u64, prompt: Option<PromptId>) -> u64 {
+        let sibling =
+            |e: &&Entry| !e.answered && e.reports_at_start < reports && e.prompt == prompt;
+        match (prompt, self.by_instance.get(instance)) {
+            (Some(_), Some(m)) => m.values().filter(sibling).count() as u64,
+            _ => 0,
+        }
     }
 
     /// Requests to `instance` not finished yet, answered or not.
@@ -75,9 +117,9 @@ mod tests {
     #[test]
     fn a_request_counts_until_its_first_byte_or_a_newer_report() {
         let mut f = InFlight::default();
-        let a = f.start("p1", 3);
-        let b = f.start("p1", 3);
-        let c = f.start("p2", 0);
+        let a = f.start("p1", 3, None);
+        let b = f.start("p1", 3, None);
+        let c = f.start("p2", 0, None);
         assert_eq!((f.unreported("p1", 3), f.unreported("p2", 0)), (2, 1));
         f.first_byte("p1", a);
         assert_eq!(f.unreported("p1", 3), 1, "answered requests are past their prefill");
@@ -91,5 +133,22 @@ mod tests {
         f.finish("p3", 99);
         f.first_byte("p3", 99);
         assert!(f.by_instance.is_empty());
+    }
+
+    #[test]
+    fn siblings_of_a_prompt_leave_its_queue_but_other_prompts_stay() {
+        let mut f = InFlight::default();
+        let twin = Some(prompt_id(&[1, 2, 3]));
+        f.start("p1", 0, twin);
+        f.start("p1", 0, twin);
+        f.start("p1", 0, Some(prompt_id(&[1, 2, 4])));
+        f.start("p1", 0, None);
+        assert_eq!(f.unreported("p1", 0), 4);
+        assert_eq!(f.unreported_besides("p1", 0, twin), 2, "the two twins are left out");
+        assert_eq!(f.unreported_besides("p1", 0, Some(prompt_id(&[1, 2]))), 4, "another prompt");
+        assert_eq!(f.unreported_besides("p1", 0, None), 4, "no prompt id, no siblings");
+        assert_eq!(f.reported_siblings("p1", 0, twin), 0, "no report has counted them yet");
+        assert_eq!(f.reported_siblings("p1", 1, twin), 2, "the next report counts both twins");
+        assert_eq!(f.reported_siblings("p1", 1, None), 0);
     }
 }

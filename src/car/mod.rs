@@ -6,25 +6,32 @@
 //! kv_hit_ratio = clamp((device_hit + host_weight * host_only_hit) / input_tokens, 0, 1)
 //!                (the minimum over the instance's DP ranks; a missing, unsynchronized or
 //!                 stale-identity rank makes it 0)
+//! predicted    = min over ranks of (exact + predicted tokens) / input_tokens - kv_hit_ratio
+//!                (predict-on-route, [`Predictions`]; 0 when off or nothing is expected)
 //! queue_cost   = waiting / max(waiting over P candidates)     (0 when every queue is empty)
-//! score        = lambda * (1 - kv_hit_ratio) + (1 - lambda) * queue_cost
+//! score        = lambda * (1 - kv_hit_ratio - predict_weight * predicted)
+//!                + (1 - lambda) * queue_cost
 //! ```
 //! and for decode-side (D) candidates `score = gpu_cache_usage_perc + waiting / max(waiting)`.
 //! Equal scores rotate between calls. Without any D candidate only a DEFAULT instance may serve
 //! alone.
 //!
 //! [`InFlight`] counts a forwarding router's own unanswered requests between load reports.
+//! [`Predictions`] holds the content keys of recently routed requests, expected on their
+//! instances until the engines' events confirm them or a short TTL passes.
 //! [`RecentRoutes`] keeps the last few decisions (token counts only) for the status page.
 
 mod inflight;
 mod policy;
+mod predict;
 mod recent;
 
-pub use inflight::{InFlight, RequestId};
+pub use inflight::{prompt_id, InFlight, PromptId, RequestId};
 pub use policy::{
     kv_hit_ratio, route, Candidate, CandidateReport, DpHit, Policy, Rotation, RouteError,
     RouteParams, Routed, Side,
 };
+pub use predict::{predicted_hit_ratio, PredictCounters, Predictions};
 pub use recent::{RecentRoutes, RecentRoutesReport, RouteRecord};
 
 #[cfg(test)]

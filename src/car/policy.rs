@@ -60,6 +60,11 @@ pub struct RouteParams {
     pub target_tpot_ms: f64,
     /// False when the directory is disabled: every hit ratio is 0.
     pub directory_enabled: bool,
+    /// `--car_predict_ttl_ms`: how long a routed request's keys are expected on its instance
+    /// (predict-on-route, [`super::Predictions`]); 0 turns prediction off.
+    pub predict_ttl_ms: u64,
+    /// `--car_predict_weight` in 0..=1: CAR weight of the predicted term against exact hits.
+    pub predict_weight: f64,
 }
 
 impl Default for RouteParams {
@@ -71,6 +76,8 @@ impl Default for RouteParams {
             target_ttft_ms: 1000.0,
             target_tpot_ms: 50.0,
             directory_enabled: true,
+            predict_ttl_ms: 2000,
+            predict_weight: 0.5,
         }
     }
 }
@@ -88,6 +95,10 @@ pub struct DpHit {
     pub device_hit_tokens: u64,
     /// Host-only hit tokens.
     pub host_only_hit_tokens: u64,
+    /// Tokens expected beyond the exact hit because kvdir recently routed a request with this
+    /// prefix to the instance (predict-on-route); never part of the exact hit.
+    #[serde(default)]
+    pub predicted_hit_tokens: u64,
 }
 
 /// One instance as routing sees it.
@@ -132,8 +143,14 @@ pub struct CandidateReport {
     pub role: String,
     /// The list it is on.
     pub side: Side,
-    /// CAR hit ratio (P only; reported under every policy, used by CAR).
+    /// CAR hit ratio (P only; reported under every policy, used by CAR). Exact: from the
+    /// engines' KV events only.
     pub kv_hit_ratio: Option<f64>,
+    /// CAR predicted term (P only): the share of the prompt expected on the instance beyond
+    /// `kv_hit_ratio` from its recent routes ([`super::predicted_hit_ratio`]); CAR weighs it by
+    /// `--car_predict_weight`.
+    #[serde(default)]
+    pub predicted_hit_ratio: Option<f64>,
     /// Per-DP hits (P only).
     pub dp_hits: Vec<DpHit>,
     /// CAR queue cost.
@@ -284,25 +301,24 @@ fn score_side(
     side: Side,
     input_tokens: usize,
     p: &RouteParams,
-) -> (Vec<Option<f64>>, Vec<f64>, Vec<f64>) {
+) -> (Vec<Option<f64>>, Vec<f64>, [Vec<f64>; 2]) {
     let costs = queue_costs(cands, list);
-    let ratios: Vec<f64> = list
-        .iter()
-        .map(|&i| {
-            if p.directory_enabled {
-                kv_hit_ratio(&cands[i], input_tokens, p.host_weight)
-            } else {
-                0.0
-            }
-        })
-        .collect();
+    let ratio = |f: fn(&Candidate, usize, f64) -> f64| -> Vec<f64> {
+        let on = p.directory_enabled;
+        list.iter()
+            .map(|&i| if on { f(&cands[i], input_tokens, p.host_weight) } else { 0.0 })
+            .collect()
+    };
+    let ratios = ratio(kv_hit_ratio);
+    let predicted = ratio(super::predicted_hit_ratio);
     let scores = list
         .iter()
         .enumerate()
         .map(|(k, &i)| match (p.policy, side) {
             (Policy::Rr, _) => None,
             (Policy::Car, Side::Prefill) => {
-                Some(p.lambda * (1.0 - ratios[k]) + (1.0 - p.lambda) * costs[k])
+                let reuse = ratios[k] + p.predict_weight * predicted[k];
+                Some(p.lambda * (1.0 - reuse) + (1.0 - p.lambda) * costs[k])
             }
             (Policy::Car, Side::Decode) => {
                 Some(cands[i].load.map_or(0.0, |l| l.gpu_cache_usage_perc) + costs[k])
@@ -311,7 +327,7 @@ fn score_side(
             (Policy::SloAware, Side::Decode) => predicted_tpot(&cands[i], input_tokens),
         })
         .collect();
-    (scores, costs, ratios)
+    (scores, costs, [ratios, predicted])
 }
 
 fn choose(list: &[usize], scores: &[Option<f64>], policy: Policy, counter: &mut u64) -> usize {
@@ -369,6 +385,7 @@ pub fn route(
             role: c.kind.key_segment().to_string(),
             side: side(c),
             kv_hit_ratio: None,
+            predicted_hit_ratio: None,
             dp_hits: if side(c) == Side::Prefill { c.hits.clone() } else { Vec::new() },
             queue_cost: None,
             score: None,
@@ -419,7 +436,7 @@ fn explain(
     list: &[usize],
     scores: &[Option<f64>],
     costs: &[f64],
-    ratios: Option<&Vec<f64>>,
+    ratios: Option<&[Vec<f64>; 2]>,
     chosen: Option<usize>,
     policy: Policy,
 ) {
@@ -427,7 +444,8 @@ fn explain(
     for (k, &i) in list.iter().enumerate() {
         let r = &mut reports[i];
         r.score = scores[k];
-        r.kv_hit_ratio = ratios.map(|v| v[k]);
+        r.kv_hit_ratio = ratios.map(|v| v[0][k]);
+        r.predicted_hit_ratio = ratios.map(|v| v[1][k]);
         if policy == Policy::Car {
             r.queue_cost = Some(costs[k]);
         }

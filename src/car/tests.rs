@@ -22,6 +22,7 @@ fn cand(name: &str, kind: InstanceType, waiting: u64, hits: &[(u64, u64)]) -> Ca
                 identity_matches: true,
                 device_hit_tokens: d,
                 host_only_hit_tokens: h,
+                predicted_hit_tokens: 0,
             })
             .collect(),
     }

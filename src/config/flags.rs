@@ -28,6 +28,11 @@ FLAGS (--flag=value or --flag value):
     --load_balance_policy P        RR, SLO_AWARE or CAR [default: CAR]
     --car_prefill_lambda X         CAR weight of cache reuse against queue length, 0..=1 [default: 0.5]
     --car_host_hit_weight X        CAR weight of Host-only hits against Device hits, 0..=1 [default: 0.5]
+    --car_predict_ttl_ms MS        predict-on-route: a routed request's blocks count as expected
+                                   on its instance for MS, until the engine's events confirm
+                                   them; 0 turns it off [default: 2000]
+    --car_predict_weight X         CAR weight of expected (predicted) blocks against exact
+                                   hits, 0..=1 [default: 0.5]
     --target_ttft MS               SLO_AWARE time-to-first-token target [default: 1000]
     --target_tpot MS               SLO_AWARE time-per-output-token target [default: 50]
     --tokenizer_path PATH          the served model's tokenizer.json, or its directory (with
@@ -217,6 +222,8 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
         "demo_seconds" => flags.demo_seconds = Some(number(name, v, 1, 86_400)?),
         "car_prefill_lambda" => flags.route.lambda = fraction(name, v, 1.0)?,
         "car_host_hit_weight" => flags.route.host_weight = fraction(name, v, 1.0)?,
+        "car_predict_ttl_ms" => flags.route.predict_ttl_ms = number(name, v, 0, 600_000)?,
+        "car_predict_weight" => flags.route.predict_weight = fraction(name, v, 1.0)?,
         "target_ttft" => flags.route.target_ttft_ms = fraction(name, v, f64::MAX)?,
         "target_tpot" => flags.route.target_tpot_ms = fraction(name, v, f64::MAX)?,
         "tokenizer_path" => flags.front.tokenizer_path = path(v),

@@ -160,6 +160,25 @@ fn flags_accept_both_forms_and_report_all_errors() {
 }
 
 #[test]
+fn predict_on_route_flags_are_validated_and_zero_turns_it_off() {
+    let Command::Run(f) =
+        parse_flags(&["--car_predict_ttl_ms=0", "--car_predict_weight", "0.25"]).unwrap()
+    else {
+        panic!("run expected")
+    };
+    assert_eq!((f.route.predict_ttl_ms, f.route.predict_weight), (0, 0.25));
+    assert_eq!(Flags::default().route.predict_ttl_ms, 2000);
+    let err = parse_flags(&["--car_predict_ttl_ms=2s", "--car_predict_weight=2"]).unwrap_err();
+    assert_eq!(
+        err.problems,
+        [
+            "--car_predict_ttl_ms=\"2s\" is not an integer in 0..=600000",
+            "--car_predict_weight=\"2\" is outside the allowed range 0..=1",
+        ]
+    );
+}
+
+#[test]
 fn endpoints_must_be_connectable_tcp() {
     assert!(check_endpoint("tcp://127.0.0.1:18000").is_ok());
     assert!(check_endpoint("tcp://engine-a.local:1").is_ok());

@@ -294,7 +294,7 @@ async fn route_request(
     let started = Instant::now();
     let result = async {
         let (tokens, scope) = read_tokens(&req, payload, &state).await?;
-        let hits = state.indexes.read_in(&tokens, &scope);
+        let hits = state.indexes.read_keyed_in(&tokens, &scope);
         let routed = state.router.send(RouteRequest { input_tokens: tokens.len(), hits }).await?;
         Ok(routed?)
     };

@@ -224,6 +224,11 @@ impl SharedHandle {
         walk(&view, &self.keys, self.block_size)
     }
 
+    /// The content keys of the last query, in its namespace (complete blocks only).
+    pub fn keys(&self) -> &[ContentKey] {
+        &self.keys
+    }
+
     /// Walks keys already computed under this index's block size and seed.
     pub fn match_keys(&self, keys: &[ContentKey]) -> SharedMatches {
         walk(&read(&self.view), keys, self.block_size)

@@ -39,11 +39,13 @@ pub async fn run(
 ) -> Result<HttpResponse, FrontError> {
     let started = Instant::now();
     let body = Bytes::from(body);
-    let hits = state.indexes.read_in(&tokens, scope);
+    let hits = state.indexes.read_keyed_in(&tokens, scope);
+    let prompt = kvdir::car::prompt_id(&tokens);
     let mut failed: Vec<(String, String)> = Vec::new();
     loop {
         let exclude = failed.iter().map(|f| f.0.clone()).collect();
-        let msg = RouteForward { input_tokens: tokens.len(), hits: hits.clone(), exclude };
+        let (input_tokens, hits) = (tokens.len(), hits.clone());
+        let msg = RouteForward { input_tokens, hits, exclude, prompt };
         let (routed, id) = match state.router.send(msg).await? {
             Ok(r) => r,
             Err(e) if failed.is_empty() => return Err(FrontError::NoInstance(e.to_string())),

@@ -34,6 +34,9 @@ USAGE: kvdir-bench chat --etcd_addr H:P --spawn_kvdir PATH [--flag=value]...
   --prompt_tokens N        approximate prompt size; the system prompt is sized to fit [1000]
   --system_prompt_tokens N approximate system prompt size (instead of --prompt_tokens)
   --stream                 stream (SSE); TTFT = the first `data:` line
+  --siblings K             send each prompt K times at once (parallel sampling, fan-out); each
+                           group's prompt is new; --clients groups run at a time; reports the
+                           share of siblings on their group's most used instance [1 = off]
   --prefill_us_per_token U engines' cost per uncached prompt token, µs           [20]
   --decode_us_per_token U  engines' cost per output token, µs                   [1000]
   --max_tokens N           output tokens per request                           [16]
@@ -74,6 +77,8 @@ pub struct ChatOptions {
     pub system_prompt_tokens: usize,
     /// Stream the answers.
     pub stream: bool,
+    /// Copies of each prompt sent at once (1: every request is its own prompt).
+    pub siblings: u32,
     /// Bypass kvdir.
     pub direct: bool,
     /// Engines' prefill cost per uncached token, µs.
@@ -115,6 +120,7 @@ impl Default for ChatOptions {
             system_prompts: 4,
             system_prompt_tokens: 1000 - USER_TURN_TOKENS,
             stream: false,
+            siblings: 1,
             direct: false,
             prefill_us_per_token: 20,
             decode_us_per_token: 1000,
@@ -207,6 +213,10 @@ impl ChatOptions {
             },
             "system_prompts" => self.system_prompts = number(name, value)?,
             "stream" => self.stream = switch(name, value)?,
+            "siblings" => match value.parse::<u32>() {
+                Ok(k) if (1..=64).contains(&k) => self.siblings = k,
+                _ => return Err(format!("--{name} = {value:?} is not a count in 1..=64")),
+            },
             "direct" => self.direct = switch(name, value)?,
             "prefill_us_per_token" => self.prefill_us_per_token = number(name, value)?,
             "decode_us_per_token" => self.decode_us_per_token = number(name, value)?,

@@ -62,6 +62,17 @@ impl Workload {
     /// The JSON body of request `k`.
     pub fn body(&self, k: u64) -> Vec<u8> {
         let system = &self.system[(mix(k) % self.system.len() as u64) as usize];
+        self.body_with(system, k)
+    }
+
+    /// The JSON body of every sibling of group `g` (`--siblings`): a system prompt behind a
+    /// first line unique to the group, so that no engine holds any of it beforehand.
+    pub fn sibling_body(&self, g: u64) -> Vec<u8> {
+        let system = &self.system[(mix(g) % self.system.len() as u64) as usize];
+        self.body_with(&format!("Sibling group {g}.\n{system}"), g)
+    }
+
+    fn body_with(&self, system: &str, k: u64) -> Vec<u8> {
         let user = format!("Request {k}: what does the directory know about session {k}?");
         let mut body = json!({
             "model": self.model,
@@ -102,10 +113,16 @@ pub struct ChatStats {
     pub instances: BTreeMap<String, u64>,
     /// From the first request to the last answer.
     pub wall: Duration,
+    /// `--siblings`: groups whose every sibling was served.
+    pub sibling_groups: u64,
+    /// `--siblings`: over those groups, the siblings on their group's most used instance.
+    pub siblings_together: u64,
+    /// `--siblings`: the largest gap between a group's first and last send.
+    pub sibling_spread: Duration,
 }
 
 impl ChatStats {
-    fn merge(&mut self, other: ChatStats) {
+    pub(super) fn merge(&mut self, other: ChatStats) {
         self.latencies.extend(other.latencies);
         self.ttft.extend(other.ttft);
         for (k, n) in other.errors {
@@ -117,6 +134,9 @@ impl ChatStats {
         self.prompt_tokens += other.prompt_tokens;
         self.cached_tokens += other.cached_tokens;
         self.wall = self.wall.max(other.wall);
+        self.sibling_groups += other.sibling_groups;
+        self.siblings_together += other.siblings_together;
+        self.sibling_spread = self.sibling_spread.max(other.sibling_spread);
     }
 }
 
@@ -134,14 +154,12 @@ pub fn run_clients(
     work: &Workload,
     targets: &Targets,
 ) -> Result<ChatStats, BenchError> {
+    if o.siblings > 1 {
+        return super::siblings::run_groups(o, work, targets);
+    }
     let next = AtomicU64::new(0);
     let deadline = Instant::now() + o.duration;
-    let client = Client::builder()
-        .timeout(REQUEST_TIMEOUT)
-        .tcp_nodelay(true)
-        .no_proxy()
-        .build()
-        .map_err(|e| BenchError::Kvdir(format!("cannot build the HTTP client: {e}")))?;
+    let client = http_client()?;
     thread::scope(|scope| {
         let handles: Vec<_> = (0..o.clients)
             .map(|_| {
@@ -158,6 +176,16 @@ pub fn run_clients(
         stats.ttft.sort();
         Ok(stats)
     })
+}
+
+/// The clients' HTTP client (keep-alive, no Nagle, no proxy).
+pub(super) fn http_client() -> Result<Client, BenchError> {
+    Client::builder()
+        .timeout(REQUEST_TIMEOUT)
+        .tcp_nodelay(true)
+        .no_proxy()
+        .build()
+        .map_err(|e| BenchError::Kvdir(format!("cannot build the HTTP client: {e}")))
 }
 
 fn client_loop(
@@ -193,15 +221,20 @@ fn client_loop(
 }
 
 /// One served answer.
-struct Answer {
-    first: Option<Instant>,
-    prompt_tokens: u64,
-    cached_tokens: u64,
-    instance: String,
+pub(super) struct Answer {
+    pub(super) first: Option<Instant>,
+    pub(super) prompt_tokens: u64,
+    pub(super) cached_tokens: u64,
+    pub(super) instance: String,
 }
 
 /// Sends one request; the error is its key in [`ChatStats::errors`].
-fn one(client: &Client, addr: &str, body: Vec<u8>, stream: bool) -> Result<Answer, String> {
+pub(super) fn one(
+    client: &Client,
+    addr: &str,
+    body: Vec<u8>,
+    stream: bool,
+) -> Result<Answer, String> {
     let url = format!("http://{addr}/v1/chat/completions");
     let request = client.post(url).header("content-type", "application/json").body(body);
     let transport = |e: &dyn std::fmt::Display| format!("transport: {e}");

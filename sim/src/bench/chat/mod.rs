@@ -33,6 +33,7 @@ use crate::OpenAiConfig;
 pub mod flags;
 pub mod load;
 pub mod report;
+pub mod siblings;
 
 pub use flags::{parse_chat_args, ChatCommand, ChatOptions, CHAT_HELP, USER_TURN_TOKENS};
 use load::{run_clients, Targets};
@@ -136,9 +137,13 @@ fn new_report(o: &ChatOptions, path: String, stats: ChatStats) -> ChatReport {
         true => String::new(),
         false => format!(", policy {}", super::replay::flags::policy_name(o.policy)),
     };
+    let siblings = match o.siblings {
+        1 => String::new(),
+        k => format!(", {k} siblings per prompt sent at once"),
+    };
     let setup = format!(
         "{} engines x {} DP, block {}, prefill {} µs/token, decode {} µs/token x {} tokens; {} \
-         clients, {} requests max, {} system prompts, {}; {path}{policy}",
+         clients, {} requests max, {} system prompts{siblings}, {}; {path}{policy}",
         o.engines,
         o.dp_size,
         o.block_size,
@@ -158,6 +163,7 @@ fn new_report(o: &ChatOptions, path: String, stats: ChatStats) -> ChatReport {
         tokenization: None,
         rss: None,
         loadavg: (String::new(), loadavg()),
+        siblings: o.siblings,
     }
 }
 
@@ -192,5 +198,33 @@ mod tests {
         assert!(report.stats.cached_tokens > 0, "{text}");
         assert_eq!((report.kvdir_cpu, report.tokenization), (None, None), "{text}");
         assert!(text.contains("not in the path (--direct)"), "{text}");
+    }
+
+    /// `--siblings`: groups of identical prompts sent at once, counted per group. Direct, the
+    /// copies go round-robin, so each group of 4 splits 2 + 2 over the 2 engines.
+    #[test]
+    fn sibling_groups_are_sent_together_and_counted_by_their_most_used_instance() {
+        let args = [
+            "--etcd_addr=127.0.0.1:1",
+            "--direct",
+            "--engines=2",
+            "--siblings=4",
+            "--clients=1",
+            "--requests=8",
+            "--prompt_tokens=300",
+            "--decode_us_per_token=0",
+            "--max_tokens=2",
+        ];
+        let Ok(ChatCommand::Run(o)) = parse_chat_args(args.iter().map(|a| a.to_string())) else {
+            panic!("valid flags")
+        };
+        let report = run(&o).expect("the run completes");
+        let text = report.text();
+        assert_eq!((report.served(), report.errors()), (8, 0), "{text}");
+        let s = &report.stats;
+        assert_eq!((s.sibling_groups, s.siblings_together), (2, 4), "{text}");
+        assert_eq!(report.siblings_together_share(), Some(0.5));
+        assert!(text.contains("siblings: 50.0% on their group's most used instance"), "{text}");
+        assert_eq!(report.json()["siblings"]["groups"], 2);
     }
 }

@@ -6,6 +6,9 @@
 //!   `usage.prompt_tokens`, summed over the served requests;
 //! - kvdir CPU: user + system seconds of the spawned kvdir over the client phase
 //!   (`/proc/<pid>/stat`), and per served request;
+//! - siblings (`--siblings K`): over the groups whose K siblings were all served, the share of
+//!   siblings on their group's most used instance (1/K at worst, 1 when every group stayed on
+//!   one instance), and the largest gap between a group's first and last send;
 //! - tokenization: kvdir's `kvdir_frontend_tokenization_seconds` histogram (sum / count over the
 //!   client phase), per tokenized request.
 
@@ -35,6 +38,8 @@ pub struct ChatReport {
     pub rss: Option<Rss>,
     /// `/proc/loadavg` before and after.
     pub loadavg: (String, String),
+    /// `--siblings`: copies of each prompt (1: off).
+    pub siblings: u32,
 }
 
 fn ms(d: Duration) -> f64 {
@@ -55,6 +60,17 @@ impl ChatReport {
     /// Cached prompt tokens over prompt tokens (0 without any).
     pub fn cached_share(&self) -> f64 {
         self.stats.cached_tokens as f64 / (self.stats.prompt_tokens.max(1)) as f64
+    }
+
+    /// `--siblings`: siblings on their group's most used instance over all counted siblings.
+    pub fn siblings_together_share(&self) -> Option<f64> {
+        let s = &self.stats;
+        let k = self.siblings_per_group()?;
+        Some(s.siblings_together as f64 / (s.sibling_groups * k) as f64)
+    }
+
+    fn siblings_per_group(&self) -> Option<u64> {
+        (self.siblings > 1 && self.stats.sibling_groups > 0).then_some(u64::from(self.siblings))
     }
 
     /// kvdir CPU seconds per served request.
@@ -86,6 +102,12 @@ impl ChatReport {
                            "p99": ms(percentile(&s.latencies, 99.0))},
             "ttft_ms": {"p50": ms(percentile(&s.ttft, 50.0)), "p99": ms(percentile(&s.ttft, 99.0))},
             "instances": s.instances,
+            "siblings": self.siblings_together_share().map(|share| json!({
+                "groups": s.sibling_groups,
+                "together": s.siblings_together,
+                "together_share": share,
+                "largest_send_gap_ms": ms(s.sibling_spread),
+            })),
             "kvdir_cpu_seconds": self.kvdir_cpu,
             "kvdir_cpu_seconds_per_request": self.cpu_per_request(),
             "tokenization": self.tokenization.map(|(sum, count)| json!({
@@ -124,6 +146,18 @@ impl ChatReport {
         let _ = writeln!(out, "TTFT:    p50 {:.2} ms, p99 {:.2} ms", ms(t50), ms(t99));
         let spread: Vec<String> = s.instances.iter().map(|(i, n)| format!("{i} {n}")).collect();
         let _ = writeln!(out, "served by: {}", spread.join(", "));
+        if let Some(share) = self.siblings_together_share() {
+            let _ = writeln!(
+                out,
+                "siblings: {:.1}% on their group's most used instance ({} of {} in {} groups; \
+                 sends within {:.2} ms)",
+                share * 100.0,
+                s.siblings_together,
+                s.sibling_groups * self.siblings_per_group().unwrap_or(1),
+                s.sibling_groups,
+                ms(s.sibling_spread)
+            );
+        }
         self.kvdir_lines(&mut out);
         let _ =
             writeln!(out, "load average: {} at start, {} at end", self.loadavg.0, self.loadavg.1);

@@ -44,6 +44,7 @@ fn policy_prompt_size_switches_and_passthrough() {
     let o = run_options(&args);
     assert_eq!(o.system_prompt_tokens, 8000 - USER_TURN_TOKENS);
     assert!(o.stream);
+    assert_eq!((o.siblings, run_options(&REQUIRED).siblings), (1, 1), "off by default");
     let b = o.bench_options(std::path::Path::new("/m"));
     assert_eq!(b.kvdir_args[2..], ["--load_balance_policy=RR", "--max_request_bytes=16777216"]);
     let o = run_options(&["--etcd_addr=127.0.0.1:2379", "--direct", "--system_prompt_tokens=50"]);
@@ -60,6 +61,7 @@ fn every_problem_names_the_flag_and_the_fix() {
         "--prompt_tokens=lots",
         "--duration_seconds=0",
         "--stream=maybe",
+        "--siblings=0",
         "--etcd_addr=10.0.0.1:2379",
         "--bogus=1",
     ])
@@ -72,6 +74,7 @@ fn every_problem_names_the_flag_and_the_fix() {
         "--prompt_tokens = \"lots\" is not a token count in 1..=1000000",
         "--duration_seconds = \"0\" is not seconds in 0.1..=3600",
         "--stream = \"maybe\" is not true or false",
+        "--siblings = \"0\" is not a count in 1..=64",
         "--etcd_addr = 10.0.0.1:2379 is not on this host",
         "unknown flag --bogus; run kvdir-bench chat --help",
     ] {
@@ -80,6 +83,13 @@ fn every_problem_names_the_flag_and_the_fix() {
     let both = parse(&["--prompt_tokens=10", "--system_prompt_tokens=5"]).unwrap_err().to_string();
     assert!(both.contains("--etcd_addr H:P is required"), "{both}");
     assert!(both.contains("both size the prompt; give one"), "{both}");
+}
+
+#[test]
+fn siblings_are_a_count() {
+    let mut args = REQUIRED.to_vec();
+    args.push("--siblings=8");
+    assert_eq!(run_options(&args).siblings, 8);
 }
 
 #[test]

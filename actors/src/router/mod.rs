@@ -6,16 +6,19 @@
 //! The handler reads the indexes itself ([`crate::indexes::Indexes::read`], no mailbox); this
 //! actor keeps only what must be serialized: the instance snapshot, the tie rotation, the
 //! front door's requests in flight ([`InFlight`], added to each instance's reported queue until
-//! its next load report) and the last decisions ([`RecentRoutes`], the last 20, token counts
-//! only) for the status page.
+//! its next load report), the content keys it expects on instances it recently chose
+//! ([`Predictions`], predict-on-route, see `predict.rs`) and the last decisions
+//! ([`RecentRoutes`], the last 20, token counts only) for the status page.
+
+mod predict;
 
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use kvdir::car::{
-    route, Candidate, DpHit, InFlight, RecentRoutes, RecentRoutesReport, RequestId, Rotation,
-    RouteError, RouteParams, Routed,
+    route, Candidate, DpHit, InFlight, Policy, Predictions, PromptId, RecentRoutes,
+    RecentRoutesReport, RequestId, Rotation, RouteError, RouteParams, Routed,
 };
 use kvdir::registry::Identity;
 
@@ -67,6 +70,9 @@ pub struct RouteForward {
     pub hits: Vec<StreamHit>,
     /// Instances not to choose.
     pub exclude: Vec<String>,
+    /// The prompt ([`kvdir::car::prompt_id`]): its in-flight siblings are not its queue when
+    /// predicting.
+    pub prompt: PromptId,
 }
 
 /// A forwarded request's progress.
@@ -92,6 +98,7 @@ pub struct RouterActor {
     rotation: Rotation,
     recent: RecentRoutes,
     inflight: InFlight,
+    predictions: Predictions,
 }
 
 impl Actor for RouterActor {
@@ -110,7 +117,7 @@ impl Handler<RouteRequest> for RouterActor {
     type Result = Result<Routed, RouteError>;
 
     fn handle(&mut self, msg: RouteRequest, _: &mut Context<Self>) -> Self::Result {
-        self.decide(&msg.hits, msg.input_tokens, &[])
+        self.decide(&msg.hits, msg.input_tokens, &[], None)
     }
 }
 
@@ -118,13 +125,13 @@ impl Handler<RouteForward> for RouterActor {
     type Result = Result<(Routed, RequestId), RouteError>;
 
     fn handle(&mut self, msg: RouteForward, _: &mut Context<Self>) -> Self::Result {
-        let routed = self.decide(&msg.hits, msg.input_tokens, &msg.exclude)?;
+        let routed = self.decide(&msg.hits, msg.input_tokens, &msg.exclude, Some(msg.prompt))?;
         let reports = self
             .instances
             .iter()
             .find(|i| i.candidate.name == routed.prefill)
             .map_or(0, |i| i.load_reports);
-        let id = self.inflight.start(&routed.prefill, reports);
+        let id = self.inflight.start(&routed.prefill, reports, Some(msg.prompt));
         Ok((routed, id))
     }
 }
@@ -151,29 +158,53 @@ impl Handler<GetRecentRoutes> for RouterActor {
 impl RouterActor {
     /// A router deciding with `params`.
     pub fn new(params: RouteParams) -> Self {
-        RouterActor { params, ..RouterActor::default() }
+        let predictions = Predictions::new(params.predict_ttl_ms, Predictions::DEFAULT_CAPACITY);
+        RouterActor { params, predictions, ..RouterActor::default() }
     }
 
-    /// Routes over the candidates not in `exclude` and records the decision.
+    /// Whether routed requests' keys are predicted (CAR with `--car_predict_ttl_ms` > 0).
+    fn predicting(&self) -> bool {
+        self.predictions.enabled() && self.params.policy == Policy::Car
+    }
+
+    /// Routes over the candidates not in `exclude` and records the decision (and, when
+    /// predicting, the chosen instance's expected keys).
     fn decide(
         &mut self,
         hits: &[StreamHit],
         input_tokens: usize,
         exclude: &[String],
+        prompt: Option<PromptId>,
     ) -> Result<Routed, RouteError> {
-        let mut cands = self.candidates(hits);
+        let now_ms = predict::now_ms();
+        let predicting = self.predicting();
+        if predicting {
+            predict::confirm(&mut self.predictions, hits);
+        }
+        let prompt = prompt.filter(|_| predicting);
+        let mut cands = self.candidates(hits, prompt, now_ms);
         cands.retain(|c| !exclude.contains(&c.name));
         let routed = route(&cands, input_tokens, &self.params, &mut self.rotation);
+        if let (true, Ok(r)) = (predicting, &routed) {
+            predict::record(&mut self.predictions, now_ms, &r.prefill, hits);
+        }
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         self.recent.record(now, input_tokens, &routed);
         routed
     }
 
     /// The instance snapshot with each instance's per-DP hits and, in its queue, the front
-    /// door's requests started since its latest load report. A rank gives credit only when
-    /// its stream was started for the instance's current process; streams without an identity
-    /// (static configuration) give none.
-    fn candidates(&self, hits: &[StreamHit]) -> Vec<Candidate> {
+    /// door's requests started since its latest load report; siblings of `prompt` (given only
+    /// when predicting) are left out of both. A rank gives credit only when its stream was
+    /// started for the instance's current process; streams without an identity (static
+    /// configuration) give none. Each rank's `predicted_hit_tokens` is the instance's
+    /// predicted prefix beyond it.
+    fn candidates(
+        &self,
+        hits: &[StreamHit],
+        prompt: Option<PromptId>,
+        now_ms: u64,
+    ) -> Vec<Candidate> {
         let mut by_instance: HashMap<&str, Vec<&StreamHit>> = HashMap::new();
         for h in hits {
             by_instance.entry(h.matched.instance_name.as_str()).or_default().push(h);
@@ -183,9 +214,12 @@ impl RouterActor {
             .map(|info| {
                 let mut c = info.candidate.clone();
                 if let Some(load) = &mut c.load {
-                    load.waiting_requests_num +=
-                        self.inflight.unreported(&c.name, info.load_reports);
+                    let (name, reports) = (&c.name, info.load_reports);
+                    let counted = self.inflight.reported_siblings(name, reports, prompt);
+                    load.waiting_requests_num = load.waiting_requests_num.saturating_sub(counted)
+                        + self.inflight.unreported_besides(name, reports, prompt);
                 }
+                let predicted = predict::predicted_tokens(&self.predictions, now_ms, &c.name, hits);
                 let hits = by_instance.get(c.name.as_str()).map_or(&[][..], Vec::as_slice);
                 c.hits = hits
                     .iter()
@@ -198,6 +232,9 @@ impl RouterActor {
                             .is_some_and(|id| id.same_process(&info.identity)),
                         device_hit_tokens: h.matched.device_hit_tokens,
                         host_only_hit_tokens: h.matched.host_only_hit_tokens,
+                        predicted_hit_tokens: predicted.saturating_sub(
+                            h.matched.device_hit_tokens + h.matched.host_only_hit_tokens,
+                        ),
                     })
                     .collect();
                 c

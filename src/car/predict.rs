@@ -1,0 +1,200 @@
+//! [`Predictions`]: predict-on-route. When the router sends a request to an instance, the
+//! request's content keys are *expected* there before the engine's KV events can say so; a
+//! sibling (the same prompt again within milliseconds: parallel sampling, agent fan-out,
+//! retries) routed during that gap then sees the first one's placement.
+//!
+//! Rules:
+//! - **Key space.** A prediction is a content key of the request (the keys the query path
+//!   computes, in the request's namespace), so predictions and events share one key space.
+//! - **Instances, not ranks.** A prediction is recorded for the chosen instance and applies to
+//!   every one of its DP ranks: kvdir cannot know which rank the engine's DP scheduler picks,
+//!   and CAR takes the minimum over ranks, so a prediction on one rank would give no credit.
+//! - **Confirmation.** Once the exact directory credits a key on any rank of the instance, the
+//!   engine has placed it; the prediction is dropped and the exact term takes over
+//!   ([`Predictions::confirm`]). Confirmation is lazy: it happens when a later request reads
+//!   those keys; keys no request reads again just expire.
+//! - **Expiry.** A prediction lives `ttl_ms` from its latest recording; a read never sees an
+//!   expired one, and expired ones are purged from the front of the recording queue whenever
+//!   something is recorded.
+//! - **Bound.** At most `capacity` recordings are queued (one per key and instance); recording
+//!   past it drops the oldest first, live or not. Live predictions never outnumber queued
+//!   recordings, so memory stays under `capacity` times about 120 bytes (a queue item of 48
+//!   bytes, a map entry of 32 plus the hash table's control byte and slack).
+//! - **Credit.** [`Predictions::predicted_blocks`] is the length of the longest predicted
+//!   prefix of the request's keys: keys chain, so the instance is expected to hold every block
+//!   up to the last predicted one. The CAR term it feeds is [`predicted_hit_ratio`].
+//!
+//! Time is passed in (monotonic milliseconds), so everything here is pure.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use super::Candidate;
+use crate::index::ContentKey;
+
+/// One recording, oldest first in the queue.
+#[derive(Debug, Clone)]
+struct Queued {
+    expires_ms: u64,
+    instance: Arc<str>,
+    key: u128,
+}
+
+/// Expected content keys by instance, with a TTL and a bound.
+#[derive(Debug, Clone, Default)]
+pub struct Predictions {
+    ttl_ms: u64,
+    capacity: usize,
+    /// Instance -> key -> expiry of its latest recording.
+    by_instance: HashMap<Arc<str>, HashMap<u128, u64>>,
+    /// Recordings in time order; an item whose expiry differs from its map entry's is stale.
+    queue: VecDeque<Queued>,
+    counters: PredictCounters,
+}
+
+/// What happened to predictions since start.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PredictCounters {
+    /// Keys recorded (a refresh counts again).
+    pub recorded: u64,
+    /// Keys dropped because the exact directory now credits them.
+    pub confirmed: u64,
+    /// Keys dropped at their TTL.
+    pub expired: u64,
+    /// Keys dropped early to stay within the bound.
+    pub evicted: u64,
+}
+
+impl Predictions {
+    /// How many recordings are kept unless told otherwise (about 16 MB at most).
+    pub const DEFAULT_CAPACITY: usize = 1 << 17;
+
+    /// A store whose predictions live `ttl_ms` (0 turns prediction off) and that keeps at most
+    /// `capacity` recordings.
+    pub fn new(ttl_ms: u64, capacity: usize) -> Self {
+        Predictions { ttl_ms, capacity, ..Predictions::default() }
+    }
+
+    /// Whether anything is ever recorded.
+    pub fn enabled(&self) -> bool {
+        self.ttl_ms > 0 && self.capacity > 0
+    }
+
+    /// Live and not yet purged predictions (key and instance pairs).
+    pub fn len(&self) -> usize {
+        self.by_instance.values().map(HashMap::len).sum()
+    }
+
+    /// Whether no prediction is held.
+    pub fn is_empty(&self) -> bool {
+        self.by_instance.is_empty()
+    }
+
+    /// The counters since start.
+    pub fn counters(&self) -> PredictCounters {
+        self.counters
+    }
+
+    /// Records `keys` as expected on `instance` from `now_ms` for the TTL.
+    pub fn record(&mut self, now_ms: u64, instance: &str, keys: &[ContentKey]) {
+        if !self.enabled() || keys.is_empty() {
+            return;
+        }
+        self.purge(now_ms);
+        let expires_ms = now_ms.saturating_add(self.ttl_ms);
+        let name: Arc<str> = match self.by_instance.get_key_value(instance) {
+            Some((name, _)) => Arc::clone(name),
+            None => Arc::from(instance),
+        };
+        let map = self.by_instance.entry(Arc::clone(&name)).or_default();
+        for k in keys {
+            let key = k.to_u128();
+            self.counters.recorded += 1;
+            // The same key recorded again in the same millisecond needs no second item.
+            if map.insert(key, expires_ms) != Some(expires_ms) {
+                self.queue.push_back(Queued { expires_ms, instance: Arc::clone(&name), key });
+            }
+        }
+        while self.queue.len() > self.capacity {
+            let oldest = self.queue.pop_front().expect("longer than capacity");
+            if self.drop_if_live(&oldest) {
+                self.counters.evicted += 1;
+            }
+        }
+    }
+
+    /// Drops what expired by `now_ms`.
+    pub fn purge(&mut self, now_ms: u64) {
+        while self.queue.front().is_some_and(|q| q.expires_ms <= now_ms) {
+            let item = self.queue.pop_front().expect("checked above");
+            if self.drop_if_live(&item) {
+                self.counters.expired += 1;
+            }
+        }
+    }
+
+    /// Removes the item's key if this item is its latest recording.
+    fn drop_if_live(&mut self, item: &Queued) -> bool {
+        let Some(map) = self.by_instance.get_mut(&item.instance) else { return false };
+        if map.get(&item.key) != Some(&item.expires_ms) {
+            return false;
+        }
+        map.remove(&item.key);
+        if map.is_empty() {
+            self.by_instance.remove(&item.instance);
+        }
+        true
+    }
+
+    /// The exact directory credits `held` (a prefix of the request's keys) on some rank of
+    /// `instance`: those predictions are confirmed and dropped. Returns how many were.
+    pub fn confirm(&mut self, instance: &str, held: &[ContentKey]) -> usize {
+        let Some(map) = self.by_instance.get_mut(instance) else { return 0 };
+        let before = map.len();
+        for k in held {
+            map.remove(&k.to_u128());
+        }
+        let confirmed = before - map.len();
+        if map.is_empty() {
+            self.by_instance.remove(instance);
+        }
+        self.counters.confirmed += confirmed as u64;
+        // Their queue items are stale now and are skipped when they reach the front.
+        confirmed
+    }
+
+    /// The longest prefix of `keys` (in blocks) expected on `instance` at `now_ms`.
+    pub fn predicted_blocks(&self, now_ms: u64, instance: &str, keys: &[ContentKey]) -> usize {
+        let Some(map) = self.by_instance.get(instance) else { return 0 };
+        keys.iter()
+            .rposition(|k| map.get(&k.to_u128()).is_some_and(|&exp| exp > now_ms))
+            .map_or(0, |i| i + 1)
+    }
+}
+
+/// The CAR predicted term of a candidate: what its worst rank is expected to hold (exact or
+/// predicted, whichever is longer) minus what its worst rank holds exactly, as a share of
+/// `input_tokens`. A missing, unsynchronized or stale-identity rank makes it 0, as it makes
+/// the exact ratio 0. With no prediction it is 0; it never counts a block twice.
+pub fn predicted_hit_ratio(c: &Candidate, input_tokens: usize, host_weight: f64) -> f64 {
+    if input_tokens == 0 || c.hits.len() < c.dp_size.max(1) as usize {
+        return 0.0;
+    }
+    let exact = super::kv_hit_ratio(c, input_tokens, host_weight);
+    let expected = (0..c.dp_size.max(1))
+        .map(|rank| match c.hits.iter().find(|h| h.dp_rank == rank) {
+            Some(h) if h.synchronized && h.identity_matches => {
+                let hit = h.device_hit_tokens as f64
+                    + host_weight * h.host_only_hit_tokens as f64
+                    + h.predicted_hit_tokens as f64;
+                (hit / input_tokens as f64).clamp(0.0, 1.0)
+            }
+            _ => 0.0,
+        })
+        .fold(f64::INFINITY, f64::min);
+    (expected - exact).max(0.0)
+}
+
+#[cfg(test)]
+#[path = "predict_tests.rs"]
+mod tests;
