@@ -121,6 +121,15 @@ fn siblings_of_a_new_prompt_follow_the_first_with_prediction_and_scatter_without
         }
     });
     assert_eq!(&confirmed.prefill, chosen);
+    // /metrics counts what happened to the predictions.
+    let text = http(predicting.http_addr(), "GET", "/metrics", &[], b"").body;
+    let count = |event: &str| -> f64 {
+        let series = format!("kvdir_route_predictions_total{{event=\"{event}\"}} ");
+        let line = text.lines().find(|l| l.starts_with(&series));
+        line.and_then(|l| l[series.len()..].parse().ok()).unwrap_or(-1.0)
+    };
+    assert!(count("recorded") >= 8.0, "a key per block of the new prompt:\n{text}");
+    assert!(count("confirmed") >= 8.0, "the engine's events confirmed them:\n{text}");
 
     // The same fleet with prediction off: the siblings tie everywhere and rotate.
     let exact_only = kvdir(&etcd.endpoint, &ns, 0, 3);

@@ -240,7 +240,9 @@ pub fn kv_hit_ratio(c: &Candidate, input_tokens: usize, host_weight: f64) -> f64
         .fold(f64::INFINITY, f64::min)
 }
 
-/// Picks the smallest score, rotating between equal ones; `None` scores come last.
+/// Picks the smallest score, rotating between equal ones; `None` scores come last. The
+/// rotation moves only when it breaks a tie, so decisions with a clear winner (the siblings
+/// of a prompt following its prediction, say) do not decide which instance the next tie picks.
 fn pick(scores: &[(usize, Option<f64>)], counter: &mut u64) -> usize {
     let best = scores.iter().filter_map(|s| s.1).fold(f64::INFINITY, f64::min);
     let tied: Vec<usize> = scores
@@ -252,7 +254,9 @@ fn pick(scores: &[(usize, Option<f64>)], counter: &mut u64) -> usize {
         .map(|s| s.0)
         .collect();
     let i = tied[(*counter % tied.len() as u64) as usize];
-    *counter += 1;
+    if tied.len() > 1 {
+        *counter += 1;
+    }
     i
 }
 

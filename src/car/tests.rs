@@ -116,6 +116,24 @@ fn equal_scores_rotate_between_calls() {
 }
 
 #[test]
+fn a_decision_with_a_clear_winner_does_not_move_the_tie_rotation() {
+    let tied = [cand("a", D, 0, &[(0, 0)]), cand("b", D, 0, &[(0, 0)]), cand("c", D, 0, &[(0, 0)])];
+    let mut clear = tied.clone();
+    clear[2].hits[0].device_hit_tokens = 10; // "c" holds the whole prompt
+    let mut rot = Rotation::default();
+    let mut next =
+        |cands: &[Candidate]| route(cands, 10, &RouteParams::default(), &mut rot).unwrap().prefill;
+    assert_eq!(next(&tied), "a");
+    // Four requests that all follow the cache, as a burst of siblings would.
+    for _ in 0..4 {
+        assert_eq!(next(&clear), "c");
+    }
+    // The next tie goes on from where the last tie left off.
+    assert_eq!(next(&tied), "b");
+    assert_eq!(next(&tied), "c");
+}
+
+#[test]
 fn without_decode_only_default_serves_alone() {
     let cands = [cand("p", P, 0, &[(100, 0)]), cand("d", D, 5, &[(0, 0)])];
     let r = pick(&cands, &RouteParams::default());

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use kvdir::car::PredictCounters;
 use kvdir::metrics::{Exposition, Histogram, Kind};
 use kvdir::query::StreamMatch;
 use kvdir::stream::FAULT_LABELS;
@@ -65,17 +66,24 @@ pub fn resident_bytes() -> Option<u64> {
     kvdir::metrics::proc_status_bytes(&status, "VmRSS:")
 }
 
+/// What the service itself contributes to a scrape.
+pub struct ServiceSample<'a> {
+    /// Request latencies and errors.
+    pub metrics: &'a ServiceMetrics,
+    /// The front door's families.
+    pub front: &'a FrontMetrics,
+    /// Predict-on-route's counters and the predictions kept now.
+    pub predictions: (PredictCounters, usize),
+    /// The process's resident set size.
+    pub rss: Option<u64>,
+}
+
 /// Renders every metric in the Prometheus text format.
-/// `front` adds the front door's families.
-pub fn render(
-    streams: &[StreamSample],
-    service: &ServiceMetrics,
-    front: &FrontMetrics,
-    rss: Option<u64>,
-) -> String {
+pub fn render(streams: &[StreamSample], service: &ServiceSample) -> String {
     let mut e = Exposition::default();
-    render_service(&mut e, streams, service, rss);
-    front.render(&mut e);
+    render_service(&mut e, streams, service.metrics, service.rss);
+    service.front.render(&mut e);
+    render_predictions(&mut e, service.predictions);
     render_per_stream(&mut e, streams);
     render_per_tier(&mut e, streams);
     render_faults(&mut e, streams);
@@ -229,4 +237,21 @@ fn render_faults(e: &mut Exposition, streams: &[StreamSample]) {
             e.sample(name, &labels, n.load(Ordering::Relaxed) as f64);
         }
     }
+}
+
+fn render_predictions(e: &mut Exposition, (counters, kept): (PredictCounters, usize)) {
+    let name = "kvdir_route_predictions_total";
+    e.family(name, Kind::Counter, "Predict-on-route: content keys expected on a chosen instance.");
+    let events = [
+        ("recorded", counters.recorded),
+        ("confirmed", counters.confirmed),
+        ("expired", counters.expired),
+        ("evicted", counters.evicted),
+    ];
+    for (event, n) in events {
+        e.sample(name, &[("event", event)], n as f64);
+    }
+    let help = "Predict-on-route: (key, instance) predictions kept now.";
+    e.family("kvdir_route_predictions", Kind::Gauge, help);
+    e.sample("kvdir_route_predictions", &[], kept as f64);
 }

@@ -30,7 +30,7 @@ use thiserror::Error;
 
 use crate::discovery::{DiscoveryActor, GetInstances, Heartbeat};
 use crate::indexes::Indexes;
-use crate::router::{GetRecentRoutes, RouteRequest, RouterActor};
+use crate::router::{GetPredictCounters, GetRecentRoutes, RouteRequest, RouterActor};
 use crate::stream::{GetStreamReport, StreamCounters, StreamReport};
 use crate::stream::{StartStreamError, StreamMap, StreamSet};
 use frontdoor::{FrontDoor, FrontError};
@@ -342,8 +342,14 @@ async fn prometheus(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
             StreamSample { report, view, counters }
         })
         .collect();
-    let text =
-        metrics::render(&samples, &state.metrics, &state.front.metrics, metrics::resident_bytes());
+    let predictions = state.router.send(GetPredictCounters).await?;
+    let service = metrics::ServiceSample {
+        metrics: &state.metrics,
+        front: &state.front.metrics,
+        predictions,
+        rss: metrics::resident_bytes(),
+    };
+    let text = metrics::render(&samples, &service);
     Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4; charset=utf-8").body(text))
 }
 

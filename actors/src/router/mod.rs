@@ -1,7 +1,8 @@
 //! `RouterActor`: routing decisions from the hits a request's handler read from the shared
 //! indexes and the instance snapshot that discovery pushes.
 //!
-//! Messages: [`SetCandidates`], [`RouteRequest`], [`GetRecentRoutes`], and for the front door
+//! Messages: [`SetCandidates`], [`RouteRequest`], [`GetRecentRoutes`], [`GetPredictCounters`],
+//! and for the front door
 //! [`RequestProgress`].
 //! The handler reads the indexes itself ([`crate::indexes::Indexes::read`], no mailbox); this
 //! actor keeps only what must be serialized: the instance snapshot, the tie rotation, the
@@ -17,8 +18,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use kvdir::car::{
-    route, Candidate, DpHit, InFlight, Policy, Predictions, PromptId, RecentRoutes,
-    RecentRoutesReport, RequestId, Rotation, RouteError, RouteParams, Routed,
+    route, Candidate, DpHit, InFlight, Policy, PredictCounters, Predictions, PromptId,
+    RecentRoutes, RecentRoutesReport, RequestId, Rotation, RouteError, RouteParams, Routed,
 };
 use kvdir::registry::Identity;
 
@@ -144,6 +145,19 @@ impl Handler<RequestProgress> for RouterActor {
             RequestProgress::FirstByte(instance, id) => self.inflight.first_byte(&instance, id),
             RequestProgress::Finished(instance, id) => self.inflight.finish(&instance, id),
         }
+    }
+}
+
+/// Ask for predict-on-route's counters and how many predictions are kept now.
+#[derive(Message)]
+#[rtype(result = "(PredictCounters, usize)")]
+pub struct GetPredictCounters;
+
+impl Handler<GetPredictCounters> for RouterActor {
+    type Result = MessageResult<GetPredictCounters>;
+
+    fn handle(&mut self, _: GetPredictCounters, _: &mut Context<Self>) -> Self::Result {
+        MessageResult((self.predictions.counters(), self.predictions.len()))
     }
 }
 
