@@ -1,8 +1,10 @@
 //! `kvdir-bench replay` (`kvdir_sim::bench::replay`) against the real `kvdir` binary, as a user
 //! runs it: a short prefix of the Mooncake conversation trace (in the repository under
 //! `sim/data/mooncake/`), engines registered in etcd, kvdir spawned and discovering them, CAR
-//! then RR, with one kvdir or two replicas; the test reads the JSON report. Needs `etcd` (test support uses `KVDIR_TEST_ETCD` or
-//! starts a private one); everything binds 127.0.0.1.
+//! then RR, with one kvdir or two replicas; the test reads the JSON report. Needs `etcd` (test
+//! support uses `KVDIR_TEST_ETCD` or starts a private one); everything binds 127.0.0.1.
+
+use std::sync::Mutex;
 
 use kvdir_sim::bench::replay::{self, ReplayCommand, ReplayOptions};
 use kvdir_sim::etcd_test::etcd_endpoint;
@@ -24,6 +26,10 @@ fn options(etcd: &str, flags: &[&str]) -> ReplayOptions {
         other => panic!("{flags:?}: {other:?}"),
     }
 }
+
+/// The tests of this file pick their engines' ports the same way (from the process id), so they
+/// take turns.
+static PORTS: Mutex<()> = Mutex::new(());
 
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
@@ -80,6 +86,7 @@ fn assert_bounds(json: &Value) {
 /// evenly (about 5 %).
 #[test]
 fn a_conversation_prefix_replays_with_car_then_rr_and_car_hits_more() {
+    let _turn = PORTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let etcd = etcd_endpoint();
     let ns = format!("--etcd_namespace=replay-test-{}", std::process::id());
     let flags = ["--requests=500", "--engines=4", "--cache_blocks=1024", "--speed=0", "--json"];
@@ -108,6 +115,7 @@ fn a_conversation_prefix_replays_with_car_then_rr_and_car_hits_more() {
 /// the report has each replica's hit share, decision cost and stream health.
 #[test]
 fn two_kvdir_replicas_share_the_requests_and_are_reported_each() {
+    let _turn = PORTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let etcd = etcd_endpoint();
     let ns = format!("--etcd_namespace=replay-routers-{}", std::process::id());
     let flags = ["--requests=300", "--engines=4", "--cache_blocks=1024", "--speed=0", "--json"];
