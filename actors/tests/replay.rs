@@ -1,12 +1,14 @@
 //! `kvdir-bench replay` (`kvdir_sim::bench::replay`) against the real `kvdir` binary, as a user
 //! runs it: a short prefix of the Mooncake conversation trace (in the repository under
 //! `sim/data/mooncake/`), engines registered in etcd, kvdir spawned and discovering them, CAR
-//! then RR; the test reads the JSON report. Needs `etcd` (test support uses `KVDIR_TEST_ETCD` or
-//! starts a private one); everything binds 127.0.0.1.
+//! then RR, with one kvdir or two replicas; the test reads the JSON report. Needs `etcd` (test
+//! support uses `KVDIR_TEST_ETCD` or starts a private one); everything binds 127.0.0.1.
+
+use std::sync::Mutex;
 
 use kvdir_sim::bench::replay::{self, ReplayCommand, ReplayOptions};
 use kvdir_testkit::etcd::etcd_endpoint;
-use serde_json::Value;
+use serde_json::{json, Value};
 
 const CONVERSATION: &str =
     concat!(env!("CARGO_MANIFEST_DIR"), "/../sim/data/mooncake/conversation_trace.jsonl");
@@ -25,12 +27,17 @@ fn options(etcd: &str, flags: &[&str]) -> ReplayOptions {
     }
 }
 
+/// The tests of this file pick their engines' ports the same way (from the process id), so they
+/// take turns.
+static PORTS: Mutex<()> = Mutex::new(());
+
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
 }
 
-/// A run's JSON: every request routed and executed, no error or stream fault, figures in range.
-fn assert_sane(run: &Value, requests: u64, engines: usize, bound: f64) {
+/// A run's JSON: every request routed and executed, no error or stream fault, figures in range,
+/// `routers` replicas that each routed their round-robin share, caught up and fault-free.
+fn assert_sane(run: &Value, requests: u64, engines: usize, bound: f64, routers: u64) {
     assert_eq!(run["routed"], requests, "every request routed: {run:#}");
     assert_eq!(run["route_errors"], serde_json::json!({}), "{run:#}");
     assert_eq!(run["stream_faults"], serde_json::json!({}), "{run:#}");
@@ -45,6 +52,32 @@ fn assert_sane(run: &Value, requests: u64, engines: usize, bound: f64) {
     assert!(0.0 < p50 && p50 <= p99, "TTFT percentiles: {run:#}");
     let (d50, d99) = (f(&run["decision_ms"]["p50"]), f(&run["decision_ms"]["p99"]));
     assert!(0.0 < d50 && d50 <= d99, "decision cost: {run:#}");
+    let (busy, busiest) = (f(&run["busy_share"]["mean"]), f(&run["busy_share"]["max"]));
+    assert!(0.0 < busy && busy <= busiest, "busy share: {run:#}");
+    let replicas = run["routers"].as_array().expect("routers");
+    assert_eq!(replicas.len() as u64, routers, "{run:#}");
+    for (i, r) in replicas.iter().enumerate() {
+        assert_eq!(r["router"], i, "{run:#}");
+        assert_eq!(r["routed"], requests / routers, "round-robin over the replicas: {run:#}");
+        assert_eq!(r["route_errors"], serde_json::json!({}), "{run:#}");
+        assert_eq!(r["caught_up"], true, "{run:#}");
+        assert_eq!(r["stream_faults"], json!({}), "{run:#}");
+        assert!((0.0..=bound).contains(&f(&r["hit_share"])), "{run:#}");
+        assert!(f(&r["decision_ms"]["p50"]) > 0.0, "{run:#}");
+    }
+}
+
+/// The references: the per-engine LRU bound (perfect affinity) is at most the infinite-cache
+/// bound, and each run's share of it is its hit share over it.
+fn assert_bounds(json: &Value) {
+    let bound = f(&json["bound"]["token_share"]);
+    let per_engine = f(&json["per_engine_lru_bound"]["token_share"]);
+    assert!(0.0 < per_engine && per_engine <= bound, "{json:#}");
+    assert!(f(&json["per_engine_lru_bound"]["imbalance"]) <= 1.1 + 1e-9, "{json:#}");
+    for run in json["runs"].as_array().expect("runs") {
+        let share = f(&run["share_of_per_engine_bound"]);
+        assert!((share - f(&run["hit_share"]) / per_engine).abs() < 1e-9, "{json:#}");
+    }
 }
 
 /// 500 conversation requests (the first 170 s of the trace, whose bound is 16 %) on 4 engines
@@ -53,6 +86,7 @@ fn assert_sane(run: &Value, requests: u64, engines: usize, bound: f64) {
 /// evenly (about 5 %).
 #[test]
 fn a_conversation_prefix_replays_with_car_then_rr_and_car_hits_more() {
+    let _turn = PORTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let etcd = etcd_endpoint();
     let ns = format!("--etcd_namespace=replay-test-{}", std::process::id());
     let flags = ["--requests=500", "--engines=4", "--cache_blocks=1024", "--speed=0", "--json"];
@@ -65,7 +99,8 @@ fn a_conversation_prefix_replays_with_car_then_rr_and_car_hits_more() {
     let runs = json["runs"].as_array().expect("runs");
     let policies: Vec<&str> = runs.iter().map(|r| r["policy"].as_str().unwrap()).collect();
     assert_eq!(policies, ["CAR", "RR"], "{json:#}");
-    runs.iter().for_each(|run| assert_sane(run, 500, 4, bound));
+    runs.iter().for_each(|run| assert_sane(run, 500, 4, bound, 1));
+    assert_bounds(&json);
     let (car, rr) = (f(&runs[0]["hit_share"]), f(&runs[1]["hit_share"]));
     assert!(car >= rr, "CAR {car} below RR {rr}: {json:#}");
     assert!(f(&json["hit_share_over_rr"]) >= 1.0, "{json:#}");
@@ -73,4 +108,23 @@ fn a_conversation_prefix_replays_with_car_then_rr_and_car_hits_more() {
     assert_eq!(predicted["requests"], 500, "kvdir predicts a hit for every request: {json:#}");
     assert!((0.0..=1.0).contains(&f(&predicted["share"])), "{json:#}");
     assert_eq!(report.runs[1].imbalance(), 1.0, "RR gives each engine 125: {json:#}");
+}
+
+/// The same prefix (300 requests) with two kvdir replicas, each discovering the engines and
+/// following their streams on its own: requests alternate between them, each routes 150, and
+/// the report has each replica's hit share, decision cost and stream health.
+#[test]
+fn two_kvdir_replicas_share_the_requests_and_are_reported_each() {
+    let _turn = PORTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let etcd = etcd_endpoint();
+    let ns = format!("--etcd_namespace=replay-routers-{}", std::process::id());
+    let flags = ["--requests=300", "--engines=4", "--cache_blocks=1024", "--speed=0", "--json"];
+    let more = ["--routers=2", "--compare_rr=false", ns.as_str()];
+    let o = options(&etcd.endpoint, &[&flags[..], &more[..]].concat());
+    let json = replay::run(&o).expect("the replay completes").json();
+    assert_eq!((&json["requests"], &json["routers"]), (&json!(300), &json!(2)), "{json:#}");
+    let runs = json["runs"].as_array().expect("runs");
+    assert_eq!(runs.len(), 1, "CAR only: {json:#}");
+    assert_sane(&runs[0], 300, 4, f(&json["bound"]["token_share"]), 2);
+    assert_bounds(&json);
 }

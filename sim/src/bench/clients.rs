@@ -64,7 +64,7 @@ impl KindStats {
         KindStats { kind, latencies: Vec::new(), errors: BTreeMap::new(), wall: Duration::ZERO }
     }
 
-    fn merge(&mut self, other: KindStats) {
+    pub(crate) fn merge(&mut self, other: KindStats) {
         self.latencies.extend(other.latencies);
         for (k, n) in other.errors {
             *self.errors.entry(k).or_default() += n;

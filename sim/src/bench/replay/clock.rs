@@ -8,6 +8,10 @@
 //! TTFT is its finish minus `a` (decode is not modelled: a request leaves the rank at its first
 //! token). Invariant: `free` only grows, and a request counts as in the system of its rank from
 //! its arrival until its finish.
+//!
+//! Busy share ([`Servers::busy_shares`]): an engine's summed service times over its ranks times
+//! the span of the arrivals, i.e. the offered load; above 1 the engine cannot keep up and its
+//! queue grows without bound.
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -32,6 +36,7 @@ impl Cost {
 #[derive(Debug, Clone, Default)]
 struct Rank {
     finishes: VecDeque<Duration>,
+    busy: Duration,
 }
 
 impl Rank {
@@ -85,9 +90,19 @@ impl Servers {
         uncached: u64,
     ) -> Duration {
         let r = &mut self.ranks[engine * self.dp_size + rank];
-        let finish = r.free().max(arrival) + self.cost.service(uncached);
+        let service = self.cost.service(uncached);
+        let finish = r.free().max(arrival) + service;
+        r.busy += service;
         r.finishes.push_back(finish);
         finish - arrival
+    }
+
+    /// Per engine, its service time over `span` times its ranks (0 for an empty span).
+    pub fn busy_shares(&self, span: Duration) -> Vec<f64> {
+        let capacity = span.as_secs_f64() * self.dp_size as f64;
+        let engines = self.ranks.chunks(self.dp_size.max(1));
+        let busy = |ranks: &[Rank]| ranks.iter().map(|r| r.busy.as_secs_f64()).sum::<f64>();
+        engines.map(|ranks| if capacity > 0.0 { busy(ranks) / capacity } else { 0.0 }).collect()
     }
 }
 
@@ -114,5 +129,8 @@ mod tests {
         s.advance(105 * MS);
         assert_eq!(s.in_system(0), 1);
         assert_eq!(s.admit(0, 0, 200 * MS, 0), 5 * MS, "an idle rank serves at once");
+        let busy = s.busy_shares(100 * MS);
+        assert!((busy[0] - 0.6).abs() < 1e-9, "(105 + 5 + 5 + 5) ms over 2 ranks x 100 ms");
+        assert_eq!(busy[1], 0.0);
     }
 }

@@ -23,6 +23,7 @@ USAGE: kvdir-bench replay --trace FILE --etcd_addr H:P --spawn_kvdir PATH [--fla
   --trace FILE             the trace (JSON lines: timestamp, input_length, hash_ids)
   --etcd_addr H:P          etcd where the engines register and kvdir discovers them
   --spawn_kvdir PATH       the kvdir binary to start (127.0.0.1, port 0) for each run
+  --routers R              kvdir replicas per run, requests spread round-robin  [1]
   --requests K             replay only the first K requests (0 = all)          [0]
   --engines N              simulated engines                                   [8]
   --dp_size N              DP ranks per engine                                 [1]
@@ -72,6 +73,8 @@ pub struct ReplayOptions {
     pub namespace: String,
     /// kvdir binary.
     pub spawn_kvdir: PathBuf,
+    /// kvdir replicas per run.
+    pub routers: usize,
     /// Extra kvdir flags.
     pub kvdir_args: Vec<String>,
     /// `X-Internal-Token`.
@@ -98,6 +101,7 @@ impl Default for ReplayOptions {
             etcd_addr: String::new(),
             namespace: format!("kvdir-replay-{}", std::process::id()),
             spawn_kvdir: PathBuf::new(),
+            routers: 1,
             kvdir_args: Vec::new(),
             internal_api_token: None,
             sync_timeout: Duration::from_secs(60),
@@ -105,6 +109,9 @@ impl Default for ReplayOptions {
         }
     }
 }
+
+/// Most kvdir replicas one run starts.
+pub const MAX_ROUTERS: usize = 8;
 
 /// What `kvdir-bench replay ...` asks for.
 #[derive(Debug, Clone, PartialEq)]
@@ -187,6 +194,7 @@ impl ReplayOptions {
             "etcd_addr" => self.etcd_addr = value.to_string(),
             "etcd_namespace" => self.namespace = value.to_string(),
             "spawn_kvdir" => self.spawn_kvdir = PathBuf::from(value),
+            "routers" => self.routers = number(name, value)?,
             "kvdir_arg" => self.kvdir_args.push(value.to_string()),
             "internal_api_token" => self.internal_api_token = Some(value.to_string()),
             "sync_timeout_seconds" => {
@@ -206,6 +214,10 @@ impl ReplayOptions {
             (!self.spawn_kvdir.as_os_str().is_empty(), "--spawn_kvdir PATH is required".into()),
             (self.engines >= 1, "--engines = 0 is below the minimum 1".into()),
             (self.dp_size >= 1, "--dp_size = 0 is below the minimum 1".into()),
+            (
+                (1..=MAX_ROUTERS).contains(&self.routers),
+                format!("--routers = {} is not in 1..={MAX_ROUTERS}", self.routers),
+            ),
             (
                 streams <= 128,
                 format!("--engines x --dp_size = {streams} streams; kvdir follows at most 128"),
@@ -273,6 +285,7 @@ mod tests {
         let args = ["--trace=t.jsonl", "--etcd_addr=127.0.0.1:2379", "--spawn_kvdir=/bin/kvdir"];
         let Ok(ReplayCommand::Run(o)) = parse(&args) else { panic!("valid") };
         assert_eq!((o.engines, o.dp_size, o.cache_blocks, o.policy), (8, 1, 2048, Policy::Car));
+        assert_eq!(o.routers, 1);
         assert_eq!(o.policies(), [Policy::Car, Policy::Rr]);
         let b = o.bench_options(Policy::Rr);
         assert_eq!((b.block_size, b.device_blocks, b.host_blocks), (512, 2048, 0));
@@ -285,6 +298,7 @@ mod tests {
     fn every_problem_is_reported_together() {
         let err = parse(&[
             "--engines=0",
+            "--routers=0",
             "--policy=FAST",
             "--car_prefill_lambda=2",
             "--etcd_addr=10.0.0.1:2379",
@@ -295,6 +309,7 @@ mod tests {
             "--trace FILE is required",
             "--spawn_kvdir PATH is required",
             "--engines = 0",
+            "--routers = 0 is not in 1..=8",
             "--policy = \"FAST\" is not one of CAR, RR, SLO_AWARE",
             "--car_prefill_lambda = \"2\" is not a number in 0..=1",
             "--etcd_addr = 10.0.0.1:2379 is not on this host",

@@ -5,14 +5,17 @@
 //! starts from nothing, through the load tool's modules:
 //! 1. `--engines` fresh [`crate::SimEngine`]s with 512-token blocks and no Host tier
 //!    ([`super::fleet`]), registered in etcd under a namespace private to the run;
-//! 2. a fresh kvdir started with `--spawn_kvdir`, the policy and the CAR knobs, discovering the
-//!    engines ([`super::kvdir`]); the run waits until every stream is synchronized and every
-//!    instance has a load report ([`super::probe`]);
+//! 2. `--routers` fresh kvdir replicas started with `--spawn_kvdir`, the policy and the CAR
+//!    knobs, each discovering the engines and subscribing to their streams on its own
+//!    ([`super::kvdir`]); the engines' heartbeats go to the first, their LOADMETRICS (etcd) reach
+//!    all; the run waits until every replica has every stream synchronized and every instance
+//!    with a load report ([`super::probe`]);
 //! 3. the requests, in trace order, paced at `--speed` ([`step`]): routed by kvdir, run on the
 //!    chosen engine, queued in simulated time ([`clock`]);
-//! 4. waits until kvdir applied every batch, for the streams' fault counters.
+//! 4. waits until every replica applied every batch, for the streams' fault counters.
 //!
-//! The engines and kvdir of a run are stopped before the next one starts.
+//! The engines and kvdir replicas of a run are stopped before the next one starts, and on any
+//! error or panic (their `Drop` kills the children).
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +25,7 @@ use super::kvdir::Kvdir;
 use super::probe::Probe;
 use super::{applied, fleet::Fleet, BenchError};
 
+pub mod affinity;
 pub mod clock;
 pub mod flags;
 pub mod report;
@@ -71,42 +75,60 @@ fn check_wall(trace: &Trace, speed: Option<f64>) -> Result<(), BenchError> {
     }
 }
 
-/// One run with `policy` on fresh engines and a fresh kvdir.
+/// One run with `policy` on fresh engines and `--routers` fresh kvdir replicas.
 fn run_policy(o: &ReplayOptions, trace: &Trace, policy: Policy) -> Result<PolicyRun, BenchError> {
     let b = o.bench_options(policy);
     let mut fleet = Fleet::start(&b)?;
-    let mut kvdir = Kvdir::start(&b, &fleet.kvdir_config(&b))?;
+    let config = fleet.kvdir_config(&b);
+    let mut kvdirs = Vec::with_capacity(o.routers);
+    for _ in 0..o.routers {
+        // On an error the replicas started so far are dropped, which kills them.
+        kvdirs.push(Kvdir::start(&b, &config)?);
+    }
     let run = RunSetup { policy, engines: o.engines as usize, speed: o.speed };
-    replay_on(o, (&b, run), trace, &mut fleet, &kvdir).map_err(|e| kvdir.explain(e))
+    let result = replay_on(o, (&b, run), trace, &mut fleet, &kvdirs);
+    result.map_err(|(router, e)| kvdirs[router].explain(e))
 }
 
+/// The replay itself; an error comes with the replica it concerns (0 when none in particular).
 fn replay_on(
     o: &ReplayOptions,
     (b, run): (&BenchOptions, RunSetup),
     trace: &Trace,
     fleet: &mut Fleet,
-    kvdir: &Kvdir,
-) -> Result<PolicyRun, BenchError> {
-    fleet.register(b, &kvdir.addr)?;
-    let conn = || Conn::new(&kvdir.addr, o.internal_api_token.clone(), REQUEST_TIMEOUT);
-    let mut probe = Probe::new(conn(), fleet.streams());
-    probe.wait_synchronized(true, o.sync_timeout)?;
-    let before = probe.views()?;
-    let mut replayer = Replayer::new(o, fleet, conn());
+    kvdirs: &[Kvdir],
+) -> Result<PolicyRun, (usize, BenchError)> {
+    fleet.register(b, &kvdirs[0].addr).map_err(|e| (0, e))?;
+    let conn = |k: &Kvdir| Conn::new(&k.addr, o.internal_api_token.clone(), REQUEST_TIMEOUT);
+    let mut probes: Vec<Probe> =
+        kvdirs.iter().map(|k| Probe::new(conn(k), fleet.streams())).collect();
+    let mut before = Vec::with_capacity(probes.len());
+    for (i, probe) in probes.iter_mut().enumerate() {
+        probe.wait_synchronized(true, o.sync_timeout).map_err(|e| (i, e))?;
+    }
+    for (i, probe) in probes.iter_mut().enumerate() {
+        before.push(probe.views().map_err(|e| (i, e))?);
+    }
+    let mut replayer = Replayer::new(o, fleet, kvdirs.iter().map(conn).collect());
     let first = trace.requests[0].timestamp_ms;
     let start = Instant::now();
     for r in &trace.requests {
         let arrival = Duration::from_millis(r.timestamp_ms - first);
         replayer.pace(arrival, start, o.speed);
-        replayer.step(r, arrival)?;
+        replayer.step(r, arrival).map_err(|e| (0, e))?;
     }
     let wall = start.elapsed();
-    let (outcomes, mut routes, max_lag) = (replayer.outcomes, replayer.routes, replayer.max_lag);
-    routes.latencies.sort();
-    routes.wall = wall;
-    let (after, lagging) = probe.wait_caught_up(&fleet.last_sequences()?, o.sync_timeout)?;
-    let applied = applied(&fleet.streams(), &before, &after, lagging, start, wall);
-    Ok(PolicyRun::new(run, &outcomes, routes, applied, max_lag))
+    let span = trace.requests.last().map_or(0, |r| r.timestamp_ms - first);
+    let mut finished = replayer.finish(Duration::from_millis(span));
+    finished.routes.iter_mut().for_each(|r| r.wall = wall);
+    let expected = fleet.last_sequences().map_err(|e| (0, e.into()))?;
+    let mut applies = Vec::with_capacity(probes.len());
+    for (i, (probe, before)) in probes.iter_mut().zip(&before).enumerate() {
+        let (after, lagging) =
+            probe.wait_caught_up(&expected, o.sync_timeout).map_err(|e| (i, e))?;
+        applies.push(applied(&fleet.streams(), before, &after, lagging, start, wall));
+    }
+    Ok(PolicyRun::new(run, finished, applies))
 }
 
 #[cfg(test)]

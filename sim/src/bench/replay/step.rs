@@ -1,7 +1,8 @@
 //! One policy run's request loop ([`Replayer`]): for each trace request, in trace order,
 //! 1. advance the simulated clock to its arrival and report every engine's queue (requests in
 //!    its system) and Device usage as its load (LOADMETRICS and heartbeats, as an engine would);
-//! 2. ask kvdir `POST /v1/internal/route` and time the answer (the decision cost);
+//! 2. ask kvdir `POST /v1/internal/route` and time the answer (the decision cost); with several
+//!    kvdir replicas (`--routers`), request `n` goes to replica `n mod R`;
 //! 3. pick the DP rank of the chosen instance: the rank kvdir predicts the longest Device hit
 //!    on, ties and policies without predictions to the rank free first;
 //! 4. ask the engine what it has cached for the prompt (the realized hit), then run the
@@ -42,34 +43,49 @@ pub struct Outcome {
     pub predicted: Option<u64>,
     /// Simulated time to first token.
     pub ttft: Duration,
+    /// The kvdir replica that routed it.
+    pub router: usize,
+}
+
+/// What a finished request loop measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    /// Every routed request, in trace order.
+    pub outcomes: Vec<Outcome>,
+    /// Route latencies (sorted) and errors, one per kvdir replica.
+    pub routes: Vec<KindStats>,
+    /// How far the loop fell behind the paced schedule at worst.
+    pub max_lag: Duration,
+    /// Per engine, its busy share over the arrivals' span ([`Servers::busy_shares`]).
+    pub busy: Vec<f64>,
 }
 
 /// The request loop of one run.
 pub struct Replayer<'a> {
     fleet: &'a Fleet,
-    conn: Conn,
+    conns: Vec<Conn>,
+    sent: usize,
     servers: Servers,
     dp_size: usize,
     capacity: f64,
     engines: HashMap<String, usize>,
     reported: Vec<Option<u64>>,
     usage: Vec<f64>,
-    /// Every routed request, in trace order.
-    pub outcomes: Vec<Outcome>,
-    /// Route latencies and errors.
-    pub routes: KindStats,
-    /// How far the loop fell behind the paced schedule at worst.
-    pub max_lag: Duration,
+    outcomes: Vec<Outcome>,
+    routes: Vec<KindStats>,
+    max_lag: Duration,
 }
 
 impl<'a> Replayer<'a> {
-    /// A loop over `fleet`, routing through `conn`.
-    pub fn new(o: &ReplayOptions, fleet: &'a Fleet, conn: Conn) -> Replayer<'a> {
+    /// A loop over `fleet`, routing through `conns` (one per kvdir replica) in turn.
+    pub fn new(o: &ReplayOptions, fleet: &'a Fleet, conns: Vec<Conn>) -> Replayer<'a> {
         let n = fleet.engines.len();
         let engines = fleet.engines.iter().enumerate().map(|(i, e)| (e.instance_name(), i));
         Replayer {
             fleet,
-            conn,
+            routes: conns.iter().map(|_| KindStats::new(Kind::Route)).collect(),
+            conns,
+            sent: 0,
             servers: Servers::new(n, o.dp_size as usize, o.cost),
             dp_size: o.dp_size as usize,
             capacity: o.cache_blocks as f64,
@@ -77,9 +93,16 @@ impl<'a> Replayer<'a> {
             reported: vec![None; n],
             usage: vec![0.0; n],
             outcomes: Vec::new(),
-            routes: KindStats::new(Kind::Route),
             max_lag: Duration::ZERO,
         }
+    }
+
+    /// Ends the loop; `span` is the simulated time from the first arrival to the last.
+    pub fn finish(self, span: Duration) -> Finished {
+        let mut routes = self.routes;
+        routes.iter_mut().for_each(|r| r.latencies.sort());
+        let busy = self.servers.busy_shares(span);
+        Finished { outcomes: self.outcomes, routes, max_lag: self.max_lag, busy }
     }
 
     /// Waits until `r`'s arrival on the wall clock started at `start`, at `speed`.
@@ -98,7 +121,9 @@ impl<'a> Replayer<'a> {
         self.servers.advance(arrival);
         self.report_loads();
         let tokens = r.tokens();
-        let Some(routed) = self.route(&tokens) else { return Ok(()) };
+        let router = self.sent % self.conns.len();
+        self.sent += 1;
+        let Some(routed) = self.route(router, &tokens) else { return Ok(()) };
         let engine = self.engine_of(&routed)?;
         let (rank, predicted) = self.rank(engine, &routed);
         let sim = &self.fleet.engines[engine];
@@ -110,7 +135,8 @@ impl<'a> Replayer<'a> {
             (0..self.dp_size as u32).map(|k| sim.counts(k).map(|c| c.0)).sum::<Result<_, _>>()?;
         self.usage[engine] = used as f64 / self.capacity;
         let input_tokens = tokens.len() as u64;
-        self.outcomes.push(Outcome { engine, input_tokens, hit_tokens, predicted, ttft });
+        let outcome = Outcome { engine, input_tokens, hit_tokens, predicted, ttft, router };
+        self.outcomes.push(outcome);
         Ok(())
     }
 
@@ -125,14 +151,15 @@ impl<'a> Replayer<'a> {
         }
     }
 
-    /// kvdir's answer, or `None` after counting the failure.
-    fn route(&mut self, tokens: &[i32]) -> Option<Value> {
+    /// The answer of kvdir replica `router`, or `None` after counting the failure.
+    fn route(&mut self, router: usize, tokens: &[i32]) -> Option<Value> {
         let body = json!({ "token_ids": tokens }).to_string().into_bytes();
         let sent = Instant::now();
-        let error = match self.conn.post(Kind::Route.path(), &body) {
+        let stats = &mut self.routes[router];
+        let error = match self.conns[router].post(Kind::Route.path(), &body) {
             Ok(reply) if reply.status == 200 => match serde_json::from_slice(&reply.body) {
                 Ok(value) => {
-                    self.routes.latencies.push(sent.elapsed());
+                    stats.latencies.push(sent.elapsed());
                     return Some(value);
                 }
                 Err(e) => format!("transport: bad JSON: {e}"),
@@ -140,7 +167,7 @@ impl<'a> Replayer<'a> {
             Ok(reply) => format!("HTTP {}", reply.status),
             Err(e) => format!("transport: {}", e.kind()),
         };
-        *self.routes.errors.entry(error).or_default() += 1;
+        *stats.errors.entry(error).or_default() += 1;
         None
     }
 

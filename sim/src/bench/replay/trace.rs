@@ -10,11 +10,10 @@
 //! - every token is in `0..=2^31-1`, the range kvdir accepts.
 //!
 //! [`Trace::bound`] is the hit share one cache that never evicts would get: a request's blocks
-//! hit up to the first block no earlier request had at that prefix. [`Trace::pooled_lru`] is the
-//! same with one LRU cache of a given size (the fleet's capacity pooled): a reference for finite
-//! caches, not a bound (LRU is not optimal, and a fleet cannot pool its caches).
+//! hit up to the first block no earlier request had at that prefix. The references for finite
+//! caches are in [`super::affinity`].
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::Path;
 
 use serde_json::Value;
@@ -131,31 +130,6 @@ impl Trace {
     }
 }
 
-impl Trace {
-    /// Hit tokens over input tokens with one LRU cache of `capacity` blocks, where every
-    /// complete block of a request becomes most recent once it ran.
-    pub fn pooled_lru(&self, capacity: usize) -> f64 {
-        let (mut last_use, mut by_age) = (HashMap::new(), BTreeMap::new());
-        let (mut hit_tokens, mut clock) = (0u64, 0u64);
-        for r in &self.requests {
-            let hits = r.full_blocks().iter().take_while(|id| last_use.contains_key(*id)).count();
-            hit_tokens += (hits * TRACE_BLOCK) as u64;
-            for &id in r.full_blocks() {
-                clock += 1;
-                if let Some(old) = last_use.insert(id, clock) {
-                    by_age.remove(&old);
-                }
-                by_age.insert(clock, id);
-            }
-            while last_use.len() > capacity {
-                let Some((_, id)) = by_age.pop_first() else { break };
-                last_use.remove(&id);
-            }
-        }
-        hit_tokens as f64 / self.input_tokens().max(1) as f64
-    }
-}
-
 fn parse_line(index: usize, line: &str) -> Result<TraceRequest, String> {
     let v: Value = serde_json::from_str(line).map_err(|e| format!("not JSON: {e}"))?;
     let field = |name: &str| {
@@ -206,9 +180,11 @@ mod tests {
         let bound = trace.bound();
         assert_eq!(bound.block_share, 2.0 / 9.0, "1 and 2 in the second request; 2 after 5 misses");
         assert_eq!(bound.token_share, 1024.0 / (9.0 * 512.0 + 10.0 - 512.0));
-        assert_eq!(trace.pooled_lru(100), bound.token_share, "nothing evicted");
-        assert_eq!(trace.pooled_lru(3), bound.token_share, "4 evicts 3, which no one asks again");
-        assert_eq!(trace.pooled_lru(2), 0.0, "3 evicts 1, so the second request misses at once");
+        let pooled = |blocks| super::super::affinity::pooled_lru(&trace, blocks).token_share;
+        assert_eq!(pooled(100), bound.token_share, "nothing evicted");
+        assert_eq!(pooled(3), bound.token_share, "4 evicts 3, which no one asks again");
+        assert_eq!(pooled(2), bound.token_share, "3, the leaf, makes room; 1 2 stay");
+        assert_eq!(pooled(1), 512.0 / (9.0 * 512.0 + 10.0 - 512.0), "only the root 1 stays");
     }
 
     #[test]
