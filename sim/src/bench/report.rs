@@ -38,11 +38,14 @@ pub struct Applied {
 }
 
 impl Applied {
-    /// Counters that should not move during a healthy load, with their advance when they did.
-    /// A recovery during the load is a resnapshot: its batches reached kvdir by snapshot, not
-    /// live (the periodic resync, every `resync_interval_ms`, is one too).
+    /// Counters that should not move during a healthy load, with their advance when they did:
+    /// gaps, decode errors, failed snapshots, dropped batches, restarts. Snapshots installed
+    /// (`recoveries`) are not among them: the periodic resync installs one per stream every
+    /// `resync_interval_ms`, so any run longer than that would "fault".
     pub fn faults(&self) -> Vec<(&'static str, u64)> {
-        let healthy = ["messages", "skipped_events"];
+        // Snapshots installed are no fault: every stream installs one per resync_interval_ms
+        // (30 s by default), and a fault's own resnapshot shows as a gap, a failed snapshot...
+        let healthy = ["messages", "skipped_events", "recoveries"];
         let moved = self.counters.iter().filter(|(k, v)| !healthy.contains(k) && **v > 0);
         moved.map(|(k, v)| (*k, *v)).collect()
     }
@@ -317,6 +320,6 @@ mod tests {
         assert_eq!(applied.faults(), []);
         applied.counters.insert("decode_errors", 3);
         applied.counters.insert("recoveries", 3);
-        assert_eq!(applied.faults(), [("decode_errors", 3), ("recoveries", 3)]);
+        assert_eq!(applied.faults(), [("decode_errors", 3)], "periodic resyncs are no fault");
     }
 }
