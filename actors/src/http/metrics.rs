@@ -33,7 +33,7 @@ pub enum Endpoint {
 pub struct ServiceMetrics {
     query: Histogram,
     route: Histogram,
-    errors: [AtomicU64; ApiError::REASONS.len()],
+    errors: [AtomicU64; ApiError::KINDS.len()],
 }
 
 impl ServiceMetrics {
@@ -45,7 +45,7 @@ impl ServiceMetrics {
         };
         h.observe(started.elapsed());
         if let Some(error) = error {
-            self.errors[error.reason_index()].fetch_add(1, Ordering::Relaxed);
+            self.errors[error.kind_index()].fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -118,7 +118,7 @@ fn render_service(
     e.family("kvdir_route_duration_seconds", Kind::Histogram, help);
     e.histogram("kvdir_route_duration_seconds", &[], &service.route.snapshot());
     e.family("kvdir_http_errors_total", Kind::Counter, "Error responses to query and route.");
-    for (reason, n) in ApiError::REASONS.iter().zip(&service.errors) {
+    for ((reason, _), n) in ApiError::KINDS.iter().zip(&service.errors) {
         e.sample(
             "kvdir_http_errors_total",
             &[("reason", reason)],

@@ -110,20 +110,21 @@ struct ErrorBody {
 }
 
 impl ApiError {
-    /// The `reason` labels of `kvdir_http_errors_total`, in [`ApiError::reason_index`] order.
-    pub const REASONS: [&'static str; 8] = [
-        "unauthorized",
-        "bad_request",
-        "payload_too_large",
-        "conflict",
-        "no_candidate",
-        "unavailable",
-        "not_found",
-        "not_implemented",
+    /// Each kind of error: its `reason` label in `kvdir_http_errors_total` and its status, in
+    /// [`ApiError::kind_index`] order. The one place errors become status codes.
+    pub const KINDS: [(&'static str, StatusCode); 8] = [
+        ("unauthorized", StatusCode::UNAUTHORIZED),
+        ("bad_request", StatusCode::BAD_REQUEST),
+        ("payload_too_large", StatusCode::PAYLOAD_TOO_LARGE),
+        ("conflict", StatusCode::CONFLICT),
+        ("no_candidate", StatusCode::SERVICE_UNAVAILABLE),
+        ("unavailable", StatusCode::SERVICE_UNAVAILABLE),
+        ("not_found", StatusCode::NOT_FOUND),
+        ("not_implemented", StatusCode::NOT_IMPLEMENTED),
     ];
 
-    /// The position of this error's `reason` label in [`ApiError::REASONS`].
-    pub fn reason_index(&self) -> usize {
+    /// The position of this error's kind in [`ApiError::KINDS`].
+    pub fn kind_index(&self) -> usize {
         match self {
             ApiError::Unauthorized => 0,
             ApiError::BadRequest(_) | ApiError::Query(_) | ApiError::Indexer(_) => 1,
@@ -139,19 +140,7 @@ impl ApiError {
 
 impl ResponseError for ApiError {
     fn status_code(&self) -> StatusCode {
-        match self {
-            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
-            ApiError::BadRequest(_) | ApiError::Query(_) | ApiError::Indexer(_) => {
-                StatusCode::BAD_REQUEST
-            }
-            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::Conflict(_) | ApiError::Heartbeat(_) | ApiError::Stream(_) => {
-                StatusCode::CONFLICT
-            }
-            ApiError::Unavailable(_) | ApiError::NoCandidate(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ApiError::NotFound(_) | ApiError::UnknownStream(_) => StatusCode::NOT_FOUND,
-            ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
-        }
+        Self::KINDS[self.kind_index()].1
     }
 
     fn error_response(&self) -> HttpResponse {
