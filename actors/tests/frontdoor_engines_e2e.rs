@@ -291,23 +291,10 @@ fn requests_in_flight_spread_a_burst_that_would_all_hit_one_cache() {
     });
     // Eight requests at once, each a hit on `holder` only. Load reports come every second at
     // best; without its own in-flight count kvdir would send all eight there.
-    let svc_addr = svc.http_addr();
-    let threads: Vec<_> = (0..8)
-        .map(|i| {
-            let messages = conversation(&system, &format!("burst {i}"));
-            std::thread::spawn(move || {
-                let body = json!({"model": MODEL, "messages": messages});
-                let r = client()
-                    .post(format!("http://{svc_addr}/v1/chat/completions"))
-                    .json(&body)
-                    .send()
-                    .unwrap();
-                assert_eq!(r.status().as_u16(), 200);
-                header(&r, "x-kvdir-instance")
-            })
-        })
+    let bodies = (0..8)
+        .map(|i| json!({"model": MODEL, "messages": conversation(&system, &format!("burst {i}"))}))
         .collect();
-    let chosen: Vec<String> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let chosen = burst(&svc, bodies);
     let on_holder = chosen.iter().filter(|c| **c == holder).count();
     assert!((1..8).contains(&on_holder), "spread: {chosen:?}");
     drop(engines);

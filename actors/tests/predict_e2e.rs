@@ -10,7 +10,7 @@ use common::*;
 use kvdir::car::{CandidateReport, Routed};
 use kvdir::config::Flags;
 use kvdir_actors::Service;
-use kvdir_sim::{Registration, RegistrationOptions, SimEngine};
+use kvdir_sim::{Registration, SimEngine};
 use serde_json::json;
 
 const SIBLINGS: usize = 8;
@@ -30,15 +30,7 @@ fn candidate<'a>(r: &'a Routed, name: &str) -> &'a CandidateReport {
 
 /// An engine with two DP ranks registered under `ns` with an idle load report.
 fn registered(etcd: &str, ns: &str) -> (SimEngine, Registration) {
-    let eng = engine_on(free_http_port(2), 2);
-    let opts = RegistrationOptions {
-        etcd: etcd.into(),
-        namespace: ns.into(),
-        kind: 0,
-        write_loadmetrics: true,
-        ..RegistrationOptions::default()
-    };
-    let reg = Registration::start(&eng, opts).unwrap();
+    let (eng, reg) = registered_engine(etcd, ns, 2);
     reg.set_load(0, 0.1);
     (eng, reg)
 }

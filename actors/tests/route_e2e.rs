@@ -8,7 +8,7 @@ use common::*;
 use kvdir::car::Routed;
 use kvdir::config::Flags;
 use kvdir_actors::Service;
-use kvdir_sim::{Registration, RegistrationOptions, SimEngine};
+use kvdir_sim::{Registration, SimEngine};
 use kvdir_testkit::etcd::etcd_endpoint;
 use serde_json::json;
 
@@ -111,16 +111,7 @@ fn prompt_of(first: i32, blocks: usize) -> Vec<i32> {
 
 /// An engine registered in etcd under `namespace` with a load report.
 fn registered(etcd: &str, namespace: &str) -> (SimEngine, Registration) {
-    let eng = engine_on(free_http_port(1), 1);
-    let opts = RegistrationOptions {
-        etcd: etcd.into(),
-        namespace: namespace.into(),
-        kind: 0,
-        write_loadmetrics: true,
-        ..RegistrationOptions::default()
-    };
-    let reg = Registration::start(&eng, opts).unwrap();
-    (eng, reg)
+    registered_engine(etcd, namespace, 1)
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use kvdir::config::{parse_config_file, Flags};
 use kvdir::query::{QueryResponse, StreamMatch};
 use kvdir_actors::Service;
-use kvdir_sim::{EngineConfig, SimEngine};
+use kvdir_sim::{EngineConfig, Registration, RegistrationOptions, SimEngine};
 use kvdir_testkit::eventually;
 use kvdir_testkit::http::Response;
 use serde_json::{json, Value};
@@ -182,4 +182,19 @@ pub fn engine_on(http_port: u16, dp: u32) -> SimEngine {
         ..EngineConfig::default()
     })
     .expect("engine starts")
+}
+
+/// An engine with `dp` ranks (see [`engine_on`]) registered in `etcd` under `namespace` as a
+/// DEFAULT instance that writes LOADMETRICS.
+pub fn registered_engine(etcd: &str, namespace: &str, dp: u32) -> (SimEngine, Registration) {
+    let eng = engine_on(free_http_port(dp as u16), dp);
+    let opts = RegistrationOptions {
+        etcd: etcd.into(),
+        namespace: namespace.into(),
+        kind: 0,
+        write_loadmetrics: true,
+        ..RegistrationOptions::default()
+    };
+    let reg = Registration::start(&eng, opts).unwrap();
+    (eng, reg)
 }

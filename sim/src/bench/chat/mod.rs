@@ -171,26 +171,28 @@ fn new_report(o: &ChatOptions, path: String, stats: ChatStats) -> ChatReport {
 mod tests {
     use super::*;
 
-    /// `--direct` needs no kvdir and no etcd traffic: the requests go round-robin to real
-    /// engines over HTTP, and with as many engines as system prompts each engine sees one
-    /// system prompt again and again, so it comes back cached.
-    #[test]
-    fn direct_requests_are_counted_and_repeated_system_prompts_come_back_cached() {
-        let args = [
+    /// A `--direct` run of 8 short requests to 2 engines, plus `flags`.
+    fn direct_run(flags: &[&str]) -> ChatReport {
+        let common = [
             "--etcd_addr=127.0.0.1:1",
             "--direct",
             "--engines=2",
-            "--system_prompts=2",
-            "--clients=2",
             "--requests=8",
             "--prompt_tokens=300",
             "--decode_us_per_token=0",
             "--max_tokens=2",
         ];
-        let Ok(ChatCommand::Run(o)) = parse_chat_args(args.iter().map(|a| a.to_string())) else {
-            panic!("valid flags")
-        };
-        let report = run(&o).expect("the run completes");
+        let args = common.iter().chain(flags).map(|a| a.to_string());
+        let Ok(ChatCommand::Run(o)) = parse_chat_args(args) else { panic!("valid flags") };
+        run(&o).expect("the run completes")
+    }
+
+    /// `--direct` needs no kvdir and no etcd traffic: the requests go round-robin to real
+    /// engines over HTTP, and with as many engines as system prompts each engine sees one
+    /// system prompt again and again, so it comes back cached.
+    #[test]
+    fn direct_requests_are_counted_and_repeated_system_prompts_come_back_cached() {
+        let report = direct_run(&["--system_prompts=2", "--clients=2"]);
         let text = report.text();
         assert_eq!((report.served(), report.errors()), (8, 0), "{text}");
         assert_eq!(report.stats.instances.len(), 2, "{text}");
@@ -204,21 +206,7 @@ mod tests {
     /// copies go round-robin, so each group of 4 splits 2 + 2 over the 2 engines.
     #[test]
     fn sibling_groups_are_sent_together_and_counted_by_their_most_used_instance() {
-        let args = [
-            "--etcd_addr=127.0.0.1:1",
-            "--direct",
-            "--engines=2",
-            "--siblings=4",
-            "--clients=1",
-            "--requests=8",
-            "--prompt_tokens=300",
-            "--decode_us_per_token=0",
-            "--max_tokens=2",
-        ];
-        let Ok(ChatCommand::Run(o)) = parse_chat_args(args.iter().map(|a| a.to_string())) else {
-            panic!("valid flags")
-        };
-        let report = run(&o).expect("the run completes");
+        let report = direct_run(&["--siblings=4", "--clients=1"]);
         let text = report.text();
         assert_eq!((report.served(), report.errors()), (8, 0), "{text}");
         let s = &report.stats;
