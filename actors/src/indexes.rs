@@ -112,7 +112,25 @@ impl Indexes {
     }
 
     fn read_scoped(&self, tokens: &[i32], scope: &QueryScope, keyed: bool) -> Vec<StreamHit> {
-        let mut hits = Vec::new();
+        self.read_each(tokens, scope, keyed, |s, hit, keys, block_size| StreamHit {
+            matched: stream_match(s, hit),
+            identity: s.label.identity.clone(),
+            tenant: s.label.tenant.clone(),
+            keys: Arc::clone(keys),
+            block_size,
+        })
+    }
+
+    /// One `make(stream, its (Device, Host-only) hit tokens, the query's keys in its index, the
+    /// index's block size)` per stream `scope` admits, ordered by instance name then rank.
+    fn read_each<T>(
+        &self,
+        tokens: &[i32],
+        scope: &QueryScope,
+        keyed: bool,
+        mut make: impl FnMut(&SlotRead, (u64, u64), &Arc<[ContentKey]>, u32) -> T,
+    ) -> Vec<T> {
+        let mut out: Vec<(Arc<StreamLabel>, T)> = Vec::new();
         let mut slots: Vec<SlotRead> = Vec::new();
         let groups = self.groups.read().unwrap_or_else(|e| e.into_inner());
         for g in groups.iter().filter(|g| scope.block_size.is_none_or(|b| b == g.block_size)) {
@@ -125,33 +143,15 @@ impl Indexes {
                 (matches, keys)
             });
             slots.retain(|s| scope.admits(&s.label, g.block_size));
-            hits.extend(slots.drain(..).map(|s| {
-                let (device, host_only) = matches.tokens(s.slot);
-                StreamHit {
-                    matched: StreamMatch {
-                        instance_name: s.label.instance_name.clone(),
-                        dp_rank: s.label.dp_rank,
-                        synchronized: s.status.synchronized,
-                        sequence: s.status.sequence,
-                        device_hit_tokens: device,
-                        host_only_hit_tokens: host_only,
-                        reusable_prefix_tokens: device + host_only,
-                        device_blocks: s.status.device_blocks,
-                        host_blocks: s.status.host_blocks,
-                        error: s.status.error.clone(),
-                    },
-                    identity: s.label.identity.clone(),
-                    tenant: s.label.tenant.clone(),
-                    keys: Arc::clone(&keys),
-                    block_size: g.block_size,
-                }
+            out.extend(slots.drain(..).map(|s| {
+                let t = make(&s, matches.tokens(s.slot), &keys, g.block_size);
+                (s.label, t)
             }));
         }
-        hits.sort_by(|a, b| {
-            (&a.matched.instance_name, a.matched.dp_rank)
-                .cmp(&(&b.matched.instance_name, b.matched.dp_rank))
+        out.sort_by(|(a, _), (b, _)| {
+            (&a.instance_name, a.dp_rank).cmp(&(&b.instance_name, b.dp_rank))
         });
-        hits
+        out.into_iter().map(|(_, t)| t).collect()
     }
 
     /// The query endpoint's answer for `tokens`.
@@ -161,8 +161,24 @@ impl Indexes {
 
     /// The query endpoint's answer for `tokens` within `scope`.
     pub fn query_in(&self, tokens: &[i32], scope: &QueryScope) -> QueryResponse {
-        let matches = self.read_in(tokens, scope).into_iter().map(|h| h.matched).collect();
+        let matches = self.read_each(tokens, scope, false, |s, hit, _, _| stream_match(s, hit));
         QueryResponse { input_tokens: tokens.len(), matches }
+    }
+}
+
+/// A stream's entry in the query endpoint's answer.
+fn stream_match(s: &SlotRead, (device, host_only): (u64, u64)) -> StreamMatch {
+    StreamMatch {
+        instance_name: s.label.instance_name.clone(),
+        dp_rank: s.label.dp_rank,
+        synchronized: s.status.synchronized,
+        sequence: s.status.sequence,
+        device_hit_tokens: device,
+        host_only_hit_tokens: host_only,
+        reusable_prefix_tokens: device + host_only,
+        device_blocks: s.status.device_blocks,
+        host_blocks: s.status.host_blocks,
+        error: s.status.error.clone(),
     }
 }
 

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use actix::Addr;
+use actix_web::http::header::ContentType;
 use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use futures_util::StreamExt;
@@ -272,7 +273,8 @@ async fn query(
         Ok(state.indexes.query_in(&tokens, &scope))
     };
     let response = observed(&state, Endpoint::Query, started, result.await)?;
-    Ok(HttpResponse::Ok().json(response))
+    // `to_json` gives serde_json's bytes, faster (kvdir::query's fast path).
+    Ok(HttpResponse::Ok().content_type(ContentType::json()).body(response.to_json()))
 }
 
 async fn route_request(

@@ -14,6 +14,8 @@ use thiserror::Error;
 
 use crate::index::{Namespace, StreamLabel};
 
+mod fast;
+
 /// Why a query body was refused.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
 pub enum QueryError {
@@ -63,12 +65,17 @@ pub fn parse_scoped_query(
     body: &[u8],
     max_tokens: usize,
 ) -> Result<(Vec<i32>, QueryScope), QueryError> {
-    let b = match serde_json::from_slice::<QueryBody>(body) {
+    // The usual body, `{"token_ids": [...]}` alone, is read by a plain scan; anything else (and
+    // every error, so that the messages stay serde_json's and the visitor's) by serde below.
+    if let Some(tokens) = fast::plain_token_ids(body, max_tokens) {
+        return Ok((tokens, QueryBody::default().scope()));
+    }
+    let mut b = match serde_json::from_slice::<QueryBody>(body) {
         Ok(b) => b,
         // serde_json appends " at line L column C", which helps find the element.
         Err(e) => return Err(QueryError::Invalid(e.to_string())),
     };
-    let tokens = match b.token_ids {
+    let tokens = match b.token_ids.take() {
         Some(t) if t.0.len() > max_tokens => {
             return Err(QueryError::Invalid(format!(
                 "token_ids has {} tokens, more than the --max_query_tokens limit {max_tokens}",
@@ -82,22 +89,10 @@ pub fn parse_scoped_query(
             ))
         }
     };
-    let lora = match (b.lora_name.as_deref().unwrap_or_default(), b.lora_id) {
-        ("", Some(id)) => Namespace::lora_id(id),
-        (name, _) => Namespace::lora_name(name.as_bytes()),
-    };
-    let salt = Namespace::salt(b.cache_salt.as_deref().unwrap_or_default().as_bytes());
-    let scope = QueryScope {
-        model: b.model.unwrap_or_default(),
-        namespace: Namespace { lora, salt },
-        tenant: b.tenant_id.filter(|t| !t.is_empty()),
-        instance: b.instance_id.filter(|i| !i.is_empty()),
-        block_size: b.block_size.filter(|&n| n > 0),
-    };
-    Ok((tokens, scope))
+    Ok((tokens, b.scope()))
 }
 
-#[derive(Deserialize)]
+#[derive(Default, Deserialize)]
 struct QueryBody {
     token_ids: Option<TokenIds>,
     model: Option<String>,
@@ -107,6 +102,24 @@ struct QueryBody {
     tenant_id: Option<String>,
     instance_id: Option<String>,
     block_size: Option<u32>,
+}
+
+impl QueryBody {
+    /// The scope the body's optional fields select.
+    fn scope(self) -> QueryScope {
+        let lora = match (self.lora_name.as_deref().unwrap_or_default(), self.lora_id) {
+            ("", Some(id)) => Namespace::lora_id(id),
+            (name, _) => Namespace::lora_name(name.as_bytes()),
+        };
+        let salt = Namespace::salt(self.cache_salt.as_deref().unwrap_or_default().as_bytes());
+        QueryScope {
+            model: self.model.unwrap_or_default(),
+            namespace: Namespace { lora, salt },
+            tenant: self.tenant_id.filter(|t| !t.is_empty()),
+            instance: self.instance_id.filter(|i| !i.is_empty()),
+            block_size: self.block_size.filter(|&n| n > 0),
+        }
+    }
 }
 
 struct TokenIds(Vec<i32>);
@@ -228,6 +241,14 @@ pub struct QueryResponse {
     pub input_tokens: usize,
     /// One entry per instance/DP, ordered by instance name then rank.
     pub matches: Vec<StreamMatch>,
+}
+
+impl QueryResponse {
+    /// The response's JSON: the bytes of `serde_json::to_vec(self)`, written faster (a
+    /// 128-stream answer is written on every query).
+    pub fn to_json(&self) -> Vec<u8> {
+        fast::response_json(self)
+    }
 }
 
 #[cfg(test)]
