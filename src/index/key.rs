@@ -80,6 +80,29 @@ fn seeded_secret(seed: u64) -> [u8; 192] {
     out
 }
 
+/// A token id as the content key reads it: its four little-endian bytes. Ids arrive as `i32`
+/// (JSON bodies, engine events) or as `u32` (a tokenizer's output); an id below 2^31, which
+/// every valid id is, has the same bytes either way, so both hash alike without a conversion
+/// pass over the prompt.
+pub trait TokenId: Copy {
+    /// The id's bytes in the key's input.
+    fn le_bytes(self) -> [u8; 4];
+}
+
+impl TokenId for i32 {
+    #[inline]
+    fn le_bytes(self) -> [u8; 4] {
+        self.to_le_bytes()
+    }
+}
+
+impl TokenId for u32 {
+    #[inline]
+    fn le_bytes(self) -> [u8; 4] {
+        self.to_le_bytes()
+    }
+}
+
 /// Computes chained content keys for one `(block_size, seed)` pair, reusing its buffer.
 #[derive(Debug, Clone)]
 pub struct KeyHasher {
@@ -104,10 +127,10 @@ impl KeyHasher {
     }
 
     /// The key of one complete block (`block.len() == block_size`) after `prev`.
-    pub fn chain(&mut self, prev: Option<ContentKey>, block: &[i32]) -> ContentKey {
+    pub fn chain<T: TokenId>(&mut self, prev: Option<ContentKey>, block: &[T]) -> ContentKey {
         debug_assert_eq!(block.len(), self.block_size);
         for (dst, t) in self.buf[16..].chunks_exact_mut(4).zip(block) {
-            dst.copy_from_slice(&t.to_le_bytes());
+            dst.copy_from_slice(&t.le_bytes());
         }
         let input = match prev {
             Some(p) => {
@@ -120,7 +143,7 @@ impl KeyHasher {
     }
 
     /// Appends the keys of every complete block of `tokens` to `out`; a partial tail is ignored.
-    pub fn prefix_keys(&mut self, tokens: &[i32], out: &mut Vec<ContentKey>) {
+    pub fn prefix_keys<T: TokenId>(&mut self, tokens: &[T], out: &mut Vec<ContentKey>) {
         let mut prev = None;
         for block in tokens.chunks_exact(self.block_size) {
             let k = self.chain(prev, block);
@@ -196,6 +219,17 @@ mod tests {
             keys(&tokens, 128),
             ["1a0a276afd344c4f556a1798ca291398", "5aad1aa279233a13225857500e1fc839"]
         );
+    }
+
+    #[test]
+    fn u32_ids_give_the_keys_of_the_same_i32_ids() {
+        let ids: Vec<i32> = (0..512).map(|i| i * 4_194_301 % i32::MAX).collect();
+        let unsigned: Vec<u32> = ids.iter().map(|&t| t as u32).collect();
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        KeyHasher::new(128, 1024).prefix_keys(&ids, &mut a);
+        KeyHasher::new(128, 1024).prefix_keys(&unsigned, &mut b);
+        assert_eq!(a.len(), 4);
+        assert_eq!(a, b);
     }
 
     #[test]

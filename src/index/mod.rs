@@ -25,7 +25,7 @@ mod shared;
 mod stream;
 mod view;
 
-pub use key::{ContentKey, KeyHasher};
+pub use key::{ContentKey, KeyHasher, TokenId};
 pub use namespace::{Keys, Namespace};
 pub use shared::{
     SharedError, SharedHandle, SharedIndex, SharedMatches, SharedReader, SharedSnapshot, SlotRead,

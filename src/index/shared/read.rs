@@ -11,7 +11,7 @@
 use std::hint::black_box;
 use std::sync::{Arc, RwLock};
 
-use super::super::key::{ContentKey, KeyHasher};
+use super::super::key::{ContentKey, KeyHasher, TokenId};
 use super::super::namespace::Namespace;
 use super::super::view::StreamStatus;
 use super::holders::{SharedData, StreamLabel, MAX_STREAMS};
@@ -182,7 +182,7 @@ impl std::fmt::Debug for SharedHandle {
 
 impl SharedHandle {
     /// Hashes `tokens` once (complete blocks only) and walks the shared view once.
-    pub fn query(&mut self, tokens: &[i32]) -> SharedMatches {
+    pub fn query<T: TokenId>(&mut self, tokens: &[T]) -> SharedMatches {
         self.keys.clear();
         self.hasher.prefix_keys(tokens, &mut self.keys);
         walk(&read(&self.view), &self.keys, self.block_size)
