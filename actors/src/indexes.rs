@@ -139,7 +139,7 @@ impl Indexes {
                 let handle = h.entry(g.id).or_insert_with(|| g.index.reader().handle());
                 let matches = handle.query_streams_in(scope.namespace, tokens, &mut slots);
                 let keys: Arc<[ContentKey]> =
-                    if keyed { Arc::from(handle.keys()) } else { Arc::from([]) };
+                    if keyed { Arc::from(handle.all_keys(tokens)) } else { Arc::from([]) };
                 (matches, keys)
             });
             slots.retain(|s| scope.admits(&s.label, g.block_size));

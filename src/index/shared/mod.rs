@@ -4,7 +4,8 @@
 //! - the shared view (`content key -> (Device streams, Host streams)`, plus every stream's
 //!   status and the mask of synchronized streams) is one copy behind a reader/writer lock
 //!   (`log.rs` says why and how readers are kept from waiting): readers ([`SharedHandle`])
-//!   hash a query once, then walk it once for all streams under the read lock;
+//!   walk a query once for all streams under the read lock, hashing it as they go and only as
+//!   far as any stream matches;
 //! - each stream keeps its own writer state in a [`StreamWriter`]: engine hash -> content key
 //!   and tiers, sync state, sequence, `max_blocks`. Applying a batch or building a snapshot
 //!   (the hashing) touches only that state, so streams do it in parallel; the resulting

@@ -7,6 +7,11 @@
 //! matching a block on Device and Host-only stay the same from block to block (a prefix held
 //! by every worker, a conversation held by one), the walk only extends the run, and each stream
 //! is credited once per run, not once per block.
+//!
+//! A query's keys are hashed as the walk goes, a group of blocks at a time, under the same read
+//! lock: once no stream can match a further block the rest of the prompt is not hashed, so a
+//! long prompt whose cached prefix is short costs about the hashing of that prefix. Hashing is
+//! most of a query's cost (about 40 ns per 128-token block, against a few for its probe).
 
 use std::hint::black_box;
 use std::sync::{Arc, RwLock};
@@ -97,30 +102,86 @@ fn touch(data: &SharedData, keys: &[ContentKey]) {
     black_box(keys.iter().fold(false, |acc, k| acc ^ data.map.touch(k)));
 }
 
-/// The walk (see the module documentation).
+/// The walk's state: the streams that may still match, the current run, the counts so far.
+struct Walk {
+    out: SharedMatches,
+    candidates: u128,
+    run_dev: u128,
+    run_host: u128,
+    run: u32,
+}
+
+impl Walk {
+    fn new(data: &SharedData, block_size: u32) -> Self {
+        let out = SharedMatches::empty(block_size, data.synced);
+        Walk { out, candidates: data.synced, run_dev: 0, run_host: 0, run: 0 }
+    }
+
+    /// Walks the query's next `keys`; false once no stream can match any further block.
+    fn keys(&mut self, data: &SharedData, keys: &[ContentKey]) -> bool {
+        for (i, k) in keys.iter().enumerate() {
+            if self.candidates == 0 {
+                return false;
+            }
+            if i % AHEAD == 0 {
+                touch(data, &keys[i..keys.len().min(i + AHEAD)]);
+            }
+            let Some(h) = data.map.get(k) else {
+                self.candidates = 0;
+                return false;
+            };
+            let set = data.sets_of(*h);
+            self.candidates &= set.device | set.host;
+            let c = self.candidates;
+            let (dev, host) = (set.device & c, set.host & !set.device & c);
+            if (dev, host) != (self.run_dev, self.run_host) {
+                self.out.credit(self.run_dev, self.run_host, self.run);
+                (self.run_dev, self.run_host, self.run) = (dev, host, 0);
+            }
+            self.run += 1;
+        }
+        self.candidates != 0
+    }
+
+    fn finish(mut self) -> SharedMatches {
+        self.out.credit(self.run_dev, self.run_host, self.run);
+        self.out
+    }
+}
+
+/// The walk over keys computed beforehand (see the module documentation).
 pub(crate) fn walk(data: &SharedData, keys: &[ContentKey], block_size: u32) -> SharedMatches {
-    let mut out = SharedMatches::empty(block_size, data.synced);
-    let mut candidates = data.synced;
-    let (mut run_dev, mut run_host, mut run) = (0u128, 0u128, 0u32);
-    for (i, k) in keys.iter().enumerate() {
-        if candidates == 0 {
+    let mut w = Walk::new(data, block_size);
+    w.keys(data, keys);
+    w.finish()
+}
+
+/// The walk, hashing `tokens` a group of [`AHEAD`] blocks at a time and stopping at the group
+/// after which no stream matches: a prompt whose cached prefix is short costs the hashing of
+/// that prefix, not of the whole prompt. `keys` receives the keys hashed, a prefix of the
+/// query's keys ([`SharedHandle::all_keys`] completes it).
+fn walk_hashing<T: TokenId>(
+    data: &SharedData,
+    hasher: &mut KeyHasher,
+    tokens: &[T],
+    keys: &mut Vec<ContentKey>,
+    block_size: u32,
+) -> SharedMatches {
+    let mut w = Walk::new(data, block_size);
+    let mut blocks = tokens.chunks_exact(hasher.block_size());
+    loop {
+        let start = keys.len();
+        let mut prev = keys.last().copied();
+        for block in blocks.by_ref().take(AHEAD) {
+            let k = hasher.chain(prev, block);
+            keys.push(k);
+            prev = Some(k);
+        }
+        if keys.len() == start || !w.keys(data, &keys[start..]) {
             break;
         }
-        if i % AHEAD == 0 {
-            touch(data, &keys[i..keys.len().min(i + AHEAD)]);
-        }
-        let Some(h) = data.map.get(k) else { break };
-        let set = data.sets_of(*h);
-        candidates &= set.device | set.host;
-        let (dev, host) = (set.device & candidates, set.host & !set.device & candidates);
-        if (dev, host) != (run_dev, run_host) {
-            out.credit(run_dev, run_host, run);
-            (run_dev, run_host, run) = (dev, host, 0);
-        }
-        run += 1;
     }
-    out.credit(run_dev, run_host, run);
-    out
+    w.finish()
 }
 
 /// One present stream as a reader saw it: its slot, label and status.
@@ -155,6 +216,7 @@ impl SharedReader {
             view: Arc::clone(&self.view),
             hasher: KeyHasher::new(self.block_size, self.hash_seed),
             namespaced: None,
+            last_ns: Namespace::default(),
             keys: Vec::new(),
             block_size: self.block_size,
             hash_seed: self.hash_seed,
@@ -169,6 +231,8 @@ pub struct SharedHandle {
     hasher: KeyHasher,
     /// The hasher of the last namespace other than the default one that was queried.
     namespaced: Option<(Namespace, KeyHasher)>,
+    /// The namespace of the last query, whose keys `keys` holds.
+    last_ns: Namespace,
     keys: Vec<ContentKey>,
     block_size: u32,
     hash_seed: u64,
@@ -181,11 +245,13 @@ impl std::fmt::Debug for SharedHandle {
 }
 
 impl SharedHandle {
-    /// Hashes `tokens` once (complete blocks only) and walks the shared view once.
+    /// Walks the shared view once for all streams, hashing `tokens` (complete blocks only) as
+    /// far as any stream can match (see [`walk_hashing`]).
     pub fn query<T: TokenId>(&mut self, tokens: &[T]) -> SharedMatches {
         self.keys.clear();
-        self.hasher.prefix_keys(tokens, &mut self.keys);
-        walk(&read(&self.view), &self.keys, self.block_size)
+        self.last_ns = Namespace::default();
+        let data = read(&self.view);
+        walk_hashing(&data, &mut self.hasher, tokens, &mut self.keys, self.block_size)
     }
 
     /// [`Self::query`], plus every present stream's label and status read from the same
@@ -196,37 +262,57 @@ impl SharedHandle {
 
     /// [`Self::query_streams`] with the query's keys in namespace `ns` (a LoRA adapter, a
     /// salt: protocol.md section 1.1), so only blocks stored in that namespace match.
-    pub fn query_streams_in(
+    pub fn query_streams_in<T: TokenId>(
         &mut self,
         ns: Namespace,
-        tokens: &[i32],
+        tokens: &[T],
         streams: &mut Vec<SlotRead>,
     ) -> SharedMatches {
         streams.clear();
         self.keys.clear();
-        let hasher = if ns == Namespace::default() {
-            &mut self.hasher
-        } else {
-            if self.namespaced.as_ref().is_none_or(|(n, _)| *n != ns) {
-                let h = KeyHasher::new(self.block_size, ns.seed(self.hash_seed));
-                self.namespaced = Some((ns, h));
-            }
-            &mut self.namespaced.as_mut().expect("set above").1
-        };
-        hasher.prefix_keys(tokens, &mut self.keys);
-        let view = read(&self.view);
-        for (i, label) in view.labels.iter().enumerate() {
-            let status = view.status.get(i).cloned().flatten();
+        self.last_ns = ns;
+        let view = Arc::clone(&self.view);
+        let data = read(&view);
+        for (i, label) in data.labels.iter().enumerate() {
+            let status = data.status.get(i).cloned().flatten();
             if let (Some(label), Some(status)) = (label, status) {
                 streams.push(SlotRead { slot: i as u8, label: Arc::clone(label), status });
             }
         }
-        walk(&view, &self.keys, self.block_size)
+        let block_size = self.block_size;
+        let (hasher, keys) = self.hasher_for(ns);
+        walk_hashing(&data, hasher, tokens, keys, block_size)
     }
 
-    /// The content keys of the last query, in its namespace (complete blocks only).
+    /// The content keys the last query hashed, in its namespace: a prefix of its keys, as far
+    /// as the walk went.
     pub fn keys(&self) -> &[ContentKey] {
         &self.keys
+    }
+
+    /// Every content key of `tokens`, the last query's tokens, in its namespace: the walk's
+    /// keys, completed.
+    pub fn all_keys<T: TokenId>(&mut self, tokens: &[T]) -> &[ContentKey] {
+        let (hasher, keys) = self.hasher_for(self.last_ns);
+        let mut prev = keys.last().copied();
+        for block in tokens.chunks_exact(hasher.block_size()).skip(keys.len()) {
+            let k = hasher.chain(prev, block);
+            keys.push(k);
+            prev = Some(k);
+        }
+        &self.keys
+    }
+
+    /// The hasher of namespace `ns` (made on first use) and the key buffer.
+    fn hasher_for(&mut self, ns: Namespace) -> (&mut KeyHasher, &mut Vec<ContentKey>) {
+        if ns == Namespace::default() {
+            return (&mut self.hasher, &mut self.keys);
+        }
+        if self.namespaced.as_ref().is_none_or(|(n, _)| *n != ns) {
+            let h = KeyHasher::new(self.block_size, ns.seed(self.hash_seed));
+            self.namespaced = Some((ns, h));
+        }
+        (&mut self.namespaced.as_mut().expect("set above").1, &mut self.keys)
     }
 
     /// Walks keys already computed under this index's block size and seed.

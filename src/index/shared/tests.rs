@@ -3,6 +3,7 @@
 //! must never see half a batch.
 
 use super::*;
+use crate::index::KeyHasher;
 use crate::wire::{EngineHash, Tier};
 
 const B: u32 = 2;
@@ -357,4 +358,32 @@ fn a_resync_sends_the_view_only_what_changed() {
     assert_eq!(a.pending.len(), 100);
     a.publish();
     assert_eq!(r.content_entries(), 0);
+}
+
+#[test]
+fn a_query_hashes_as_far_as_a_stream_matches_and_answers_as_the_full_walk() {
+    let index = SharedIndex::new(B, 1024, 8);
+    let lens = [0u32, 5, 16, 17, 40];
+    let streams: Vec<StreamWriter> = lens
+        .iter()
+        .map(|&n| {
+            let mut s = stream(&index);
+            if n > 0 {
+                apply(&mut s, &chain(n, Tier::Device).0);
+            }
+            s
+        })
+        .collect();
+    let tokens = chain(120, Tier::Device).1;
+    let mut r = index.reader().handle();
+    let m = r.query(&tokens);
+    for (s, n) in streams.iter().zip(lens) {
+        assert_eq!(m.blocks(s.slot()), (n, 0));
+    }
+    let hashed = r.keys().len();
+    assert!((40..120).contains(&hashed), "hashed {hashed} of 120 blocks; the longest match is 40");
+    let mut full = Vec::new();
+    KeyHasher::new(B, 1024).prefix_keys(&tokens, &mut full);
+    assert_eq!(r.all_keys(&tokens), &full[..], "completed from where the walk stopped");
+    assert_eq!(r.match_keys(&full), m, "the same answer as a walk over every key");
 }
