@@ -80,10 +80,11 @@ impl ViewData {
     }
 }
 
-/// A resident engine block with content `key` entered (`add`) or left `tier`.
+/// A resident engine block with content `key` entered (`add`) or left `tier`; `key` is the
+/// content key, or in a shared index the id of its entry (see `blocks::BlockRef`).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Change {
-    pub key: ContentKey,
+pub(crate) struct Change<R = ContentKey> {
+    pub key: R,
     pub tier: Tier,
     pub add: bool,
 }
