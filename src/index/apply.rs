@@ -21,7 +21,7 @@
 
 use std::hint::black_box;
 
-use super::blocks::{bit, Block, BlockRef, Blocks, OUT_OF_SCOPE, TIER_BITS};
+use super::blocks::{bit, Block, Blocks, OUT_OF_SCOPE, TIER_BITS};
 use super::key::ContentKey;
 use super::namespace::Keys;
 use super::view::{apply_changes, apply_to_map, Change, PresenceMap, ViewOp};
@@ -68,9 +68,9 @@ impl ApplyStats {
 }
 
 /// Receives content-key changes.
-pub(crate) trait Sink<R = ContentKey> {
+pub(crate) trait Sink {
     /// Takes the changes collected so far, in order, leaving `changes` empty.
-    fn changes(&mut self, changes: &mut Vec<Change<R>>);
+    fn changes(&mut self, changes: &mut Vec<Change>);
     /// A `ClearTier` or `ClearAll`, after the changes before it.
     fn op(&mut self, op: ViewOp);
     /// Whether a clear must also arrive as one removal [`Change`] per block it clears (the
@@ -91,62 +91,23 @@ impl Sink for PresenceMap {
     }
 }
 
-/// What a block's `key` refers to, for a table whose blocks hold [`BlockRef`]s of type `R`.
-/// A table of content keys needs nothing ([`Plain`]); a shared index's writer table holds ids
-/// of the view's entries, each a counted reference (see `shared/holders.rs`).
-pub(crate) trait Refs<R> {
-    /// The content key of `r`.
-    fn key(&self, r: R) -> ContentKey;
-    /// The reference of `key` if it has one, without taking a reference.
-    fn find(&self, key: &ContentKey) -> Option<R>;
-    /// Takes a reference to `key` for a new block.
-    fn intern(&mut self, key: ContentKey) -> R;
-    /// Gives back a block's reference (it takes effect when the block's changes are
-    /// published, see `shared/holders.rs`).
-    fn release(&mut self, r: R);
-    /// Loads where [`Self::intern`] of `key` will look (see `flat.rs` on `touch`).
-    fn touch(&self, _key: &ContentKey) -> bool {
-        false
-    }
-}
-
-/// The references of a table of content keys: the keys themselves.
-pub(crate) struct Plain;
-
-impl Refs<ContentKey> for Plain {
-    fn key(&self, r: ContentKey) -> ContentKey {
-        r
-    }
-
-    fn find(&self, key: &ContentKey) -> Option<ContentKey> {
-        Some(*key)
-    }
-
-    fn intern(&mut self, key: ContentKey) -> ContentKey {
-        key
-    }
-
-    fn release(&mut self, _: ContentKey) {}
-}
-
 /// The writer's truth for one stream.
 #[derive(Debug, Clone)]
-pub(crate) struct Table<R: BlockRef = ContentKey> {
-    blocks: Blocks<R>,
+pub(crate) struct Table {
+    blocks: Blocks,
     pub device: u64,
     pub host: u64,
 }
 
 /// The fixed inputs of applying: the stream's block size, hashers (one per namespace: a LoRA
 /// store is keyed in its adapter's, protocol.md section 1.1) and limit.
-pub(crate) struct Ctx<'a, R = ContentKey> {
+pub(crate) struct Ctx<'a> {
     pub hasher: &'a mut Keys,
     pub max_blocks: usize,
     pub mode: Mode,
-    pub refs: &'a mut dyn Refs<R>,
 }
 
-impl<R: BlockRef> Table<R> {
+impl Table {
     /// An empty table for a stream of at most `max_blocks` blocks, with room for `blocks`.
     pub fn with_capacity(blocks: usize, max_blocks: usize) -> Self {
         Table { blocks: Blocks::with_capacity(blocks, max_blocks), device: 0, host: 0 }
@@ -162,8 +123,8 @@ impl<R: BlockRef> Table<R> {
     pub fn apply_batch(
         &mut self,
         batch: &Batch,
-        ctx: &mut Ctx<'_, R>,
-        sink: &mut impl Sink<R>,
+        ctx: &mut Ctx<'_>,
+        sink: &mut impl Sink,
     ) -> Result<ApplyStats, IndexError> {
         let mut stats = ApplyStats::default();
         let mut changes = Vec::with_capacity(batch.block_count());
@@ -175,9 +136,9 @@ impl<R: BlockRef> Table<R> {
     fn apply_events(
         &mut self,
         batch: &Batch,
-        ctx: &mut Ctx<'_, R>,
-        sink: &mut impl Sink<R>,
-        out: &mut Vec<Change<R>>,
+        ctx: &mut Ctx<'_>,
+        sink: &mut impl Sink,
+        out: &mut Vec<Change>,
         stats: &mut ApplyStats,
     ) -> Result<(), IndexError> {
         for event in &batch.events {
@@ -190,13 +151,13 @@ impl<R: BlockRef> Table<R> {
                     for group in batch.hashes(*hashes).chunks(AHEAD) {
                         self.touch(group);
                         for h in group {
-                            self.remove(*h, *tier, ctx.refs, out, stats);
+                            self.remove(*h, *tier, out, stats);
                         }
                     }
                 }
                 Event::Cleared { tier } => {
                     sink.changes(out);
-                    self.clear(*tier, ctx.refs, sink);
+                    self.clear(*tier, sink);
                 }
             }
         }
@@ -212,8 +173,8 @@ impl<R: BlockRef> Table<R> {
         &mut self,
         batch: &Batch,
         s: &Stored,
-        ctx: &mut Ctx<'_, R>,
-        out: &mut Vec<Change<R>>,
+        ctx: &mut Ctx<'_>,
+        out: &mut Vec<Change>,
         stats: &mut ApplyStats,
     ) -> Result<(), IndexError> {
         let b = ctx.hasher.block_size();
@@ -244,7 +205,7 @@ impl<R: BlockRef> Table<R> {
                     stats.out_of_scope += 1;
                     return self.out_of_scope(hashes, s.tier, ctx.max_blocks);
                 }
-                Some(block) => Some(ctx.refs.key(block.key)),
+                Some(block) => Some(block.key),
                 None if ctx.mode == Mode::Snapshot => {
                     stats.orphans += hashes.len() as u64;
                     return Ok(());
@@ -252,23 +213,13 @@ impl<R: BlockRef> Table<R> {
                 None => return Err(IndexError::UnknownParent(p)),
             },
         };
-        // By groups: the group's keys are hashed first, and the slots where they will be
-        // stored loaded meanwhile (the hashing hides the misses).
-        let mut keys = [ContentKey([0; 16]); AHEAD];
-        for (i, (hashes, tokens)) in hashes.chunks(AHEAD).zip(tokens.chunks(AHEAD * b)).enumerate()
-        {
-            if i > 0 {
-                self.touch(hashes);
+        for (i, (h, block)) in hashes.iter().zip(tokens.chunks_exact(b)).enumerate() {
+            if i > 0 && i % AHEAD == 0 {
+                self.touch(&hashes[i..hashes.len().min(i + AHEAD)]);
             }
-            let keys = &mut keys[..hashes.len()];
-            for (key, block) in keys.iter_mut().zip(tokens.chunks_exact(b)) {
-                *key = ctx.hasher.hasher(s.lora).chain(prev, block);
-                black_box(ctx.refs.touch(key));
-                prev = Some(*key);
-            }
-            for (h, key) in hashes.iter().zip(keys.iter()) {
-                self.store(*h, *key, s.tier, ctx, out, stats)?;
-            }
+            let key = ctx.hasher.hasher(s.lora).chain(prev, block);
+            self.store(*h, key, s.tier, ctx.max_blocks, out, stats)?;
+            prev = Some(key);
         }
         Ok(())
     }
@@ -278,24 +229,23 @@ impl<R: BlockRef> Table<R> {
         h: EngineHash,
         key: ContentKey,
         tier: Tier,
-        ctx: &mut Ctx<'_, R>,
-        out: &mut Vec<Change<R>>,
+        max_blocks: usize,
+        out: &mut Vec<Change>,
         stats: &mut ApplyStats,
     ) -> Result<(), IndexError> {
         match self.blocks.find(h) {
             Ok(slot) => {
                 let block = self.blocks.at_mut(slot);
-                if block.is_out_of_scope() || ctx.refs.find(&key) != Some(block.key) {
+                if block.is_out_of_scope() || block.key != key {
                     return Err(IndexError::HashConflict(h));
                 }
                 Self::add_tier_counts(&mut self.device, &mut self.host, block, tier, out, stats);
             }
             Err(at) => {
-                if self.blocks.len() >= ctx.max_blocks {
-                    return Err(IndexError::LimitExceeded { limit: ctx.max_blocks });
+                if self.blocks.len() >= max_blocks {
+                    return Err(IndexError::LimitExceeded { limit: max_blocks });
                 }
                 // A new block enters on exactly one tier: the counts of `add_tier_counts`.
-                let key = ctx.refs.intern(key);
                 let block = Block { key, tiers: bit(tier) };
                 self.blocks.insert_at(at, h, block);
                 *self.tier_count(tier) += 1;
@@ -318,7 +268,7 @@ impl<R: BlockRef> Table<R> {
         hashes: &[EngineHash],
         tier: Tier,
         mode: Mode,
-        out: &mut Vec<Change<R>>,
+        out: &mut Vec<Change>,
         stats: &mut ApplyStats,
     ) -> Result<(), IndexError> {
         let mut replicas_out_of_scope = false;
@@ -360,7 +310,7 @@ impl<R: BlockRef> Table<R> {
                     if self.blocks.len() >= max_blocks {
                         return Err(IndexError::LimitExceeded { limit: max_blocks });
                     }
-                    let block = Block { key: R::NONE, tiers: bit(tier) | OUT_OF_SCOPE };
+                    let block = Block { key: ContentKey([0; 16]), tiers: bit(tier) | OUT_OF_SCOPE };
                     self.blocks.insert_at(at, *h, block);
                 }
             }
@@ -371,9 +321,9 @@ impl<R: BlockRef> Table<R> {
     fn add_tier_counts(
         device: &mut u64,
         host: &mut u64,
-        block: &mut Block<R>,
+        block: &mut Block,
         tier: Tier,
-        out: &mut Vec<Change<R>>,
+        out: &mut Vec<Change>,
         stats: &mut ApplyStats,
     ) {
         if block.tiers & bit(tier) != 0 {
@@ -388,14 +338,7 @@ impl<R: BlockRef> Table<R> {
         stats.stored += 1;
     }
 
-    fn remove(
-        &mut self,
-        h: EngineHash,
-        tier: Tier,
-        refs: &mut dyn Refs<R>,
-        out: &mut Vec<Change<R>>,
-        stats: &mut ApplyStats,
-    ) {
+    fn remove(&mut self, h: EngineHash, tier: Tier, out: &mut Vec<Change>, stats: &mut ApplyStats) {
         let Ok(slot) = self.blocks.find(h) else {
             stats.unknown_removals += 1;
             return;
@@ -414,41 +357,24 @@ impl<R: BlockRef> Table<R> {
         }
         if gone {
             self.blocks.remove_at(slot);
-            if in_scope {
-                refs.release(key);
-            }
         }
-    }
-
-    /// Calls `f` with the reference of every in-scope block (to give them all back when the
-    /// table is dropped, cleared or replaced).
-    pub fn for_each_ref(&self, mut f: impl FnMut(R)) {
-        for b in self.blocks.iter().filter(|b| !b.is_out_of_scope()) {
-            f(b.key);
-        }
-    }
-
-    /// The same table with every in-scope block's key mapped by `f` (out-of-scope blocks get
-    /// [`BlockRef::NONE`]).
-    pub fn map_keys<S: BlockRef>(&self, f: impl FnMut(R) -> S) -> Table<S> {
-        Table { blocks: self.blocks.map_keys(f), device: self.device, host: self.host }
     }
 
     /// One change per resident (block, tier): `add` for all of them, or their removal.
     /// Out-of-scope blocks are never in the view, so they make no change.
-    pub fn changes_of_all(&self, add: bool, out: &mut Vec<Change<R>>) {
+    pub fn changes_of_all(&self, add: bool, out: &mut Vec<Change>) {
         for tier in [Tier::Device, Tier::Host] {
             self.changes_of_tier(tier, add, out);
         }
     }
 
     /// One change per in-scope block resident on `tier`.
-    fn changes_of_tier(&self, tier: Tier, add: bool, out: &mut Vec<Change<R>>) {
-        let on = |b: &&Block<R>| b.tiers & bit(tier) != 0 && !b.is_out_of_scope();
+    fn changes_of_tier(&self, tier: Tier, add: bool, out: &mut Vec<Change>) {
+        let on = |b: &&Block| b.tiers & bit(tier) != 0 && !b.is_out_of_scope();
         out.extend(self.blocks.iter().filter(on).map(|b| Change { key: b.key, tier, add }));
     }
 
-    fn clear(&mut self, tier: Option<Tier>, refs: &mut dyn Refs<R>, sink: &mut impl Sink<R>) {
+    fn clear(&mut self, tier: Option<Tier>, sink: &mut impl Sink) {
         if sink.clears_per_block() {
             let mut out = Vec::new();
             match tier {
@@ -459,7 +385,6 @@ impl<R: BlockRef> Table<R> {
         }
         match tier {
             None => {
-                self.for_each_ref(|r| refs.release(r));
                 self.blocks.clear();
                 (self.device, self.host) = (0, 0);
                 sink.op(ViewOp::ClearAll);
@@ -468,9 +393,6 @@ impl<R: BlockRef> Table<R> {
                 self.blocks.retain(|b| {
                     b.tiers &= !bit(t);
                     if b.tiers & TIER_BITS == 0 {
-                        if !b.is_out_of_scope() {
-                            refs.release(b.key);
-                        }
                         b.tiers = 0; // vacant, as `retain` requires of what it removes
                     }
                     b.tiers != 0

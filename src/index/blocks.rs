@@ -60,60 +60,28 @@ impl FlatKey for Wide {
     }
 }
 
-/// What a block records of its content: the [`ContentKey`] itself (a stream's own index, a
-/// snapshot built aside), or the id of the key's entry in a shared view (4 bytes, see
-/// `shared/holders.rs`).
-pub(crate) trait BlockRef: Copy + Eq + std::hash::Hash + std::fmt::Debug {
-    /// The value of out-of-scope blocks and vacant slots (any value).
-    const NONE: Self;
-}
-
-impl BlockRef for ContentKey {
-    const NONE: Self = ContentKey([0; 16]);
-}
-
-/// The id of a content key's entry in a shared view, as bytes so that entries need no
-/// alignment padding.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Id(pub [u8; 4]);
-
-impl Id {
-    pub fn new(i: u32) -> Self {
-        Id(i.to_le_bytes())
-    }
-
-    pub fn get(self) -> u32 {
-        u32::from_le_bytes(self.0)
-    }
-}
-
-impl BlockRef for Id {
-    const NONE: Self = Id([0; 4]);
-}
-
 /// One resident engine block; `tiers == 0` only marks a vacant slot, and a resident block has
-/// at least one tier bit (plus [`OUT_OF_SCOPE`] when it is outside the index's scope, and then
-/// its `key` is [`BlockRef::NONE`]).
+/// at least one tier bit (plus [`OUT_OF_SCOPE`] when it is outside the index's scope).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Block<R = ContentKey> {
-    pub key: R,
+pub(crate) struct Block {
+    pub key: ContentKey,
     pub tiers: u8,
 }
 
-impl<R> Block<R> {
+impl Block {
     /// Whether the block is outside the index's scope (see [`OUT_OF_SCOPE`]).
     pub fn is_out_of_scope(&self) -> bool {
         self.tiers & OUT_OF_SCOPE != 0
     }
 }
 
-impl<R: BlockRef> Default for Block<R> {
+impl Default for Block {
     fn default() -> Self {
-        Block { key: R::NONE, tiers: 0 }
+        Block { key: ContentKey([0; 16]), tiers: 0 }
     }
 }
 
-impl<R: BlockRef> Vacancy for Block<R> {
+impl Vacancy for Block {
     fn is_vacant(&self) -> bool {
         self.tiers == 0
     }
@@ -128,9 +96,9 @@ pub(crate) enum Slot {
 
 /// Engine hash -> block, 8-byte keys where they fit.
 #[derive(Debug, Clone)]
-pub(crate) struct Blocks<R: BlockRef = ContentKey> {
-    narrow: FlatTable<Narrow, Block<R>>,
-    wide: FlatTable<Wide, Block<R>>,
+pub(crate) struct Blocks {
+    narrow: FlatTable<Narrow, Block>,
+    wide: FlatTable<Wide, Block>,
 }
 
 /// The key of `h` in the table of its width.
@@ -146,7 +114,7 @@ fn key(h: EngineHash) -> Key {
     }
 }
 
-impl<R: BlockRef> Blocks<R> {
+impl Blocks {
     /// Empty, with room for `blocks` (integer-hashed) blocks, for a stream of `max_blocks`.
     pub fn with_capacity(blocks: usize, max_blocks: usize) -> Self {
         Blocks {
@@ -167,14 +135,14 @@ impl<R: BlockRef> Blocks<R> {
         }
     }
 
-    pub fn get(&self, h: EngineHash) -> Option<&Block<R>> {
+    pub fn get(&self, h: EngineHash) -> Option<&Block> {
         match key(h) {
             Key::Narrow(k) => self.narrow.get(&k),
             Key::Wide(k) => self.wide.get(&k),
         }
     }
 
-    pub fn get_mut(&mut self, h: EngineHash) -> Option<&mut Block<R>> {
+    pub fn get_mut(&mut self, h: EngineHash) -> Option<&mut Block> {
         match key(h) {
             Key::Narrow(k) => self.narrow.get_mut(&k),
             Key::Wide(k) => self.wide.get_mut(&k),
@@ -182,7 +150,7 @@ impl<R: BlockRef> Blocks<R> {
     }
 
     /// The block in a slot that [`Self::find`] returned as `Ok`.
-    pub fn at_mut(&mut self, slot: Slot) -> &mut Block<R> {
+    pub fn at_mut(&mut self, slot: Slot) -> &mut Block {
         match slot {
             Slot::Narrow(i) => self.narrow.at_mut(i),
             Slot::Wide(i) => self.wide.at_mut(i),
@@ -190,7 +158,7 @@ impl<R: BlockRef> Blocks<R> {
     }
 
     /// Inserts an absent `h` where [`Self::find`] said (its `Err`), with no change since.
-    pub fn insert_at(&mut self, slot: Slot, h: EngineHash, block: Block<R>) {
+    pub fn insert_at(&mut self, slot: Slot, h: EngineHash, block: Block) {
         match (slot, key(h)) {
             (Slot::Narrow(i), Key::Narrow(k)) => self.narrow.insert_at(i, k, block),
             (Slot::Wide(i), Key::Wide(k)) => self.wide.insert_at(i, k, block),
@@ -206,23 +174,14 @@ impl<R: BlockRef> Blocks<R> {
     }
 
     /// See [`FlatTable::retain`].
-    pub fn retain(&mut self, mut f: impl FnMut(&mut Block<R>) -> bool) {
+    pub fn retain(&mut self, mut f: impl FnMut(&mut Block) -> bool) {
         self.narrow.retain(&mut f);
         self.wide.retain(f);
     }
 
     /// Every block, narrow hashes first.
-    pub fn iter(&self) -> impl Iterator<Item = &Block<R>> {
+    pub fn iter(&self) -> impl Iterator<Item = &Block> {
         self.narrow.iter().map(|(_, b)| b).chain(self.wide.iter().map(|(_, b)| b))
-    }
-
-    /// The same blocks with every block's `key` mapped by `f` (which out-of-scope blocks skip).
-    pub fn map_keys<S: BlockRef>(&self, mut f: impl FnMut(R) -> S) -> Blocks<S> {
-        let mut g = |b: &Block<R>| Block {
-            key: if b.is_out_of_scope() { S::NONE } else { f(b.key) },
-            tiers: b.tiers,
-        };
-        Blocks { narrow: self.narrow.map_values(&mut g), wide: self.wide.map_values(&mut g) }
     }
 
     pub fn clear(&mut self) {

@@ -122,59 +122,12 @@ impl<K: FlatKey, V: Vacancy> FlatTable<K, V> {
         }
     }
 
-    /// Like [`Self::find`], for a table whose keys may repeat: the slot holding `k` with a
-    /// value for which `is` holds, or where such an entry would be inserted. Entries of equal
-    /// keys sit in one run, in any order.
-    pub fn find_by(&self, k: &K, is: impl Fn(&V) -> bool) -> Result<usize, usize> {
-        if self.slots.is_empty() {
-            return Err(0);
-        }
-        let mut i = self.home(k);
-        let mut d = 0;
-        loop {
-            let (key, v) = &self.slots[i];
-            if v.is_vacant() {
-                return Err(i);
-            }
-            if key == k && is(v) {
-                return Ok(i);
-            }
-            if self.dist(key, i) < d {
-                return Err(i);
-            }
-            i = self.next(i);
-            d += 1;
-        }
-    }
-
-    /// The home slot of `k` if it holds `k` (the usual case of a present key, without the
-    /// probe's bookkeeping).
-    #[inline]
-    pub fn home_hit(&self, k: &K) -> Option<usize> {
-        if self.slots.is_empty() {
-            return None;
-        }
-        let home = self.home(k);
-        let (key, v) = &self.slots[home];
-        (!v.is_vacant() && key == k).then_some(home)
-    }
-
-    /// Where a new entry of `k` goes (see [`Self::find_by`]).
-    fn slot_for(&self, k: &K) -> usize {
-        self.find_by(k, |_| false).unwrap_or_else(|at| at)
-    }
-
     pub fn get(&self, k: &K) -> Option<&V> {
         self.find(k).ok().map(|i| &self.slots[i].1)
     }
 
     pub fn get_mut(&mut self, k: &K) -> Option<&mut V> {
         self.find(k).ok().map(|i| &mut self.slots[i].1)
-    }
-
-    /// The value in an occupied slot returned by [`Self::find`].
-    pub fn at(&self, slot: usize) -> &V {
-        &self.slots[slot].1
     }
 
     /// The value in an occupied slot returned by [`Self::find`].
@@ -188,7 +141,7 @@ impl<K: FlatKey, V: Vacancy> FlatTable<K, V> {
         debug_assert!(!v.is_vacant());
         let at = if self.len + 1 > max_len(self.slots.len()) {
             self.grow();
-            self.slot_for(&k)
+            self.find(&k).expect_err("inserted keys are absent")
         } else {
             at
         };
@@ -248,7 +201,7 @@ impl<K: FlatKey, V: Vacancy> FlatTable<K, V> {
         let mut t = FlatTable { slots, len: self.len, limit: self.limit };
         for &(k, v) in &self.slots {
             if !v.is_vacant() {
-                let at = t.slot_for(&k);
+                let at = t.find(&k).expect_err("keys are unique");
                 t.place(at, k, v);
             }
         }
@@ -309,26 +262,6 @@ impl<K: FlatKey, V: Vacancy> FlatTable<K, V> {
         let home = self.home(k);
         let ahead = (home + 64 / std::mem::size_of::<(K, V)>() + 1).min(self.slots.len() - 1);
         self.slots[home].1.is_vacant() ^ self.slots[ahead].1.is_vacant()
-    }
-
-    /// The same table with every value mapped by `f` (vacant values stay vacant: `f` must map
-    /// an occupied value to an occupied one). Keys keep their slots, so nothing is rehashed.
-    pub fn map_values<W: Vacancy>(&self, mut f: impl FnMut(&V) -> W) -> FlatTable<K, W> {
-        let slots = self
-            .slots
-            .iter()
-            .map(|(k, v)| if v.is_vacant() { (*k, W::default()) } else { (*k, f(v)) })
-            .collect();
-        FlatTable { slots, len: self.len, limit: self.limit }
-    }
-
-    /// [`Self::touch`] of the home slot's line only (for small entries, where a probe seldom
-    /// leaves it).
-    pub fn touch_home(&self, k: &K) -> bool {
-        if self.slots.is_empty() {
-            return false;
-        }
-        self.slots[self.home(k)].1.is_vacant()
     }
 
     /// The entries, in slot order.

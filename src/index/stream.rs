@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use left_right::WriteHandle;
 
-use super::apply::{Ctx, Mode, Plain, Table};
+use super::apply::{Ctx, Mode, Table};
 use super::namespace::Keys;
 use super::view::{Change, IndexReader, PresenceMap, StreamStatus, ViewData, ViewOp};
 use super::IndexError;
@@ -145,12 +145,8 @@ impl StreamIndex {
                 return Err(IndexError::NotSynchronized(reason.clone()));
             }
         }
-        let mut ctx = Ctx {
-            hasher: &mut self.hasher,
-            max_blocks: self.config.max_blocks,
-            mode: Mode::Live,
-            refs: &mut Plain,
-        };
+        let mut ctx =
+            Ctx { hasher: &mut self.hasher, max_blocks: self.config.max_blocks, mode: Mode::Live };
         match self.table.apply_batch(batch, &mut ctx, &mut self.writer) {
             Ok(stats) => {
                 self.sync = SyncState::Synchronized;
@@ -240,12 +236,8 @@ impl SnapshotBuilder {
     /// Adds one snapshot payload (parent-first). Blocks whose parent is absent are orphans:
     /// skipped and counted, with every other prefix kept.
     pub fn add(&mut self, batch: &Batch) -> Result<ApplyStats, IndexError> {
-        let mut ctx = Ctx {
-            hasher: &mut self.hasher,
-            max_blocks: self.max_blocks,
-            mode: Mode::Snapshot,
-            refs: &mut Plain,
-        };
+        let mut ctx =
+            Ctx { hasher: &mut self.hasher, max_blocks: self.max_blocks, mode: Mode::Snapshot };
         let stats = self.table.apply_batch(batch, &mut ctx, &mut self.map)?;
         self.stats.add(&stats);
         Ok(stats)

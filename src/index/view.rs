@@ -80,11 +80,10 @@ impl ViewData {
     }
 }
 
-/// A resident engine block with content `key` entered (`add`) or left `tier`; `key` is the
-/// content key, or in a shared index the id of its entry (see `blocks::BlockRef`).
+/// A resident engine block with content `key` entered (`add`) or left `tier`.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Change<R = ContentKey> {
-    pub key: R,
+pub(crate) struct Change {
+    pub key: ContentKey,
     pub tier: Tier,
     pub add: bool,
 }

@@ -11,16 +11,12 @@
 use std::collections::HashMap;
 
 use super::super::apply::Table;
-use super::super::blocks::BlockRef;
+use super::super::key::ContentKey;
 use super::super::view::Change;
 use crate::wire::Tier;
 
 /// Appends the changes from `old` to `new` (see the module documentation).
-pub(crate) fn changes_between<R: BlockRef>(
-    old: &Table<R>,
-    new: &Table<R>,
-    out: &mut Vec<Change<R>>,
-) {
+pub(crate) fn changes_between(old: &Table, new: &Table, out: &mut Vec<Change>) {
     if old.len() == 0 || new.len() == 0 {
         // Nothing to pair: all of the old go, all of the new come (either may be empty).
         old.changes_of_all(false, out);
@@ -28,7 +24,7 @@ pub(crate) fn changes_between<R: BlockRef>(
         return;
     }
     let mut scratch = Vec::with_capacity(old.len().max(new.len()));
-    let mut delta: HashMap<R, [i32; 2]> = HashMap::with_capacity(new.len());
+    let mut delta: HashMap<ContentKey, [i32; 2]> = HashMap::with_capacity(new.len());
     old.changes_of_all(false, &mut scratch);
     count(&scratch, &mut delta);
     scratch.clear();
@@ -42,7 +38,7 @@ pub(crate) fn changes_between<R: BlockRef>(
     }
 }
 
-fn count<R: BlockRef>(changes: &[Change<R>], delta: &mut HashMap<R, [i32; 2]>) {
+fn count(changes: &[Change], delta: &mut HashMap<ContentKey, [i32; 2]>) {
     for c in changes {
         let d = delta.entry(c.key).or_default();
         d[usize::from(c.tier == Tier::Host)] += if c.add { 1 } else { -1 };

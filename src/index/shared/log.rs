@@ -9,9 +9,8 @@
 //! - a live batch's changes are few, and applying them is a few probes each;
 //! - a snapshot install sends only the difference between the stream's old and new contents
 //!   (see `StreamWriter::install_snapshot`), which a periodic resync keeps small;
-//! - the content-key index grows (a rehash of every key) before the write lock is taken, into
-//!   a copy built while readers go on reading the old one; the lock only swaps it in (see
-//!   [`grow_for`]: writers add keys when they apply, publishes only free them);
+//! - the content-key map grows (a rehash of every key) before the write lock is taken, into a
+//!   copy built while readers go on reading the old map; the lock only swaps it in;
 //! - changes of a stream that readers do not see (unsynchronized in the view: a first snapshot,
 //!   a recovery, a removal after its status went) are applied in chunks of [`CHUNK`], releasing
 //!   the lock between them. Nothing of them is visible until the status that synchronizes the
@@ -20,12 +19,14 @@
 //! Everything of one publish that a reader can see is applied under one write lock, so a batch,
 //! an install (old contents out, new in, status) and a removal are each visible all at once.
 
+use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use super::super::blocks::Id;
+use super::super::flat::FlatTable;
+use super::super::key::ContentKey;
 use super::super::view::{Change, StreamStatus};
-use super::holders::{SharedData, StreamLabel};
+use super::holders::{Holders, SharedData, StreamLabel};
 
 /// Changes applied per write lock when readers cannot see them.
 const CHUNK: usize = 4096;
@@ -33,9 +34,8 @@ const CHUNK: usize = 4096;
 /// One committed operation.
 #[derive(Debug)]
 enum Op {
-    /// One stream's changes, in order (a range of [`Log::changes`]), then the references its
-    /// blocks gave back (a range of [`Log::released`]).
-    Changes { slot: u8, range: Range<usize>, released: Range<usize> },
+    /// One stream's changes, in order: a range of [`Log::changes`].
+    Changes { slot: u8, range: Range<usize> },
     /// A stream's status; `None` when the stream is removed (its label goes with it).
     Status { slot: u8, status: Option<Arc<StreamStatus>> },
     /// Who holds a slot, set when a stream joins.
@@ -47,21 +47,18 @@ enum Op {
 #[derive(Debug, Default)]
 pub(crate) struct Log {
     ops: Vec<Op>,
-    changes: Vec<Change<Id>>,
-    released: Vec<Id>,
+    changes: Vec<Change>,
 }
 
 impl Log {
-    /// Appends one stream's changes and given-back references (and leaves both empty).
-    pub fn changes(&mut self, slot: u8, changes: &mut Vec<Change<Id>>, released: &mut Vec<Id>) {
-        if changes.is_empty() && released.is_empty() {
+    /// Appends one stream's changes (and leaves `changes` empty).
+    pub fn changes(&mut self, slot: u8, changes: &mut Vec<Change>) {
+        if changes.is_empty() {
             return;
         }
-        let (start, from) = (self.changes.len(), self.released.len());
+        let start = self.changes.len();
         self.changes.append(changes);
-        self.released.append(released);
-        let (range, released) = (start..self.changes.len(), from..self.released.len());
-        self.ops.push(Op::Changes { slot, range, released });
+        self.ops.push(Op::Changes { slot, range: start..self.changes.len() });
     }
 
     pub fn status(&mut self, slot: u8, status: Option<Arc<StreamStatus>>) {
@@ -75,25 +72,21 @@ impl Log {
     /// Applies the log to the view in order and empties it (see the module documentation).
     pub fn publish(&mut self, view: &RwLock<SharedData>) {
         let mut ops = std::mem::take(&mut self.ops);
+        // Only a publish changes the view, and publishes are serialized (the index's writer
+        // mutex), so a larger map built under the read lock is still current when swapped in.
+        let grown = self.grown_map(&read(view));
         let mut data = write(view);
+        let old = grown.map(|map| std::mem::replace(&mut data.map, map));
         for op in ops.drain(..) {
             match op {
-                Op::Changes { slot, range, released } => {
-                    let (changes, released) = (&self.changes[range], &self.released[released]);
-                    let seen = data.synced & (1u128 << slot) != 0;
-                    if seen || changes.len() + released.len() <= CHUNK {
+                Op::Changes { slot, range } => {
+                    let changes = &self.changes[range];
+                    if changes.len() <= CHUNK || data.synced & (1u128 << slot) != 0 {
                         data.apply_changes(slot, changes);
-                        data.release_all(released);
                         continue;
                     }
-                    // Freeing entries is not visible either.
                     for chunk in changes.chunks(CHUNK) {
                         data.apply_changes(slot, chunk);
-                        drop(data);
-                        data = write(view);
-                    }
-                    for chunk in released.chunks(CHUNK) {
-                        data.release_all(chunk);
                         drop(data);
                         data = write(view);
                     }
@@ -103,20 +96,25 @@ impl Log {
             }
         }
         drop(data);
+        drop(old); // freed outside the lock
         self.ops = ops;
         self.changes.clear();
-        self.released.clear();
     }
 }
 
-/// Makes room in the view's index for `extra` more keys, growing it (a rehash of every key)
-/// under the read lock, while readers go on reading, and only swapping it in under the write
-/// lock. The caller holds the index's writer mutex: only its holder changes the index, so the
-/// copy is still current when swapped in.
-pub(crate) fn grow_for(view: &RwLock<SharedData>, extra: usize) {
-    let Some(grown) = read(view).index.grown_for(extra) else { return };
-    let old = std::mem::replace(&mut write(view).index, grown);
-    drop(old); // freed outside the lock
+impl Log {
+    /// The view's map grown for this log's new keys, when it needs to grow. Additions are
+    /// counted first (cheap); only when they could overflow the map are the keys that are new
+    /// counted, so that the map grows exactly when inserting one by one would have grown it.
+    fn grown_map(&self, data: &SharedData) -> Option<FlatTable<ContentKey, Holders>> {
+        let adds = self.changes.iter().filter(|c| c.add);
+        if data.map.has_room(adds.clone().count()) {
+            return None;
+        }
+        let new: HashSet<_> =
+            adds.filter(|c| data.map.get(&c.key).is_none()).map(|c| c.key).collect();
+        data.map.grown_for(new.len())
+    }
 }
 
 /// The view for writing. A panic while applying leaves the entries it did not reach

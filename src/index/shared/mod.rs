@@ -5,15 +5,10 @@
 //!   status and the mask of synchronized streams) is one copy behind a reader/writer lock
 //!   (`log.rs` says why and how readers are kept from waiting): readers ([`SharedHandle`])
 //!   hash a query once, then walk it once for all streams under the read lock;
-//! - each stream keeps its own writer state in a [`StreamWriter`]: engine hash -> the id of
-//!   its content key's entry in the view (4 bytes, not the 16-byte key) and tiers, sync state,
-//!   sequence, `max_blocks`. A live batch applies under the index's mutex and the view's write
-//!   lock, because a new block takes a reference to its key's entry (creating it, invisible to
-//!   readers until a change sets a bit; see `holders.rs`); building a snapshot aside touches
-//!   only the snapshot, keyed by content keys, which its install turns into references. The
-//!   changes are appended to a log under the mutex and published in one step;
-//! - the entries' reference counts include blocks removed but not yet published, so an entry a
-//!   pending change names is never freed before the change applies.
+//! - each stream keeps its own writer state in a [`StreamWriter`]: engine hash -> content key
+//!   and tiers, sync state, sequence, `max_blocks`. Applying a batch or building a snapshot
+//!   (the hashing) touches only that state, so streams do it in parallel; the resulting
+//!   changes are appended to a log under one mutex and published in one step.
 //!
 //! Invariants:
 //! - a stream's bit for a key on a tier is set exactly while one of its resident engine blocks
@@ -37,14 +32,13 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use thiserror::Error;
 
-use super::apply::{ApplyStats, Ctx, Mode, Plain, Sink, Table};
-use super::blocks::Id;
+use super::apply::{ApplyStats, Ctx, Mode, Sink, Table};
 use super::namespace::Keys;
 use super::view::{Change, StreamStatus, ViewOp};
 use super::{IndexConfig, IndexError};
 use crate::wire::Batch;
-use holders::{IdRefs, SharedData};
-use log::{grow_for, write, Log};
+use holders::SharedData;
+use log::Log;
 use slots::Slots;
 
 /// Why a stream could not join a shared index.
@@ -150,7 +144,6 @@ impl SharedIndex {
             sync: Err("waiting for the first snapshot".into()),
             sequence: None,
             pending: Vec::new(),
-            released: Vec::new(),
         };
         w.log.label(slot, Arc::new(label));
         w.log.status(slot, Some(Arc::new(stream.status())));
@@ -170,10 +163,10 @@ impl SharedIndex {
 }
 
 /// Collects a stream's changes for the shared view; clears arrive as per-block removals.
-struct Pending<'a>(&'a mut Vec<Change<Id>>);
+struct Pending<'a>(&'a mut Vec<Change>);
 
-impl Sink<Id> for Pending<'_> {
-    fn changes(&mut self, changes: &mut Vec<Change<Id>>) {
+impl Sink for Pending<'_> {
+    fn changes(&mut self, changes: &mut Vec<Change>) {
         self.0.append(changes);
     }
 
@@ -202,12 +195,10 @@ pub struct StreamWriter {
     slot: u8,
     config: IndexConfig,
     hasher: Keys,
-    table: Table<Id>,
+    table: Table,
     sync: Result<(), String>,
     sequence: Option<u64>,
-    pending: Vec<Change<Id>>,
-    /// References given back, for the log after `pending` (see `holders.rs`).
-    released: Vec<Id>,
+    pending: Vec<Change>,
 }
 
 impl std::fmt::Debug for StreamWriter {
@@ -258,19 +249,8 @@ impl StreamWriter {
             }
         }
         let max_blocks = self.config.max_blocks;
-        // New blocks take references to the view's entries (adding keys to its index), so the
-        // batch applies under the index's writer mutex and the view's write lock; the index
-        // grows before, while readers still read (see `log::grow_for`).
-        let index = self.index.clone();
-        let _serial = index.lock();
-        let view = &index.inner.reader.view;
-        grow_for(view, batch.block_count());
-        let mut data = write(view);
-        let refs = &mut IdRefs { data: &mut data, released: &mut self.released };
-        let mut ctx = Ctx { hasher: &mut self.hasher, max_blocks, mode: Mode::Live, refs };
-        let applied = self.table.apply_batch(batch, &mut ctx, &mut Pending(&mut self.pending));
-        drop(data);
-        match applied {
+        let mut ctx = Ctx { hasher: &mut self.hasher, max_blocks, mode: Mode::Live };
+        match self.table.apply_batch(batch, &mut ctx, &mut Pending(&mut self.pending)) {
             Ok(stats) => {
                 self.sync = Ok(());
                 self.sequence = Some(seq);
@@ -299,18 +279,8 @@ impl StreamWriter {
     /// the difference is sent (a periodic resync changes little, and the view is locked while
     /// it applies), see [`diff::changes_between`].
     pub fn install_snapshot(&mut self, snapshot: SharedSnapshot, watermark: u64) -> ApplyStats {
-        let index = self.index.clone();
-        let _serial = index.lock();
-        let view = &index.inner.reader.view;
-        grow_for(view, snapshot.table.len());
-        // The snapshot's keys become references (invisible to readers until changes apply).
-        let new = {
-            let mut data = write(view);
-            snapshot.table.map_keys(|key| Id::new(data.intern(key)))
-        };
-        diff::changes_between(&self.table, &new, &mut self.pending);
-        let old = std::mem::replace(&mut self.table, new);
-        old.for_each_ref(|r| self.released.push(r));
+        let old = std::mem::replace(&mut self.table, snapshot.table);
+        diff::changes_between(&old, &self.table, &mut self.pending);
         self.sync = Ok(());
         self.sequence = watermark.checked_sub(1);
         snapshot.stats
@@ -348,7 +318,7 @@ impl StreamWriter {
     }
 
     fn append(&mut self, w: &mut Writer) {
-        w.log.changes(self.slot, &mut self.pending, &mut self.released);
+        w.log.changes(self.slot, &mut self.pending);
         w.log.status(self.slot, Some(Arc::new(self.status())));
     }
 }
@@ -359,11 +329,10 @@ impl Drop for StreamWriter {
     fn drop(&mut self) {
         // After the pending changes: they may add what the removal then takes out.
         self.table.changes_of_all(false, &mut self.pending);
-        self.table.for_each_ref(|r| self.released.push(r));
         let index = self.index.clone();
         let mut w = index.lock();
         w.log.status(self.slot, None);
-        w.log.changes(self.slot, &mut self.pending, &mut self.released);
+        w.log.changes(self.slot, &mut self.pending);
         w.publish(&index.inner.reader);
         w.slots.give_back(self.slot);
     }
@@ -396,8 +365,8 @@ impl SharedSnapshot {
 
     /// Adds one snapshot payload (parent-first); orphans are skipped and counted.
     pub fn add(&mut self, batch: &Batch) -> Result<ApplyStats, IndexError> {
-        let (max_blocks, mode) = (self.max_blocks, Mode::Snapshot);
-        let mut ctx = Ctx { hasher: &mut self.hasher, max_blocks, mode, refs: &mut Plain };
+        let mut ctx =
+            Ctx { hasher: &mut self.hasher, max_blocks: self.max_blocks, mode: Mode::Snapshot };
         let stats = self.table.apply_batch(batch, &mut ctx, &mut Discard)?;
         self.stats.add(&stats);
         Ok(stats)

@@ -11,11 +11,10 @@
 use std::hint::black_box;
 use std::sync::{Arc, RwLock};
 
-use super::super::flat::Vacancy;
 use super::super::key::{ContentKey, KeyHasher};
 use super::super::namespace::Namespace;
 use super::super::view::StreamStatus;
-use super::holders::{SharedData, StreamLabel, Tag, MAX_STREAMS};
+use super::holders::{SharedData, StreamLabel, MAX_STREAMS};
 use super::log::read;
 
 /// Per-stream matched prefix lengths of one query, in blocks.
@@ -94,15 +93,11 @@ impl Iterator for Bits {
 /// of coming one after the other.
 const AHEAD: usize = 16;
 
-/// Loads the index slots of `keys` (the first of a key's two misses).
 fn touch(data: &SharedData, keys: &[ContentKey]) {
-    black_box(keys.iter().fold(false, |acc, k| acc ^ data.index.touch_home(&Tag::of(k))));
+    black_box(keys.iter().fold(false, |acc, k| acc ^ data.map.touch(k)));
 }
 
-/// The walk (see the module documentation). A key costs its index slot, loaded for a group of
-/// [`AHEAD`] keys in one pass, and its entry: entries are allocated in the order keys are
-/// first stored, so a prefix's entries often sit together (loading the next group's slots
-/// ahead as well, or the group's entries in a second pass, measured slower).
+/// The walk (see the module documentation).
 pub(crate) fn walk(data: &SharedData, keys: &[ContentKey], block_size: u32) -> SharedMatches {
     let mut out = SharedMatches::empty(block_size, data.synced);
     let mut candidates = data.synced;
@@ -114,10 +109,8 @@ pub(crate) fn walk(data: &SharedData, keys: &[ContentKey], block_size: u32) -> S
         if i % AHEAD == 0 {
             touch(data, &keys[i..keys.len().min(i + AHEAD)]);
         }
-        let found = data.guess(k).and_then(|id| data.holders_if(id, k));
-        // A missed guess (another key's tag first, or no key of this tag) is settled exactly.
-        let Some(h) = found.filter(|h| !h.is_vacant()).or_else(|| data.holders(k)) else { break };
-        let set = data.sets_of(h);
+        let Some(h) = data.map.get(k) else { break };
+        let set = data.sets_of(*h);
         candidates &= set.device | set.host;
         let (dev, host) = (set.device & candidates, set.host & !set.device & candidates);
         if (dev, host) != (run_dev, run_host) {
@@ -246,10 +239,9 @@ impl SharedHandle {
         read(&self.view).status.get(usize::from(slot)).cloned().flatten()
     }
 
-    /// Distinct content keys held by any stream (for memory accounting and tests; it counts
-    /// them, so it takes time in the number of keys).
+    /// Distinct content keys held by any stream (for memory accounting and tests).
     pub fn content_entries(&self) -> usize {
-        read(&self.view).held_keys()
+        read(&self.view).map.len()
     }
 
     /// Content keys held by two streams or more.
