@@ -3,7 +3,10 @@
 //! Memory is dominated by blocks that one stream alone holds, so a map value is 4 bytes
 //! ([`Holders`]): one stream's slot and tier bits inline, or the index of a [`HolderSet`]
 //! (a Device and a Host `u128`) in a slab for keys held by two streams or more. A key held
-//! by one stream therefore costs 20 bytes per copy (16 key + 4), not 48.
+//! by one stream therefore costs 20 bytes per copy (16 key + 4), not 48. The writers' tables
+//! repeat the 16-byte key; holding a 4-byte id of a stable entry instead saved a fifth of the
+//! heap but made every query key cost two misses, so it was not kept (BENCHMARKS.md, *The
+//! shared index against the peers*).
 //!
 //! Counting: a stream's bit for a key on a tier is set while at least one of its engine blocks
 //! with that content is resident on that tier. Two engine hashes of one stream naming the same
