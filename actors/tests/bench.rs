@@ -69,9 +69,23 @@ fn a_short_etcd_load_reports_synchronized_streams_applied_events_throughput_and_
     for line in ["synchronized: 4 streams", "applied by kvdir:", "ratio load / baseline, route"] {
         assert!(text.contains(line), "missing {line:?}: {text}");
     }
+    // kvdir's own histograms saw every request the clients saw served, in each phase.
+    for (phase, clients, handler) in [
+        ("load", &report.load, &report.handler.0),
+        ("baseline", &report.baseline, &report.handler.1),
+    ] {
+        for s in clients {
+            let h = handler.iter().find(|h| h.kind == s.kind);
+            let h = h.unwrap_or_else(|| panic!("no {phase} handler line for {:?}: {text}", s.kind));
+            assert!(h.count >= s.latencies.len() as u64, "{phase} {h:?}: {text}");
+            assert!(0.0 < h.p50_le && h.p50_le <= h.p99_le, "{phase} {h:?}: {text}");
+        }
+    }
+    assert!(text.contains("kvdir's own histograms (bucket bounds), the baseline:"), "{text}");
     let json = report.json();
     assert_eq!(json["applied"]["caught_up"], true, "{json}");
     assert_eq!(json["load"][1]["kind"], "route", "{json}");
+    assert_eq!(json["handler"]["load"][0]["kind"], "query", "{json}");
 }
 
 /// Static streams, and a kvdir that refuses every workload prompt (`--max_query_tokens=16`):

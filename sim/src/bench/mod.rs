@@ -13,7 +13,7 @@
 //! 6. runs the same clients `--baseline_seconds` without ingest, for ratios in the same run.
 //!
 //! Modules: [`flags`] (options, `--help`), [`fleet`], [`kvdir`], [`probe`], [`drive`],
-//! [`clients`], [`http`], [`report`]; [`replay`] is the `kvdir-bench replay` subcommand, which
+//! [`clients`], [`http`], [`handler`] (kvdir's own latency histograms), [`report`]; [`replay`] is the `kvdir-bench replay` subcommand, which
 //! replays a request trace through the same fleet, kvdir and probe; [`chat`] is `kvdir-bench
 //! chat`, the OpenAI front door under a chat load. The one error type is
 //! [`BenchError`].
@@ -32,6 +32,7 @@ pub mod clients;
 pub mod drive;
 pub mod flags;
 pub mod fleet;
+pub mod handler;
 pub mod http;
 pub mod kvdir;
 pub mod probe;
@@ -44,6 +45,7 @@ pub use report::{Applied, Report};
 
 use clients::{with_clients, ClientPlan};
 use fleet::{Fleet, StreamName};
+use handler::{HandlerLatency, Snapshot};
 use http::Conn;
 use kvdir::{cpu_seconds, Kvdir, Rss};
 use probe::{Probe, StreamView, COUNTERS};
@@ -141,6 +143,7 @@ fn measure(o: &BenchOptions, fleet: &mut Fleet, kvdir: &Kvdir) -> Result<Report,
         rate: o.client_rate,
     };
     let published_before = fleet.published()?;
+    let handler_before = handler_snapshot(&mut probe);
     let cpu_before = kvdir.pid.and_then(cpu_seconds);
     let start = Instant::now();
     let (requests, load) =
@@ -152,9 +155,14 @@ fn measure(o: &BenchOptions, fleet: &mut Fleet, kvdir: &Kvdir) -> Result<Report,
     let applied = applied(&fleet.streams(), &before, &after, lagging, start, publish_wall);
     let cpu = kvdir.pid.and_then(cpu_seconds).zip(cpu_before).map(|(a, b)| a - b);
     let rss_after = Rss::read(kvdir.pid, probe.conn());
+    let handler_after = handler_snapshot(&mut probe);
     let baseline = match o.baseline.is_zero() {
         true => Vec::new(),
         false => with_clients(&plan, &prompts, || thread::sleep(o.baseline))?.1,
+    };
+    let handler_baseline = match o.baseline.is_zero() {
+        true => Vec::new(),
+        false => HandlerLatency::between(&handler_after, &handler_snapshot(&mut probe)),
     };
     Ok(Report {
         setup: setup(o, kvdir),
@@ -166,12 +174,22 @@ fn measure(o: &BenchOptions, fleet: &mut Fleet, kvdir: &Kvdir) -> Result<Report,
         applied,
         load,
         baseline,
+        handler: (HandlerLatency::between(&handler_before, &handler_after), handler_baseline),
         rss_before,
         rss_after,
         kvdir_cpu: cpu,
         heartbeats: fleet.heartbeats(),
         loadavg: (String::new(), loadavg()),
     })
+}
+
+/// kvdir's latency histograms now; empty if `/metrics` cannot be read (the report then has no
+/// handler lines).
+fn handler_snapshot(probe: &mut Probe) -> Snapshot {
+    match probe.conn().get("/metrics") {
+        Ok(r) if r.status == 200 => Snapshot::parse(&String::from_utf8_lossy(&r.body)),
+        _ => Snapshot::default(),
+    }
 }
 
 fn minus(a: Published, b: Published) -> Published {

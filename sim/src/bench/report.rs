@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 
 use super::clients::KindStats;
+use super::handler::HandlerLatency;
 use super::kvdir::Rss;
 use crate::Published;
 
@@ -72,6 +73,8 @@ pub struct Report {
     pub load: Vec<KindStats>,
     /// The same clients without ingest (empty when skipped).
     pub baseline: Vec<KindStats>,
+    /// kvdir's own handler latency (its `/metrics` histograms) during the load and the baseline.
+    pub handler: (Vec<HandlerLatency>, Vec<HandlerLatency>),
     /// kvdir's RSS before the load.
     pub rss_before: Rss,
     /// kvdir's RSS after the load.
@@ -265,6 +268,12 @@ impl Report {
         for (kind, p50, p99) in self.ratios() {
             let _ = writeln!(t, "ratio load / baseline, {kind}: p50 {p50:.2}x, p99 {p99:.2}x");
         }
+        for (phase, lines) in [("the load", &self.handler.0), ("the baseline", &self.handler.1)] {
+            if !lines.is_empty() {
+                let _ = writeln!(t, "kvdir's own histograms (bucket bounds), {phase}:");
+                lines.iter().for_each(|h| t.push_str(&h.text()));
+            }
+        }
     }
 
     /// The report as JSON.
@@ -292,6 +301,10 @@ impl Report {
             },
             "load": self.load.iter().map(stats_json).collect::<Vec<_>>(),
             "baseline": self.baseline.iter().map(stats_json).collect::<Vec<_>>(),
+            "handler": {
+                "load": self.handler.0.iter().map(HandlerLatency::json).collect::<Vec<_>>(),
+                "baseline": self.handler.1.iter().map(HandlerLatency::json).collect::<Vec<_>>(),
+            },
             "ratios": self.ratios().iter().map(|(k, p50, p99)| json!({"kind": k, "p50": p50, "p99": p99})).collect::<Vec<_>>(),
             "rss_before": rss_json(&self.rss_before),
             "rss_after": rss_json(&self.rss_after),
