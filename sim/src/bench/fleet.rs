@@ -25,6 +25,8 @@ const REPLAY_OFFSET: u32 = 30_000;
 const FIRST_BASE: u32 = 20_000;
 const BASE_STEP: u32 = 200;
 const BASES: u32 = 50;
+/// Bases probed again when a probed one was taken before the engines bound it.
+const BIND_RETRIES: usize = 5;
 
 /// One stream of the fleet as kvdir names it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -59,17 +61,25 @@ impl Fleet {
         o: &BenchOptions,
         openai: Option<&OpenAiConfig>,
     ) -> Result<Fleet, BenchError> {
-        let base = match o.mode {
-            Mode::Static => None,
-            Mode::Etcd { .. } => Some(http_base(o)?),
-        };
-        let mut engines = Vec::with_capacity(o.engines as usize);
-        for k in 0..o.engines {
-            let http_port = base.map_or(0, |b| (b + k * o.dp_size) as u16);
-            let config = EngineConfig { openai: openai.cloned(), ..engine_config(o, k, http_port) };
-            engines.push(SimEngine::start(config)?);
+        let mut tried = Vec::new();
+        loop {
+            let base = match o.mode {
+                Mode::Static => None,
+                Mode::Etcd { .. } => Some(http_base(o, &tried)?),
+            };
+            match start_engines(o, openai, base) {
+                // A probed base can be taken between the probe and the binds: its event and
+                // snapshot ports lie in the kernel's ephemeral range, from which every outgoing
+                // connection on the machine draws a local port. Probe another.
+                Err(SimError::Bind { endpoint, .. })
+                    if base.is_some() && o.http_port == 0 && tried.len() < BIND_RETRIES =>
+                {
+                    tracing::debug!(%endpoint, "a probed port was taken before the bind; probing again");
+                    tried.extend(base);
+                }
+                started => return Ok(Fleet { engines: started?, registrations: Vec::new() }),
+            }
         }
-        Ok(Fleet { engines, registrations: Vec::new() })
     }
 
     /// Every stream in engine and rank order.
@@ -183,8 +193,24 @@ fn engine_config(o: &BenchOptions, k: u32, http_port: u16) -> EngineConfig {
     }
 }
 
-/// The HTTP port of engine 0 in etcd mode: `--http_port`, or a base whose ports are all free.
-fn http_base(o: &BenchOptions) -> Result<u32, BenchError> {
+/// The engines, on the ports of `base` in etcd mode (ephemeral ports in static mode).
+fn start_engines(
+    o: &BenchOptions,
+    openai: Option<&OpenAiConfig>,
+    base: Option<u32>,
+) -> Result<Vec<SimEngine>, SimError> {
+    let mut engines = Vec::with_capacity(o.engines as usize);
+    for k in 0..o.engines {
+        let http_port = base.map_or(0, |b| (b + k * o.dp_size) as u16);
+        let config = EngineConfig { openai: openai.cloned(), ..engine_config(o, k, http_port) };
+        engines.push(SimEngine::start(config)?);
+    }
+    Ok(engines)
+}
+
+/// The HTTP port of engine 0 in etcd mode: `--http_port`, or a base whose ports are all free,
+/// other than the bases `tried` already.
+fn http_base(o: &BenchOptions, tried: &[u32]) -> Result<u32, BenchError> {
     let streams = o.engines * o.dp_size;
     if o.http_port != 0 {
         let last = u32::from(o.http_port) + REPLAY_OFFSET + streams - 1;
@@ -200,7 +226,7 @@ fn http_base(o: &BenchOptions) -> Result<u32, BenchError> {
     }
     let start = std::process::id() % BASES;
     let bases = (0..BASES).map(|i| FIRST_BASE + ((start + i) % BASES) * BASE_STEP);
-    for base in bases {
+    for base in bases.filter(|b| !tried.contains(b)) {
         let http = (0..o.engines).map(|k| base + k * o.dp_size);
         let zmq = (0..streams).flat_map(|i| [base + EVENT_OFFSET + i, base + REPLAY_OFFSET + i]);
         if http.chain(zmq).all(port_is_free) {
@@ -215,4 +241,20 @@ fn http_base(o: &BenchOptions) -> Result<u32, BenchError> {
 
 fn port_is_free(port: u32) -> bool {
     u16::try_from(port).is_ok_and(|p| TcpListener::bind(("127.0.0.1", p)).is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{parse_args, BenchCommand};
+    use super::*;
+
+    #[test]
+    fn a_base_tried_already_is_not_probed_again() {
+        let args = ["--etcd_addr=127.0.0.1:1", "--engines=2", "--dp_size=2"];
+        let Ok(BenchCommand::Run(o)) = parse_args(args.map(String::from)) else { panic!() };
+        let first = http_base(&o, &[]).expect("a free block of ports");
+        let second = http_base(&o, &[first]).expect("another free block");
+        assert_ne!(first, second);
+        assert!(![first, second].contains(&http_base(&o, &[first, second]).unwrap()));
+    }
 }
