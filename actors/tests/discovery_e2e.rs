@@ -53,8 +53,8 @@ fn wait_state(svc: &Service, name: &str, state: &str, streams: usize) -> Value {
 fn several_instances_and_dp_ranks_are_discovered_and_queried() {
     let etcd = etcd_endpoint();
     let svc = discovering(&etcd.endpoint, "e2e-multi", 128);
-    let a = engine_on(free_http_port(2), 2);
-    let d = engine_on(free_http_port(1), 1);
+    let a = free_engine(2);
+    let d = free_engine(1);
     let _ra = register(&a, &etcd, "e2e-multi", 1);
     let _rd = register(&d, &etcd, "e2e-multi", 2);
     wait_state(&svc, &a.instance_name(), "ACTIVE", 2);
@@ -89,7 +89,7 @@ fn several_instances_and_dp_ranks_are_discovered_and_queried() {
 fn lease_loss_keeps_streams_until_suspect_then_drops_them() {
     let etcd = etcd_endpoint();
     let svc = discovering(&etcd.endpoint, "e2e-lease", 128);
-    let eng = engine_on(free_http_port(1), 1);
+    let eng = free_engine(1);
     let reg = register(&eng, &etcd, "e2e-lease", 1);
     let name = eng.instance_name();
     wait_state(&svc, &name, "ACTIVE", 1);
@@ -116,7 +116,7 @@ fn lease_loss_keeps_streams_until_suspect_then_drops_them() {
 fn a_dead_engine_goes_suspect_at_once_and_leaves_the_answers() {
     let etcd = etcd_endpoint();
     let svc = discovering(&etcd.endpoint, "e2e-dead", 128);
-    let eng = engine_on(free_http_port(1), 1);
+    let eng = free_engine(1);
     let reg = register(&eng, &etcd, "e2e-dead", 0);
     let name = eng.instance_name();
     wait_state(&svc, &name, "ACTIVE", 1);
@@ -195,9 +195,9 @@ fn a_dp_topology_change_resubscribes() {
 fn namespaces_are_isolated() {
     let etcd = etcd_endpoint();
     let svc = discovering(&etcd.endpoint, "e2e-ns-a", 128);
-    let other = engine_on(free_http_port(1), 1);
+    let other = free_engine(1);
     let _r = register(&other, &etcd, "e2e-ns-b", 1);
-    let mine = engine_on(free_http_port(1), 1);
+    let mine = free_engine(1);
     let _m = register(&mine, &etcd, "e2e-ns-a", 1);
     wait_state(&svc, &mine.instance_name(), "ACTIVE", 1);
     assert!(instance(&svc, &other.instance_name()).is_none(), "{}", instances(&svc));
@@ -207,7 +207,7 @@ fn namespaces_are_isolated() {
 fn capacity_admits_whole_instances_in_name_order() {
     let etcd = etcd_endpoint();
     let svc = discovering(&etcd.endpoint, "e2e-cap", 3);
-    let mut engines: Vec<SimEngine> = (0..3).map(|_| engine_on(free_http_port(2), 2)).collect();
+    let mut engines: Vec<SimEngine> = (0..3).map(|_| free_engine(2)).collect();
     engines.sort_by_key(SimEngine::instance_name);
     let _regs: Vec<Registration> =
         engines.iter().map(|e| register(e, &etcd, "e2e-cap", 1)).collect();
@@ -221,7 +221,7 @@ fn capacity_admits_whole_instances_in_name_order() {
 fn heartbeats_are_validated() {
     let etcd = etcd_endpoint();
     let svc = discovering(&etcd.endpoint, "e2e-hb", 128);
-    let eng = engine_on(free_http_port(1), 1);
+    let eng = free_engine(1);
     let reg = register(&eng, &etcd, "e2e-hb", 1);
     let name = eng.instance_name();
     wait_state(&svc, &name, "ACTIVE", 1);
@@ -256,7 +256,7 @@ fn load_comes_from_loadmetrics_keys_and_heartbeats_need_the_token() {
     let etcd = etcd_endpoint();
     let flags = Flags { internal_api_token: Some("tok".into()), ..Flags::default() };
     let svc = discovery_service(&etcd.endpoint, "e2e-load", json!({}), flags);
-    let eng = engine_on(free_http_port(1), 1);
+    let eng = free_engine(1);
     let opts = RegistrationOptions {
         etcd: etcd.endpoint.clone(),
         namespace: "e2e-load".into(),
@@ -294,11 +294,11 @@ fn load_comes_from_loadmetrics_keys_and_heartbeats_need_the_token() {
 fn discovery_survives_an_etcd_restart() {
     let mut etcd = EtcdServer::private();
     let svc = discovering(&etcd.endpoint, "e2e-restart", 128);
-    let a = engine_on(free_http_port(1), 1);
+    let a = free_engine(1);
     let _ra = register(&a, &etcd, "e2e-restart", 1);
     wait_state(&svc, &a.instance_name(), "ACTIVE", 1);
     etcd.restart();
-    let b = engine_on(free_http_port(1), 1);
+    let b = free_engine(1);
     let _rb = register(&b, &etcd, "e2e-restart", 1);
     wait_state(&svc, &b.instance_name(), "ACTIVE", 1);
     let report = instances(&svc);
@@ -414,7 +414,7 @@ fn only_instance_and_load_keys_are_read_and_loads_apply_on_the_first_listing() {
     for i in 0..5 {
         etcd_put(&etcd, &format!("/{ns}/XLLM:CACHE:block-{i}"), &big);
     }
-    let a = engine_on(free_http_port(1), 1);
+    let a = free_engine(1);
     let opts = RegistrationOptions {
         etcd: etcd.endpoint.clone(),
         namespace: ns.clone(),
@@ -446,7 +446,7 @@ fn only_instance_and_load_keys_are_read_and_loads_apply_on_the_first_listing() {
 fn a_relist_keeps_a_suspect_instance_suspect_until_it_is_removed() {
     let mut etcd = EtcdServer::private();
     let svc = discovering(&etcd.endpoint, "e2e-relist", 128);
-    let eng = engine_on(free_http_port(1), 1);
+    let eng = free_engine(1);
     let reg = register(&eng, &etcd, "e2e-relist", 1);
     let name = eng.instance_name();
     wait_state(&svc, &name, "ACTIVE", 1);
@@ -477,7 +477,7 @@ fn a_replacement_is_no_candidate_until_it_reports_its_own_load() {
     let etcd = etcd_endpoint();
     let ns = format!("e2e-newload-{}", std::process::id());
     let svc = discovering(&etcd.endpoint, &ns, 128);
-    let eng = engine_on(free_http_port(1), 1);
+    let eng = free_engine(1);
     let name = eng.instance_name();
     let opts = |incarnation: &str, loads: bool| RegistrationOptions {
         etcd: etcd.endpoint.clone(),

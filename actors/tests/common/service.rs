@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use kvdir::config::{parse_config_file, Flags};
 use kvdir::query::{QueryResponse, StreamMatch};
 use kvdir_actors::Service;
-use kvdir_sim::{EngineConfig, Registration, RegistrationOptions, SimEngine};
+use kvdir_sim::{EngineConfig, Registration, RegistrationOptions, SimEngine, SimError};
 use kvdir_testkit::eventually;
 use kvdir_testkit::http::Response;
 use serde_json::{json, Value};
@@ -175,19 +175,35 @@ pub fn free_http_port(dp: u16) -> u16 {
 /// An engine serving HTTP on `http_port` (for discovery: its event and snapshot ports derive
 /// from it) with `dp` ranks of [`B`]-token blocks.
 pub fn engine_on(http_port: u16, dp: u32) -> SimEngine {
+    try_engine_on(http_port, dp).expect("engine starts")
+}
+
+fn try_engine_on(http_port: u16, dp: u32) -> Result<SimEngine, SimError> {
     SimEngine::start(EngineConfig {
         http_port,
         dp_size: dp,
         block_size: B,
         ..EngineConfig::default()
     })
-    .expect("engine starts")
+}
+
+/// [`engine_on`] a port of [`free_http_port`]. Its event and snapshot ports lie in the
+/// kernel's ephemeral range, so an outgoing connection of a test running in parallel can take
+/// one between the probe and the bind: then it takes the next free port (at most 5 times).
+pub fn free_engine(dp: u32) -> SimEngine {
+    for _ in 0..5 {
+        match try_engine_on(free_http_port(dp as u16), dp) {
+            Err(SimError::Bind { .. }) => continue,
+            started => return started.expect("engine starts"),
+        }
+    }
+    panic!("five probed blocks of ports were taken before the engine bound them")
 }
 
 /// An engine with `dp` ranks (see [`engine_on`]) registered in `etcd` under `namespace` as a
 /// DEFAULT instance that writes LOADMETRICS.
 pub fn registered_engine(etcd: &str, namespace: &str, dp: u32) -> (SimEngine, Registration) {
-    let eng = engine_on(free_http_port(dp as u16), dp);
+    let eng = free_engine(dp);
     let opts = RegistrationOptions {
         etcd: etcd.into(),
         namespace: namespace.into(),
