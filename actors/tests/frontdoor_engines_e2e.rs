@@ -38,14 +38,13 @@ fn model() -> Arc<TextModel> {
 
 /// An engine serving the demo model, registered in etcd under `ns` with load reports.
 fn serving(etcd: &str, ns: &str, openai: &OpenAiConfig) -> (SimEngine, Registration) {
-    let engine = SimEngine::start(EngineConfig {
-        http_port: free_http_port(1),
+    let engine = engine_on_free_port(1, |http_port| EngineConfig {
+        http_port,
         block_size: B,
         device_capacity_blocks: 4096,
         openai: Some(openai.clone()),
         ..EngineConfig::default()
-    })
-    .expect("engine starts");
+    });
     let opts = RegistrationOptions {
         etcd: etcd.into(),
         namespace: ns.into(),

@@ -175,11 +175,18 @@ pub fn free_http_port(dp: u16) -> u16 {
 /// An engine serving HTTP on `http_port` (for discovery: its event and snapshot ports derive
 /// from it) with `dp` ranks of [`B`]-token blocks.
 pub fn engine_on(http_port: u16, dp: u32) -> SimEngine {
-    try_engine_on(http_port, dp).expect("engine starts")
+    SimEngine::start(EngineConfig {
+        http_port,
+        dp_size: dp,
+        block_size: B,
+        ..EngineConfig::default()
+    })
+    .expect("engine starts")
 }
 
-fn try_engine_on(http_port: u16, dp: u32) -> Result<SimEngine, SimError> {
-    SimEngine::start(EngineConfig {
+/// [`engine_on`] a port of [`free_http_port`] (see [`engine_on_free_port`]).
+pub fn free_engine(dp: u32) -> SimEngine {
+    engine_on_free_port(dp, |http_port| EngineConfig {
         http_port,
         dp_size: dp,
         block_size: B,
@@ -187,12 +194,13 @@ fn try_engine_on(http_port: u16, dp: u32) -> Result<SimEngine, SimError> {
     })
 }
 
-/// [`engine_on`] a port of [`free_http_port`]. Its event and snapshot ports lie in the
-/// kernel's ephemeral range, so an outgoing connection of a test running in parallel can take
-/// one between the probe and the bind: then it takes the next free port (at most 5 times).
-pub fn free_engine(dp: u32) -> SimEngine {
+/// The engine `config(port)` describes, on a port of [`free_http_port`] for `dp` ranks. The
+/// derived event and snapshot ports lie in the kernel's ephemeral range, so an outgoing
+/// connection of a test running in parallel can take one between the probe and the bind: then
+/// it takes the next free port (at most 5 times).
+pub fn engine_on_free_port(dp: u32, config: impl Fn(u16) -> EngineConfig) -> SimEngine {
     for _ in 0..5 {
-        match try_engine_on(free_http_port(dp as u16), dp) {
+        match SimEngine::start(config(free_http_port(dp as u16))) {
             Err(SimError::Bind { .. }) => continue,
             started => return started.expect("engine starts"),
         }
