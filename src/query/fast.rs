@@ -39,36 +39,24 @@ impl Scan<'_> {
     /// A decimal integer in `0..=i32::MAX`, as JSON writes it (no sign, no leading zero).
     fn token(&mut self) -> Option<i32> {
         let start = self.i;
-        let (v, digits) = match self.b.get(start..start + 8) {
-            Some(eight) => match short_number(eight) {
-                Some(parsed) => parsed,
-                None => return self.long_token(),
-            },
-            None => return self.long_token(),
+        let (v, digits) = match self.b.get(start..start + 8).and_then(short_number) {
+            Some(parsed) => parsed,
+            None => self.long_number()?,
         };
         if digits == 0 || (digits > 1 && self.b[start] == b'0') {
             return None;
         }
-        self.i += digits;
+        self.i = start + digits;
         i32::try_from(v).ok()
     }
 
-    /// [`Self::token`] a byte at a time: numbers of 8 digits or more, and the body's last bytes.
-    fn long_token(&mut self) -> Option<i32> {
-        let start = self.i;
-        let mut v: u64 = 0;
-        while let Some(&d @ b'0'..=b'9') = self.b.get(self.i) {
-            v = v * 10 + u64::from(d - b'0');
-            self.i += 1;
-            if self.i - start > 10 {
-                return None;
-            }
-        }
-        let digits = self.i - start;
-        if digits == 0 || (digits > 1 && self.b[start] == b'0') {
-            return None;
-        }
-        i32::try_from(v).ok()
+    /// The value and length of the digits at the cursor, a byte at a time: numbers of 8 digits
+    /// or more, and the body's last bytes. More than 10 digits is no token id.
+    fn long_number(&self) -> Option<(u64, usize)> {
+        let rest = &self.b[self.i..];
+        let digits = rest.iter().take(11).take_while(|d| d.is_ascii_digit()).count();
+        let v = rest[..digits].iter().fold(0u64, |v, d| v * 10 + u64::from(d - b'0'));
+        (digits <= 10).then_some((v, digits))
     }
 }
 
