@@ -144,8 +144,32 @@ impl KeyHasher {
 
     /// Appends the keys of every complete block of `tokens` to `out`; a partial tail is ignored.
     pub fn prefix_keys<T: TokenId>(&mut self, tokens: &[T], out: &mut Vec<ContentKey>) {
-        let mut prev = None;
-        for block in tokens.chunks_exact(self.block_size) {
+        let blocks = tokens.chunks_exact(self.block_size);
+        self.chain_blocks(None, blocks, out);
+    }
+
+    /// Continues `out`, the keys of the first `out.len()` blocks of `tokens`, with the keys of
+    /// at most `max` further complete blocks; returns how many it appended.
+    pub fn extend_keys<T: TokenId>(
+        &mut self,
+        tokens: &[T],
+        out: &mut Vec<ContentKey>,
+        max: usize,
+    ) -> usize {
+        let start = out.len();
+        let blocks = tokens.chunks_exact(self.block_size).skip(start).take(max);
+        self.chain_blocks(out.last().copied(), blocks, out);
+        out.len() - start
+    }
+
+    /// Appends the keys of `blocks`, the first chained to `prev`.
+    fn chain_blocks<'a, T: TokenId + 'a>(
+        &mut self,
+        mut prev: Option<ContentKey>,
+        blocks: impl Iterator<Item = &'a [T]>,
+        out: &mut Vec<ContentKey>,
+    ) {
+        for block in blocks {
             let k = self.chain(prev, block);
             out.push(k);
             prev = Some(k);

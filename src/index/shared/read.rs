@@ -168,16 +168,9 @@ fn walk_hashing<T: TokenId>(
     block_size: u32,
 ) -> SharedMatches {
     let mut w = Walk::new(data, block_size);
-    let mut blocks = tokens.chunks_exact(hasher.block_size());
     loop {
         let start = keys.len();
-        let mut prev = keys.last().copied();
-        for block in blocks.by_ref().take(AHEAD) {
-            let k = hasher.chain(prev, block);
-            keys.push(k);
-            prev = Some(k);
-        }
-        if keys.len() == start || !w.keys(data, &keys[start..]) {
+        if hasher.extend_keys(tokens, keys, AHEAD) == 0 || !w.keys(data, &keys[start..]) {
             break;
         }
     }
@@ -294,12 +287,7 @@ impl SharedHandle {
     /// keys, completed.
     pub fn all_keys<T: TokenId>(&mut self, tokens: &[T]) -> &[ContentKey] {
         let (hasher, keys) = self.hasher_for(self.last_ns);
-        let mut prev = keys.last().copied();
-        for block in tokens.chunks_exact(hasher.block_size()).skip(keys.len()) {
-            let k = hasher.chain(prev, block);
-            keys.push(k);
-            prev = Some(k);
-        }
+        hasher.extend_keys(tokens, keys, usize::MAX);
         &self.keys
     }
 
