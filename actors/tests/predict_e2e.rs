@@ -18,15 +18,6 @@ const SIBLINGS: usize = 8;
 /// must cover keys the walk (which stops at once: nothing holds the prompt) never hashed.
 const NEW_BLOCKS: usize = 40;
 
-fn route(svc: &Service, tokens: &[i32]) -> Result<Routed, String> {
-    let body = json!({ "token_ids": tokens }).to_string();
-    let r = http(svc.http_addr(), "POST", "/v1/internal/route", &[], body.as_bytes());
-    if r.status != 200 {
-        return Err(format!("{}: {}", r.status, r.body));
-    }
-    serde_json::from_str(&r.body).map_err(|e| e.to_string())
-}
-
 fn candidate<'a>(r: &'a Routed, name: &str) -> &'a CandidateReport {
     r.candidates.iter().find(|c| c.name == name).unwrap()
 }

@@ -12,15 +12,6 @@ use kvdir_sim::{Registration, SimEngine};
 use kvdir_testkit::etcd::etcd_endpoint;
 use serde_json::json;
 
-fn route(svc: &Service, tokens: &[i32]) -> Result<Routed, String> {
-    let body = json!({ "token_ids": tokens }).to_string();
-    let r = http(svc.http_addr(), "POST", "/v1/internal/route", &[], body.as_bytes());
-    if r.status != 200 {
-        return Err(format!("{}: {}", r.status, r.body));
-    }
-    serde_json::from_str(&r.body).map_err(|e| e.to_string())
-}
-
 /// Checks every scored candidate against the formula with the numbers the response reports
 /// (the predicted term at the default weight 0.5: routing a prompt predicts it).
 fn follows_formula(r: &Routed, lambda: f64) {

@@ -3,6 +3,7 @@
 
 use std::net::SocketAddr;
 
+use kvdir::car::Routed;
 use kvdir::config::{parse_config_file, Flags};
 use kvdir::query::{QueryResponse, StreamMatch};
 use kvdir_actors::Service;
@@ -105,6 +106,16 @@ pub fn query(svc: &Service, tokens: &[i32]) -> QueryResponse {
     serde_json::from_str(&r.body).expect("a query response")
 }
 
+/// POSTs a route request; the decision, or the status and body of a refusal.
+pub fn route(svc: &Service, tokens: &[i32]) -> Result<Routed, String> {
+    let body = json!({ "token_ids": tokens }).to_string();
+    let r = http(svc.http_addr(), "POST", "/v1/internal/route", &[], body.as_bytes());
+    if r.status != 200 {
+        return Err(format!("{}: {}", r.status, r.body));
+    }
+    serde_json::from_str(&r.body).map_err(|e| e.to_string())
+}
+
 /// The entry for `instance`/`rank` in a query response, if it has one.
 pub fn find_entry<'a>(r: &'a QueryResponse, instance: &str, rank: u32) -> Option<&'a StreamMatch> {
     r.matches.iter().find(|m| m.instance_name == instance && m.dp_rank == rank)
@@ -175,23 +186,16 @@ pub fn free_http_port(dp: u16) -> u16 {
 /// An engine serving HTTP on `http_port` (for discovery: its event and snapshot ports derive
 /// from it) with `dp` ranks of [`B`]-token blocks.
 pub fn engine_on(http_port: u16, dp: u32) -> SimEngine {
-    SimEngine::start(EngineConfig {
-        http_port,
-        dp_size: dp,
-        block_size: B,
-        ..EngineConfig::default()
-    })
-    .expect("engine starts")
+    SimEngine::start(engine_config(http_port, dp)).expect("engine starts")
 }
 
 /// [`engine_on`] a port of [`free_http_port`] (see [`engine_on_free_port`]).
 pub fn free_engine(dp: u32) -> SimEngine {
-    engine_on_free_port(dp, |http_port| EngineConfig {
-        http_port,
-        dp_size: dp,
-        block_size: B,
-        ..EngineConfig::default()
-    })
+    engine_on_free_port(dp, |http_port| engine_config(http_port, dp))
+}
+
+fn engine_config(http_port: u16, dp: u32) -> EngineConfig {
+    EngineConfig { http_port, dp_size: dp, block_size: B, ..EngineConfig::default() }
 }
 
 /// The engine `config(port)` describes, on a port of [`free_http_port`] for `dp` ranks. The
