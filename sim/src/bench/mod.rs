@@ -156,13 +156,12 @@ fn measure(o: &BenchOptions, fleet: &mut Fleet, kvdir: &Kvdir) -> Result<Report,
     let cpu = kvdir.pid.and_then(cpu_seconds).zip(cpu_before).map(|(a, b)| a - b);
     let rss_after = Rss::read(kvdir.pid, probe.conn());
     let handler_after = handler_snapshot(&mut probe);
-    let baseline = match o.baseline.is_zero() {
-        true => Vec::new(),
-        false => with_clients(&plan, &prompts, || thread::sleep(o.baseline))?.1,
-    };
-    let handler_baseline = match o.baseline.is_zero() {
-        true => Vec::new(),
-        false => HandlerLatency::between(&handler_after, &handler_snapshot(&mut probe)),
+    let (baseline, handler_baseline) = match o.baseline.is_zero() {
+        true => (Vec::new(), Vec::new()),
+        false => {
+            let clients = with_clients(&plan, &prompts, || thread::sleep(o.baseline))?.1;
+            (clients, HandlerLatency::between(&handler_after, &handler_snapshot(&mut probe)))
+        }
     };
     Ok(Report {
         setup: setup(o, kvdir),
