@@ -15,11 +15,10 @@
 //! `max_blocks`, and removals and clears forget them like any block. A parent that is truly
 //! unknown is still an error in a live batch.
 //!
-//! The block table does not fit in cache, so before working on a group of engine hashes the
-//! code loads their home slots in one pass ([`Blocks::touch`]): the misses then overlap instead
-//! of being taken one after the other.
-
-use std::hint::black_box;
+//! The block table does not fit in cache, so while the code works on one engine hash it starts
+//! loading the slot of the one [`AHEAD`] places on ([`Blocks::prefetch`]): the misses then
+//! overlap with the work (the hashing of a block takes longer than a miss) instead of being
+//! taken one after the other.
 
 use super::blocks::{bit, Block, Blocks, OUT_OF_SCOPE, TIER_BITS};
 use super::key::ContentKey;
@@ -28,8 +27,8 @@ use super::view::{apply_changes, apply_to_map, Change, PresenceMap, ViewOp};
 use super::IndexError;
 use crate::wire::{Batch, EngineHash, Event, Stored, Tier};
 
-/// Engine hashes whose slots are loaded ahead in one pass: enough to overlap the misses, few
-/// enough that the lines are still in L1 when used.
+/// How far ahead engine hashes are prefetched: enough to overlap the misses, few enough that the
+/// lines are still in L1 when used.
 const AHEAD: usize = 16;
 
 /// Live deltas or snapshot contents.
@@ -148,11 +147,11 @@ impl Table {
                     self.out_of_scope(batch.hashes(*hashes), *tier, ctx.max_blocks)?
                 }
                 Event::Removed { hashes, tier } => {
-                    for group in batch.hashes(*hashes).chunks(AHEAD) {
-                        self.touch(group);
-                        for h in group {
-                            self.remove(*h, *tier, out, stats);
-                        }
+                    let hashes = batch.hashes(*hashes);
+                    self.prefetch(&hashes[..hashes.len().min(AHEAD)]);
+                    for (i, h) in hashes.iter().enumerate() {
+                        self.prefetch_ahead(hashes, i);
+                        self.remove(*h, *tier, out, stats);
                     }
                 }
                 Event::Cleared { tier } => {
@@ -164,9 +163,16 @@ impl Table {
         Ok(())
     }
 
-    /// Loads the slots of `hashes` ahead of their use (see the module documentation).
-    fn touch(&self, hashes: &[EngineHash]) {
-        black_box(hashes.iter().fold(false, |acc, h| acc ^ self.blocks.touch(*h)));
+    /// Starts loading the slots of `hashes` (see the module documentation).
+    fn prefetch(&self, hashes: &[EngineHash]) {
+        hashes.iter().for_each(|h| self.blocks.prefetch(*h));
+    }
+
+    /// While working on `hashes[i]`: starts loading the slot of the one [`AHEAD`] places on.
+    fn prefetch_ahead(&self, hashes: &[EngineHash], i: usize) {
+        if let Some(h) = hashes.get(i + AHEAD) {
+            self.blocks.prefetch(*h);
+        }
     }
 
     fn stored(
@@ -196,8 +202,8 @@ impl Table {
                 block_size,
             });
         }
-        // Loaded before the parent's lookup, so that its miss and theirs overlap.
-        self.touch(&hashes[..hashes.len().min(AHEAD)]);
+        // Started before the parent's lookup, so that its miss and theirs overlap.
+        self.prefetch(&hashes[..hashes.len().min(AHEAD)]);
         let mut prev = match s.parent {
             None => None,
             Some(p) => match self.blocks.get(p) {
@@ -214,9 +220,7 @@ impl Table {
             },
         };
         for (i, (h, block)) in hashes.iter().zip(tokens.chunks_exact(b)).enumerate() {
-            if i > 0 && i % AHEAD == 0 {
-                self.touch(&hashes[i..hashes.len().min(i + AHEAD)]);
-            }
+            self.prefetch_ahead(hashes, i);
             let key = ctx.hasher.hasher(s.lora).chain(prev, block);
             self.store(*h, key, s.tier, ctx.max_blocks, out, stats)?;
             prev = Some(key);

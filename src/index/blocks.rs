@@ -189,11 +189,12 @@ impl Blocks {
         self.wide.clear();
     }
 
-    /// See [`FlatTable::touch`].
-    pub fn touch(&self, h: EngineHash) -> bool {
+    /// See [`FlatTable::prefetch`].
+    #[inline]
+    pub fn prefetch(&self, h: EngineHash) {
         match key(h) {
-            Key::Narrow(k) => self.narrow.touch(&k),
-            Key::Wide(k) => self.wide.touch(&k),
+            Key::Narrow(k) => self.narrow.prefetch(&k),
+            Key::Wide(k) => self.wide.prefetch(&k),
         }
     }
 }

@@ -10,8 +10,9 @@
 //! entry limit needs. Collisions are resolved by Robin Hood linear probing: each run of entries
 //! is kept in home order, so a lookup stops as soon as it passes where its key would be, and a
 //! removal shifts back only the entries displaced behind it (no tombstones, so a stream that
-//! stores and removes forever keeps short probes). [`FlatTable::touch`] lets a caller load the
-//! home slots of many keys before working on them, so their misses overlap.
+//! stores and removes forever keeps short probes). [`FlatTable::prefetch`] lets a caller start
+//! loading the home slots of the next keys while it works on the current one, so their misses
+//! overlap with work instead of coming one after the other.
 
 use std::fmt;
 
@@ -252,16 +253,13 @@ impl<K: FlatKey, V: Vacancy> FlatTable<K, V> {
         self.len = 0;
     }
 
-    /// Loads the home slot of `k` and the cache line after it (where a probe or a removal's
-    /// shift usually continues), so that a later operation on `k` finds them in cache; fold the
-    /// results into `std::hint::black_box` so the loads are not optimized away.
-    pub fn touch(&self, k: &K) -> bool {
-        if self.slots.is_empty() {
-            return false;
+    /// Starts loading the home slot of `k` (a hint: nothing waits for it), so that an
+    /// operation on `k` a little later finds it in cache.
+    #[inline]
+    pub fn prefetch(&self, k: &K) {
+        if !self.slots.is_empty() {
+            kvdir_prefetch::prefetch(&self.slots[self.home(k)]);
         }
-        let home = self.home(k);
-        let ahead = (home + 64 / std::mem::size_of::<(K, V)>() + 1).min(self.slots.len() - 1);
-        self.slots[home].1.is_vacant() ^ self.slots[ahead].1.is_vacant()
     }
 
     /// The entries, in slot order.

@@ -6,7 +6,6 @@
 //! half-applied batch or snapshot is never visible. The view holds what matching needs: content
 //! key -> per-tier reference counts, plus the stream's status (sync flag, sequence, counts).
 
-use std::hint::black_box;
 use std::sync::Arc;
 
 use left_right::{Absorb, ReadHandle, ReadHandleFactory};
@@ -100,17 +99,18 @@ pub(crate) enum ViewOp {
     Status(Arc<StreamStatus>),
 }
 
-/// Changes whose slots are loaded in one pass before they are applied: the map does not fit
-/// in cache, and loads that do not wait on each other overlap their misses.
+/// How far ahead of the change being applied its map slot is prefetched: the map does not fit
+/// in cache, and misses started early overlap with the work on the changes before them.
 const AHEAD: usize = 16;
 
 /// Applies changes in order.
 pub(crate) fn apply_changes(map: &mut PresenceMap, changes: &[Change]) {
-    for group in changes.chunks(AHEAD) {
-        black_box(group.iter().fold(false, |acc, c| acc ^ map.touch(&c.key)));
-        for c in group {
-            apply_change(map, c);
+    changes.iter().take(AHEAD).for_each(|c| map.prefetch(&c.key));
+    for (i, c) in changes.iter().enumerate() {
+        if let Some(ahead) = changes.get(i + AHEAD) {
+            map.prefetch(&ahead.key);
         }
+        apply_change(map, c);
     }
 }
 

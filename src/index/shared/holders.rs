@@ -14,7 +14,6 @@
 //! flips only on a 0 <-> nonzero transition and removals stay exact.
 
 use std::collections::HashMap;
-use std::hint::black_box;
 use std::sync::Arc;
 
 use super::super::blocks::bit;
@@ -93,7 +92,7 @@ pub(crate) struct SharedData {
     pub labels: Vec<Option<Arc<StreamLabel>>>,
 }
 
-/// Changes whose slots are loaded in one pass before they are applied (see `view.rs`).
+/// How far ahead of the change being applied its map slot is prefetched (see `view.rs`).
 const AHEAD: usize = 16;
 
 impl SharedData {
@@ -118,14 +117,15 @@ impl SharedData {
 
     /// Applies one stream's changes, in order.
     pub fn apply_changes(&mut self, slot: u8, changes: &[Change]) {
-        for group in changes.chunks(AHEAD) {
-            black_box(group.iter().fold(false, |acc, c| acc ^ self.map.touch(&c.key)));
-            for c in group {
-                if c.add {
-                    self.add(c.key, slot, c.tier);
-                } else {
-                    self.remove(c.key, slot, c.tier);
-                }
+        changes.iter().take(AHEAD).for_each(|c| self.map.prefetch(&c.key));
+        for (i, c) in changes.iter().enumerate() {
+            if let Some(ahead) = changes.get(i + AHEAD) {
+                self.map.prefetch(&ahead.key);
+            }
+            if c.add {
+                self.add(c.key, slot, c.tier);
+            } else {
+                self.remove(c.key, slot, c.tier);
             }
         }
     }

@@ -13,7 +13,6 @@
 //! long prompt whose cached prefix is short costs about the hashing of that prefix. Hashing is
 //! most of a query's cost (about 40 ns per 128-token block, against a few for its probe).
 
-use std::hint::black_box;
 use std::sync::{Arc, RwLock};
 
 use super::super::key::{ContentKey, KeyHasher, TokenId};
@@ -93,14 +92,10 @@ impl Iterator for Bits {
     }
 }
 
-/// Keys whose slots are loaded in one pass before they are probed: the keys are known up
-/// front, so the misses of a long walk into a map much larger than the cache overlap instead
-/// of coming one after the other.
+/// Keys whose slots are prefetched together before they are probed (and blocks hashed per
+/// group): the keys are known up front, so the misses of a long walk into a map much larger
+/// than the cache overlap instead of coming one after the other.
 const AHEAD: usize = 16;
-
-fn touch(data: &SharedData, keys: &[ContentKey]) {
-    black_box(keys.iter().fold(false, |acc, k| acc ^ data.map.touch(k)));
-}
 
 /// The walk's state: the streams that may still match, the current run, the counts so far.
 struct Walk {
@@ -124,7 +119,7 @@ impl Walk {
                 return false;
             }
             if i % AHEAD == 0 {
-                touch(data, &keys[i..keys.len().min(i + AHEAD)]);
+                keys[i..keys.len().min(i + AHEAD)].iter().for_each(|k| data.map.prefetch(k));
             }
             let Some(h) = data.map.get(k) else {
                 self.candidates = 0;
