@@ -130,7 +130,7 @@ impl Indexes {
         keyed: bool,
         mut make: impl FnMut(&SlotRead, (u64, u64), &Arc<[ContentKey]>, u32) -> T,
     ) -> Vec<T> {
-        let mut out: Vec<(Arc<StreamLabel>, T)> = Vec::new();
+        let mut out: Vec<(Arc<StreamLabel>, T)> = Vec::with_capacity(MAX_STREAMS);
         let mut slots: Vec<SlotRead> = Vec::new();
         let groups = self.groups.read().unwrap_or_else(|e| e.into_inner());
         for g in groups.iter().filter(|g| scope.block_size.is_none_or(|b| b == g.block_size)) {
@@ -148,6 +148,8 @@ impl Indexes {
                 (s.label, t)
             }));
         }
+        // Each index lists its streams in this order already, so with one index (the usual
+        // case) this only checks it.
         out.sort_by(|(a, _), (b, _)| {
             (&a.instance_name, a.dp_rank).cmp(&(&b.instance_name, b.dp_rank))
         });

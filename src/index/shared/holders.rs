@@ -90,6 +90,10 @@ pub(crate) struct SharedData {
     pub synced: u128,
     pub status: Vec<Option<Arc<StreamStatus>>>,
     pub labels: Vec<Option<Arc<StreamLabel>>>,
+    /// The labeled slots ordered by instance name, then DP rank (then slot): the order answers
+    /// list streams in, kept here because labels change only when streams come and go, while
+    /// every query would otherwise sort them again.
+    pub order: Vec<u8>,
 }
 
 /// How far ahead of the change being applied its map slot is prefetched (see `view.rs`).
@@ -137,8 +141,8 @@ impl SharedData {
             self.status.resize(i + 1, None);
         }
         let synced = status.as_ref().is_some_and(|s| s.synchronized);
-        if status.is_none() && i < self.labels.len() {
-            self.labels[i] = None;
+        if status.is_none() && i < self.labels.len() && self.labels[i].take().is_some() {
+            self.order.retain(|&s| s != slot);
         }
         self.status[i] = status;
         let b = 1u128 << slot;
@@ -152,6 +156,12 @@ impl SharedData {
             self.labels.resize(i + 1, None);
         }
         self.labels[i] = Some(label);
+        self.order.retain(|&s| s != slot);
+        let labels = &self.labels;
+        let key =
+            |s: u8| labels[usize::from(s)].as_deref().map(|l| (&l.instance_name, l.dp_rank, s));
+        let at = self.order.partition_point(|&s| key(s) < key(slot));
+        self.order.insert(at, slot);
     }
 
     fn add(&mut self, key: ContentKey, slot: u8, tier: Tier) {
@@ -285,6 +295,27 @@ mod tests {
         change(&mut d, 2, 9, Tier::Device, true);
         change(&mut d, 3, 9, Tier::Host, true);
         assert_eq!((d.sets.len(), d.shared_keys()), (3, 3));
+    }
+
+    #[test]
+    fn labeled_slots_stay_ordered_by_instance_then_rank_as_streams_come_and_go() {
+        let mut d = SharedData::default();
+        let label = |name: &str, dp_rank| {
+            Arc::new(StreamLabel { instance_name: name.into(), dp_rank, ..Default::default() })
+        };
+        let st = || Some(Arc::new(StreamStatus::default()));
+        for (slot, name, rank) in [(4, "b", 1), (0, "b", 0), (9, "a", 3), (2, "c", 0), (7, "a", 0)]
+        {
+            d.set_label(slot, label(name, rank));
+            d.set_status(slot, st());
+        }
+        assert_eq!(d.order, [7, 9, 0, 4, 2]);
+        d.set_status(0, None);
+        assert_eq!(d.order, [7, 9, 4, 2], "a removed stream leaves the order");
+        d.set_label(0, label("a", 1));
+        assert_eq!(d.order, [7, 0, 9, 4, 2], "a reused slot takes its new label's place");
+        d.set_label(4, label("0", 0));
+        assert_eq!(d.order, [4, 7, 0, 9, 2], "a relabeled slot moves");
     }
 
     #[test]

@@ -243,7 +243,8 @@ impl SharedHandle {
     }
 
     /// [`Self::query`], plus every present stream's label and status read from the same
-    /// published copy (in slot order), so matches, statuses and slot owners agree.
+    /// published copy (ordered by instance name, then DP rank), so matches, statuses and slot
+    /// owners agree.
     pub fn query_streams(&mut self, tokens: &[i32], streams: &mut Vec<SlotRead>) -> SharedMatches {
         self.query_streams_in(Namespace::default(), tokens, streams)
     }
@@ -261,10 +262,11 @@ impl SharedHandle {
         self.last_ns = ns;
         let view = Arc::clone(&self.view);
         let data = read(&view);
-        for (i, label) in data.labels.iter().enumerate() {
+        for &slot in &data.order {
+            let i = usize::from(slot);
             let status = data.status.get(i).cloned().flatten();
-            if let (Some(label), Some(status)) = (label, status) {
-                streams.push(SlotRead { slot: i as u8, label: Arc::clone(label), status });
+            if let (Some(label), Some(status)) = (&data.labels[i], status) {
+                streams.push(SlotRead { slot, label: Arc::clone(label), status });
             }
         }
         let block_size = self.block_size;

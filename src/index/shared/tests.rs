@@ -274,12 +274,12 @@ fn labels_are_published_with_the_status_and_a_reused_slot_never_shows_the_old_st
     c.publish();
     assert_eq!(
         listed(&mut r, &[1, 2]),
-        [("c".into(), 1, false, (0, 0)), ("b".into(), 3, false, (0, 0))],
-        "the new stream has none of the old one's bits and its own label"
+        [("b".into(), 3, false, (0, 0)), ("c".into(), 1, false, (0, 0))],
+        "the new stream has none of the old one's bits and its own label, in name order"
     );
     c.load_snapshot(&Batch::default(), 0).unwrap();
     c.publish();
-    assert_eq!(listed(&mut r, &[1, 2])[0], ("c".into(), 1, true, (0, 0)));
+    assert_eq!(listed(&mut r, &[1, 2])[1], ("c".into(), 1, true, (0, 0)));
 }
 
 /// A chain of `n` blocks (hashes 1..=n, token pairs `2i, 2i + 1`) on `tier`.
