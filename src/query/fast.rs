@@ -72,18 +72,57 @@ impl Scan<'_> {
 ///   three multiply-and-shift steps then combine pairs, quads and halves of the eight
 ///   digit-bytes into the number.
 fn short_number(eight: &[u8]) -> Option<(u64, usize)> {
-    let word = u64::from_le_bytes(eight.try_into().ok()?);
-    let x = word ^ 0x3030_3030_3030_3030;
-    let over_nine = (x.wrapping_add(0x7676_7676_7676_7676) | x) & 0x8080_8080_8080_8080;
-    let digits = (over_nine.trailing_zeros() / 8) as usize;
+    let x = u64::from_le_bytes(eight.try_into().ok()?) ^ 0x3030_3030_3030_3030;
+    let digits = digit_count(x);
     if digits == 8 || digits == 0 {
         return (digits == 0).then_some((0, 0));
     }
+    Some((digit_value(x, digits), digits))
+}
+
+/// How many of the bytes of `x` (a word `^ 0x30..30`, see [`short_number`]) are digits before
+/// the first one that is not: 8 when all are.
+#[inline(always)]
+fn digit_count(x: u64) -> usize {
+    let over_nine = (x.wrapping_add(0x7676_7676_7676_7676) | x) & 0x8080_8080_8080_8080;
+    (over_nine.trailing_zeros() / 8) as usize
+}
+
+/// The number the first `digits` (1 to 8) bytes of `x` spell (see [`short_number`]).
+#[inline(always)]
+fn digit_value(x: u64, digits: usize) -> u64 {
     let mut v = x << (8 * (8 - digits));
     v = (v & 0x0f0f_0f0f_0f0f_0f0f).wrapping_mul(2561) >> 8;
     v = (v & 0x00ff_00ff_00ff_00ff).wrapping_mul(6_553_601) >> 16;
-    v = (v & 0x0000_ffff_0000_ffff).wrapping_mul(42_949_672_960_001) >> 32;
-    Some((v, digits))
+    (v & 0x0000_ffff_0000_ffff).wrapping_mul(42_949_672_960_001) >> 32
+}
+
+/// The usual element, read from one word: an id of 1 to 6 digits (no leading zero) and what
+/// follows it, `,` (and one space, as Python's `json.dumps` writes) or `]`. Returns the id, the
+/// bytes it and its separator take, and whether `]` closed the list; `None` for anything else,
+/// which the byte-wise step then reads.
+///
+/// Why: the byte-wise step loads each element's bytes one after the other (skip whitespace,
+/// the digits, whitespace, the separator), and every element's start waits for the one before:
+/// about 13 ns per id here. Reading the separator from the word the digits came from leaves one
+/// load per element on that path: about 8 ns (9,000 six-digit ids: 117 -> 70-80 µs). Finding
+/// the commas a word at a time and parsing the elements between them independently measured
+/// the same, with twice the code.
+#[inline(always)]
+fn quick_element(eight: &[u8]) -> Option<(i32, usize, bool)> {
+    let word = u64::from_le_bytes(eight.try_into().ok()?);
+    let x = word ^ 0x3030_3030_3030_3030;
+    let digits = digit_count(x);
+    if !(1..=6).contains(&digits) || (digits > 1 && word as u8 == b'0') {
+        return None;
+    }
+    let id = digit_value(x, digits) as i32; // at most 999,999
+    let after = |n: usize| (word >> (8 * n)) as u8;
+    match after(digits) {
+        b',' => Some((id, digits + 1 + usize::from(after(digits + 1) == b' '), false)),
+        b']' => Some((id, digits + 1, true)),
+        _ => None,
+    }
 }
 
 /// The token ids of a body that is exactly `{"token_ids": [n, ...]}` (JSON whitespace
@@ -105,6 +144,17 @@ pub(super) fn plain_token_ids(body: &[u8], max_tokens: usize) -> Option<Vec<i32>
         s.i += 1;
     } else {
         loop {
+            if let Some((id, used, last)) = s.b.get(s.i..s.i + 8).and_then(quick_element) {
+                if out.len() == max_tokens {
+                    return None;
+                }
+                out.push(id);
+                s.i += used;
+                if last {
+                    break;
+                }
+                continue;
+            }
             s.peek()?;
             let t = s.token()?;
             if out.len() == max_tokens {
@@ -242,13 +292,43 @@ mod tests {
         assert_eq!(short_number(b"9\xff\x00ab\x80cd"), Some((9, 1)));
     }
 
+    #[test]
+    fn the_one_word_element_takes_only_what_it_is_sure_of() {
+        assert_eq!(quick_element(b"151935,7"), Some((151_935, 7, false)));
+        assert_eq!(quick_element(b"151935, "), Some((151_935, 8, false)));
+        assert_eq!(quick_element(b"0, 12345"), Some((0, 3, false)));
+        assert_eq!(quick_element(b"7,  1234"), Some((7, 3, false)), "one space; the rest later");
+        assert_eq!(quick_element(b"42]}    "), Some((42, 3, true)));
+        for other in [
+            &b"1234567,"[..],
+            b"012,3456",
+            b"00]     ",
+            b" 12,3456",
+            b"12 ,3456",
+            b"12.5,345",
+            b"-1,23456",
+            b"123456",
+        ] {
+            assert_eq!(quick_element(other), None, "{}", String::from_utf8_lossy(other));
+        }
+        let many: Vec<String> = (0..500).map(|i| (i * 7_919 % 200_000).to_string()).collect();
+        for sep in [",", ", ", " ,\n "] {
+            let body = format!("{{\"token_ids\": [{}]}}", many.join(sep));
+            let want: Vec<i32> = (0..500).map(|i| i * 7_919 % 200_000).collect();
+            assert_eq!(plain_token_ids(body.as_bytes(), 500), Some(want), "{sep:?}");
+            assert_eq!(plain_token_ids(body.as_bytes(), 499), None, "{sep:?}");
+        }
+        assert_eq!(plain(r#"{"token_ids": [1, 02]}"#), None);
+    }
+
     fn whitespace() -> impl Strategy<Value = String> {
         proptest::collection::vec(prop_oneof![Just(' '), Just('\n'), Just('\t'), Just('\r')], 0..3)
             .prop_map(|v| v.into_iter().collect())
     }
 
     fn body() -> impl Strategy<Value = String> {
-        let tokens = proptest::collection::vec(0..=i32::MAX, 0..=6);
+        let id = prop_oneof![0..10, 0..1_000_000, 999_990..1_000_010, 0..=i32::MAX];
+        let tokens = proptest::collection::vec(id, 0..=6);
         (tokens, whitespace(), whitespace()).prop_map(|(t, a, b)| {
             let list: Vec<String> = t.iter().map(|v| format!("{a}{v}{b}")).collect();
             format!("{a}{{{b}\"token_ids\"{a}:{b}[{}]{a}}}{b}", list.join(","))
