@@ -20,7 +20,7 @@ use kvdir::index::{
     ContentKey, IndexConfig, SharedError, SharedHandle, SharedIndex, SlotRead, StreamLabel,
     StreamWriter, MAX_STREAMS,
 };
-use kvdir::query::{QueryResponse, QueryScope, StreamMatch};
+use kvdir::query::{answer_json, MatchRef, QueryResponse, QueryScope, StreamMatch};
 use kvdir::registry::Identity;
 
 /// Ids of indexes, unique in the process (several services may share a thread in tests).
@@ -112,28 +112,35 @@ impl Indexes {
     }
 
     fn read_scoped(&self, tokens: &[i32], scope: &QueryScope, keyed: bool) -> Vec<StreamHit> {
-        self.read_each(tokens, scope, keyed, |s, hit, keys, block_size| StreamHit {
-            matched: stream_match(s, hit),
+        let make = |s: SlotRead, hit, keys: &Arc<[ContentKey]>, block_size| StreamHit {
+            matched: stream_match(&s, hit),
             identity: s.label.identity.clone(),
             tenant: s.label.tenant.clone(),
             keys: Arc::clone(keys),
             block_size,
+        };
+        self.read_each(tokens, scope, keyed, make, |h| {
+            (&h.matched.instance_name, h.matched.dp_rank)
         })
     }
 
     /// One `make(stream, its (Device, Host-only) hit tokens, the query's keys in its index, the
-    /// index's block size)` per stream `scope` admits, ordered by instance name then rank.
+    /// index's block size)` per stream `scope` admits, ordered by instance name then rank
+    /// (`key` gives them back from what `make` made).
     fn read_each<T>(
         &self,
         tokens: &[i32],
         scope: &QueryScope,
         keyed: bool,
-        mut make: impl FnMut(&SlotRead, (u64, u64), &Arc<[ContentKey]>, u32) -> T,
+        mut make: impl FnMut(SlotRead, (u64, u64), &Arc<[ContentKey]>, u32) -> T,
+        key: impl Fn(&T) -> (&String, u32),
     ) -> Vec<T> {
-        let mut out: Vec<(Arc<StreamLabel>, T)> = Vec::with_capacity(MAX_STREAMS);
+        let mut out: Vec<T> = Vec::with_capacity(MAX_STREAMS);
         let mut slots: Vec<SlotRead> = Vec::new();
         let groups = self.groups.read().unwrap_or_else(|e| e.into_inner());
+        let mut read = 0;
         for g in groups.iter().filter(|g| scope.block_size.is_none_or(|b| b == g.block_size)) {
+            read += 1;
             let (matches, keys) = HANDLES.with(|h| {
                 let mut h = h.borrow_mut();
                 let handle = h.entry(g.id).or_insert_with(|| g.index.reader().handle());
@@ -144,16 +151,15 @@ impl Indexes {
             });
             slots.retain(|s| scope.admits(&s.label, g.block_size));
             out.extend(slots.drain(..).map(|s| {
-                let t = make(&s, matches.tokens(s.slot), &keys, g.block_size);
-                (s.label, t)
+                let hit = matches.tokens(s.slot);
+                make(s, hit, &keys, g.block_size)
             }));
         }
-        // Each index lists its streams in this order already, so with one index (the usual
-        // case) this only checks it.
-        out.sort_by(|(a, _), (b, _)| {
-            (&a.instance_name, a.dp_rank).cmp(&(&b.instance_name, b.dp_rank))
-        });
-        out.into_iter().map(|(_, t)| t).collect()
+        // Each index lists its streams in this order already (the usual case is one index).
+        if read > 1 {
+            out.sort_by(|a, b| key(a).cmp(&key(b)));
+        }
+        out
     }
 
     /// The query endpoint's answer for `tokens`.
@@ -163,15 +169,29 @@ impl Indexes {
 
     /// The query endpoint's answer for `tokens` within `scope`.
     pub fn query_in(&self, tokens: &[i32], scope: &QueryScope) -> QueryResponse {
-        let matches = self.read_each(tokens, scope, false, |s, hit, _, _| stream_match(s, hit));
+        let make = |s: SlotRead, hit, _: &_, _| stream_match(&s, hit);
+        let matches = self.read_each(tokens, scope, false, make, |m| (&m.instance_name, m.dp_rank));
         QueryResponse { input_tokens: tokens.len(), matches }
+    }
+
+    /// [`Self::query_in`]'s answer as JSON (`QueryResponse::to_json`), written from the
+    /// published labels and statuses without copying them into a [`QueryResponse`] first.
+    pub fn query_json_in(&self, tokens: &[i32], scope: &QueryScope) -> Vec<u8> {
+        let read = self.read_each(
+            tokens,
+            scope,
+            false,
+            |s, hit, _, _| (s, hit),
+            |(s, _)| (&s.label.instance_name, s.label.dp_rank),
+        );
+        answer_json(tokens.len(), read.iter().map(|(s, hit)| match_ref(s, *hit)))
     }
 }
 
-/// A stream's entry in the query endpoint's answer.
-fn stream_match(s: &SlotRead, (device, host_only): (u64, u64)) -> StreamMatch {
-    StreamMatch {
-        instance_name: s.label.instance_name.clone(),
+/// A stream's entry in the query endpoint's answer, borrowed from what the reader saw.
+fn match_ref(s: &SlotRead, (device, host_only): (u64, u64)) -> MatchRef<'_> {
+    MatchRef {
+        instance_name: &s.label.instance_name,
         dp_rank: s.label.dp_rank,
         synchronized: s.status.synchronized,
         sequence: s.status.sequence,
@@ -180,7 +200,24 @@ fn stream_match(s: &SlotRead, (device, host_only): (u64, u64)) -> StreamMatch {
         reusable_prefix_tokens: device + host_only,
         device_blocks: s.status.device_blocks,
         host_blocks: s.status.host_blocks,
-        error: s.status.error.clone(),
+        error: s.status.error.as_deref(),
+    }
+}
+
+/// A stream's entry in the query endpoint's answer, owned.
+fn stream_match(s: &SlotRead, hit: (u64, u64)) -> StreamMatch {
+    let m = match_ref(s, hit);
+    StreamMatch {
+        instance_name: m.instance_name.to_owned(),
+        dp_rank: m.dp_rank,
+        synchronized: m.synchronized,
+        sequence: m.sequence,
+        device_hit_tokens: m.device_hit_tokens,
+        host_only_hit_tokens: m.host_only_hit_tokens,
+        reusable_prefix_tokens: m.reusable_prefix_tokens,
+        device_blocks: m.device_blocks,
+        host_blocks: m.host_blocks,
+        error: m.error.map(str::to_owned),
     }
 }
 
@@ -196,5 +233,53 @@ impl Drop for Indexes {
                 h.retain(|id, _| !ids.contains(id));
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kvdir::wire::{Batch, EngineHash, Tier};
+
+    use super::*;
+
+    fn label(instance_name: &str, dp_rank: u32) -> StreamLabel {
+        StreamLabel { instance_name: instance_name.into(), dp_rank, ..StreamLabel::default() }
+    }
+
+    /// A full-state batch: the stream holds one block of `tokens`.
+    fn holding(tokens: &[i32]) -> Batch {
+        let mut b = Batch::default();
+        b.push_cleared(None);
+        let n = tokens.len();
+        let size = n as u32;
+        b.push_stored_with(&[EngineHash(7)], None, n, size, Tier::Device, |out| {
+            out.copy_from_slice(tokens)
+        });
+        b
+    }
+
+    #[test]
+    fn the_json_answer_is_the_query_answer_in_name_order_across_indexes() {
+        let indexes = Indexes::default();
+        let config = |block_size| IndexConfig { block_size, ..IndexConfig::default() };
+        let mut b1 = indexes.add_stream(config(2), label("b", 1)).unwrap();
+        let mut a0 = indexes.add_stream(config(4), label("a", 0)).unwrap();
+        let mut a2 = indexes.add_stream(config(2), label("a\"2", 2)).unwrap();
+        b1.apply(1, &holding(&[1, 2])).unwrap();
+        b1.publish();
+        a0.apply(1, &holding(&[1, 2, 3, 4])).unwrap();
+        a0.invalidate("a gap: expected sequence 2, got \"9\"");
+        a0.publish();
+        a2.publish();
+        let tokens = [1, 2, 3, 4];
+        let want = indexes.query_in(&tokens, &QueryScope::default());
+        let order: Vec<_> =
+            want.matches.iter().map(|m| (m.instance_name.as_str(), m.dp_rank)).collect();
+        assert_eq!(order, [("a", 0), ("a\"2", 2), ("b", 1)]);
+        let hits: Vec<_> = want.matches.iter().map(|m| m.device_hit_tokens).collect();
+        assert_eq!(hits, [0, 0, 2], "only b holds the query's first block and is synchronized");
+        assert!(want.matches[0].error.is_some());
+        let json = indexes.query_json_in(&tokens, &QueryScope::default());
+        assert_eq!(String::from_utf8(json).unwrap(), serde_json::to_string(&want).unwrap());
     }
 }

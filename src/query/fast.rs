@@ -7,10 +7,13 @@
 //!   a plain scan. It accepts only what it is sure of: any other key, any element that is not a
 //!   plain decimal integer in range, a list over the limit, or anything malformed gives `None`,
 //!   and the serde path then reads the body and gives its exact answer or error message;
-//! - [`response_json`] writes a [`QueryResponse`] with its keys as constants. Its bytes are
+//! - [`answer_json`] writes a [`QueryResponse`] (or its borrowed entries) with its keys as
+//!   constants. Its bytes are
 //!   those of `serde_json::to_vec` (the tests below compare them), and strings are escaped by
 //!   serde_json itself.
 
+use super::MatchRef;
+#[cfg(test)]
 use super::{QueryResponse, StreamMatch};
 
 /// The bytes after the opening brace of the only body the scan reads.
@@ -175,13 +178,17 @@ pub(super) fn plain_token_ids(body: &[u8], max_tokens: usize) -> Option<Vec<i32>
     (s.peek().is_none()).then_some(out)
 }
 
-/// `serde_json::to_vec(response)`, faster (see the module documentation).
-pub(super) fn response_json(r: &QueryResponse) -> Vec<u8> {
-    let mut out = Vec::with_capacity(64 + r.matches.len() * 256);
+/// `serde_json::to_vec` of the response with these entries, faster (see the module
+/// documentation).
+pub(super) fn answer_json<'a>(
+    input_tokens: usize,
+    matches: impl ExactSizeIterator<Item = MatchRef<'a>>,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64 + matches.len() * 256);
     out.extend_from_slice(b"{\"input_tokens\":");
-    number(&mut out, r.input_tokens as u64);
+    number(&mut out, input_tokens as u64);
     out.extend_from_slice(b",\"matches\":[");
-    for (i, m) in r.matches.iter().enumerate() {
+    for (i, m) in matches.enumerate() {
         if i > 0 {
             out.push(b',');
         }
@@ -191,9 +198,9 @@ pub(super) fn response_json(r: &QueryResponse) -> Vec<u8> {
     out
 }
 
-fn stream_match(out: &mut Vec<u8>, m: &StreamMatch) {
+fn stream_match(out: &mut Vec<u8>, m: MatchRef<'_>) {
     out.extend_from_slice(b"{\"instance_name\":");
-    string(out, &m.instance_name);
+    string(out, m.instance_name);
     out.extend_from_slice(b",\"dp_rank\":");
     number(out, u64::from(m.dp_rank));
     out.extend_from_slice(if m.synchronized {
@@ -216,7 +223,7 @@ fn stream_match(out: &mut Vec<u8>, m: &StreamMatch) {
         number(out, v);
     }
     out.extend_from_slice(b",\"error\":");
-    match &m.error {
+    match m.error {
         Some(e) => string(out, e),
         None => out.extend_from_slice(b"null"),
     }
@@ -371,7 +378,7 @@ mod tests {
         ) {
             let r = QueryResponse { input_tokens: input_tokens as usize, matches };
             prop_assert_eq!(
-                String::from_utf8(response_json(&r)).unwrap(),
+                String::from_utf8(r.to_json()).unwrap(),
                 serde_json::to_string(&r).unwrap()
             );
         }

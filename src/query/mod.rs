@@ -247,8 +247,61 @@ impl QueryResponse {
     /// The response's JSON: the bytes of `serde_json::to_vec(self)`, written faster (a
     /// 128-stream answer is written on every query).
     pub fn to_json(&self) -> Vec<u8> {
-        fast::response_json(self)
+        answer_json(self.input_tokens, self.matches.iter().map(StreamMatch::borrowed))
     }
+}
+
+/// A [`StreamMatch`] whose strings are borrowed: what the service writes an answer from, so
+/// that a query copies no instance name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatchRef<'a> {
+    /// The instance.
+    pub instance_name: &'a str,
+    /// Its DP rank.
+    pub dp_rank: u32,
+    /// Valid snapshot plus continuous deltas.
+    pub synchronized: bool,
+    /// Last applied sequence.
+    pub sequence: Option<u64>,
+    /// Tokens of the matched prefix whose blocks are on Device.
+    pub device_hit_tokens: u64,
+    /// Tokens of the matched prefix whose blocks are only on Host.
+    pub host_only_hit_tokens: u64,
+    /// Their sum.
+    pub reusable_prefix_tokens: u64,
+    /// Resident Device blocks.
+    pub device_blocks: u64,
+    /// Resident Host blocks.
+    pub host_blocks: u64,
+    /// Why the stream is unsynchronized.
+    pub error: Option<&'a str>,
+}
+
+impl StreamMatch {
+    /// This entry, borrowed.
+    pub fn borrowed(&self) -> MatchRef<'_> {
+        MatchRef {
+            instance_name: &self.instance_name,
+            dp_rank: self.dp_rank,
+            synchronized: self.synchronized,
+            sequence: self.sequence,
+            device_hit_tokens: self.device_hit_tokens,
+            host_only_hit_tokens: self.host_only_hit_tokens,
+            reusable_prefix_tokens: self.reusable_prefix_tokens,
+            device_blocks: self.device_blocks,
+            host_blocks: self.host_blocks,
+            error: self.error.as_deref(),
+        }
+    }
+}
+
+/// The JSON of a [`QueryResponse`] with these entries, in order: the bytes `serde_json` gives
+/// for it, written with constant keys.
+pub fn answer_json<'a>(
+    input_tokens: usize,
+    matches: impl ExactSizeIterator<Item = MatchRef<'a>>,
+) -> Vec<u8> {
+    fast::answer_json(input_tokens, matches)
 }
 
 #[cfg(test)]
