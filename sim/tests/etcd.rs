@@ -260,20 +260,24 @@ fn the_binary_registers_its_engines_and_prints_derived_ports() {
         let probe = engine_with_http(2);
         probe.config().http_port
     };
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_kvdir-sim"))
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_kvdir-sim"))
         .args([format!("--http_port={port}"), format!("--etcd_addr={}", etcd.endpoint)])
         .args(["--dp_size=2", "--etcd_namespace=demo", "--instance_type=1", "--duration_s=60"])
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("the binary runs");
+    let mut child = KillOnDrop(Some(child));
     let name = format!("127.0.0.1:{port}");
     let key = format!("/demo/XLLM:PREFILL:{name}");
     let reader = EtcdReader::new(&etcd);
     eventually(DEADLINE, "the binary registers", || reader.get(&key).is_some());
     let record = parse_instance(&name, &reader.get(&key).unwrap().value).unwrap();
     assert_eq!((record.kind, record.dp_size), (InstanceType::Prefill, 2));
-    assert!(reader.get(&format!("/demo/XLLM:LOADMETRICS:{name}")).is_some());
+    // Written after the instance key, so an observer can see the key first.
+    let load_key = format!("/demo/XLLM:LOADMETRICS:{name}");
+    eventually(DEADLINE, "the binary writes LOADMETRICS", || reader.get(&load_key).is_some());
     assert_eq!(health(&name), 200);
+    let mut child = child.0.take().expect("still running");
     child.kill().expect("kill the binary");
     let out = child.wait_with_output().expect("the binary ends");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -284,4 +288,17 @@ fn the_binary_registers_its_engines_and_prints_derived_ports() {
     assert_eq!(stream["endpoint"], format!("tcp://127.0.0.1:{}", u32::from(port) + 10001));
     assert_eq!(stream["replay_endpoint"], format!("tcp://127.0.0.1:{}", u32::from(port) + 30001));
     assert!(stdout.contains(&format!("registered {key}")), "{stdout}");
+}
+
+/// Kills the binary when a failed assertion ends the test before it does (it would otherwise
+/// run on for its `--duration_s`).
+struct KillOnDrop(Option<std::process::Child>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if let Some(child) = self.0.as_mut() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
