@@ -206,19 +206,7 @@ fn match_ref(s: &SlotRead, (device, host_only): (u64, u64)) -> MatchRef<'_> {
 
 /// A stream's entry in the query endpoint's answer, owned.
 fn stream_match(s: &SlotRead, hit: (u64, u64)) -> StreamMatch {
-    let m = match_ref(s, hit);
-    StreamMatch {
-        instance_name: m.instance_name.to_owned(),
-        dp_rank: m.dp_rank,
-        synchronized: m.synchronized,
-        sequence: m.sequence,
-        device_hit_tokens: m.device_hit_tokens,
-        host_only_hit_tokens: m.host_only_hit_tokens,
-        reusable_prefix_tokens: m.reusable_prefix_tokens,
-        device_blocks: m.device_blocks,
-        host_blocks: m.host_blocks,
-        error: m.error.map(str::to_owned),
-    }
+    match_ref(s, hit).into()
 }
 
 /// Forgets this thread's handles of indexes that no longer exist (a stopped service).

@@ -7,14 +7,11 @@
 //!   a plain scan. It accepts only what it is sure of: any other key, any element that is not a
 //!   plain decimal integer in range, a list over the limit, or anything malformed gives `None`,
 //!   and the serde path then reads the body and gives its exact answer or error message;
-//! - [`answer_json`] writes a [`QueryResponse`] (or its borrowed entries) with its keys as
-//!   constants. Its bytes are
-//!   those of `serde_json::to_vec` (the tests below compare them), and strings are escaped by
-//!   serde_json itself.
+//! - [`answer_json`] writes a [`QueryResponse`](super::QueryResponse) (or its borrowed
+//!   entries) with its keys as constants. Its bytes are those of `serde_json::to_vec` (the
+//!   tests below compare them), and strings are escaped by serde_json itself.
 
 use super::MatchRef;
-#[cfg(test)]
-use super::{QueryResponse, StreamMatch};
 
 /// The bytes after the opening brace of the only body the scan reads.
 const KEY: &[u8] = b"\"token_ids\"";
@@ -51,6 +48,26 @@ impl Scan<'_> {
         }
         self.i = start + digits;
         i32::try_from(v).ok()
+    }
+
+    /// The list element at the cursor and its separator, consumed: the id, and whether `]`
+    /// closed the list. The usual element is read from one word ([`quick_element`]), any other
+    /// a byte at a time.
+    #[inline(always)]
+    fn element(&mut self) -> Option<(i32, bool)> {
+        if let Some((id, used, last)) = self.b.get(self.i..self.i + 8).and_then(quick_element) {
+            self.i += used;
+            return Some((id, last));
+        }
+        self.peek()?;
+        let id = self.token()?;
+        let last = match self.peek()? {
+            b',' => false,
+            b']' => true,
+            _ => return None,
+        };
+        self.i += 1;
+        Some((id, last))
     }
 
     /// The value and length of the digits at the cursor, a byte at a time: numbers of 8 digits
@@ -147,30 +164,13 @@ pub(super) fn plain_token_ids(body: &[u8], max_tokens: usize) -> Option<Vec<i32>
         s.i += 1;
     } else {
         loop {
-            if let Some((id, used, last)) = s.b.get(s.i..s.i + 8).and_then(quick_element) {
-                if out.len() == max_tokens {
-                    return None;
-                }
-                out.push(id);
-                s.i += used;
-                if last {
-                    break;
-                }
-                continue;
-            }
-            s.peek()?;
-            let t = s.token()?;
+            let (id, last) = s.element()?;
             if out.len() == max_tokens {
                 return None;
             }
-            out.push(t);
-            match s.peek()? {
-                b',' => s.i += 1,
-                b']' => {
-                    s.i += 1;
-                    break;
-                }
-                _ => return None,
+            out.push(id);
+            if last {
+                break;
             }
         }
     }
@@ -243,7 +243,7 @@ fn string(out: &mut Vec<u8>, s: &str) {
 mod tests {
     use proptest::prelude::*;
 
-    use super::super::parse_scoped_query;
+    use super::super::{parse_scoped_query, QueryResponse, StreamMatch};
     use super::*;
 
     fn plain(body: &str) -> Option<Vec<i32>> {

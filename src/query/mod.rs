@@ -295,6 +295,23 @@ impl StreamMatch {
     }
 }
 
+impl From<MatchRef<'_>> for StreamMatch {
+    fn from(m: MatchRef<'_>) -> Self {
+        StreamMatch {
+            instance_name: m.instance_name.to_owned(),
+            dp_rank: m.dp_rank,
+            synchronized: m.synchronized,
+            sequence: m.sequence,
+            device_hit_tokens: m.device_hit_tokens,
+            host_only_hit_tokens: m.host_only_hit_tokens,
+            reusable_prefix_tokens: m.reusable_prefix_tokens,
+            device_blocks: m.device_blocks,
+            host_blocks: m.host_blocks,
+            error: m.error.map(str::to_owned),
+        }
+    }
+}
+
 /// The JSON of a [`QueryResponse`] with these entries, in order: the bytes `serde_json` gives
 /// for it, written with constant keys.
 pub fn answer_json<'a>(
