@@ -105,12 +105,25 @@ const AHEAD: usize = 16;
 
 /// Applies changes in order.
 pub(crate) fn apply_changes(map: &mut PresenceMap, changes: &[Change]) {
-    changes.iter().take(AHEAD).for_each(|c| map.prefetch(&c.key));
     for (i, c) in changes.iter().enumerate() {
-        if let Some(ahead) = changes.get(i + AHEAD) {
-            map.prefetch(&ahead.key);
-        }
+        prefetch_ahead(map, changes, i);
         apply_change(map, c);
+    }
+}
+
+/// Before `changes[i]` is applied to `map` (this view's or the shared one): prefetches the
+/// slot of the change [`AHEAD`] places on, and before the first change, those of the first
+/// [`AHEAD`].
+pub(crate) fn prefetch_ahead<V: Vacancy>(
+    map: &FlatTable<ContentKey, V>,
+    changes: &[Change],
+    i: usize,
+) {
+    if i == 0 {
+        changes.iter().take(AHEAD).for_each(|c| map.prefetch(&c.key));
+    }
+    if let Some(ahead) = changes.get(i + AHEAD) {
+        map.prefetch(&ahead.key);
     }
 }
 

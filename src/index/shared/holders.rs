@@ -19,7 +19,7 @@ use std::sync::Arc;
 use super::super::blocks::bit;
 use super::super::flat::{FlatTable, Vacancy};
 use super::super::key::ContentKey;
-use super::super::view::{Change, StreamStatus};
+use super::super::view::{prefetch_ahead, Change, StreamStatus};
 use crate::wire::Tier;
 
 /// Streams a shared index can hold (one bit each in a `u128`).
@@ -96,9 +96,6 @@ pub(crate) struct SharedData {
     pub order: Vec<u8>,
 }
 
-/// How far ahead of the change being applied its map slot is prefetched (see `view.rs`).
-const AHEAD: usize = 16;
-
 impl SharedData {
     /// The holders of a present key, as sets.
     #[inline]
@@ -121,11 +118,8 @@ impl SharedData {
 
     /// Applies one stream's changes, in order.
     pub fn apply_changes(&mut self, slot: u8, changes: &[Change]) {
-        changes.iter().take(AHEAD).for_each(|c| self.map.prefetch(&c.key));
         for (i, c) in changes.iter().enumerate() {
-            if let Some(ahead) = changes.get(i + AHEAD) {
-                self.map.prefetch(&ahead.key);
-            }
+            prefetch_ahead(&self.map, changes, i);
             if c.add {
                 self.add(c.key, slot, c.tier);
             } else {
