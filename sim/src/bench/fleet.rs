@@ -74,7 +74,7 @@ impl Fleet {
                 Err(SimError::Bind { endpoint, .. })
                     if base.is_some() && o.http_port == 0 && tried.len() < BIND_RETRIES =>
                 {
-                    tracing::debug!(%endpoint, "a probed port was taken before the bind; probing again");
+                    tracing::debug!(%endpoint, "a probed port was taken before the bind; probing");
                     tried.extend(base);
                 }
                 started => return Ok(Fleet { engines: started?, registrations: Vec::new() }),

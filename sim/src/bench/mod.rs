@@ -13,10 +13,10 @@
 //! 6. runs the same clients `--baseline_seconds` without ingest, for ratios in the same run.
 //!
 //! Modules: [`flags`] (options, `--help`), [`fleet`], [`kvdir`], [`probe`], [`drive`],
-//! [`clients`], [`http`], [`handler`] (kvdir's own latency histograms), [`report`]; [`replay`] is the `kvdir-bench replay` subcommand, which
-//! replays a request trace through the same fleet, kvdir and probe; [`chat`] is `kvdir-bench
-//! chat`, the OpenAI front door under a chat load. The one error type is
-//! [`BenchError`].
+//! [`clients`], [`http`], [`handler`] (kvdir's own latency histograms), [`report`]; [`replay`]
+//! is the `kvdir-bench replay` subcommand, which replays a request trace through the same
+//! fleet, kvdir and probe; [`chat`] is `kvdir-bench chat`, the OpenAI front door under a chat
+//! load. The one error type is [`BenchError`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
