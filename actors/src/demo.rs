@@ -51,14 +51,29 @@ struct Demo {
     token: Option<String>,
 }
 
+/// Without `--tokenizer_path`, writes the demo model to a temporary directory and points the
+/// flag at it. The caller drops the directory once the service has loaded the model (the front
+/// door keeps it in memory), so no run leaves files behind.
+fn write_demo_model(flags: &mut Flags) -> Result<Option<tempfile::TempDir>, String> {
+    if flags.front.tokenizer_path.is_some() {
+        return Ok(None);
+    }
+    let tmp = tempfile::Builder::new().prefix("kvdir-demo-").tempdir();
+    let tmp = tmp.map_err(|e| {
+        format!(
+            "the demo model needs a temporary directory ({e}); set TMPDIR to a writable \
+             directory, or pass --tokenizer_path"
+        )
+    })?;
+    let dir = tmp.path().join(MODEL);
+    kvdir_text::demo::write_model(&dir).map_err(|e| e.to_string())?;
+    flags.front.tokenizer_path = Some(dir);
+    Ok(Some(tmp))
+}
+
 /// Runs the demo until `flags.demo_seconds` pass (or forever).
 pub fn run(mut flags: Flags) -> Result<(), String> {
-    if flags.front.tokenizer_path.is_none() {
-        let dir = std::env::temp_dir().join(format!("kvdir-demo-{}", std::process::id()));
-        let dir = dir.join(MODEL);
-        kvdir_text::demo::write_model(&dir).map_err(|e| e.to_string())?;
-        flags.front.tokenizer_path = Some(dir);
-    }
+    let model_dir = write_demo_model(&mut flags)?;
     let model = TextModel::load(
         flags.front.tokenizer_path.as_deref().unwrap_or(std::path::Path::new(".")),
         flags.front.chat_template.as_deref(),
@@ -70,6 +85,7 @@ pub fn run(mut flags: Flags) -> Result<(), String> {
     demo.token = flags.internal_api_token.clone();
     let svc =
         Service::start_directory(flags.clone(), demo.directory()).map_err(|e| e.to_string())?;
+    drop(model_dir);
     let addr = svc.http_addr();
     print_urls(&addr.to_string(), demo.token.is_some(), &served);
     let mut workload = Workload::new(WorkloadConfig {

@@ -120,9 +120,8 @@ fn rejected_queries_are_reported_as_errors_by_status() {
 fn a_running_kvdir_is_driven_through_etcd_and_its_rss_read_from_metrics() {
     let etcd = etcd_endpoint();
     let ns = format!("bench-running-{}", std::process::id());
-    let dir = std::env::temp_dir().join(&ns);
-    std::fs::create_dir_all(&dir).unwrap();
-    let config = dir.join("discovery.json");
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("discovery.json");
     let discovery = serde_json::json!({"discovery": {"enabled": true, "block_size": 16,
         "topic": "xllm-kv", "refresh_interval_ms": 100}});
     std::fs::write(&config, discovery.to_string()).unwrap();

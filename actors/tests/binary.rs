@@ -6,7 +6,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use common::{kvdir, post_to, request, spawn};
+use common::{kvdir, post_to, request, spawn, spawn_command};
 use kvdir_sim::{EngineConfig, SimEngine};
 
 fn repo_file(path: &str) -> PathBuf {
@@ -63,9 +63,8 @@ fn bad_flags_and_configs_exit_2_with_every_problem() {
     assert!(err.contains("invalid configuration (2 problems)"), "{err}");
     assert!(err.contains("--http_server_port=\"99999\" is not an integer in 0..=65535"), "{err}");
 
-    let dir = std::env::temp_dir().join(format!("kvdir-bad-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("bad.json");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.json");
     std::fs::write(
         &path,
         r#"{"streams": [{"instance_name": "a", "endpoint": "tcp://*:1"}], "max_streams": 500}"#,
@@ -94,9 +93,8 @@ fn the_binary_serves_a_simulated_engines_cache() {
         SimEngine::start(EngineConfig { name: "bin".into(), block_size: 4, ..Default::default() })
             .unwrap();
     let ep = &eng.endpoints()[0];
-    let dir = std::env::temp_dir().join(format!("kvdir-bin-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("kv.json");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("kv.json");
     let config = serde_json::json!({"streams": [{"instance_name": "bin", "block_size": 4,
         "endpoint": ep.event, "replay_endpoint": ep.replay, "topic": "xllm-kv"}]});
     std::fs::write(&path, config.to_string()).unwrap();
@@ -153,6 +151,29 @@ fn the_demo_runs_without_any_setup() {
     let answer: serde_json::Value = serde_json::from_str(&reply.body).unwrap();
     assert!(answer["choices"][0]["message"]["content"].as_str().is_some_and(|c| !c.is_empty()));
     drop(kv);
+}
+
+/// The demo writes its model to a temporary directory and removes it once kvdir has loaded it,
+/// so even a demo stopped with Ctrl-C leaves nothing behind; an unusable `TMPDIR` is named.
+#[test]
+fn the_demo_removes_its_model_files_once_loaded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cmd = kvdir();
+    cmd.args(["--demo", "--demo_seconds=60", "--http_server_port=0"]).env("TMPDIR", tmp.path());
+    let kv = spawn_command(cmd, "kvdir demo listening on http://");
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+    drop(kv);
+    assert!(left.is_empty(), "the demo left {left:?} in TMPDIR");
+
+    let missing = tmp.path().join("missing");
+    let out = kvdir()
+        .args(["--demo", "--demo_seconds=1", "--http_server_port=0"])
+        .env("TMPDIR", &missing)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains(&missing.display().to_string()) && err.contains("TMPDIR"), "{err}");
 }
 
 /// Runs a one-second demo with `envs` and `args` and returns its stderr lines.

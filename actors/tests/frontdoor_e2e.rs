@@ -12,11 +12,13 @@ use kvdir::config::{Flags, FrontDoorFlags};
 use reqwest::blocking::Client;
 use serde_json::{json, Value};
 
-/// A demo model directory (a BPE trained by kvdir-text, ChatML template) for this test binary.
-fn demo_model(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kvdir-frontdoor-{name}-{}", std::process::id()));
+/// A demo model directory named `name` (a BPE trained by kvdir-text, ChatML template), inside
+/// a temporary directory that is removed when the returned guard drops.
+fn demo_model(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().expect("a temporary directory");
+    let dir = tmp.path().join(name);
     kvdir_text::demo::write_model(&dir).expect("the demo model is written");
-    dir
+    (tmp, dir)
 }
 
 /// kvdir with no directory and no registry (no instances at all).
@@ -51,7 +53,7 @@ fn error_of(body: &Value) -> (String, String, Value) {
 
 #[test]
 fn bad_requests_get_openai_errors_with_the_right_status() {
-    let model = demo_model("errors");
+    let (_tmp, model) = demo_model("errors");
     let front = FrontDoorFlags {
         tokenizer_path: Some(model.clone()),
         api_key: Some("sk-test".into()),

@@ -21,19 +21,18 @@ use serde_json::{json, Value};
 /// The served model's name (the demo model directory's name).
 const MODEL: &str = "kvdir-demo";
 
-/// The demo model directory, written once per test binary.
-fn model_dir() -> &'static PathBuf {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = std::env::temp_dir().join(format!("fd-{}", std::process::id())).join(MODEL);
-        kvdir_text::demo::write_model(&dir).expect("the demo model is written");
-        dir
-    })
+/// The demo model, written to a directory named [`MODEL`] inside a temporary directory that is
+/// removed when the returned guard drops.
+fn model_dir() -> (tempfile::TempDir, PathBuf) {
+    let tmp = tempfile::tempdir().expect("a temporary directory");
+    let dir = tmp.path().join(MODEL);
+    kvdir_text::demo::write_model(&dir).expect("the demo model is written");
+    (tmp, dir)
 }
 
 fn model() -> Arc<TextModel> {
     static MODEL_: OnceLock<Arc<TextModel>> = OnceLock::new();
-    Arc::clone(MODEL_.get_or_init(|| Arc::new(TextModel::load(model_dir(), None).unwrap())))
+    Arc::clone(MODEL_.get_or_init(|| Arc::new(TextModel::load(&model_dir().1, None).unwrap())))
 }
 
 /// An engine serving the demo model, registered in etcd under `ns` with load reports.
@@ -77,7 +76,9 @@ fn kvdir_with(
     policy: Policy,
     front: FrontDoorFlags,
 ) -> kvdir_actors::Service {
-    let front = FrontDoorFlags { tokenizer_path: Some(model_dir().clone()), ..front };
+    // kvdir loads the model at start, so the directory can go when this returns.
+    let (_tmp, dir) = model_dir();
+    let front = FrontDoorFlags { tokenizer_path: Some(dir), ..front };
     let mut flags = Flags { front, ..Flags::default() };
     flags.route.policy = policy;
     discovery_service(etcd, ns, json!({}), flags)
@@ -330,8 +331,9 @@ fn siblings_of_one_new_prompt_stay_together_with_prediction_and_spread_without_i
     let openai = costs(3_000, 0, 1);
     let engines: Vec<_> = (0..3).map(|_| serving(&etcd.endpoint, &ns, &openai)).collect();
     let predicting = kvdir(&etcd.endpoint, &ns, Policy::Car);
+    let (_tmp, dir) = model_dir();
     let mut flags = Flags {
-        front: FrontDoorFlags { tokenizer_path: Some(model_dir().clone()), ..Default::default() },
+        front: FrontDoorFlags { tokenizer_path: Some(dir), ..Default::default() },
         ..Flags::default()
     };
     flags.route.predict_ttl_ms = 0;

@@ -39,7 +39,8 @@ fn bad_flags_exit_with_status_2_and_name_every_problem() {
 
 #[test]
 fn with_a_tokenizer_the_binary_serves_chat_completions_on_its_http_port() {
-    let dir = std::env::temp_dir().join(format!("kvdir-sim-bin-model-{}", std::process::id()));
+    let tmp = tempfile::tempdir().expect("a temporary directory");
+    let dir = tmp.path().join("model");
     let out = Command::new(BIN).arg(format!("--write_demo_model={}", dir.display())).output();
     assert!(out.expect("the binary runs").status.success());
     assert!(dir.join("tokenizer.json").is_file() && dir.join("tokenizer_config.json").is_file());

@@ -2,23 +2,23 @@
 //! computes, checked against token lists built independently in the test (the conversation
 //! rendered by hand in ChatML and encoded with the `tokenizers` crate directly).
 
-use std::path::PathBuf;
-
 use kvdir_text::demo::{self, IM_END, IM_START};
 use kvdir_text::{TextError, TextModel};
 use serde_json::json;
 use tokenizers::Tokenizer;
 
-fn model_dir(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("kvdir-text-{name}-{}", std::process::id()));
-    demo::write_model(&dir).unwrap();
+/// The demo model in a temporary directory, removed when the returned value drops.
+fn model_dir() -> tempfile::TempDir {
+    let dir = tempfile::Builder::new().prefix("kvdir-text-").tempdir().unwrap();
+    demo::write_model(dir.path()).unwrap();
     dir
 }
 
 #[test]
 fn a_rendered_conversation_tokenizes_as_the_engine_would() {
-    let dir = model_dir("parity");
-    let model = TextModel::load(&dir, None).unwrap();
+    let dir = model_dir();
+    let dir = dir.path();
+    let model = TextModel::load(dir, None).unwrap();
     let messages = json!([
         {"role": "system", "content": "You are a helpful assistant."},
         {"role": "user", "content": "What is the capital of France?"},
@@ -51,7 +51,7 @@ fn a_rendered_conversation_tokenizes_as_the_engine_would() {
 
 #[test]
 fn a_shared_system_prompt_gives_a_shared_token_prefix() {
-    let model = TextModel::load(&model_dir("prefix"), None).unwrap();
+    let model = TextModel::load(model_dir().path(), None).unwrap();
     let system = json!({"role": "system", "content": demo::CORPUS.lines().take(8).collect::<Vec<_>>().join(" ")});
     let ask = |q: &str| {
         let m = json!([system, {"role": "user", "content": q}]);
@@ -67,16 +67,17 @@ fn a_shared_system_prompt_gives_a_shared_token_prefix() {
 
 #[test]
 fn template_errors_and_missing_files_name_the_problem() {
-    let dir = model_dir("errors");
+    let dir = model_dir();
+    let dir = dir.path();
     let raising = dir.join("raising.jinja");
     std::fs::write(&raising, "{{ raise_exception('roles must alternate') }}").unwrap();
-    let model = TextModel::load(&dir, Some(&raising)).unwrap();
+    let model = TextModel::load(dir, Some(&raising)).unwrap();
     let err = model.chat_prompt(&json!([]), None, true).unwrap_err();
     assert!(err.to_string().contains("roles must alternate"), "{err}");
 
     let image =
         json!([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]);
-    let err = TextModel::load(&dir, None).unwrap().chat_prompt(&image, None, true).unwrap_err();
+    let err = TextModel::load(dir, None).unwrap().chat_prompt(&image, None, true).unwrap_err();
     assert!(err.to_string().contains("image_url"), "{err}");
 
     let missing = dir.join("nope");
@@ -85,7 +86,7 @@ fn template_errors_and_missing_files_name_the_problem() {
     assert!(err.to_string().contains("nope"), "{err}");
 
     std::fs::write(dir.join("tokenizer_config.json"), "{}").unwrap();
-    let plain = TextModel::load(&dir, None).unwrap();
+    let plain = TextModel::load(dir, None).unwrap();
     assert!(!plain.has_chat_template());
     let err = plain.chat_prompt(&json!([]), None, true).unwrap_err();
     assert!(err.to_string().contains("--chat_template"), "{err}");
@@ -121,8 +122,9 @@ fn mixed_texts(n: usize) -> Vec<String> {
 
 #[test]
 fn remembered_pieces_give_exactly_the_tokenizers_ids() {
-    let dir = model_dir("segments");
-    let model = TextModel::load(&dir, None).unwrap();
+    let dir = model_dir();
+    let dir = dir.path();
+    let model = TextModel::load(dir, None).unwrap();
     assert!(model.caches_segments(), "ChatML's added tokens split plainly");
     let raw = Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
     let texts = mixed_texts(300);

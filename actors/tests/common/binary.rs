@@ -30,8 +30,14 @@ impl Drop for Running {
 /// Starts the binary, reads the address from its first line (after `prefix`), and keeps
 /// draining its output so it never writes into a closed pipe.
 pub fn spawn(args: &[&str], prefix: &str) -> Running {
-    let mut child =
-        kvdir().args(args).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+    let mut cmd = kvdir();
+    cmd.args(args);
+    spawn_command(cmd, prefix)
+}
+
+/// [`spawn`] for a prepared command (environment variables, say).
+pub fn spawn_command(mut cmd: Command, prefix: &str) -> Running {
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
     let mut out = BufReader::new(child.stdout.take().unwrap());
     let mut line = String::new();
     out.read_line(&mut line).unwrap();

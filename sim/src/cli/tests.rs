@@ -99,9 +99,9 @@ fn registration_options_follow_the_flags() {
 
 #[test]
 fn text_flags_load_one_model_for_every_engine() {
-    let dir = std::env::temp_dir().join(format!("kvdir-sim-cli-text-{}", std::process::id()));
-    kvdir_text::demo::write_model(&dir).unwrap();
-    let path = dir.display().to_string();
+    let dir = tempfile::tempdir().unwrap();
+    kvdir_text::demo::write_model(dir.path()).unwrap();
+    let path = dir.path().display().to_string();
     let args = [
         "--http_port=8000",
         "--engines=2",

@@ -1,13 +1,10 @@
-//! Helpers for the OpenAI tests: the demo text model (trained once per test binary into a temp
-//! directory), engines serving it on free loopback HTTP ports, a blocking HTTP client, an
+//! Helpers for the OpenAI tests: the demo text model (trained once per test binary, in memory), engines serving it on free loopback HTTP ports, a blocking HTTP client, an
 //! independent tokenization of chat requests, and polling with a deadline.
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::thread;
 use std::time::Duration;
 
 use kvdir_sim::{EngineConfig, OpenAiConfig, SimEngine, SimError};
@@ -25,18 +22,11 @@ pub const MODEL: &str = "sim-demo";
 pub fn model() -> Arc<TextModel> {
     static MODEL: OnceLock<Arc<TextModel>> = OnceLock::new();
     Arc::clone(MODEL.get_or_init(|| {
-        let dir: PathBuf = std::env::temp_dir().join(format!(
-            "kvdir-sim-openai-{}-{}",
-            std::process::id(),
-            thread_id()
-        ));
-        demo::write_model(&dir).expect("the demo model is written");
-        Arc::new(TextModel::load(&dir, None).expect("the demo model loads"))
+        // The model is held in memory; its directory goes when the closure returns.
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        demo::write_model(dir.path()).expect("the demo model is written");
+        Arc::new(TextModel::load(dir.path(), None).expect("the demo model loads"))
     }))
-}
-
-fn thread_id() -> String {
-    format!("{:?}", thread::current().id()).replace(|c: char| !c.is_ascii_alphanumeric(), "")
 }
 
 /// An OpenAI config for the demo model: no prefill or decode cost unless a test sets one.
