@@ -25,14 +25,13 @@ mod inflight;
 mod policy;
 mod predict;
 mod recent;
+mod types;
 
 pub use inflight::{prompt_id, InFlight, PromptId, RequestId};
-pub use policy::{
-    kv_hit_ratio, route, Candidate, CandidateReport, DpHit, Policy, Rotation, RouteError,
-    RouteParams, Routed, Side,
-};
+pub use policy::{kv_hit_ratio, route, Rotation, RouteError};
 pub use predict::{predicted_hit_ratio, PredictCounters, Predictions};
 pub use recent::{RecentRoutes, RecentRoutesReport, RouteRecord};
+pub use types::{Candidate, CandidateReport, DpHit, Policy, RouteParams, Routed, Side};
 
 #[cfg(test)]
 mod tests;

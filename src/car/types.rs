@@ -1,0 +1,180 @@
+//! The types routing reads and writes: the policy and its settings, the candidates with
+//! their per-DP hits, and a decision with every candidate's explanation.
+
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+use crate::registry::{InstanceState, InstanceType, LoadMetrics};
+
+/// A load-balancing policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Policy {
+    /// Round robin over the P list and over the D list, each with its own counter.
+    Rr,
+    /// From TTFT/TPOT profiling data:
+    /// P: `predicted_ttft = ttft(input_tokens) * (1 + waiting)`, where `ttft(n)` interpolates the
+    /// `[prompt_len, ms]` samples linearly (beyond the last sample, proportionally);
+    /// D: `predicted_tpot` = the `[avg_len, batch, ms]` sample nearest to
+    /// `(input_tokens, waiting + 1)`, scaled by `(waiting + 1) / batch`.
+    /// The smallest prediction wins; `meets_slo` says whether a prediction is within
+    /// `--target_ttft` (P) or `--target_tpot` (D). The targets never change the choice (the
+    /// smallest prediction meets its target whenever any candidate does); they classify it,
+    /// and the reason says when no candidate meets the target. Instances without profiling
+    /// data come last. (xllm-service also counts its own in-flight requests, which kvdir, a
+    /// router that does not forward the requests, cannot see.)
+    SloAware,
+    /// Cache-aware routing, see the module docs.
+    Car,
+}
+
+impl FromStr for Policy {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "RR" => Ok(Policy::Rr),
+            "SLO_AWARE" => Ok(Policy::SloAware),
+            "CAR" => Ok(Policy::Car),
+            _ => Err(format!("--load_balance_policy={s:?} is not one of RR, SLO_AWARE, CAR")),
+        }
+    }
+}
+
+/// Policy settings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteParams {
+    /// The policy.
+    pub policy: Policy,
+    /// `--car_prefill_lambda` in 0..=1.
+    pub lambda: f64,
+    /// `--car_host_hit_weight` in 0..=1.
+    pub host_weight: f64,
+    /// `--target_ttft` in ms.
+    pub target_ttft_ms: f64,
+    /// `--target_tpot` in ms.
+    pub target_tpot_ms: f64,
+    /// False when the directory is disabled: every hit ratio is 0.
+    pub directory_enabled: bool,
+    /// `--car_predict_ttl_ms`: how long a routed request's keys are expected on its instance
+    /// (predict-on-route, [`super::Predictions`]); 0 turns prediction off.
+    pub predict_ttl_ms: u64,
+    /// `--car_predict_weight` in 0..=1: CAR weight of the predicted term against exact hits.
+    pub predict_weight: f64,
+}
+
+impl Default for RouteParams {
+    fn default() -> Self {
+        RouteParams {
+            policy: Policy::Car,
+            lambda: 0.5,
+            host_weight: 0.5,
+            target_ttft_ms: 1000.0,
+            target_tpot_ms: 50.0,
+            directory_enabled: true,
+            predict_ttl_ms: 2000,
+            predict_weight: 0.5,
+        }
+    }
+}
+
+/// One DP rank's cache hit for the request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DpHit {
+    /// The rank.
+    pub dp_rank: u32,
+    /// Whether the stream is synchronized.
+    pub synchronized: bool,
+    /// Whether the stream was started for the instance's current process.
+    pub identity_matches: bool,
+    /// Device hit tokens.
+    pub device_hit_tokens: u64,
+    /// Host-only hit tokens.
+    pub host_only_hit_tokens: u64,
+    /// Tokens expected beyond the exact hit because kvdir recently routed a request with this
+    /// prefix to the instance (predict-on-route); never part of the exact hit.
+    #[serde(default)]
+    pub predicted_hit_tokens: u64,
+}
+
+/// One instance as routing sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    /// Instance name.
+    pub name: String,
+    /// Registered role.
+    pub kind: InstanceType,
+    /// For MIX: acting as prefill now.
+    pub mix_acting_prefill: bool,
+    /// Instance state.
+    pub state: InstanceState,
+    /// Latest load report.
+    pub load: Option<LoadMetrics>,
+    /// DP ranks.
+    pub dp_size: u32,
+    /// `[prompt_len, ms]`.
+    pub ttft_profile: Vec<(f64, f64)>,
+    /// `[avg_len, batch, ms]`.
+    pub tpot_profile: Vec<(f64, f64, f64)>,
+    /// Per-DP hits of the request (prefill side only).
+    pub hits: Vec<DpHit>,
+}
+
+/// Which list a candidate is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    /// Prefill (DEFAULT, PREFILL, MIX acting as prefill).
+    Prefill,
+    /// Decode (DECODE, MIX acting as decode).
+    Decode,
+}
+
+/// Why each instance was or was not chosen.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CandidateReport {
+    /// Instance name.
+    pub name: String,
+    /// Registered role.
+    pub role: String,
+    /// The list it is on.
+    pub side: Side,
+    /// CAR hit ratio (P only; reported under every policy, used by CAR). Exact: from the
+    /// engines' KV events only.
+    pub kv_hit_ratio: Option<f64>,
+    /// CAR predicted term (P only): the share of the prompt expected on the instance beyond
+    /// `kv_hit_ratio` from its recent routes ([`super::predicted_hit_ratio`]); CAR weighs it by
+    /// `--car_predict_weight`.
+    #[serde(default)]
+    pub predicted_hit_ratio: Option<f64>,
+    /// Per-DP hits (P only).
+    pub dp_hits: Vec<DpHit>,
+    /// CAR queue cost.
+    pub queue_cost: Option<f64>,
+    /// Policy score or prediction; smaller wins.
+    pub score: Option<f64>,
+    /// SLO_AWARE only: whether the prediction is within `--target_ttft` (P) or
+    /// `--target_tpot` (D); absent without a prediction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub meets_slo: Option<bool>,
+    /// Whether it was chosen.
+    pub chosen: bool,
+    /// Why it was or was not chosen.
+    pub reason: String,
+}
+
+/// A routing decision with its explanation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Routed {
+    /// The policy used.
+    pub policy: Policy,
+    /// Tokens in the request.
+    pub input_tokens: usize,
+    /// The chosen prefill (or DEFAULT) instance.
+    pub prefill: String,
+    /// The chosen decode instance, if any.
+    pub decode: Option<String>,
+    /// Every known instance.
+    pub candidates: Vec<CandidateReport>,
+}
