@@ -11,13 +11,13 @@
 //! a gap, a restart or a fault in `Live` goes back to `Syncing`; a failed snapshot waits in
 //! `Backoff`, then syncs again; a full-state live batch restores `Live` from any phase.
 
+mod actions;
 mod fault;
 mod recovery;
 
+pub use actions::{Action, RecoveryConfig, RecoveryStats, StreamPhase};
 pub use fault::{StreamFault, FAULT_LABELS};
-pub use recovery::{
-    Action, Recovery, RecoveryConfig, RecoveryStats, StreamPhase, MAX_FAILED_RESYNCS,
-};
+pub use recovery::{Recovery, MAX_FAILED_RESYNCS};
 
 #[cfg(test)]
 mod tests;
