@@ -11,12 +11,10 @@
 //! until its stop flag is set or the writer is gone; an idle stream sleeps in `zmq_poll` until
 //! a message, a recovery deadline or a stop ([`Stop`]) wakes it.
 
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kvdir::config::{Limits, StreamSpec};
-use kvdir::index::{SharedSnapshot, StreamWriter};
 use kvdir::stream::{Action, Recovery, RecoveryConfig, RecoveryStats, StreamFault, StreamPhase};
 use kvdir::wire::{decode_live, decode_snapshot_frame, Batch, SnapshotFrame};
 use serde::Serialize;
@@ -26,6 +24,7 @@ use crate::faults::{self, FaultPoint};
 use crate::sync::lock;
 
 mod stop;
+mod writes;
 pub use stop::{Stop, StopListener};
 
 /// Live messages read per poll before timers are looked at again.
@@ -315,92 +314,6 @@ impl Worker {
             Action::CloseSnapshot => self.dealer = None,
         }
         Ok(())
-    }
-
-    /// Runs `f` on the stream's writer; a writer that is gone (the stream is being stopped)
-    /// stops this thread.
-    fn write<T>(&mut self, f: impl FnOnce(&mut StreamWriter) -> T) -> Option<T> {
-        // An injected stall (tests only): this thread stops writing, as a slow one would.
-        while faults::stream_held(&self.ctx.spec.instance_name, self.ctx.spec.dp_rank)
-            && !self.ctx.stop.is_set()
-        {
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        let out = self.ctx.shared.with_writer(f);
-        match out {
-            Some(_) => self.dirty = true,
-            None => {
-                self.ctx.stop.set();
-                self.actions.clear();
-            }
-        }
-        out
-    }
-
-    /// Applies a live batch; an index error resynchronizes the stream.
-    fn apply(&mut self, seq: u64, batch: &Batch, now: Instant) {
-        let shared = Arc::clone(&self.ctx.shared);
-        match self.write(|w| w.apply(seq, batch)) {
-            Some(Ok(stats)) => {
-                shared.counters.count_batch(batch);
-                shared.skipped_out_of_scope.fetch_add(stats.out_of_scope, Ordering::Relaxed);
-            }
-            Some(Err(e)) => {
-                self.fault(StreamFault::IndexRejected { seq, error: e.to_string() }, seq, now);
-            }
-            None => {}
-        }
-    }
-
-    /// Installs a snapshot and the deltas that continue it, published together.
-    fn install(
-        &mut self,
-        snapshot: SharedSnapshot,
-        watermark: u64,
-        deltas: &[(u64, Batch)],
-        now: Instant,
-    ) {
-        let Some((was_synchronized, orphans, blocks)) = self.write(|w| {
-            let was = w.is_synchronized();
-            let stats = w.install_snapshot(snapshot, watermark);
-            (was, stats.orphans, w.block_count())
-        }) else {
-            return;
-        };
-        let (stream, dp) = (&self.ctx.spec.instance_name, self.ctx.spec.dp_rank);
-        if was_synchronized {
-            // A periodic resync: routine, every resync_interval_ms per stream.
-            tracing::debug!(%stream, dp, watermark, blocks, orphans, "resync snapshot installed");
-        } else {
-            tracing::info!(%stream, dp, watermark, blocks, orphans, "synchronized by snapshot");
-        }
-        for (seq, batch) in deltas {
-            self.apply(*seq, batch, now);
-            if !self.actions.is_empty() {
-                break; // rejected: the recovery machine takes over
-            }
-        }
-    }
-
-    /// Stops giving credit, visible at the end of this poll.
-    fn invalidate(&mut self, fault: StreamFault) {
-        let (stream, dp) = (&self.ctx.spec.instance_name, self.ctx.spec.dp_rank);
-        let (reason, text) = (fault.label(), fault.to_string());
-        if std::mem::take(&mut self.warn_on_invalidate) {
-            tracing::warn!(%stream, dp, reason, fault = %text, "stream unsynchronized");
-        } else {
-            tracing::debug!(%stream, dp, reason, fault = %text, "stream still unsynchronized");
-        }
-        self.ctx.shared.counters.count_fault(&fault);
-        self.status.last_fault = Some(text.clone());
-        self.write(|w| w.invalidate(text));
-    }
-
-    /// Makes everything this poll changed visible to queries at once.
-    fn publish(&mut self) {
-        if std::mem::take(&mut self.dirty) {
-            self.ctx.shared.with_writer(StreamWriter::publish);
-        }
     }
 
     /// A fresh DEALER per request: an old one may still hold stale replies.
