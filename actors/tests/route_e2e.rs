@@ -163,3 +163,68 @@ fn without_instances_the_route_is_a_503_that_says_why() {
     let bad = http(svc.http_addr(), "POST", "/v1/internal/route", &[], br#"{"token_ids":[-1]}"#);
     assert_eq!(bad.status, 400);
 }
+
+/// A heartbeat's load is used by the very next route (protocol: "a fresh heartbeat is used at
+/// once"), each instance's on its own: the busy instance gets the whole queue cost and the
+/// route goes to the idle one, then the other way round. Loads written to LOADMETRICS follow.
+#[test]
+fn a_heartbeat_load_is_used_by_the_next_route() {
+    let etcd = etcd_endpoint();
+    let ns = format!("e2e-hb-load-{}", std::process::id());
+    let (a, ra) = registered(&etcd.endpoint, &ns);
+    let (b, rb) = registered(&etcd.endpoint, &ns);
+    let flags = Flags {
+        http_server_port: 0,
+        server_host: "127.0.0.1".into(),
+        etcd_addr: etcd.endpoint.clone(),
+        etcd_namespace: ns,
+        ..Flags::default()
+    };
+    let svc = Service::start(flags, None).expect("kvdir starts");
+    let p = prompt(1, 4);
+    eventually("both instances in the route's candidates", || match route(&svc, &p) {
+        Ok(r) if r.candidates.len() == 2 => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
+    let beat = |reg: &Registration, name: &str, waiting: u64| {
+        let body = json!({"name": name, "incarnation_id": reg.incarnation_id(),
+            "load_metrics": {"waiting_requests_num": waiting, "gpu_cache_usage_perc": 0.1}});
+        let hb = http(
+            svc.http_addr(),
+            "POST",
+            "/v1/internal/heartbeat",
+            &[],
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(hb.status, 200, "{}", hb.body);
+    };
+    let (a, b) = ((&ra, a.instance_name()), (&rb, b.instance_name()));
+    for ((busy_reg, busy), (idle_reg, idle)) in [(&a, &b), (&b, &a)] {
+        beat(busy_reg, busy, 10);
+        beat(idle_reg, idle, 0);
+        let r = route(&svc, &p).unwrap();
+        let cost = |name: &str| r.candidates.iter().find(|c| c.name == name).unwrap().queue_cost;
+        assert_eq!((cost(busy), cost(idle)), (Some(1.0), Some(0.0)), "{r:?}");
+        assert_eq!(&r.prefill, idle, "{r:?}");
+    }
+    // LOADMETRICS in etcd, written after the heartbeats, also reach routing: once discovery
+    // shows the new loads, the next route uses them (discovery updates the router first).
+    // The heartbeats left `a` idle and `b` busy; LOADMETRICS turns that round.
+    ra.set_load(30, 0.1);
+    rb.set_load(0, 0.1);
+    eventually("discovery to show the LOADMETRICS loads", || {
+        let r = http(svc.http_addr(), "GET", "/v1/internal/instances", &[], b"").json();
+        let waiting = |name: &str| {
+            let list = r["instances"].as_array().cloned().unwrap_or_default();
+            list.iter().find(|i| i["name"] == name).map(|i| i["waiting_requests_num"].clone())
+        };
+        match (waiting(&a.1), waiting(&b.1)) {
+            (Some(x), Some(y)) if x == 30 && y == 0 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    let r = route(&svc, &p).unwrap();
+    let cost = |name: &str| r.candidates.iter().find(|c| c.name == name).unwrap().queue_cost;
+    assert_eq!((cost(&a.1), cost(&b.1)), (Some(1.0), Some(0.0)), "{r:?}");
+    assert_eq!(r.prefill, b.1, "{r:?}");
+}

@@ -27,7 +27,7 @@ use kvdir::registry::{
     PlannedStream, Registry, RegistryKey,
 };
 
-use crate::router::{InstanceInfo, SetCandidates, StreamKey};
+use crate::router::{InstanceInfo, SetCandidates, SetLoad, StreamKey};
 use crate::stream::{StreamSet, StreamSource};
 
 /// How often the registry's timeouts are applied when no discovery config sets a refresh.
@@ -77,7 +77,8 @@ impl DiscoveryActor {
         }
     }
 
-    fn apply(&mut self, change: Change, ctx: &mut Context<Self>) {
+    /// Applies one registry change and says what it did to the router's snapshot.
+    fn apply(&mut self, change: Change, ctx: &mut Context<Self>) -> Touched {
         let now = Instant::now();
         match change {
             Change::Put(key, value) => match parse_key(&self.prefix, &key) {
@@ -85,24 +86,40 @@ impl DiscoveryActor {
                     Ok(record) => {
                         let outcome = self.registry.put(record, now);
                         tracing::info!(instance = %name, ?outcome, "instance registered");
+                        Touched::All
                     }
-                    Err(e) => tracing::warn!(%key, error = %e, "ignoring an instance value"),
+                    Err(e) => {
+                        tracing::warn!(%key, error = %e, "ignoring an instance value");
+                        Touched::Nothing
+                    }
                 },
                 Some(RegistryKey::Load(name)) => {
                     let load = serde_json::from_slice(&value)
                         .map_err(|e| e.to_string())
                         .and_then(|v| parse_load(&v));
                     match load {
-                        Ok(l) => self.registry.load(&name, l),
-                        Err(e) => tracing::warn!(%key, error = %e, "ignoring a load value"),
+                        Ok(l) => {
+                            self.registry.load(&name, l);
+                            Touched::Load(name)
+                        }
+                        Err(e) => {
+                            tracing::warn!(%key, error = %e, "ignoring a load value");
+                            Touched::Nothing
+                        }
                     }
                 }
-                None => {}
+                None => Touched::Nothing,
             },
             Change::Delete(key) => match parse_key(&self.prefix, &key) {
-                Some(RegistryKey::Instance(_, name)) => self.probe(name, ctx),
-                Some(RegistryKey::Load(name)) => self.registry.load_deleted(&name),
-                None => {}
+                Some(RegistryKey::Instance(_, name)) => {
+                    self.probe(name, ctx);
+                    Touched::All
+                }
+                Some(RegistryKey::Load(name)) => {
+                    self.registry.load_deleted(&name);
+                    Touched::Nothing
+                }
+                None => Touched::Nothing,
             },
         }
     }
@@ -117,6 +134,15 @@ impl DiscoveryActor {
             let healthy = etcd_watch::probe_health(&name).await;
             me.do_send(Probed { name, ticket, healthy });
         });
+    }
+
+    /// Sends the router one instance's load, state and report count, updated in place there.
+    fn send_load(&self, name: &str) {
+        if let Some(i) = self.registry.get(name) {
+            let (load, state, load_reports) = (i.load, i.state, i.load_reports);
+            let name = name.to_string();
+            self.set.router().do_send(SetLoad { name, load, state, load_reports });
+        }
     }
 
     /// Sends the router the instance snapshot it routes with.
@@ -169,6 +195,16 @@ impl DiscoveryActor {
                 .map(|_, a, _| a.reconciling = false),
         );
     }
+}
+
+/// What one registry change did to the instance snapshot the router routes with.
+enum Touched {
+    /// Nothing the router sees.
+    Nothing,
+    /// The load of this instance (if registered).
+    Load(String),
+    /// Anything else: send the whole snapshot.
+    All,
 }
 
 /// Starts, stops and restarts streams so the running set equals `desired`.
@@ -249,10 +285,23 @@ impl Handler<EtcdChanged> for DiscoveryActor {
     type Result = ();
 
     fn handle(&mut self, msg: EtcdChanged, ctx: &mut Context<Self>) {
+        // Load reports alone (the steady state: every engine rewrites its LOADMETRICS) update
+        // their instances in place; any other change sends the whole snapshot.
+        let (mut loads, mut all) = (Vec::new(), false);
         for change in msg.0 {
-            self.apply(change, ctx);
+            match self.apply(change, ctx) {
+                Touched::All => all = true,
+                Touched::Load(name) => loads.push(name),
+                Touched::Nothing => {}
+            }
         }
-        self.push_candidates();
+        if all {
+            self.push_candidates();
+        } else {
+            for name in loads {
+                self.send_load(&name);
+            }
+        }
     }
 }
 
@@ -287,7 +336,8 @@ impl Handler<Heartbeat> for DiscoveryActor {
     fn handle(&mut self, msg: Heartbeat, _: &mut Context<Self>) -> Self::Result {
         let now = Instant::now();
         self.registry.heartbeat(&msg.name, msg.incarnation_id.as_deref(), msg.load, now)?;
-        self.push_candidates();
+        // Only this instance changed: the router updates it in place.
+        self.send_load(&msg.name);
         Ok(())
     }
 }

@@ -1,9 +1,9 @@
 //! `RouterActor`: routing decisions from the hits a request's handler read from the shared
 //! indexes and the instance snapshot that discovery pushes.
 //!
-//! Messages: [`SetCandidates`], [`RouteRequest`], [`GetRecentRoutes`], [`GetPredictCounters`],
-//! and for the front door
-//! [`RequestProgress`].
+//! Messages: [`SetCandidates`] (every instance) and [`SetLoad`] (one instance's heartbeat) from
+//! discovery, [`RouteRequest`], [`GetRecentRoutes`], [`GetPredictCounters`], and for the front
+//! door [`RequestProgress`].
 //! The handler reads the indexes itself ([`crate::indexes::Indexes::read`], no mailbox); this
 //! actor keeps only what must be serialized: the instance snapshot, the tie rotation, the
 //! front door's requests in flight ([`InFlight`], added to each instance's reported queue until
@@ -21,7 +21,7 @@ use kvdir::car::{
     route, Candidate, DpHit, InFlight, Policy, PredictCounters, Predictions, PromptId,
     RecentRoutes, RecentRoutesReport, RequestId, Rotation, RouteError, RouteParams, Routed,
 };
-use kvdir::registry::Identity;
+use kvdir::registry::{Identity, InstanceState, LoadMetrics};
 
 use crate::indexes::StreamHit;
 
@@ -49,6 +49,22 @@ pub struct InstanceInfo {
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct SetCandidates(pub Vec<InstanceInfo>);
+
+/// One instance's fresh load report, state and report count (from discovery, on a
+/// heartbeat): applied in place, so a heartbeat costs the same in a fleet of any size instead of
+/// a whole snapshot of every instance.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetLoad {
+    /// Instance name.
+    pub name: String,
+    /// Its latest load.
+    pub load: Option<LoadMetrics>,
+    /// Its state.
+    pub state: InstanceState,
+    /// Load reports received from its process so far.
+    pub load_reports: u64,
+}
 
 /// Choose instances for a tokenized request.
 #[derive(Message)]
@@ -95,6 +111,8 @@ pub struct GetRecentRoutes;
 #[derive(Default)]
 pub struct RouterActor {
     instances: Vec<InstanceInfo>,
+    /// Position of each instance in `instances`, by name.
+    positions: HashMap<String, usize>,
     params: RouteParams,
     rotation: Rotation,
     recent: RecentRoutes,
@@ -111,6 +129,23 @@ impl Handler<SetCandidates> for RouterActor {
 
     fn handle(&mut self, msg: SetCandidates, _: &mut Context<Self>) {
         self.instances = msg.0;
+        self.positions.clear();
+        for (i, info) in self.instances.iter().enumerate() {
+            self.positions.insert(info.candidate.name.clone(), i);
+        }
+    }
+}
+
+impl Handler<SetLoad> for RouterActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetLoad, _: &mut Context<Self>) {
+        // Discovery sends every instance in a snapshot before any heartbeat of it, so a miss
+        // is an instance removed since; its next snapshot has left it out.
+        let Some(&i) = self.positions.get(&msg.name) else { return };
+        let info = &mut self.instances[i];
+        (info.candidate.load, info.candidate.state) = (msg.load, msg.state);
+        info.load_reports = msg.load_reports;
     }
 }
 
@@ -127,11 +162,8 @@ impl Handler<RouteForward> for RouterActor {
 
     fn handle(&mut self, msg: RouteForward, _: &mut Context<Self>) -> Self::Result {
         let routed = self.decide(&msg.hits, msg.input_tokens, &msg.exclude, Some(msg.prompt))?;
-        let reports = self
-            .instances
-            .iter()
-            .find(|i| i.candidate.name == routed.prefill)
-            .map_or(0, |i| i.load_reports);
+        let reports =
+            self.positions.get(&routed.prefill).map_or(0, |&i| self.instances[i].load_reports);
         let id = self.inflight.start(&routed.prefill, reports, Some(msg.prompt));
         Ok((routed, id))
     }
