@@ -79,37 +79,8 @@ impl DiscoveryActor {
 
     /// Applies one registry change and says what it did to the router's snapshot.
     fn apply(&mut self, change: Change, ctx: &mut Context<Self>) -> Touched {
-        let now = Instant::now();
         match change {
-            Change::Put(key, value) => match parse_key(&self.prefix, &key) {
-                Some(RegistryKey::Instance(_, name)) => match parse_instance(&name, &value) {
-                    Ok(record) => {
-                        let outcome = self.registry.put(record, now);
-                        tracing::info!(instance = %name, ?outcome, "instance registered");
-                        Touched::All
-                    }
-                    Err(e) => {
-                        tracing::warn!(%key, error = %e, "ignoring an instance value");
-                        Touched::Nothing
-                    }
-                },
-                Some(RegistryKey::Load(name)) => {
-                    let load = serde_json::from_slice(&value)
-                        .map_err(|e| e.to_string())
-                        .and_then(|v| parse_load(&v));
-                    match load {
-                        Ok(l) => {
-                            self.registry.load(&name, l);
-                            Touched::Load(name)
-                        }
-                        Err(e) => {
-                            tracing::warn!(%key, error = %e, "ignoring a load value");
-                            Touched::Nothing
-                        }
-                    }
-                }
-                None => Touched::Nothing,
-            },
+            Change::Put(key, value) => self.apply_put(&key, &value),
             Change::Delete(key) => match parse_key(&self.prefix, &key) {
                 Some(RegistryKey::Instance(_, name)) => {
                     self.probe(name, ctx);
@@ -121,6 +92,39 @@ impl DiscoveryActor {
                 }
                 None => Touched::Nothing,
             },
+        }
+    }
+
+    /// A registration or a load report written; a bad value is logged and ignored.
+    fn apply_put(&mut self, key: &str, value: &[u8]) -> Touched {
+        match parse_key(&self.prefix, key) {
+            Some(RegistryKey::Instance(_, name)) => match parse_instance(&name, value) {
+                Ok(record) => {
+                    let outcome = self.registry.put(record, Instant::now());
+                    tracing::info!(instance = %name, ?outcome, "instance registered");
+                    Touched::All
+                }
+                Err(e) => {
+                    tracing::warn!(%key, error = %e, "ignoring an instance value");
+                    Touched::Nothing
+                }
+            },
+            Some(RegistryKey::Load(name)) => {
+                let load = serde_json::from_slice(value)
+                    .map_err(|e| e.to_string())
+                    .and_then(|v| parse_load(&v));
+                match load {
+                    Ok(l) => {
+                        self.registry.load(&name, l);
+                        Touched::Load(name)
+                    }
+                    Err(e) => {
+                        tracing::warn!(%key, error = %e, "ignoring a load value");
+                        Touched::Nothing
+                    }
+                }
+            }
+            None => Touched::Nothing,
         }
     }
 
