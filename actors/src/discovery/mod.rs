@@ -141,10 +141,9 @@ impl DiscoveryActor {
     }
 
     /// Sends the router one instance's load, state and report count, updated in place there.
-    fn send_load(&self, name: &str) {
-        if let Some(i) = self.registry.get(name) {
+    fn send_load(&self, name: String) {
+        if let Some(i) = self.registry.get(&name) {
             let (load, state, load_reports) = (i.load, i.state, i.load_reports);
-            let name = name.to_string();
             self.set.router().do_send(SetLoad { name, load, state, load_reports });
         }
     }
@@ -303,7 +302,7 @@ impl Handler<EtcdChanged> for DiscoveryActor {
             self.push_candidates();
         } else {
             for name in loads {
-                self.send_load(&name);
+                self.send_load(name);
             }
         }
     }
@@ -341,7 +340,7 @@ impl Handler<Heartbeat> for DiscoveryActor {
         let now = Instant::now();
         self.registry.heartbeat(&msg.name, msg.incarnation_id.as_deref(), msg.load, now)?;
         // Only this instance changed: the router updates it in place.
-        self.send_load(&msg.name);
+        self.send_load(msg.name);
         Ok(())
     }
 }
