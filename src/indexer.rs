@@ -115,6 +115,7 @@ pub fn parse_register(body: &[u8]) -> Result<Registration, IndexerError> {
         hash_seed: b.hash_seed.unwrap_or(1024),
         model: b.modelname.unwrap_or_default(),
         salt: b.additionalsalt.unwrap_or_default(),
+        replay: crate::config::ReplayKind::Snapshot,
     };
     let tenant = b.tenant_id.filter(|t| !t.is_empty()).unwrap_or_else(|| DEFAULT_TENANT.into());
     Ok(Registration { spec, tenant })

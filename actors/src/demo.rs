@@ -188,6 +188,7 @@ impl Demo {
                     hash_seed: 1024,
                     model: String::new(),
                     salt: String::new(),
+                    replay: kvdir::config::ReplayKind::Snapshot,
                 };
                 streams.push((spec, Some(id.clone())));
             }

@@ -9,7 +9,9 @@ use serde_json::Value;
 
 use super::endpoint::{canonical_endpoint, check_endpoint};
 use super::json::{kind, Fields};
-use super::{ConfigError, DirectoryConfig, DiscoveryConfig, Limits, Source, StreamSpec};
+use super::{
+    ConfigError, DirectoryConfig, DiscoveryConfig, Limits, ReplayKind, Source, StreamSpec,
+};
 
 const TOP: &[&str] = &[
     "discovery",
@@ -39,6 +41,7 @@ const STREAM: &[&str] = &[
     "topic",
     "hash_seed",
     "model",
+    "replay",
 ];
 
 /// Largest block size accepted; engines use 16..=512.
@@ -148,6 +151,7 @@ fn parse_stream(i: usize, v: &Value, errors: &mut Vec<String>) -> Option<StreamS
         hash_seed: f.int("hash_seed", 1024, 0, u64::MAX),
         model: f.string("model", ""),
         salt: String::new(),
+        replay: parse_replay(&mut f, &path),
     };
     for (key, ep) in [("endpoint", &spec.endpoint), ("replay_endpoint", &spec.replay_endpoint)] {
         if !ep.is_empty() {
@@ -157,6 +161,17 @@ fn parse_stream(i: usize, v: &Value, errors: &mut Vec<String>) -> Option<StreamS
         }
     }
     Some(spec)
+}
+
+/// `replay`: `snapshot` (xLLM, the default) or `history` (vLLM, SGLang).
+fn parse_replay(f: &mut Fields<'_>, path: &str) -> ReplayKind {
+    let text = f.string("replay", "snapshot");
+    ReplayKind::parse(&text).unwrap_or_else(|| {
+        f.errors.push(format!(
+            "{path}.replay = {text:?}: expected \"snapshot\" (xLLM) or \"history\" (vLLM, SGLang)"
+        ));
+        ReplayKind::Snapshot
+    })
 }
 
 /// The key an endpoint is compared by: its canonical form, or itself when it has none (it is

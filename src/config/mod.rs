@@ -105,6 +105,9 @@ pub struct StreamSpec {
     /// The stream's salt (`additionalsalt` of `POST /register`); empty: none. Its blocks are
     /// keyed in that salt's namespace (protocol.md section 1.1).
     pub salt: String,
+    /// What the engine's replay endpoint answers: an xLLM state snapshot or vLLM's and
+    /// SGLang's buffered history of batches.
+    pub replay: ReplayKind,
 }
 
 impl StreamSpec {
@@ -115,6 +118,78 @@ impl StreamSpec {
             hash_seed: self.hash_seed,
             salt: crate::index::Namespace::salt(self.salt.as_bytes()),
             max_blocks: limits.max_blocks_per_stream,
+        }
+    }
+}
+
+/// What a stream's replay endpoint answers (docs/protocol.md, *Recovery*).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum ReplayKind {
+    /// xLLM: the engine's current state, tagged with the first live sequence it does not hold.
+    #[default]
+    Snapshot,
+    /// vLLM and SGLang: the buffered batches from the asked sequence on (or from the oldest
+    /// still buffered), the same frames as live.
+    History,
+}
+
+impl ReplayKind {
+    /// The config and report spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReplayKind::Snapshot => "snapshot",
+            ReplayKind::History => "history",
+        }
+    }
+
+    /// Parses the config spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "snapshot" => Some(ReplayKind::Snapshot),
+            "history" => Some(ReplayKind::History),
+            _ => None,
+        }
+    }
+}
+
+/// The kind of engine behind a stream or an instance: what its events, replay, metrics and
+/// prefix reuse look like.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Dialect {
+    /// xLLM (protocol.md): snapshots, etcd registration.
+    #[default]
+    Xllm,
+    /// vLLM: history replay, `/metrics` with `vllm:` load gauges.
+    Vllm,
+    /// SGLang: history replay, `/metrics` with `sglang:` load gauges.
+    Sglang,
+}
+
+impl Dialect {
+    /// The config and report spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dialect::Xllm => "xllm",
+            Dialect::Vllm => "vllm",
+            Dialect::Sglang => "sglang",
+        }
+    }
+
+    /// Parses the config spelling.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "xllm" => Some(Dialect::Xllm),
+            "vllm" => Some(Dialect::Vllm),
+            "sglang" => Some(Dialect::Sglang),
+            _ => None,
+        }
+    }
+
+    /// The replay this kind of engine answers.
+    pub fn replay(self) -> ReplayKind {
+        match self {
+            Dialect::Xllm => ReplayKind::Snapshot,
+            Dialect::Vllm | Dialect::Sglang => ReplayKind::History,
         }
     }
 }

@@ -9,7 +9,7 @@ fn problems(text: &str) -> Vec<String> {
 const TWO_STREAMS: &str = r#"{
   "streams": [
     {"instance_name": "a", "endpoint": "tcp://127.0.0.1:18000", "replay_endpoint": "tcp://127.0.0.1:38000", "topic": "xllm-kv"},
-    {"instance_name": "a", "dp_rank": 1, "block_size": 16, "endpoint": "tcp://127.0.0.1:18001", "replay_endpoint": "tcp://127.0.0.1:38001"}
+    {"instance_name": "a", "dp_rank": 1, "block_size": 16, "endpoint": "tcp://127.0.0.1:18001", "replay_endpoint": "tcp://127.0.0.1:38001", "replay": "history"}
   ],
   "max_blocks_per_stream": 1000,
   "replay_timeout_ms": 500
@@ -22,6 +22,7 @@ fn static_streams_with_defaults_and_limits() {
     assert_eq!(s.len(), 2);
     assert_eq!((s[0].dp_rank, s[0].block_size, s[0].hash_seed), (0, 128, 1024));
     assert_eq!((s[1].dp_rank, s[1].block_size, s[1].topic.as_str()), (1, 16, ""));
+    assert_eq!((s[0].replay, s[1].replay), (ReplayKind::Snapshot, ReplayKind::History));
     assert_eq!(c.limits.max_blocks_per_stream, 1000);
     assert_eq!(c.limits.replay_timeout, Duration::from_millis(500));
     assert_eq!(c.limits.resync_interval, Duration::from_secs(30));
@@ -45,7 +46,7 @@ fn every_problem_is_reported_at_once() {
     let text = r#"{
       "streams": [
         {"instance_name": "a", "endpoint": "tcp://*:18000", "replay_endpoint": "tcp://127.0.0.1:18000", "colour": 1},
-        {"instance_name": "a", "endpoint": "tcp://127.0.0.1:18000", "replay_endpoint": "udp://x:1"},
+        {"instance_name": "a", "endpoint": "tcp://127.0.0.1:18000", "replay_endpoint": "udp://x:1", "replay": "vllm"},
         {"endpoint": "tcp://127.0.0.1:18000", "replay_endpoint": "tcp://127.0.0.1:0"}
       ],
       "max_streams": 0,
@@ -58,6 +59,7 @@ fn every_problem_is_reported_at_once() {
         "streams[0]: unknown field \"colour\"",
         "streams[0].endpoint = \"tcp://*:18000\": host \"*\" is not connectable",
         "streams[1].replay_endpoint = \"udp://x:1\": must start with tcp://",
+        "streams[1].replay = \"vllm\": expected \"snapshot\" (xLLM) or \"history\" (vLLM, SGLang)",
         "streams[2].instance_name: missing",
         "streams[2].replay_endpoint = \"tcp://127.0.0.1:0\": port \"0\" is not in 1..=65535",
         "streams[1]: instance \"a\" dp_rank 0 duplicates streams[0]",

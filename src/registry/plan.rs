@@ -168,6 +168,7 @@ fn streams_for(
                 hash_seed: 1024,
                 model: r.model.clone(),
                 salt: String::new(),
+                replay: crate::config::ReplayKind::Snapshot,
             },
             identity: r.identity.clone(),
             dp_size,
