@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::config::{Limits, StreamSpec};
+use crate::config::{Limits, ReplayKind, StreamSpec};
 use crate::index::SharedSnapshot;
 use crate::wire::Batch;
 
@@ -14,6 +14,8 @@ use super::StreamFault;
 pub struct RecoveryConfig {
     /// The stream's DP rank: every snapshot reply batch must carry it.
     pub dp_rank: u32,
+    /// What the replay endpoint answers: a snapshot (xLLM) or the history (vLLM, SGLang).
+    pub replay: ReplayKind,
     /// Time allowed for a complete snapshot.
     pub replay_timeout: Duration,
     /// Period of snapshot reconciliation while synchronized.
@@ -31,6 +33,7 @@ impl RecoveryConfig {
     pub fn for_stream(spec: &StreamSpec, l: &Limits) -> Self {
         RecoveryConfig {
             dp_rank: spec.dp_rank,
+            replay: spec.replay,
             replay_timeout: l.replay_timeout,
             resync_interval: l.resync_interval,
             max_buffered_bytes: l.max_buffered_bytes,
@@ -55,11 +58,27 @@ pub enum Action {
         /// Why, for the status, the logs and the fault counter.
         fault: StreamFault,
     },
-    /// Open a fresh DEALER (dropping any old one) and request a snapshot from `start_seq`.
+    /// Open a fresh DEALER (dropping any old one) and request a snapshot, or the history,
+    /// from `start_seq` (the request is the same frames for both).
     RequestSnapshot {
         /// Last applied sequence + 1, or 0 when cold.
         start_seq: u64,
     },
+    /// History replay: drop every block and stay unsynchronized; with `partial`, the stream
+    /// from now on knows only the blocks it learns from the batches it sees.
+    Reset {
+        /// Whether the history that follows is truncated.
+        partial: bool,
+    },
+    /// History replay: apply a replayed or buffered batch while unsynchronized.
+    Recover {
+        /// Its sequence number.
+        seq: u64,
+        /// The batch.
+        batch: Batch,
+    },
+    /// History replay: the stream is synchronized again with its contents.
+    Resume,
     /// Drop the snapshot DEALER.
     CloseSnapshot,
     /// Install the snapshot, apply the deltas in order, then publish once.
@@ -86,6 +105,13 @@ pub struct RecoveryStats {
     pub dropped_batches: u64,
     /// Live batches restored synchronization as full states.
     pub full_state_restores: u64,
+    /// History replays that found the engine's buffer no longer reaching back to the asked
+    /// sequence: the stream went on as partial.
+    pub truncated_histories: u64,
+    /// Replayed batches applied (history replay).
+    pub replayed_batches: u64,
+    /// Live batches dropped as copies of replayed ones already applied.
+    pub duplicate_batches: u64,
     /// Time the last successful recovery took.
     #[serde(skip)]
     pub last_recovery: Option<Duration>,
@@ -106,6 +132,10 @@ pub enum StreamPhase {
     Resyncing,
     /// Waiting to retry a failed snapshot; no credit.
     Backoff,
+    /// Applying live batches after a truncated history: credit for the blocks learned from
+    /// the batches seen since, never for one after its removal; exact again at the next
+    /// full clear.
+    Partial,
 }
 
 impl StreamPhase {
@@ -117,7 +147,13 @@ impl StreamPhase {
             StreamPhase::Live => "live",
             StreamPhase::Resyncing => "resyncing",
             StreamPhase::Backoff => "backoff",
+            StreamPhase::Partial => "partial",
         }
+    }
+
+    /// Whether the stream gives credit.
+    pub fn is_synchronized(self) -> bool {
+        matches!(self, StreamPhase::Live | StreamPhase::Resyncing | StreamPhase::Partial)
     }
 
     /// Whether a snapshot is being received.

@@ -80,6 +80,13 @@ pub enum StreamFault {
         /// The one buffered.
         got: u64,
     },
+    /// A history replay (or the live batches buffered during it) skipped a sequence.
+    HistoryGap {
+        /// The sequence expected.
+        expected: u64,
+        /// The one that came.
+        got: u64,
+    },
     /// The snapshot did not complete within `replay_timeout_ms`.
     SnapshotTimeout {
         /// The limit, in ms.
@@ -118,7 +125,8 @@ impl StreamFault {
             | StreamFault::SnapshotWatermarks(_)
             | StreamFault::SnapshotRejected(_)
             | StreamFault::SnapshotRefused
-            | StreamFault::SnapshotGap { .. } => 6,
+            | StreamFault::SnapshotGap { .. }
+            | StreamFault::HistoryGap { .. } => 6,
             StreamFault::SnapshotTimeout { .. } => 7,
             StreamFault::ResyncsFailed { last, .. } => last.label_index(),
             StreamFault::WorkerFailed(_) => 8,
@@ -163,6 +171,9 @@ impl fmt::Display for StreamFault {
                 f,
                 "live deltas do not continue the snapshot: expected sequence {expected}, got {got}"
             ),
+            StreamFault::HistoryGap { expected, got } => {
+                write!(f, "history replay skipped from sequence {expected} to {got}; asking again")
+            }
             StreamFault::SnapshotTimeout { timeout_ms } => {
                 write!(f, "snapshot incomplete after replay_timeout_ms = {timeout_ms}")
             }

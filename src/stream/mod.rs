@@ -13,11 +13,14 @@
 
 mod actions;
 mod fault;
+mod history;
 mod recovery;
 
 pub use actions::{Action, RecoveryConfig, RecoveryStats, StreamPhase};
 pub use fault::{StreamFault, FAULT_LABELS};
 pub use recovery::{Recovery, MAX_FAILED_RESYNCS};
 
+#[cfg(test)]
+mod history_tests;
 #[cfg(test)]
 mod tests;

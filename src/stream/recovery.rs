@@ -1,12 +1,15 @@
 //! [`Recovery`]: sequence tracking, snapshot recovery, buffering and back-off for one stream.
 
+use std::ops::Range;
 use std::time::Instant;
 
 use crate::backoff::Backoff;
+use crate::config::ReplayKind;
 use crate::index::{IndexConfig, SharedSnapshot};
 use crate::wire::Batch;
 
 use super::actions::{Action, RecoveryConfig, RecoveryStats, StreamPhase};
+use super::history::Replay;
 use super::StreamFault;
 
 /// Consecutive failed periodic resyncs after which a live stream loses its credit: a
@@ -15,7 +18,7 @@ use super::StreamFault;
 /// interval that bounds unverified credit to about 90 s.
 pub const MAX_FAILED_RESYNCS: u32 = 3;
 
-struct Pending {
+pub(super) struct Pending {
     started: Instant,
     builder: Box<SharedSnapshot>,
     watermark: Option<u64>,
@@ -25,23 +28,35 @@ struct Pending {
     keep_live: bool,
 }
 
-enum Phase {
+pub(super) enum Phase {
     Disconnected,
-    Live { since_snapshot: Instant },
+    Live {
+        since_snapshot: Instant,
+    },
     Syncing(Box<Pending>),
-    Backoff { until: Instant },
+    /// A history replay (vLLM, SGLang) in progress.
+    Replaying(Box<Replay>),
+    Backoff {
+        until: Instant,
+    },
 }
 
 /// The recovery state machine of one stream.
 pub struct Recovery {
-    cfg: RecoveryConfig,
+    pub(super) cfg: RecoveryConfig,
     index: IndexConfig,
-    phase: Phase,
-    next_seq: Option<u64>,
-    backoff: Backoff,
+    pub(super) phase: Phase,
+    pub(super) next_seq: Option<u64>,
+    pub(super) backoff: Backoff,
     /// Periodic resyncs that failed since the last installed snapshot.
-    failed_resyncs: u32,
-    stats: RecoveryStats,
+    pub(super) failed_resyncs: u32,
+    pub(super) stats: RecoveryStats,
+    /// History replay: the stream knows only the blocks learned since a truncated history.
+    pub(super) partial: bool,
+    /// The last live sequence received.
+    pub(super) last_live: Option<u64>,
+    /// Sequences applied from a history replay before their live copies arrived.
+    pub(super) duplicates: Range<u64>,
 }
 
 impl std::fmt::Debug for Recovery {
@@ -65,6 +80,9 @@ impl Recovery {
             backoff,
             failed_resyncs: 0,
             stats: RecoveryStats::default(),
+            partial: false,
+            last_live: None,
+            duplicates: 0..0,
         }
     }
 
@@ -84,11 +102,35 @@ impl Recovery {
     pub fn phase(&self) -> StreamPhase {
         match &self.phase {
             Phase::Disconnected => StreamPhase::Disconnected,
+            Phase::Live { .. } | Phase::Replaying(_) if self.partial && self.is_synchronized() => {
+                StreamPhase::Partial
+            }
             Phase::Live { .. } => StreamPhase::Live,
             Phase::Syncing(p) if p.keep_live => StreamPhase::Resyncing,
-            Phase::Syncing(_) => StreamPhase::Syncing,
+            Phase::Replaying(r) if r.keep_live => StreamPhase::Resyncing,
+            Phase::Syncing(_) | Phase::Replaying(_) => StreamPhase::Syncing,
             Phase::Backoff { .. } => StreamPhase::Backoff,
         }
+    }
+
+    /// Whether the stream gives credit: live, or replaying for a periodic resync.
+    fn is_synchronized(&self) -> bool {
+        match &self.phase {
+            Phase::Live { .. } => true,
+            Phase::Syncing(p) => p.keep_live,
+            Phase::Replaying(r) => r.keep_live,
+            Phase::Disconnected | Phase::Backoff { .. } => false,
+        }
+    }
+
+    /// Whether a snapshot or history reply is awaited on the replay socket.
+    pub fn awaits_reply(&self) -> bool {
+        matches!(self.phase, Phase::Syncing(_) | Phase::Replaying(_))
+    }
+
+    /// Whether the stream knows only what it learned since a truncated history.
+    pub fn is_partial(&self) -> bool {
+        self.partial
     }
 
     /// The next live sequence expected, once known.
@@ -116,6 +158,10 @@ impl Recovery {
     /// A problem on the live side (decode error, index error, full mailbox): resynchronize.
     pub fn on_fault(&mut self, fault: StreamFault, now: Instant, out: &mut Vec<Action>) {
         self.invalidate(fault, out);
+        if self.cfg.replay == ReplayKind::History {
+            // The blocks may not match the engine's any more: replay from the start.
+            self.next_seq = None;
+        }
         if !matches!(self.phase, Phase::Disconnected | Phase::Backoff { .. }) {
             self.begin_sync(now, false, out);
         }
@@ -133,6 +179,7 @@ impl Recovery {
         if matches!(self.phase, Phase::Disconnected) {
             self.begin_sync(now, false, out);
         }
+        self.last_live = Some(seq);
         let in_order = self.next_seq == Some(seq);
         let live = matches!(self.phase, Phase::Live { .. });
         if batch.is_full_state() && !(in_order && live) {
@@ -140,11 +187,22 @@ impl Recovery {
         }
         if live {
             if in_order {
+                self.note_clears(&batch);
                 return self.apply(seq, batch, out);
+            }
+            if self.duplicates.contains(&seq) {
+                self.stats.duplicate_batches += 1;
+                return;
             }
             self.gap(seq, out);
             self.begin_sync(now, false, out);
+            if matches!(self.phase, Phase::Replaying(_)) {
+                return self.live_while_replaying(seq, batch, wire_bytes, now, out);
+            }
             return self.buffer(seq, batch, wire_bytes, now, out);
+        }
+        if matches!(self.phase, Phase::Replaying(_)) {
+            return self.live_while_replaying(seq, batch, wire_bytes, now, out);
         }
         let Phase::Syncing(p) = &mut self.phase else {
             self.stats.dropped_batches += 1;
@@ -159,7 +217,7 @@ impl Recovery {
         self.buffer(seq, batch, wire_bytes, now, out);
     }
 
-    fn gap(&mut self, seq: u64, out: &mut Vec<Action>) {
+    pub(super) fn gap(&mut self, seq: u64, out: &mut Vec<Action>) {
         self.stats.gaps += 1;
         let fault = self.gap_fault(seq);
         self.invalidate(fault, out);
@@ -173,15 +231,16 @@ impl Recovery {
         }
     }
 
-    fn apply(&mut self, seq: u64, batch: Batch, out: &mut Vec<Action>) {
+    pub(super) fn apply(&mut self, seq: u64, batch: Batch, out: &mut Vec<Action>) {
         self.next_seq = Some(seq + 1);
         out.push(Action::Apply { seq, batch });
     }
 
     fn restore_full_state(&mut self, seq: u64, batch: Batch, now: Instant, out: &mut Vec<Action>) {
-        if matches!(self.phase, Phase::Syncing(_)) {
+        if self.awaits_reply() {
             out.push(Action::CloseSnapshot);
         }
+        self.partial = false;
         self.stats.full_state_restores += 1;
         self.apply(seq, batch, out);
         self.phase = Phase::Live { since_snapshot: now };
@@ -231,13 +290,16 @@ impl Recovery {
 
     /// A snapshot reply could not be read (malformed, oversized...).
     pub fn on_snapshot_error(&mut self, fault: StreamFault, now: Instant, out: &mut Vec<Action>) {
-        if matches!(self.phase, Phase::Syncing(_)) {
+        if self.awaits_reply() {
             self.fail(fault, now, out);
         }
     }
 
     /// The snapshot terminator: install it with the buffered deltas that continue it.
     pub fn on_snapshot_end(&mut self, now: Instant, out: &mut Vec<Action>) {
+        if matches!(self.phase, Phase::Replaying(_)) {
+            return self.end_history(now, out);
+        }
         // A terminator after the attempt already failed (its reply was rejected) is ignored:
         // the phase it failed into (back-off, or live for a resync) stands.
         if !matches!(self.phase, Phase::Syncing(_)) {
@@ -274,6 +336,7 @@ impl Recovery {
     pub fn next_deadline(&self) -> Option<Instant> {
         match &self.phase {
             Phase::Syncing(p) => Some(p.started + self.cfg.replay_timeout),
+            Phase::Replaying(r) => Some(r.started + self.cfg.replay_timeout),
             Phase::Backoff { until } => Some(*until),
             Phase::Live { since_snapshot } => Some(*since_snapshot + self.cfg.resync_interval),
             Phase::Disconnected => None,
@@ -283,8 +346,8 @@ impl Recovery {
     /// Timeouts, retries and the periodic resync.
     pub fn on_tick(&mut self, now: Instant, out: &mut Vec<Action>) {
         match &self.phase {
-            Phase::Syncing(p)
-                if now.saturating_duration_since(p.started) > self.cfg.replay_timeout =>
+            Phase::Syncing(_) | Phase::Replaying(_)
+                if self.next_deadline().is_some_and(|at| now > at) =>
             {
                 let timeout_ms = self.cfg.replay_timeout.as_millis();
                 self.fail(StreamFault::SnapshotTimeout { timeout_ms }, now, out);
@@ -300,6 +363,9 @@ impl Recovery {
     }
 
     fn begin_sync(&mut self, now: Instant, keep_live: bool, out: &mut Vec<Action>) {
+        if self.cfg.replay == ReplayKind::History {
+            return self.begin_history(now, keep_live, out);
+        }
         let pending = Pending {
             started: now,
             builder: Box::new(SharedSnapshot::new(self.index)),
@@ -316,9 +382,13 @@ impl Recovery {
         out.push(Action::Invalidate { fault });
     }
 
-    /// A snapshot attempt failed while pending.
-    fn fail(&mut self, fault: StreamFault, now: Instant, out: &mut Vec<Action>) {
-        let keep_live = matches!(&self.phase, Phase::Syncing(p) if p.keep_live);
+    /// A snapshot or history attempt failed while pending.
+    pub(super) fn fail(&mut self, fault: StreamFault, now: Instant, out: &mut Vec<Action>) {
+        let keep_live = match &self.phase {
+            Phase::Syncing(p) => p.keep_live,
+            Phase::Replaying(r) => r.keep_live,
+            _ => false,
+        };
         self.fail_attempt(fault, keep_live, now, out);
     }
 

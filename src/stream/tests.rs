@@ -6,9 +6,10 @@ use super::*;
 use crate::index::IndexConfig;
 use crate::wire::{Batch, EngineHash, Tier};
 
-fn cfg() -> RecoveryConfig {
+pub(super) fn cfg() -> RecoveryConfig {
     RecoveryConfig {
         dp_rank: 0,
+        replay: crate::config::ReplayKind::Snapshot,
         replay_timeout: Duration::from_millis(200),
         resync_interval: Duration::from_secs(10),
         max_buffered_bytes: 1 << 20,
@@ -21,13 +22,13 @@ fn machine() -> Recovery {
     Recovery::new(cfg(), IndexConfig { block_size: 2, hash_seed: 1024, salt: 0, max_blocks: 100 })
 }
 
-fn batch() -> Batch {
+pub(super) fn batch() -> Batch {
     let mut b = Batch::default();
     b.push_stored(&[EngineHash(1)], None, &[1, 2], 2, Tier::Device);
     b
 }
 
-fn full_state() -> Batch {
+pub(super) fn full_state() -> Batch {
     let mut b = Batch::default();
     b.push_cleared(None);
     b.push_stored(&[EngineHash(1)], None, &[1, 2], 2, Tier::Device);
@@ -35,13 +36,16 @@ fn full_state() -> Batch {
 }
 
 /// A compact rendering of actions for assertions.
-fn show(out: &mut Vec<Action>) -> Vec<String> {
+pub(super) fn show(out: &mut Vec<Action>) -> Vec<String> {
     out.drain(..)
         .map(|a| match a {
             Action::Apply { seq, .. } => format!("apply {seq}"),
             Action::Invalidate { fault } => format!("invalidate: {fault}"),
             Action::RequestSnapshot { start_seq } => format!("request {start_seq}"),
             Action::CloseSnapshot => "close".into(),
+            Action::Reset { partial } => format!("reset{}", if partial { " partial" } else { "" }),
+            Action::Recover { seq, .. } => format!("recover {seq}"),
+            Action::Resume => "resume".into(),
             Action::Install { watermark, deltas, .. } => {
                 let seqs: Vec<String> = deltas.iter().map(|(s, _)| s.to_string()).collect();
                 format!("install {watermark} [{}]", seqs.join(","))

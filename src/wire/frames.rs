@@ -1,5 +1,7 @@
-//! Message envelopes: live messages (`topic | seq | payload`) and snapshot replies
-//! (`"" | watermark | payload`, ended by `"" | u64::MAX | ""`), protocol.md sections 2 and 3.
+//! Message envelopes: live messages (`topic | seq | payload`), snapshot replies
+//! (`"" | watermark | payload`, ended by `"" | u64::MAX | ""`), protocol.md sections 2 and 3,
+//! and history replies (vLLM, SGLang: `"" | topic | seq | payload` per buffered batch, ended by
+//! `"" | "" | u64::MAX | ""`).
 
 use super::decode::decode_batch;
 use super::types::Batch;
@@ -81,6 +83,59 @@ pub fn decode_snapshot_frame<F: AsRef<[u8]>>(
     Ok(SnapshotFrame::Reply { watermark })
 }
 
+/// One history reply message as the DEALER sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HistoryFrame {
+    /// A buffered batch, now decoded into the batch.
+    Batch {
+        /// Its sequence number.
+        seq: u64,
+    },
+    /// The end marker: every buffered batch from the asked sequence on was sent.
+    End,
+}
+
+/// Decodes one history reply message; a `Batch` leaves its payload decoded in `batch`. The
+/// topic must be the stream's, as on the live socket.
+pub fn decode_history_frame<F: AsRef<[u8]>>(
+    frames: &[F],
+    topic: &[u8],
+    max_message_bytes: usize,
+    batch: &mut Batch,
+) -> Result<HistoryFrame, WireError> {
+    let [delim, t, seq, payload] = frames else {
+        return Err(WireError::HistoryFrameCount(frames.len()));
+    };
+    if !delim.as_ref().is_empty() {
+        return Err(WireError::SnapshotDelimiter(delim.as_ref().len()));
+    }
+    let seq = read_u64(seq.as_ref(), "sequence")?;
+    let (t, payload) = (t.as_ref(), payload.as_ref());
+    if seq == SNAPSHOT_END_WATERMARK && t.is_empty() && payload.is_empty() {
+        return Ok(HistoryFrame::End);
+    }
+    if t != topic {
+        return Err(WireError::TopicMismatch {
+            expected: String::from_utf8_lossy(topic).into_owned(),
+            got: String::from_utf8_lossy(t).into_owned(),
+        });
+    }
+    check_size(payload, max_message_bytes)?;
+    decode_batch(payload, batch)?;
+    Ok(HistoryFrame::Batch { seq })
+}
+
+/// The four frames of a history reply message, as the ROUTER sends them after the peer
+/// identity.
+pub fn encode_history_reply(topic: &[u8], seq: u64, payload: Vec<u8>) -> [Vec<u8>; 4] {
+    [Vec::new(), topic.to_vec(), seq.to_be_bytes().to_vec(), payload]
+}
+
+/// The history end marker frames.
+pub fn encode_history_end() -> [Vec<u8>; 4] {
+    [Vec::new(), Vec::new(), SNAPSHOT_END_WATERMARK.to_be_bytes().to_vec(), Vec::new()]
+}
+
 /// The three frames of a live message.
 pub fn encode_live(topic: &[u8], seq: u64, payload: Vec<u8>) -> [Vec<u8>; 3] {
     [topic.to_vec(), seq.to_be_bytes().to_vec(), payload]
@@ -127,6 +182,26 @@ mod tests {
         assert_eq!(err, WireError::SequenceLength { field: "sequence", len: 4 });
         let err = decode_live(&frames, b"kv", 3, &mut b).unwrap_err();
         assert!(matches!(err, WireError::MessageTooLarge { limit: 3, .. }), "{err}");
+    }
+
+    #[test]
+    fn history_reply_then_end_marker_and_a_snapshot_shape_named() {
+        let mut b = Batch::default();
+        let reply = encode_history_reply(b"kv", 7, payload());
+        assert_eq!(
+            decode_history_frame(&reply, b"kv", 1 << 20, &mut b),
+            Ok(HistoryFrame::Batch { seq: 7 })
+        );
+        assert_eq!(b.events.len(), 1);
+        let end = encode_history_end();
+        assert_eq!(decode_history_frame(&end, b"kv", 1 << 20, &mut b), Ok(HistoryFrame::End));
+        let err = decode_history_frame(&reply, b"other", 1 << 20, &mut b).unwrap_err();
+        assert!(matches!(err, WireError::TopicMismatch { .. }), "{err}");
+        let snapshot = encode_snapshot_reply(7, payload());
+        let err = decode_history_frame(&snapshot, b"kv", 1 << 20, &mut b).unwrap_err();
+        assert!(err.to_string().ends_with("set \"replay\": \"snapshot\" for this stream"), "{err}");
+        let err = decode_snapshot_frame(&reply, 1 << 20, &mut b).unwrap_err();
+        assert!(err.to_string().contains("4 frames are a history replay"), "{err}");
     }
 
     #[test]

@@ -22,12 +22,27 @@ mod types;
 pub use decode::decode_batch;
 pub use encode::encode_batch;
 pub use frames::{
-    decode_live, decode_snapshot_frame, encode_live, encode_snapshot_end, encode_snapshot_reply,
+    decode_history_frame, decode_live, decode_snapshot_frame, encode_history_end,
+    encode_history_reply, encode_live, encode_snapshot_end, encode_snapshot_reply, HistoryFrame,
     SnapshotFrame, SNAPSHOT_END_WATERMARK,
 };
 pub use types::{Batch, EngineHash, Event, SkipCounts, Span, Stored, Tier};
 
 use thiserror::Error;
+
+/// What a replay reply of `frames` frames is, when that is the other kind's shape (`other`).
+fn shape_hint(frames: usize, other: usize) -> &'static str {
+    match (frames == other, other) {
+        (true, 4) => {
+            "; 4 frames are a history replay (vLLM, SGLang): set \"replay\": \"history\" (or \
+             the engine's dialect) for this stream"
+        }
+        (true, _) => {
+            "; 3 frames are an xLLM snapshot: set \"replay\": \"snapshot\" for this stream"
+        }
+        _ => "",
+    }
+}
 
 /// Everything that can be wrong with bytes received from an engine.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -36,8 +51,19 @@ pub enum WireError {
     #[error("live message has {0} frames, expected 3 (topic, sequence, payload)")]
     FrameCount(usize),
     /// A snapshot reply did not have the `[empty, watermark, payload]` shape.
-    #[error("snapshot reply has {0} frames, expected 3 (empty delimiter, watermark, payload)")]
+    #[error(
+        "snapshot reply has {n} frames, expected 3 (empty delimiter, watermark, payload){hint}",
+        n = .0,
+        hint = shape_hint(*.0, 4)
+    )]
     SnapshotFrameCount(usize),
+    /// A history replay message did not have the `[empty, topic, seq, payload]` shape.
+    #[error(
+        "history reply has {n} frames, expected 4 (empty delimiter, topic, sequence, payload){hint}",
+        n = .0,
+        hint = shape_hint(*.0, 3)
+    )]
+    HistoryFrameCount(usize),
     /// The first frame of a snapshot reply was not the empty delimiter.
     #[error("snapshot reply delimiter frame is {0} bytes, expected an empty frame")]
     SnapshotDelimiter(usize),

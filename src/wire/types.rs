@@ -217,6 +217,12 @@ impl Batch {
                 .all(|e| matches!(e, Event::Stored(_) | Event::OutOfScope { .. }))
     }
 
+    /// Whether an `AllBlocksCleared` (every tier) is among the events: what follows it is
+    /// known from the batch alone.
+    pub fn clears_all(&self) -> bool {
+        self.events.iter().any(|e| matches!(e, Event::Cleared { tier: None }))
+    }
+
     /// Appends a `BlockStored` event.
     pub fn push_stored(
         &mut self,

@@ -12,7 +12,7 @@ use std::time::Instant;
 use kvdir::car::PredictCounters;
 use kvdir::metrics::{Exposition, Histogram, Kind};
 use kvdir::query::StreamMatch;
-use kvdir::stream::FAULT_LABELS;
+use kvdir::stream::{StreamPhase, FAULT_LABELS};
 
 use super::frontdoor::FrontMetrics;
 use super::ApiError;
@@ -137,7 +137,7 @@ type TierSlots = fn(&StreamCounters) -> &[AtomicU64; 2];
 /// One per-stream family: its name, kind, help and value.
 type StreamFamily = (&'static str, Kind, &'static str, fn(&StreamSample) -> u64);
 
-const STREAM_FAMILIES: [StreamFamily; 11] = [
+const STREAM_FAMILIES: [StreamFamily; 15] = [
     ("kvdir_live_messages_total", Kind::Counter, "Live messages received.", |s| {
         s.report.status.messages
     }),
@@ -171,6 +171,27 @@ const STREAM_FAMILIES: [StreamFamily; 11] = [
     ("kvdir_stream_synchronized", Kind::Gauge, "1 when the stream gives credit.", |s| {
         u64::from(s.view.as_ref().is_some_and(|v| v.synchronized))
     }),
+    (
+        "kvdir_stream_partial",
+        Kind::Gauge,
+        "1 when the stream knows only the blocks learned since a truncated history.",
+        |s| u64::from(s.report.status.phase == StreamPhase::Partial),
+    ),
+    (
+        "kvdir_truncated_histories_total",
+        Kind::Counter,
+        "History replays that no longer reached back to the asked sequence.",
+        |s| s.report.status.stats.truncated_histories,
+    ),
+    ("kvdir_replayed_batches_total", Kind::Counter, "History batches applied.", |s| {
+        s.report.status.stats.replayed_batches
+    }),
+    (
+        "kvdir_duplicate_batches_total",
+        Kind::Counter,
+        "Live batches dropped as copies of replayed ones.",
+        |s| s.report.status.stats.duplicate_batches,
+    ),
 ];
 
 fn render_per_stream(e: &mut Exposition, streams: &[StreamSample]) {

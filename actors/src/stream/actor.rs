@@ -62,8 +62,10 @@ pub struct StreamReport {
     pub model: String,
     /// Live endpoint.
     pub endpoint: String,
-    /// Snapshot endpoint.
+    /// Snapshot or history endpoint.
     pub replay_endpoint: String,
+    /// What the replay endpoint answers: `snapshot` (xLLM) or `history` (vLLM, SGLang).
+    pub replay: &'static str,
     /// The worker's status: phase, connection, counters, last fault.
     #[serde(flatten)]
     pub status: WorkerStatus,
@@ -240,6 +242,7 @@ impl Handler<GetStreamReport> for StreamActor {
             model: self.spec.model.clone(),
             endpoint: self.spec.endpoint.clone(),
             replay_endpoint: self.spec.replay_endpoint.clone(),
+            replay: self.spec.replay.as_str(),
             status,
             restarts: self.restarts,
             restart_backoff_ms: self.backoff.map(|d| d.as_millis() as u64),

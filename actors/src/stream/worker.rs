@@ -14,9 +14,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use kvdir::config::{Limits, StreamSpec};
+use kvdir::config::{Limits, ReplayKind, StreamSpec};
 use kvdir::stream::{Action, Recovery, RecoveryConfig, RecoveryStats, StreamFault, StreamPhase};
-use kvdir::wire::{decode_live, decode_snapshot_frame, Batch, SnapshotFrame};
+use kvdir::wire::{
+    decode_history_frame, decode_live, decode_snapshot_frame, Batch, HistoryFrame, SnapshotFrame,
+};
 use serde::Serialize;
 
 use super::StreamShared;
@@ -36,12 +38,13 @@ const SUB_HWM: i32 = 100_000;
 /// the streams endpoint (and read by `/metrics`), so each field is defined once.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct WorkerStatus {
-    /// `disconnected`, `syncing`, `live`, `resyncing` or `backoff`.
+    /// `disconnected`, `syncing`, `live`, `resyncing`, `partial` or `backoff`.
     pub phase: StreamPhase,
     /// Whether the SUB socket has completed its ZMTP handshake with the publisher.
     pub connected: bool,
     /// Recovery counters: `gaps`, `recoveries`, `snapshot_failures`, `dropped_batches`,
-    /// `full_state_restores`.
+    /// `full_state_restores`, and for history replay `truncated_histories`,
+    /// `replayed_batches` and `duplicate_batches`.
     #[serde(flatten)]
     pub stats: RecoveryStats,
     /// Live messages received.
@@ -82,6 +85,8 @@ struct Worker {
     sub: zmq::Socket,
     monitor: zmq::Socket,
     dealer: Option<zmq::Socket>,
+    /// Replay requests sent: replies read before a new request are not fed to it.
+    requests: u64,
     recovery: Recovery,
     status: WorkerStatus,
     actions: Vec<Action>,
@@ -162,6 +167,7 @@ impl Worker {
             sub,
             monitor,
             dealer: None,
+            requests: 0,
             recovery,
             status,
             actions,
@@ -273,25 +279,57 @@ impl Worker {
 
     fn read_snapshot(&mut self, now: Instant) -> Result<(), zmq::Error> {
         let Some(dealer) = &self.dealer else { return Ok(()) };
-        while let Ok(frames) = dealer.recv_multipart(zmq::DONTWAIT) {
-            self.status.snapshot_bytes += frames.iter().map(|f| f.len() as u64).sum::<u64>();
-            let mut batch = Batch::default();
-            match decode_snapshot_frame(&frames, self.ctx.limits.max_message_bytes, &mut batch) {
-                Ok(SnapshotFrame::Reply { watermark }) => {
-                    self.recovery.on_snapshot_reply(watermark, &batch, now, &mut self.actions)
-                }
-                Ok(SnapshotFrame::End) => self.recovery.on_snapshot_end(now, &mut self.actions),
-                Err(e) => {
-                    let fault = StreamFault::SnapshotRejected(format!("reply: {e}"));
-                    self.status.last_fault = Some(fault.to_string());
-                    self.recovery.on_snapshot_error(fault, now, &mut self.actions);
-                }
-            }
-            if !self.recovery.phase().is_syncing() {
+        let mut frames = Vec::new();
+        while let Ok(f) = dealer.recv_multipart(zmq::DONTWAIT) {
+            frames.push(f);
+            if frames.len() >= MAX_BURST {
                 break;
             }
         }
+        let request = self.requests;
+        for f in frames {
+            if self.requests != request || !self.recovery.awaits_reply() {
+                break; // the attempt ended; what it had queued is stale
+            }
+            self.status.snapshot_bytes += f.iter().map(|f| f.len() as u64).sum::<u64>();
+            match self.ctx.spec.replay {
+                ReplayKind::Snapshot => self.snapshot_reply(&f, now),
+                ReplayKind::History => self.history_reply(&f, now),
+            }
+            self.run_actions(now)?;
+        }
         Ok(())
+    }
+
+    fn snapshot_reply(&mut self, frames: &[Vec<u8>], now: Instant) {
+        let mut batch = Batch::default();
+        match decode_snapshot_frame(frames, self.ctx.limits.max_message_bytes, &mut batch) {
+            Ok(SnapshotFrame::Reply { watermark }) => {
+                self.recovery.on_snapshot_reply(watermark, &batch, now, &mut self.actions)
+            }
+            Ok(SnapshotFrame::End) => self.recovery.on_snapshot_end(now, &mut self.actions),
+            Err(e) => self.reply_rejected(format!("reply: {e}"), now),
+        }
+    }
+
+    /// One message of a history replay: a buffered batch, applied as it comes, or the end.
+    fn history_reply(&mut self, frames: &[Vec<u8>], now: Instant) {
+        let mut batch = Batch::default();
+        let (topic, max) = (self.ctx.spec.topic.as_bytes(), self.ctx.limits.max_message_bytes);
+        match decode_history_frame(frames, topic, max, &mut batch) {
+            Ok(HistoryFrame::Batch { seq }) => {
+                self.status.skipped_events += batch.skipped.total();
+                self.recovery.on_history_batch(seq, batch, now, &mut self.actions)
+            }
+            Ok(HistoryFrame::End) => self.recovery.on_snapshot_end(now, &mut self.actions),
+            Err(e) => self.reply_rejected(format!("history reply: {e}"), now),
+        }
+    }
+
+    fn reply_rejected(&mut self, text: String, now: Instant) {
+        let fault = StreamFault::SnapshotRejected(text);
+        self.status.last_fault = Some(fault.to_string());
+        self.recovery.on_snapshot_error(fault, now, &mut self.actions);
     }
 
     fn run_actions(&mut self, now: Instant) -> Result<(), zmq::Error> {
@@ -312,6 +350,9 @@ impl Worker {
             Action::Invalidate { fault } => self.invalidate(fault),
             Action::RequestSnapshot { start_seq } => self.request_snapshot(start_seq)?,
             Action::CloseSnapshot => self.dealer = None,
+            Action::Reset { partial } => self.reset(partial),
+            Action::Recover { seq, batch } => self.recover(seq, &batch, now),
+            Action::Resume => self.resume(),
         }
         Ok(())
     }
@@ -335,6 +376,7 @@ impl Worker {
             },
         )?;
         self.dealer = Some(dealer);
+        self.requests += 1;
         Ok(())
     }
 

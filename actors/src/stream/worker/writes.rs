@@ -2,10 +2,9 @@
 //! installs and invalidations, made visible to queries together by one publish per poll.
 
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kvdir::index::{SharedSnapshot, StreamWriter};
+use kvdir::index::{ApplyStats, IndexError, SharedSnapshot, StreamWriter};
 use kvdir::stream::StreamFault;
 use kvdir::wire::Batch;
 
@@ -35,9 +34,21 @@ impl Worker {
 
     /// Applies a live batch; an index error resynchronizes the stream.
     pub(super) fn apply(&mut self, seq: u64, batch: &Batch, now: Instant) {
-        let shared = Arc::clone(&self.ctx.shared);
-        match self.write(|w| w.apply(seq, batch)) {
+        let out = self.write(|w| w.apply(seq, batch));
+        self.applied(out, seq, batch, now);
+    }
+
+    /// Counts an applied batch, or turns the index's refusal into a stream fault.
+    fn applied(
+        &mut self,
+        out: Option<Result<ApplyStats, IndexError>>,
+        seq: u64,
+        batch: &Batch,
+        now: Instant,
+    ) {
+        match out {
             Some(Ok(stats)) => {
+                let shared = &self.ctx.shared;
                 shared.counters.count_batch(batch);
                 shared.skipped_out_of_scope.fetch_add(stats.out_of_scope, Ordering::Relaxed);
             }
@@ -76,6 +87,41 @@ impl Worker {
                 break; // rejected: the recovery machine takes over
             }
         }
+    }
+
+    /// History replay: drops every block; the stream stays unsynchronized until resumed, and
+    /// with `partial` knows only what it learns from then on.
+    pub(super) fn reset(&mut self, partial: bool) {
+        let (stream, dp) = (&self.ctx.spec.instance_name, self.ctx.spec.dp_rank);
+        if partial {
+            tracing::info!(%stream, dp, "history truncated: blocks dropped, the stream goes on as partial");
+        }
+        self.write(|w| {
+            w.reset();
+            w.set_partial(partial);
+        });
+    }
+
+    /// History replay: applies a replayed (or buffered) batch while unsynchronized; an index
+    /// error resynchronizes the stream.
+    pub(super) fn recover(&mut self, seq: u64, batch: &Batch, now: Instant) {
+        let out = self.write(|w| w.apply_unsynchronized(seq, batch));
+        self.applied(out, seq, batch, now);
+    }
+
+    /// History replay complete: the stream gives credit again (exact or partial).
+    pub(super) fn resume(&mut self) {
+        let partial = self.recovery.is_partial();
+        let next = self.recovery.next_seq();
+        let Some(blocks) = self.write(|w| {
+            w.resume();
+            w.block_count()
+        }) else {
+            return;
+        };
+        let state = if partial { "partial" } else { "exact" };
+        let (stream, dp) = (&self.ctx.spec.instance_name, self.ctx.spec.dp_rank);
+        tracing::info!(%stream, dp, state, next_seq = ?next, blocks, "synchronized by history replay");
     }
 
     /// Stops giving credit, visible at the end of this poll.

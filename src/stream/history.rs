@@ -1,0 +1,199 @@
+//! History replay (vLLM, SGLang): the replay endpoint answers the buffered batches from the
+//! asked sequence on, not a state. The stream asks from the first sequence it lacks and
+//! applies what comes back as it arrives, so a failed attempt keeps its progress and the next
+//! one asks from where it stopped.
+//!
+//! - **Start** (cold, after a disconnect or a fault): drop every block, ask from 0.
+//! - **Gap fill** (a live gap): ask from the first missing sequence; the blocks stay, unused
+//!   for credit until the missed batches are applied.
+//! - **Periodic resync** (live): ask from the next sequence; replayed batches not yet seen
+//!   live are applied ahead of the live stream, and their live copies are dropped later.
+//! - **Truncated history**: the first batch replayed (or, with none, the first buffered live
+//!   batch) is later than asked. The stream cannot be exact: it drops its blocks (their
+//!   removals may be in the lost batches) and goes on as partial until the next full clear.
+
+use std::time::Instant;
+
+use crate::wire::Batch;
+
+use super::actions::Action;
+use super::recovery::{Phase, Recovery};
+use super::StreamFault;
+
+/// A history replay in progress.
+pub(super) struct Replay {
+    pub(super) started: Instant,
+    /// The sequence asked for: the first one the stream lacks.
+    asked: u64,
+    /// Whether a replayed batch arrived.
+    replayed_any: bool,
+    /// A periodic resync of a synchronized stream: live batches keep being applied.
+    pub(super) keep_live: bool,
+    /// Live batches received meanwhile (not while `keep_live`).
+    buffer: Vec<(u64, Batch)>,
+    buffered_bytes: usize,
+}
+
+impl Recovery {
+    /// Starts a history replay: from 0 with the blocks dropped when the stream has no known
+    /// position, else from its next sequence.
+    pub(super) fn begin_history(&mut self, now: Instant, keep_live: bool, out: &mut Vec<Action>) {
+        let asked = match self.next_seq {
+            Some(n) => n,
+            None => {
+                self.partial = false;
+                out.push(Action::Reset { partial: false });
+                self.next_seq = Some(0);
+                0
+            }
+        };
+        let replay = Replay {
+            started: now,
+            asked,
+            replayed_any: false,
+            keep_live,
+            buffer: Vec::new(),
+            buffered_bytes: 0,
+        };
+        self.phase = Phase::Replaying(Box::new(replay));
+        out.push(Action::RequestSnapshot { start_seq: asked });
+    }
+
+    /// One replayed batch (`seq` with its payload decoded). A batch of another DP rank, or a
+    /// hole inside the reply, fails the attempt.
+    pub fn on_history_batch(
+        &mut self,
+        seq: u64,
+        batch: Batch,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        let Phase::Replaying(r) = &mut self.phase else { return };
+        if batch.dp_rank != self.cfg.dp_rank {
+            let fault =
+                StreamFault::SnapshotWrongDpRank { got: batch.dp_rank, want: self.cfg.dp_rank };
+            return self.fail(fault, now, out);
+        }
+        let next = self.next_seq.unwrap_or(0);
+        let first = !std::mem::replace(&mut r.replayed_any, true);
+        if seq > next {
+            if !first {
+                return self.fail(StreamFault::HistoryGap { expected: next, got: seq }, now, out);
+            }
+            self.truncated(seq, out);
+        } else if seq < next {
+            return; // applied live during a periodic resync
+        }
+        self.stats.replayed_batches += 1;
+        self.next_seq = Some(seq + 1);
+        self.note_clears(&batch);
+        if matches!(&self.phase, Phase::Replaying(r) if r.keep_live) {
+            out.push(Action::Apply { seq, batch });
+        } else {
+            out.push(Action::Recover { seq, batch });
+        }
+    }
+
+    /// The history does not reach back to the asked sequence; `first` is the oldest there is.
+    /// A live stream's periodic resync becomes a recovery: its blocks may be stale.
+    fn truncated(&mut self, first: u64, out: &mut Vec<Action>) {
+        self.stats.truncated_histories += 1;
+        if let Phase::Replaying(r) = &mut self.phase {
+            if r.keep_live {
+                r.keep_live = false;
+                let expected = self.next_seq.unwrap_or(0);
+                self.stats.gaps += 1;
+                out.push(Action::Invalidate {
+                    fault: StreamFault::SequenceGap { expected, got: first },
+                });
+            }
+        }
+        self.partial = true;
+        self.next_seq = Some(first);
+        out.push(Action::Reset { partial: true });
+    }
+
+    /// The end marker: the live batches buffered meanwhile continue the replay, and the stream
+    /// is synchronized (exact, or partial after a truncation).
+    pub(super) fn end_history(&mut self, now: Instant, out: &mut Vec<Action>) {
+        let Phase::Replaying(r) = std::mem::replace(&mut self.phase, Phase::Disconnected) else {
+            return;
+        };
+        let mut r = *r;
+        let mut next = self.next_seq.unwrap_or(r.asked);
+        let mut deltas = std::mem::take(&mut r.buffer);
+        deltas.retain(|(s, _)| *s >= next);
+        if let Some(&(first, _)) = deltas.first() {
+            if first > next && !r.replayed_any {
+                self.truncated(first, out);
+                next = first;
+            }
+        }
+        for (seq, batch) in deltas {
+            if seq != next {
+                self.next_seq = Some(next);
+                self.phase = Phase::Replaying(Box::new(r));
+                return self.fail(StreamFault::HistoryGap { expected: next, got: seq }, now, out);
+            }
+            self.note_clears(&batch);
+            out.push(Action::Recover { seq, batch });
+            next += 1;
+        }
+        self.finish_history(r, next, now, out);
+    }
+
+    fn finish_history(&mut self, r: Replay, next: u64, now: Instant, out: &mut Vec<Action>) {
+        // Replayed batches the live stream has not delivered yet arrive later as copies.
+        self.duplicates = self.last_live.map_or(0, |l| l + 1)..next;
+        self.next_seq = Some(next);
+        self.stats.recoveries += u64::from(!r.keep_live);
+        if !r.keep_live {
+            self.stats.last_recovery = Some(now.saturating_duration_since(r.started));
+            out.push(Action::Resume);
+        }
+        self.backoff.reset();
+        self.failed_resyncs = 0;
+        self.phase = Phase::Live { since_snapshot: now };
+        out.push(Action::CloseSnapshot);
+    }
+
+    /// A live batch during a history replay: applied at once during a periodic resync (a gap
+    /// turns it into a gap fill), buffered otherwise.
+    pub(super) fn live_while_replaying(
+        &mut self,
+        seq: u64,
+        batch: Batch,
+        wire_bytes: usize,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) {
+        let Phase::Replaying(r) = &mut self.phase else { return };
+        if r.keep_live {
+            if self.next_seq == Some(seq) {
+                self.note_clears(&batch);
+                return self.apply(seq, batch, out);
+            }
+            if self.duplicates.contains(&seq) {
+                self.stats.duplicate_batches += 1;
+                return;
+            }
+            self.gap(seq, out);
+            self.begin_history(now, false, out);
+        }
+        let Phase::Replaying(r) = &mut self.phase else { return };
+        r.buffered_bytes += wire_bytes + batch.heap_bytes();
+        r.buffer.push((seq, batch));
+        if r.buffered_bytes > self.cfg.max_buffered_bytes {
+            let fault = StreamFault::BufferOverflow { max_bytes: self.cfg.max_buffered_bytes };
+            self.fail(fault, now, out);
+        }
+    }
+
+    /// A batch that clears every tier makes a partial stream exact from then on: everything
+    /// after it is learned from events.
+    pub(super) fn note_clears(&mut self, batch: &Batch) {
+        if self.partial && batch.clears_all() {
+            self.partial = false;
+        }
+    }
+}
