@@ -21,6 +21,7 @@ mod blocks;
 mod flat;
 mod key;
 mod namespace;
+mod retired;
 mod shared;
 mod stream;
 mod view;
@@ -90,6 +91,8 @@ pub enum IndexError {
     NotSynchronized(String),
 }
 
+#[cfg(test)]
+mod retire_tests;
 #[cfg(test)]
 mod scope_tests;
 #[cfg(test)]

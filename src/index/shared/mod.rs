@@ -144,6 +144,7 @@ impl SharedIndex {
             table: Table::with_capacity(0, config.max_blocks),
             sync: Err("waiting for the first snapshot".into()),
             sequence: None,
+            partial: false,
             pending: Vec::new(),
         };
         w.log.label(slot, Arc::new(label));
@@ -199,6 +200,8 @@ pub struct StreamWriter {
     table: Table,
     sync: Result<(), String>,
     sequence: Option<u64>,
+    /// See [`StreamWriter::set_partial`].
+    partial: bool,
     pending: Vec<Change>,
 }
 
@@ -209,6 +212,7 @@ impl std::fmt::Debug for StreamWriter {
             .field("blocks", &self.table.len())
             .field("sync", &self.sync)
             .field("sequence", &self.sequence)
+            .field("partial", &self.partial)
             .finish()
     }
 }
@@ -237,31 +241,80 @@ impl StreamWriter {
             device_blocks: self.table.device,
             host_blocks: self.table.host,
             error: self.sync.clone().err(),
+            partial: self.partial,
         }
+    }
+
+    /// Marks the stream partial (its history did not reach back to the engine's start) or
+    /// exact. While partial, [`Self::apply`] and [`Self::apply_unsynchronized`] skip and count
+    /// ([`ApplyStats::unknown_parents`]) a store whose parent was never seen and a tokenless
+    /// store of a hash never seen, instead of failing; removals and every other rule stay
+    /// those of a live batch, so every credited block is one the engine stored and has not
+    /// removed since. The flag clears itself at an `AllBlocksCleared` without a medium (the
+    /// rest of that batch is applied exactly) and at a snapshot install.
+    pub fn set_partial(&mut self, partial: bool) {
+        self.partial = partial;
+    }
+
+    /// See [`Self::set_partial`].
+    pub fn is_partial(&self) -> bool {
+        self.partial
     }
 
     /// Applies live batch `seq` to this stream's state (no lock taken). The same rules as
     /// [`super::StreamIndex::apply`]: unsynchronized, only a full-state batch is accepted;
     /// an error unsynchronizes, and the changes made before it stay pending (they are real).
+    /// While partial, see [`Self::set_partial`].
     pub fn apply(&mut self, seq: u64, batch: &Batch) -> Result<ApplyStats, IndexError> {
         if let Err(reason) = &self.sync {
             if !batch.is_full_state() {
                 return Err(IndexError::NotSynchronized(reason.clone()));
             }
         }
+        let stats = self.apply_table(batch)?;
+        self.sync = Ok(());
+        self.sequence = Some(seq);
+        Ok(stats)
+    }
+
+    /// Applies batch `seq` of replayed history while the stream is unsynchronized (readers
+    /// see nothing of it until [`Self::resume`]), with the rules of [`Self::apply`] but no
+    /// check of the sync state, which it leaves as it is; it sets the sequence. An error
+    /// leaves the stream unsynchronized with the error as its reason.
+    pub fn apply_unsynchronized(
+        &mut self,
+        seq: u64,
+        batch: &Batch,
+    ) -> Result<ApplyStats, IndexError> {
+        let stats = self.apply_table(batch)?;
+        self.sequence = Some(seq);
+        Ok(stats)
+    }
+
+    /// Applies `batch` in the stream's mode, clearing the partial flag at an unlimited clear;
+    /// an error unsynchronizes.
+    fn apply_table(&mut self, batch: &Batch) -> Result<ApplyStats, IndexError> {
         let max_blocks = self.config.max_blocks;
-        let mut ctx = Ctx { hasher: &mut self.hasher, max_blocks, mode: Mode::Live };
-        match self.table.apply_batch(batch, &mut ctx, &mut Pending(&mut self.pending)) {
-            Ok(stats) => {
-                self.sync = Ok(());
-                self.sequence = Some(seq);
-                Ok(stats)
-            }
-            Err(e) => {
-                self.invalidate(e.to_string());
-                Err(e)
-            }
-        }
+        let mode = if self.partial { Mode::Partial } else { Mode::Live };
+        let mut ctx = Ctx { hasher: &mut self.hasher, max_blocks, mode };
+        let applied = self.table.apply_batch(batch, &mut ctx, &mut Pending(&mut self.pending));
+        self.partial = ctx.mode == Mode::Partial;
+        applied.inspect_err(|e| self.invalidate(e.to_string()))
+    }
+
+    /// Empties the stream before a history replay: every block goes (readers lose them at
+    /// the next publish), and so does the retired memory; the stream is unsynchronized
+    /// ("reset for history replay") with no sequence. The partial flag is left as it is.
+    pub fn reset(&mut self) {
+        self.table.clear(None, &mut Pending(&mut self.pending));
+        self.invalidate("reset for history replay");
+        self.sequence = None;
+    }
+
+    /// Synchronizes the stream with its current contents (after a history replay): it matches
+    /// from the next publish.
+    pub fn resume(&mut self) {
+        self.sync = Ok(());
     }
 
     /// Marks the stream unsynchronized: it matches nothing from the next publish.
@@ -275,7 +328,8 @@ impl StreamWriter {
     }
 
     /// Replaces the contents with a complete snapshot (watermark: the first live sequence not
-    /// in it) and synchronizes. The removal of the old contents and the new ones are one
+    /// in it) and synchronizes; the stream is exact (not partial) and its retired memory is the
+    /// snapshot's (empty). The removal of the old contents and the new ones are one
     /// pending change set, so readers go from the old contents to the new in one publish; only
     /// the difference is sent (a periodic resync changes little, and the view is locked while
     /// it applies), see [`diff::changes_between`].
@@ -283,6 +337,7 @@ impl StreamWriter {
         let old = std::mem::replace(&mut self.table, snapshot.table);
         diff::changes_between(&old, &self.table, &mut self.pending);
         self.sync = Ok(());
+        self.partial = false;
         self.sequence = watermark.checked_sub(1);
         snapshot.stats
     }
@@ -379,5 +434,7 @@ impl SharedSnapshot {
     }
 }
 
+#[cfg(test)]
+mod partial_tests;
 #[cfg(test)]
 mod tests;
