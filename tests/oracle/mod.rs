@@ -1,8 +1,10 @@
 //! The naive model and the generators shared by the oracle property tests
 //! (`index_oracle.rs`: one `StreamIndex`; `shared_oracle.rs`: many streams in one
 //! `SharedIndex`). Random event sequences (stores, tokenless replicas, removals per tier,
-//! clears, full-state batches, snapshots with orphans, limit hits, invalidations) are resolved
-//! against the model and applied to both; the model is the spec.
+//! clears, full-state batches, snapshots with orphans, limit hits, invalidations, the partial
+//! mode) are resolved against the model and applied to both; the model is the spec. Blocks
+//! that leave their last tier are retired in the model (never evicted: the index remembers at
+//! least 4,096, far more than the 256 ids used here).
 
 #![allow(dead_code)]
 
@@ -16,11 +18,13 @@ pub const B: u32 = 2;
 pub const SEED: u64 = 1024;
 pub const MAX_BLOCKS: usize = 16;
 
-/// A block hash chosen at run time: an existing block of the model (most of the time), or any
-/// id from a small space, so that unknown parents, unknown hashes, conflicts and aliases occur.
+/// A block hash chosen at run time: an existing block of the model (most of the time), a
+/// retired one, or any id from a small space, so that unknown parents, unknown hashes,
+/// conflicts and aliases occur.
 #[derive(Debug, Clone, Copy)]
 pub enum Pick {
     Known(usize),
+    Retired(usize),
     Any(u8),
 }
 
@@ -48,7 +52,12 @@ pub enum Op {
     FullState(Vec<GenEv>),
     Snapshot(Vec<GenEv>),
     Invalidate,
-    QueryKnown { pick: usize, extra: Vec<i32> },
+    /// `set_partial(true)`.
+    Partial,
+    QueryKnown {
+        pick: usize,
+        extra: Vec<i32>,
+    },
     Query(Vec<i32>),
 }
 
@@ -57,7 +66,11 @@ pub fn tier() -> impl Strategy<Value = Tier> {
 }
 
 pub fn pick() -> impl Strategy<Value = Pick> {
-    prop_oneof![30 => any::<usize>().prop_map(Pick::Known), 1 => (0u8..=255).prop_map(Pick::Any)]
+    prop_oneof![
+        30 => any::<usize>().prop_map(Pick::Known),
+        3 => any::<usize>().prop_map(Pick::Retired),
+        1 => (0u8..=255).prop_map(Pick::Any),
+    ]
 }
 
 pub fn picks() -> impl Strategy<Value = Vec<Pick>> {
@@ -95,6 +108,7 @@ pub fn op() -> impl Strategy<Value = Op> {
         2 => stores.clone().prop_map(Op::FullState),
         2 => stores.prop_map(Op::Snapshot),
         1 => Just(Op::Invalidate),
+        4 => Just(Op::Partial),
         6 => (any::<usize>(), prop::collection::vec(0i32..3, 0..5))
             .prop_map(|(pick, extra)| Op::QueryKnown { pick, extra }),
         1 => prop::collection::vec(0i32..3, 0..8).prop_map(Op::Query),
@@ -106,6 +120,8 @@ pub fn resolve_pick(model: &Model, p: Pick) -> Option<u8> {
     match p {
         Pick::Known(_) if model.blocks.is_empty() => None,
         Pick::Known(i) => Some(*model.blocks.keys().nth(i % model.blocks.len()).unwrap()),
+        Pick::Retired(_) if model.retired.is_empty() => None,
+        Pick::Retired(i) => Some(*model.retired.keys().nth(i % model.retired.len()).unwrap()),
         Pick::Any(id) => Some(id),
     }
 }
@@ -189,8 +205,15 @@ pub struct ModelBlock {
 #[derive(Debug, Clone, Default)]
 pub struct Model {
     pub blocks: BTreeMap<u8, ModelBlock>,
+    /// Blocks that left their last tier, by hash, until `AllBlocksCleared`.
+    pub retired: BTreeMap<u8, ModelBlock>,
     pub synced: bool,
     pub sequence: Option<u64>,
+    pub partial: bool,
+    /// Of the last `apply`: blocks skipped while partial, and retired blocks used (as a parent
+    /// or brought back by a tokenless store).
+    pub unknown_parents: u64,
+    pub retired_used: u64,
 }
 
 pub fn set(b: &mut ModelBlock, t: Tier, on: bool) {
@@ -202,37 +225,61 @@ pub fn set(b: &mut ModelBlock, t: Tier, on: bool) {
 
 impl Model {
     pub fn apply(&mut self, events: &[Ev], snapshot: bool) -> Result<(), IndexError> {
+        (self.unknown_parents, self.retired_used) = (0, 0);
         for e in events {
             match e {
                 Ev::Store { parent, hashes, tokens, tier } => {
                     self.store(*parent, hashes, tokens, *tier, snapshot)?
                 }
-                Ev::Tokenless { hashes, tier } => {
-                    for h in hashes {
-                        match self.blocks.get_mut(h) {
-                            Some(b) => set(b, *tier, true),
-                            None if snapshot => {}
-                            None => return Err(IndexError::UnknownHash(eh(*h))),
-                        }
-                    }
-                }
+                Ev::Tokenless { hashes, tier } => self.tokenless(hashes, *tier, snapshot)?,
                 Ev::Remove { hashes, tier } => {
                     for h in hashes {
                         if let Some(b) = self.blocks.get_mut(h) {
                             set(b, *tier, false);
                             if !b.device && !b.host {
-                                self.blocks.remove(h);
+                                let b = self.blocks.remove(h).unwrap();
+                                self.retired.insert(*h, b);
                             }
                         }
                     }
                 }
-                Ev::Clear(None) => self.blocks.clear(),
+                Ev::Clear(None) => {
+                    self.blocks.clear();
+                    self.retired.clear();
+                    self.partial = false;
+                }
                 Ev::Clear(Some(t)) => {
                     for b in self.blocks.values_mut() {
                         set(b, *t, false);
                     }
-                    self.blocks.retain(|_, b| b.device || b.host);
+                    let (kept, gone) = std::mem::take(&mut self.blocks)
+                        .into_iter()
+                        .partition(|(_, b)| b.device || b.host);
+                    self.blocks = kept;
+                    self.retired.extend(gone);
                 }
+            }
+        }
+        Ok(())
+    }
+
+    fn tokenless(&mut self, hashes: &[u8], tier: Tier, snapshot: bool) -> Result<(), IndexError> {
+        for h in hashes {
+            if let Some(b) = self.blocks.get_mut(h) {
+                set(b, tier, true);
+            } else if let Some(r) = self.retired.get(h) {
+                if self.blocks.len() >= MAX_BLOCKS {
+                    return Err(IndexError::LimitExceeded { limit: MAX_BLOCKS });
+                }
+                let mut b = ModelBlock { device: false, host: false, ..r.clone() };
+                set(&mut b, tier, true);
+                self.blocks.insert(*h, b);
+                self.retired.remove(h);
+                self.retired_used += 1;
+            } else if self.partial && !snapshot {
+                self.unknown_parents += 1;
+            } else if !snapshot {
+                return Err(IndexError::UnknownHash(eh(*h)));
             }
         }
         Ok(())
@@ -248,10 +295,18 @@ impl Model {
     ) -> Result<(), IndexError> {
         let (mut prev, mut prefix) = match parent {
             None => (None, Vec::new()),
-            Some(p) => match self.blocks.get(&p) {
-                Some(b) => (Some(b.key), b.prefix.clone()),
-                None if snapshot => return Ok(()),
-                None => return Err(IndexError::UnknownParent(eh(p))),
+            Some(p) => match (self.blocks.get(&p), self.retired.get(&p)) {
+                (Some(b), _) => (Some(b.key), b.prefix.clone()),
+                (None, Some(b)) => {
+                    self.retired_used += 1;
+                    (Some(b.key), b.prefix.clone())
+                }
+                (None, None) if snapshot => return Ok(()),
+                (None, None) if self.partial => {
+                    self.unknown_parents += hashes.len() as u64;
+                    return Ok(());
+                }
+                (None, None) => return Err(IndexError::UnknownParent(eh(p))),
             },
         };
         for (h, block) in hashes.iter().zip(tokens.chunks(B as usize)) {
@@ -268,6 +323,7 @@ impl Model {
                     let mut b = ModelBlock { key, prefix: prefix.clone(), ..Default::default() };
                     set(&mut b, tier, true);
                     self.blocks.insert(*h, b);
+                    self.retired.remove(h);
                 }
             }
             prev = Some(key);
@@ -304,6 +360,9 @@ pub struct Coverage {
     pub host_only_hits: u64,
     pub errors: std::collections::BTreeMap<&'static str, u64>,
     pub synced_checks: u64,
+    /// Blocks skipped as unknown parents while partial, and retired blocks used.
+    pub partial_skips: u64,
+    pub retired_used: u64,
 }
 
 pub fn error_kind(e: &IndexError) -> &'static str {
@@ -319,32 +378,59 @@ pub fn error_kind(e: &IndexError) -> &'static str {
 
 /// The writer under test: one stream's index, alone or in a shared index.
 pub trait Writer {
-    fn apply_batch(&mut self, seq: u64, batch: &Batch) -> Result<(), IndexError>;
+    /// Applies a live batch; its `unknown_parents`.
+    fn apply_batch(&mut self, seq: u64, batch: &Batch) -> Result<u64, IndexError>;
     fn load(&mut self, batch: &Batch, watermark: u64) -> Result<(), IndexError>;
     fn unsync(&mut self, reason: &str);
+    fn partial(&mut self);
 }
 
 impl Writer for StreamIndex {
-    fn apply_batch(&mut self, seq: u64, batch: &Batch) -> Result<(), IndexError> {
-        self.apply(seq, batch).map(|_| ())
+    fn apply_batch(&mut self, seq: u64, batch: &Batch) -> Result<u64, IndexError> {
+        self.apply(seq, batch).map(|s| s.unknown_parents)
     }
     fn load(&mut self, batch: &Batch, watermark: u64) -> Result<(), IndexError> {
         self.load_snapshot(batch, watermark).map(|_| ())
     }
     fn unsync(&mut self, reason: &str) {
         self.invalidate(reason)
+    }
+    fn partial(&mut self) {
+        self.set_partial(true)
     }
 }
 
 impl Writer for StreamWriter {
-    fn apply_batch(&mut self, seq: u64, batch: &Batch) -> Result<(), IndexError> {
-        self.apply(seq, batch).map(|_| ())
+    fn apply_batch(&mut self, seq: u64, batch: &Batch) -> Result<u64, IndexError> {
+        self.apply(seq, batch).map(|s| s.unknown_parents)
     }
     fn load(&mut self, batch: &Batch, watermark: u64) -> Result<(), IndexError> {
         self.load_snapshot(batch, watermark).map(|_| ())
     }
     fn unsync(&mut self, reason: &str) {
         self.invalidate(reason)
+    }
+    fn partial(&mut self) {
+        self.set_partial(true)
+    }
+}
+
+/// What an op did: the index's error, and the model's counts for [`Coverage`].
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub error: Option<IndexError>,
+    pub unknown_parents: u64,
+    pub retired_used: u64,
+}
+
+impl Applied {
+    /// Adds this op's figures to the coverage.
+    pub fn count(self, cov: &mut Coverage) {
+        if let Some(e) = &self.error {
+            *cov.errors.entry(error_kind(e)).or_default() += 1;
+        }
+        cov.partial_skips += self.unknown_parents;
+        cov.retired_used += self.retired_used;
     }
 }
 
@@ -353,7 +439,7 @@ pub fn apply_op(
     model: &mut Model,
     op: &Op,
     seq: u64,
-) -> Result<Option<IndexError>, TestCaseError> {
+) -> Result<Applied, TestCaseError> {
     match op {
         Op::Live(gen) | Op::FullState(gen) => {
             let events = resolve(model, gen);
@@ -361,9 +447,10 @@ pub fn apply_op(
             let got = idx.apply_batch(seq, &to_batch(&events, prepend));
             let full = prepend || is_full_state(&events);
             let want = if model.synced || full {
+                // A full state starts with AllBlocksCleared: nothing of the old model is left.
                 let mut next =
                     if full { Model { synced: true, ..Model::default() } } else { model.clone() };
-                let r = next.apply(&events, false);
+                let r = next.apply(&events, false).map(|()| next.unknown_parents);
                 *model = next;
                 model.synced = r.is_ok();
                 if r.is_ok() {
@@ -375,9 +462,10 @@ pub fn apply_op(
             };
             match (&got, &want) {
                 (Err(IndexError::NotSynchronized(_)), Err(IndexError::NotSynchronized(_))) => {}
-                _ => prop_assert_eq!(got.clone().map(|_| ()), want, "live {:?}", events),
+                _ => prop_assert_eq!(&got, &want, "live {:?}", events),
             }
-            Ok(got.err())
+            let (unknown_parents, retired_used) = (*got.as_ref().unwrap_or(&0), model.retired_used);
+            Ok(Applied { error: got.err(), unknown_parents, retired_used })
         }
         Op::Snapshot(gen) => {
             let events = resolve(model, gen);
@@ -390,14 +478,19 @@ pub fn apply_op(
                 model.synced = false;
             }
             prop_assert_eq!(got.clone().map(|_| ()), want, "snapshot {:?}", events);
-            Ok(got.err())
+            Ok(Applied { error: got.err(), ..Applied::default() })
         }
         Op::Invalidate => {
             idx.unsync("test");
             model.synced = false;
-            Ok(None)
+            Ok(Applied::default())
         }
-        Op::QueryKnown { .. } | Op::Query(_) => Ok(None),
+        Op::Partial => {
+            idx.partial();
+            model.partial = true;
+            Ok(Applied::default())
+        }
+        Op::QueryKnown { .. } | Op::Query(_) => Ok(Applied::default()),
     }
 }
 
