@@ -25,13 +25,15 @@
 //! overlap with the work (the hashing of a block takes longer than a miss) instead of being
 //! taken one after the other.
 
-use super::blocks::{bit, Block, Blocks, Slot, OUT_OF_SCOPE, TIER_BITS};
+use super::blocks::{bit, Block, Blocks, Slot, OUT_OF_SCOPE};
 use super::key::ContentKey;
 use super::namespace::Keys;
 use super::retired::Retired;
 use super::view::{apply_changes, apply_to_map, Change, PresenceMap, ViewOp};
 use super::IndexError;
 use crate::wire::{Batch, EngineHash, Event, Stored, Tier};
+
+mod removal;
 
 /// How far ahead engine hashes are prefetched: enough to overlap the misses, few enough that the
 /// lines are still in L1 when used.
@@ -412,80 +414,5 @@ impl Table {
         } += 1;
         out.push(Change { key: block.key, tier, add: true });
         stats.stored += 1;
-    }
-
-    fn remove(&mut self, h: EngineHash, tier: Tier, out: &mut Vec<Change>, stats: &mut ApplyStats) {
-        let Ok(slot) = self.blocks.find(h) else {
-            stats.unknown_removals += 1;
-            return;
-        };
-        let block = self.blocks.at_mut(slot);
-        if block.tiers & bit(tier) == 0 {
-            return;
-        }
-        block.tiers &= !bit(tier);
-        let block = *block;
-        let (key, gone, in_scope) =
-            (block.key, block.tiers & TIER_BITS == 0, !block.is_out_of_scope());
-        if in_scope {
-            *self.tier_count(tier) -= 1;
-            out.push(Change { key, tier, add: false });
-            stats.removed += 1;
-        }
-        if gone {
-            self.retired.retire(h, &block);
-            self.blocks.remove_at(slot);
-        }
-    }
-
-    /// One change per resident (block, tier): `add` for all of them, or their removal.
-    /// Out-of-scope blocks are never in the view, so they make no change.
-    pub fn changes_of_all(&self, add: bool, out: &mut Vec<Change>) {
-        for tier in [Tier::Device, Tier::Host] {
-            self.changes_of_tier(tier, add, out);
-        }
-    }
-
-    /// One change per in-scope block resident on `tier`.
-    fn changes_of_tier(&self, tier: Tier, add: bool, out: &mut Vec<Change>) {
-        let on = |b: &&Block| b.tiers & bit(tier) != 0 && !b.is_out_of_scope();
-        out.extend(self.blocks.iter().filter(on).map(|b| Change { key: b.key, tier, add }));
-    }
-
-    /// Empties `tier`, or with `None` the whole stream and its retired memory (a new epoch:
-    /// `AllBlocksCleared`, or a reset).
-    pub fn clear(&mut self, tier: Option<Tier>, sink: &mut impl Sink) {
-        if sink.clears_per_block() {
-            let mut out = Vec::new();
-            match tier {
-                None => self.changes_of_all(false, &mut out),
-                Some(t) => self.changes_of_tier(t, false, &mut out),
-            }
-            sink.changes(&mut out);
-        }
-        match tier {
-            None => {
-                self.blocks.clear();
-                self.retired.clear();
-                (self.device, self.host) = (0, 0);
-                sink.op(ViewOp::ClearAll);
-            }
-            Some(t) => {
-                let retired = &mut self.retired;
-                self.blocks.retain(|h, b| {
-                    b.tiers &= !bit(t);
-                    if b.tiers & TIER_BITS == 0 {
-                        retired.retire(h, b);
-                        b.tiers = 0; // vacant, as `retain` requires of what it removes
-                    }
-                    b.tiers != 0
-                });
-                match t {
-                    Tier::Device => self.device = 0,
-                    Tier::Host => self.host = 0,
-                }
-                sink.op(ViewOp::ClearTier(t));
-            }
-        }
     }
 }

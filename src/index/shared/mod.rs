@@ -24,6 +24,7 @@ mod diff;
 mod holders;
 mod log;
 mod read;
+mod replay;
 mod slots;
 
 pub use holders::{StreamLabel, MAX_STREAMS};
@@ -245,22 +246,6 @@ impl StreamWriter {
         }
     }
 
-    /// Marks the stream partial (its history did not reach back to the engine's start) or
-    /// exact. While partial, [`Self::apply`] and [`Self::apply_unsynchronized`] skip and count
-    /// ([`ApplyStats::unknown_parents`]) a store whose parent was never seen and a tokenless
-    /// store of a hash never seen, instead of failing; removals and every other rule stay
-    /// those of a live batch, so every credited block is one the engine stored and has not
-    /// removed since. The flag clears itself at an `AllBlocksCleared` without a medium (the
-    /// rest of that batch is applied exactly) and at a snapshot install.
-    pub fn set_partial(&mut self, partial: bool) {
-        self.partial = partial;
-    }
-
-    /// See [`Self::set_partial`].
-    pub fn is_partial(&self) -> bool {
-        self.partial
-    }
-
     /// Applies live batch `seq` to this stream's state (no lock taken). The same rules as
     /// [`super::StreamIndex::apply`]: unsynchronized, only a full-state batch is accepted;
     /// an error unsynchronizes, and the changes made before it stay pending (they are real).
@@ -277,20 +262,6 @@ impl StreamWriter {
         Ok(stats)
     }
 
-    /// Applies batch `seq` of replayed history while the stream is unsynchronized (readers
-    /// see nothing of it until [`Self::resume`]), with the rules of [`Self::apply`] but no
-    /// check of the sync state, which it leaves as it is; it sets the sequence. An error
-    /// leaves the stream unsynchronized with the error as its reason.
-    pub fn apply_unsynchronized(
-        &mut self,
-        seq: u64,
-        batch: &Batch,
-    ) -> Result<ApplyStats, IndexError> {
-        let stats = self.apply_table(batch)?;
-        self.sequence = Some(seq);
-        Ok(stats)
-    }
-
     /// Applies `batch` in the stream's mode, clearing the partial flag at an unlimited clear;
     /// an error unsynchronizes.
     fn apply_table(&mut self, batch: &Batch) -> Result<ApplyStats, IndexError> {
@@ -300,21 +271,6 @@ impl StreamWriter {
         let applied = self.table.apply_batch(batch, &mut ctx, &mut Pending(&mut self.pending));
         self.partial = ctx.mode == Mode::Partial;
         applied.inspect_err(|e| self.invalidate(e.to_string()))
-    }
-
-    /// Empties the stream before a history replay: every block goes (readers lose them at
-    /// the next publish), and so does the retired memory; the stream is unsynchronized
-    /// ("reset for history replay") with no sequence. The partial flag is left as it is.
-    pub fn reset(&mut self) {
-        self.table.clear(None, &mut Pending(&mut self.pending));
-        self.invalidate("reset for history replay");
-        self.sequence = None;
-    }
-
-    /// Synchronizes the stream with its current contents (after a history replay): it matches
-    /// from the next publish.
-    pub fn resume(&mut self) {
-        self.sync = Ok(());
     }
 
     /// Marks the stream unsynchronized: it matches nothing from the next publish.
