@@ -165,12 +165,7 @@ impl Table {
                     self.out_of_scope(batch.hashes(*hashes), *tier, ctx.max_blocks)?
                 }
                 Event::Removed { hashes, tier } => {
-                    let hashes = batch.hashes(*hashes);
-                    self.prefetch(&hashes[..hashes.len().min(AHEAD)]);
-                    for (i, h) in hashes.iter().enumerate() {
-                        self.prefetch_ahead(hashes, i);
-                        self.remove(*h, *tier, out, stats);
-                    }
+                    self.removed(batch.hashes(*hashes), *tier, out, stats)
                 }
                 Event::Cleared { tier } => {
                     sink.changes(out);

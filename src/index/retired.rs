@@ -173,6 +173,15 @@ impl Retired {
         }
     }
 
+    /// Starts loading the slot of `h` (see [`FlatTable::prefetch`]).
+    #[inline]
+    pub fn prefetch(&self, h: EngineHash) {
+        match key(h) {
+            Key::Narrow(k) => self.narrow.table.prefetch(&k),
+            Key::Wide(k) => self.wide.table.prefetch(&k),
+        }
+    }
+
     /// Forgets every entry, keeping the memory allocated.
     pub fn clear(&mut self) {
         self.narrow.clear();
@@ -215,6 +224,13 @@ mod tests {
         assert_eq!(old, 0, "entries nobody named were evicted");
         assert!(has(&r, u128::MAX), "evictions take the inserted width while it has entries");
         assert!(has(&r, 5 * cap - 1), "the latest is kept");
+    }
+
+    #[test]
+    fn an_entry_is_25_bytes_with_a_64_bit_hash_as_documented() {
+        assert_eq!(std::mem::size_of::<(Narrow, Entry)>(), 25);
+        assert_eq!(std::mem::size_of::<(Wide, Entry)>(), 33);
+        assert_eq!(capacity(262_144), 65_536);
     }
 
     #[test]

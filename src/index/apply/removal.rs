@@ -5,10 +5,32 @@
 
 use super::super::blocks::{bit, Block, TIER_BITS};
 use super::super::view::{Change, ViewOp};
-use super::{ApplyStats, Sink, Table};
+use super::{ApplyStats, Sink, Table, AHEAD};
 use crate::wire::{EngineHash, Tier};
 
 impl Table {
+    /// A `BlockRemoved`. Each block that goes is also retired, so the retired memory's slots
+    /// are prefetched with the table's.
+    pub(super) fn removed(
+        &mut self,
+        hashes: &[EngineHash],
+        tier: Tier,
+        out: &mut Vec<Change>,
+        stats: &mut ApplyStats,
+    ) {
+        for h in &hashes[..hashes.len().min(AHEAD)] {
+            self.blocks.prefetch(*h);
+            self.retired.prefetch(*h);
+        }
+        for (i, h) in hashes.iter().enumerate() {
+            if let Some(next) = hashes.get(i + AHEAD) {
+                self.blocks.prefetch(*next);
+                self.retired.prefetch(*next);
+            }
+            self.remove(*h, tier, out, stats);
+        }
+    }
+
     pub(super) fn remove(
         &mut self,
         h: EngineHash,
