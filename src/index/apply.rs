@@ -266,15 +266,8 @@ impl Table {
                 Self::add_tier_counts(&mut self.device, &mut self.host, block, tier, out, stats);
             }
             Err(at) => {
-                if self.blocks.len() >= max_blocks {
-                    return Err(IndexError::LimitExceeded { limit: max_blocks });
-                }
-                // A new block enters on exactly one tier: the counts of `add_tier_counts`.
                 let block = Block { key, tiers: bit(tier) };
-                self.blocks.insert_at(at, h, block);
-                *self.tier_count(tier) += 1;
-                out.push(Change { key, tier, add: true });
-                stats.stored += 1;
+                self.insert(at, h, block, max_blocks, out, stats)?;
             }
         }
         Ok(())
@@ -312,7 +305,7 @@ impl Table {
                 Err(at) => match self.retired.get(*h) {
                     Some(e) => {
                         let block = e.block(bit(tier));
-                        self.reenter(at, *h, block, ctx.max_blocks, out, stats)?;
+                        self.insert(at, *h, block, ctx.max_blocks, out, stats)?;
                         replicas_out_of_scope |= block.is_out_of_scope();
                         continue;
                     }
@@ -338,9 +331,10 @@ impl Table {
         Ok(())
     }
 
-    /// Puts a retired block back, on the one tier of `block.tiers`, at `at` (the `Err` of
-    /// [`Blocks::find`] for `h`).
-    fn reenter(
+    /// Inserts a block absent from the table (new, or retired and back) at `at` (the `Err` of
+    /// [`Blocks::find`] for `h`). It enters on exactly one tier: the counts of
+    /// `add_tier_counts`.
+    fn insert(
         &mut self,
         at: Slot,
         h: EngineHash,
