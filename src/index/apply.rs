@@ -1,10 +1,15 @@
 //! Applying events to one stream's block table (engine hash -> content key and tiers).
 //!
-//! The same code serves live batches and snapshots; [`Mode`] holds the two differences: a live
-//! batch that names an unknown parent or tokenless hash is an error (an event was missed), a
-//! snapshot skips such orphans and keeps every other prefix. Changes to the content-key view are
-//! collected in order and handed to a [`Sink`], which is either the live view's operation log or
-//! a map built aside.
+//! The same code serves live batches, replayed history and snapshots; [`Mode`] holds the
+//! differences: a live batch that names an unknown parent or tokenless hash is an error (an
+//! event was missed), a partial stream skips and counts such stores (it never saw their
+//! parents), a snapshot skips such orphans and keeps every other prefix. Changes to the
+//! content-key view are collected in order and handed to a [`Sink`], which is either the live
+//! view's operation log or a map built aside.
+//!
+//! A block that leaves its last tier is kept in the table's [`Retired`] memory (see
+//! `retired.rs`): a parent or tokenless hash that is not resident is looked up there before it
+//! counts as unknown.
 //!
 //! Blocks outside the index's scope ([`Event::OutOfScope`]: multimodal or salted context)
 //! are remembered by engine hash with the [`OUT_OF_SCOPE`] flag, on their tiers, and never reach
@@ -12,29 +17,36 @@
 //! too (vLLM marks only the blocks that carry the context; the text blocks after them chain to
 //! them unmarked): remembered the same way and counted in [`ApplyStats::out_of_scope`], where it
 //! used to be taken for a child of an unknown parent and force a snapshot. They count against
-//! `max_blocks`, and removals and clears forget them like any block. A parent that is truly
-//! unknown is still an error in a live batch.
+//! `max_blocks`, and removals and clears retire them like any block, the mark kept. A parent
+//! that is truly unknown is still an error in a live batch.
 //!
 //! The block table does not fit in cache, so while the code works on one engine hash it starts
 //! loading the slot of the one [`AHEAD`] places on ([`Blocks::prefetch`]): the misses then
 //! overlap with the work (the hashing of a block takes longer than a miss) instead of being
 //! taken one after the other.
 
-use super::blocks::{bit, Block, Blocks, OUT_OF_SCOPE, TIER_BITS};
+use super::blocks::{bit, Block, Blocks, Slot, OUT_OF_SCOPE};
 use super::key::ContentKey;
 use super::namespace::Keys;
+use super::retired::Retired;
 use super::view::{apply_changes, apply_to_map, Change, PresenceMap, ViewOp};
 use super::IndexError;
 use crate::wire::{Batch, EngineHash, Event, Stored, Tier};
+
+mod removal;
 
 /// How far ahead engine hashes are prefetched: enough to overlap the misses, few enough that the
 /// lines are still in L1 when used.
 const AHEAD: usize = 16;
 
-/// Live deltas or snapshot contents.
+/// Live deltas, deltas on a partial stream, or snapshot contents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mode {
     Live,
+    /// Like `Live`, but a store whose parent is unknown, or a tokenless store of an unknown
+    /// hash, is skipped and counted in [`ApplyStats::unknown_parents`]. An unlimited clear
+    /// turns the rest of the batch to `Live` (the caller reads [`Ctx::mode`] back).
+    Partial,
     Snapshot,
 }
 
@@ -53,6 +65,9 @@ pub struct ApplyStats {
     /// `BlockStored` events skipped as out of scope by the index: children of out-of-scope
     /// blocks and tokenless replicas of them (the decoder counts the marked ones it sees).
     pub out_of_scope: u64,
+    /// On a partial stream: blocks skipped because their parent, or for a tokenless store the
+    /// block itself, was never seen (learned before the history the stream has).
+    pub unknown_parents: u64,
 }
 
 impl ApplyStats {
@@ -63,6 +78,7 @@ impl ApplyStats {
         self.unknown_removals += o.unknown_removals;
         self.orphans += o.orphans;
         self.out_of_scope += o.out_of_scope;
+        self.unknown_parents += o.unknown_parents;
     }
 }
 
@@ -94,6 +110,7 @@ impl Sink for PresenceMap {
 #[derive(Debug, Clone)]
 pub(crate) struct Table {
     blocks: Blocks,
+    retired: Retired,
     pub device: u64,
     pub host: u64,
 }
@@ -109,7 +126,8 @@ pub(crate) struct Ctx<'a> {
 impl Table {
     /// An empty table for a stream of at most `max_blocks` blocks, with room for `blocks`.
     pub fn with_capacity(blocks: usize, max_blocks: usize) -> Self {
-        Table { blocks: Blocks::with_capacity(blocks, max_blocks), device: 0, host: 0 }
+        let retired = Retired::new(max_blocks);
+        Table { blocks: Blocks::with_capacity(blocks, max_blocks), retired, device: 0, host: 0 }
     }
 
     /// Engine blocks held (the unit of `max_blocks_per_stream`).
@@ -147,16 +165,14 @@ impl Table {
                     self.out_of_scope(batch.hashes(*hashes), *tier, ctx.max_blocks)?
                 }
                 Event::Removed { hashes, tier } => {
-                    let hashes = batch.hashes(*hashes);
-                    self.prefetch(&hashes[..hashes.len().min(AHEAD)]);
-                    for (i, h) in hashes.iter().enumerate() {
-                        self.prefetch_ahead(hashes, i);
-                        self.remove(*h, *tier, out, stats);
-                    }
+                    self.removed(batch.hashes(*hashes), *tier, out, stats)
                 }
                 Event::Cleared { tier } => {
                     sink.changes(out);
                     self.clear(*tier, sink);
+                    if tier.is_none() && ctx.mode == Mode::Partial {
+                        ctx.mode = Mode::Live; // a new epoch: everything after it is seen
+                    }
                 }
             }
         }
@@ -190,7 +206,7 @@ impl Table {
         let hashes = batch.hashes(s.hashes);
         let tokens = batch.tokens(s.tokens);
         if tokens.is_empty() {
-            return self.tokenless(hashes, s.tier, ctx.mode, out, stats);
+            return self.tokenless(hashes, s.tier, ctx, out, stats);
         }
         if tokens.len() != hashes.len() * b {
             let (blocks, expected) = (hashes.len(), hashes.len() * b);
@@ -206,17 +222,21 @@ impl Table {
         self.prefetch(&hashes[..hashes.len().min(AHEAD)]);
         let mut prev = match s.parent {
             None => None,
-            Some(p) => match self.blocks.get(p) {
+            Some(p) => match self.parent(p) {
                 Some(block) if block.is_out_of_scope() => {
                     stats.out_of_scope += 1;
                     return self.out_of_scope(hashes, s.tier, ctx.max_blocks);
                 }
                 Some(block) => Some(block.key),
-                None if ctx.mode == Mode::Snapshot => {
-                    stats.orphans += hashes.len() as u64;
+                None => {
+                    let n = hashes.len() as u64;
+                    match ctx.mode {
+                        Mode::Snapshot => stats.orphans += n,
+                        Mode::Partial => stats.unknown_parents += n,
+                        Mode::Live => return Err(IndexError::UnknownParent(p)),
+                    }
                     return Ok(());
                 }
-                None => return Err(IndexError::UnknownParent(p)),
             },
         };
         for (i, (h, block)) in hashes.iter().zip(tokens.chunks_exact(b)).enumerate() {
@@ -246,18 +266,19 @@ impl Table {
                 Self::add_tier_counts(&mut self.device, &mut self.host, block, tier, out, stats);
             }
             Err(at) => {
-                if self.blocks.len() >= max_blocks {
-                    return Err(IndexError::LimitExceeded { limit: max_blocks });
-                }
-                // A new block enters on exactly one tier: the counts of `add_tier_counts`.
                 let block = Block { key, tiers: bit(tier) };
-                self.blocks.insert_at(at, h, block);
-                *self.tier_count(tier) += 1;
-                out.push(Change { key, tier, add: true });
-                stats.stored += 1;
+                self.insert(at, h, block, max_blocks, out, stats)?;
             }
         }
         Ok(())
+    }
+
+    /// The resident or retired block `p` (see `retired.rs`).
+    fn parent(&mut self, p: EngineHash) -> Option<Block> {
+        match self.blocks.get(p) {
+            Some(b) => Some(*b),
+            None => self.retired.get(p).map(|e| e.block(0)),
+        }
     }
 
     fn tier_count(&mut self, tier: Tier) -> &mut u64 {
@@ -267,29 +288,71 @@ impl Table {
         }
     }
 
+    /// A tokenless store: known blocks (resident, or retired: the engine says it holds the
+    /// block again, and its content is known) are put on `tier`.
     fn tokenless(
         &mut self,
         hashes: &[EngineHash],
         tier: Tier,
-        mode: Mode,
+        ctx: &Ctx<'_>,
         out: &mut Vec<Change>,
         stats: &mut ApplyStats,
     ) -> Result<(), IndexError> {
         let mut replicas_out_of_scope = false;
         for h in hashes {
-            match self.blocks.get_mut(*h) {
-                Some(block) if block.is_out_of_scope() => {
-                    block.tiers |= bit(tier);
-                    replicas_out_of_scope = true;
-                }
-                Some(block) => {
-                    Self::add_tier_counts(&mut self.device, &mut self.host, block, tier, out, stats)
-                }
-                None if mode == Mode::Snapshot => stats.orphans += 1,
-                None => return Err(IndexError::UnknownHash(*h)),
+            let block = match self.blocks.find(*h) {
+                Ok(slot) => self.blocks.at_mut(slot),
+                Err(at) => match self.retired.get(*h) {
+                    Some(e) => {
+                        let block = e.block(bit(tier));
+                        self.insert(at, *h, block, ctx.max_blocks, out, stats)?;
+                        replicas_out_of_scope |= block.is_out_of_scope();
+                        continue;
+                    }
+                    None if ctx.mode == Mode::Snapshot => {
+                        stats.orphans += 1;
+                        continue;
+                    }
+                    None if ctx.mode == Mode::Partial => {
+                        stats.unknown_parents += 1;
+                        continue;
+                    }
+                    None => return Err(IndexError::UnknownHash(*h)),
+                },
+            };
+            if block.is_out_of_scope() {
+                block.tiers |= bit(tier);
+                replicas_out_of_scope = true;
+            } else {
+                Self::add_tier_counts(&mut self.device, &mut self.host, block, tier, out, stats)
             }
         }
         stats.out_of_scope += u64::from(replicas_out_of_scope);
+        Ok(())
+    }
+
+    /// Inserts a block absent from the table (new, or retired and back) at `at` (the `Err` of
+    /// [`Blocks::find`] for `h`). It enters on exactly one tier: the counts of
+    /// `add_tier_counts`.
+    fn insert(
+        &mut self,
+        at: Slot,
+        h: EngineHash,
+        block: Block,
+        max_blocks: usize,
+        out: &mut Vec<Change>,
+        stats: &mut ApplyStats,
+    ) -> Result<(), IndexError> {
+        if self.blocks.len() >= max_blocks {
+            return Err(IndexError::LimitExceeded { limit: max_blocks });
+        }
+        self.blocks.insert_at(at, h, block);
+        if !block.is_out_of_scope() {
+            let tier = if block.tiers & bit(Tier::Device) != 0 { Tier::Device } else { Tier::Host };
+            *self.tier_count(tier) += 1;
+            out.push(Change { key: block.key, tier, add: true });
+            stats.stored += 1;
+        }
         Ok(())
     }
 
@@ -340,73 +403,5 @@ impl Table {
         } += 1;
         out.push(Change { key: block.key, tier, add: true });
         stats.stored += 1;
-    }
-
-    fn remove(&mut self, h: EngineHash, tier: Tier, out: &mut Vec<Change>, stats: &mut ApplyStats) {
-        let Ok(slot) = self.blocks.find(h) else {
-            stats.unknown_removals += 1;
-            return;
-        };
-        let block = self.blocks.at_mut(slot);
-        if block.tiers & bit(tier) == 0 {
-            return;
-        }
-        block.tiers &= !bit(tier);
-        let (key, gone, in_scope) =
-            (block.key, block.tiers & TIER_BITS == 0, !block.is_out_of_scope());
-        if in_scope {
-            *self.tier_count(tier) -= 1;
-            out.push(Change { key, tier, add: false });
-            stats.removed += 1;
-        }
-        if gone {
-            self.blocks.remove_at(slot);
-        }
-    }
-
-    /// One change per resident (block, tier): `add` for all of them, or their removal.
-    /// Out-of-scope blocks are never in the view, so they make no change.
-    pub fn changes_of_all(&self, add: bool, out: &mut Vec<Change>) {
-        for tier in [Tier::Device, Tier::Host] {
-            self.changes_of_tier(tier, add, out);
-        }
-    }
-
-    /// One change per in-scope block resident on `tier`.
-    fn changes_of_tier(&self, tier: Tier, add: bool, out: &mut Vec<Change>) {
-        let on = |b: &&Block| b.tiers & bit(tier) != 0 && !b.is_out_of_scope();
-        out.extend(self.blocks.iter().filter(on).map(|b| Change { key: b.key, tier, add }));
-    }
-
-    fn clear(&mut self, tier: Option<Tier>, sink: &mut impl Sink) {
-        if sink.clears_per_block() {
-            let mut out = Vec::new();
-            match tier {
-                None => self.changes_of_all(false, &mut out),
-                Some(t) => self.changes_of_tier(t, false, &mut out),
-            }
-            sink.changes(&mut out);
-        }
-        match tier {
-            None => {
-                self.blocks.clear();
-                (self.device, self.host) = (0, 0);
-                sink.op(ViewOp::ClearAll);
-            }
-            Some(t) => {
-                self.blocks.retain(|b| {
-                    b.tiers &= !bit(t);
-                    if b.tiers & TIER_BITS == 0 {
-                        b.tiers = 0; // vacant, as `retain` requires of what it removes
-                    }
-                    b.tiers != 0
-                });
-                match t {
-                    Tier::Device => self.device = 0,
-                    Tier::Host => self.host = 0,
-                }
-                sink.op(ViewOp::ClearTier(t));
-            }
-        }
     }
 }

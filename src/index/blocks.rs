@@ -102,12 +102,27 @@ pub(crate) struct Blocks {
 }
 
 /// The key of `h` in the table of its width.
-enum Key {
+pub(super) enum Key {
     Narrow(Narrow),
     Wide(Wide),
 }
 
-fn key(h: EngineHash) -> Key {
+impl Narrow {
+    /// The engine hash this key stands for.
+    pub(super) fn hash(&self) -> EngineHash {
+        EngineHash(u128::from(u64::from_le_bytes(self.0)))
+    }
+}
+
+impl Wide {
+    /// The engine hash this key stands for.
+    pub(super) fn hash(&self) -> EngineHash {
+        EngineHash(u128::from_le_bytes(self.0))
+    }
+}
+
+/// `h` as the key of the table of its width.
+pub(super) fn key(h: EngineHash) -> Key {
     match u64::try_from(h.0) {
         Ok(v) => Key::Narrow(Narrow(v.to_le_bytes())),
         Err(_) => Key::Wide(Wide(h.0.to_le_bytes())),
@@ -142,13 +157,6 @@ impl Blocks {
         }
     }
 
-    pub fn get_mut(&mut self, h: EngineHash) -> Option<&mut Block> {
-        match key(h) {
-            Key::Narrow(k) => self.narrow.get_mut(&k),
-            Key::Wide(k) => self.wide.get_mut(&k),
-        }
-    }
-
     /// The block in a slot that [`Self::find`] returned as `Ok`.
     pub fn at_mut(&mut self, slot: Slot) -> &mut Block {
         match slot {
@@ -173,10 +181,10 @@ impl Blocks {
         }
     }
 
-    /// See [`FlatTable::retain`].
-    pub fn retain(&mut self, mut f: impl FnMut(&mut Block) -> bool) {
-        self.narrow.retain(&mut f);
-        self.wide.retain(f);
+    /// See [`FlatTable::retain`]; `f` also sees each block's engine hash.
+    pub fn retain(&mut self, mut f: impl FnMut(EngineHash, &mut Block) -> bool) {
+        self.narrow.retain(|k, b| f(k.hash(), b));
+        self.wide.retain(|k, b| f(k.hash(), b));
     }
 
     /// Every block, narrow hashes first.

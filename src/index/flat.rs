@@ -131,6 +131,18 @@ impl<K: FlatKey, V: Vacancy> FlatTable<K, V> {
         self.find(k).ok().map(|i| &mut self.slots[i].1)
     }
 
+    /// Slots in the table (occupied or not): the range of [`Self::slot_mut`].
+    pub fn slot_count(&self) -> usize {
+        self.slots.len()
+    }
+
+    /// The value in slot `i`, if it is occupied (for a caller that walks the slots, such as a
+    /// clock hand).
+    pub fn slot_mut(&mut self, i: usize) -> Option<&mut V> {
+        let v = &mut self.slots[i].1;
+        (!v.is_vacant()).then_some(v)
+    }
+
     /// The value in an occupied slot returned by [`Self::find`].
     pub fn at_mut(&mut self, slot: usize) -> &mut V {
         &mut self.slots[slot].1
@@ -226,17 +238,17 @@ impl<K: FlatKey, V: Vacancy> FlatTable<K, V> {
         self.len -= 1;
     }
 
-    /// Lets `f` update every value and removes those for which it returns false (it must
-    /// return false exactly when it leaves the value vacant).
-    pub fn retain(&mut self, mut f: impl FnMut(&mut V) -> bool) {
+    /// Lets `f` update every value (seeing its key) and removes those for which it returns
+    /// false (it must return false exactly when it leaves the value vacant).
+    pub fn retain(&mut self, mut f: impl FnMut(&K, &mut V) -> bool) {
         let Some(start) = self.slots.iter().position(|(_, v)| v.is_vacant()) else { return };
         // From just after a vacant slot, a removal only pulls back entries not yet visited:
         // shifting stops at the first vacant slot, at the latest at `start`.
         let mut i = self.next(start);
         let mut left = self.slots.len() - 1;
         while left > 0 {
-            let v = &mut self.slots[i].1;
-            if !v.is_vacant() && !f(v) {
+            let (k, v) = &mut self.slots[i];
+            if !v.is_vacant() && !f(k, v) {
                 self.remove_at(i);
                 if !self.slots[i].1.is_vacant() {
                     continue; // an unvisited entry moved into `i`: visit it

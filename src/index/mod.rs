@@ -12,15 +12,18 @@
 //! stream's writer state kept per stream in a [`StreamWriter`]; see its module documentation.
 //!
 //! Invariants: a content key is in the view exactly when some in-scope engine block with that key
-//! is resident on some tier (out-of-scope blocks are held by hash only, never in the view); an
-//! unsynchronized stream matches nothing; after any error the index
-//! accepts no live batch until a snapshot or a full-state batch replaces its contents.
+//! is resident on some tier (out-of-scope blocks are held by hash only, never in the view, and
+//! retired blocks, which left their last tier, by hash and key in a bounded memory for their
+//! children); an unsynchronized stream matches nothing; after any error the index accepts no
+//! live batch until a snapshot, a full-state batch or a history replay (`shared/replay.rs`)
+//! replaces its contents.
 
 mod apply;
 mod blocks;
 mod flat;
 mod key;
 mod namespace;
+mod retired;
 mod shared;
 mod stream;
 mod view;
@@ -90,6 +93,8 @@ pub enum IndexError {
     NotSynchronized(String),
 }
 
+#[cfg(test)]
+mod retire_tests;
 #[cfg(test)]
 mod scope_tests;
 #[cfg(test)]

@@ -9,7 +9,12 @@ use crate::wire::{decode_batch, encode_batch, Batch, Tier};
 
 /// A `BlockStored` of `hashes` (tokens `10 * hash`, `10 * hash + 1` per block) on `tier`, with
 /// vLLM's per-block `extra_keys`.
-fn store(hashes: &[u64], parent: Option<u64>, extra: &[Option<&str>], tier: Tier) -> EventRecord {
+pub(super) fn store(
+    hashes: &[u64],
+    parent: Option<u64>,
+    extra: &[Option<&str>],
+    tier: Tier,
+) -> EventRecord {
     let tokens = hashes.iter().flat_map(|h| [*h as i32 * 10, *h as i32 * 10 + 1]).collect();
     let mut s =
         StoredRecord::new(hashes.iter().map(|h| (*h).into()).collect(), None, tokens, B, tier);
@@ -19,27 +24,27 @@ fn store(hashes: &[u64], parent: Option<u64>, extra: &[Option<&str>], tier: Tier
 }
 
 /// A tokenless replica of `hashes` on `tier`.
-fn replica(hashes: &[u64], tier: Tier) -> EventRecord {
+pub(super) fn replica(hashes: &[u64], tier: Tier) -> EventRecord {
     let hs = hashes.iter().map(|h| (*h).into()).collect();
     EventRecord::Stored(StoredRecord::new(hs, None, Vec::new(), B, tier))
 }
 
 /// The batch as vLLM's publisher sends it (map batch, map events), decoded.
-fn batch(events: Vec<EventRecord>) -> Batch {
+pub(super) fn batch(events: Vec<EventRecord>) -> Batch {
     let record = BatchRecord { timestamp: 1.0, events, dp_rank: None };
     let mut b = Batch::default();
     decode_batch(&encode_batch(&record, BatchForm::Map, EventForm::Map), &mut b).unwrap();
     b
 }
 
-fn apply(idx: &mut StreamIndex, seq: u64, b: &Batch) -> Result<ApplyStats, IndexError> {
+pub(super) fn apply(idx: &mut StreamIndex, seq: u64, b: &Batch) -> Result<ApplyStats, IndexError> {
     let r = idx.apply(seq, b);
     idx.publish();
     r
 }
 
 /// Device and Host-only hit tokens of the prompt made of `hashes`' blocks.
-fn hits(view: &ViewHandle, hashes: &[u64]) -> (u64, u64) {
+pub(super) fn hits(view: &ViewHandle, hashes: &[u64]) -> (u64, u64) {
     let tokens: Vec<i32> =
         hashes.iter().flat_map(|h| [*h as i32 * 10, *h as i32 * 10 + 1]).collect();
     let mut keys = Vec::new();
@@ -96,7 +101,7 @@ fn blocks_before_the_first_image_stay_in_scope_and_keep_their_children() {
 }
 
 #[test]
-fn removals_and_clears_forget_out_of_scope_blocks_and_a_truly_unknown_parent_still_recovers() {
+fn removals_retire_out_of_scope_blocks_with_their_mark_and_a_truly_unknown_parent_recovers() {
     let (mut idx, view) = index(100);
     apply(&mut idx, 0, &batch(vec![store(&[1, 2], None, &[SALT, None], Tier::Device)])).unwrap();
     let err = apply(&mut idx, 1, &batch(vec![store(&[9], Some(99), &[], Tier::Device)]));
@@ -107,9 +112,11 @@ fn removals_and_clears_forget_out_of_scope_blocks_and_a_truly_unknown_parent_sti
     apply(&mut idx, 0, &batch(vec![store(&[1, 2], None, &[SALT, None], Tier::Device)])).unwrap();
     let mut gone = batch(vec![EventRecord::removed(vec![2u64.into()], Tier::Device)]);
     apply(&mut idx, 1, &gone).unwrap();
-    assert_eq!(idx.block_count(), 1, "a removal forgets the block");
+    assert_eq!(idx.block_count(), 1, "a removal takes the block out");
+    // vLLM may still hold another copy of it: its child is out of scope, as its parent was.
     let child_of_removed = batch(vec![store(&[3], Some(2), &[], Tier::Device)]);
-    assert!(matches!(apply(&mut idx, 2, &child_of_removed), Err(IndexError::UnknownParent(_))));
+    assert_eq!(apply(&mut idx, 2, &child_of_removed).unwrap().out_of_scope, 1);
+    assert!(idx.is_synchronized());
 
     let (mut idx, _) = index(100);
     apply(&mut idx, 0, &batch(vec![store(&[1, 2], None, &[SALT, None], Tier::Device)])).unwrap();
@@ -122,6 +129,28 @@ fn removals_and_clears_forget_out_of_scope_blocks_and_a_truly_unknown_parent_sti
     assert_eq!(idx.block_count(), 0, "AllBlocksCleared forgets them");
     let after_clear = batch(vec![store(&[4], Some(3), &[], Tier::Device)]);
     assert!(matches!(apply(&mut idx, 5, &after_clear), Err(IndexError::UnknownParent(_))));
+}
+
+#[test]
+fn an_out_of_scope_block_removed_from_a_tier_it_is_not_on_keeps_its_mark_where_it_is() {
+    let (mut idx, view) = index(100);
+    apply(&mut idx, 0, &batch(vec![store(&[1, 2], None, &[IMAGE, None], Tier::Device)])).unwrap();
+    // Removed from Host, where it never was: by hash, then by clearing the tier.
+    let host = batch(vec![EventRecord::removed(vec![1u64.into(), 2u64.into()], Tier::Host)]);
+    let stats = apply(&mut idx, 1, &host).unwrap();
+    assert_eq!((stats.removed, stats.unknown_removals), (0, 0));
+    apply(&mut idx, 2, &batch(vec![EventRecord::cleared(Some(Tier::Host))])).unwrap();
+    assert_eq!(idx.block_count(), 2, "still on Device");
+    // A text child of it is still out of scope, not a child of an unknown parent.
+    let child = apply(&mut idx, 3, &batch(vec![store(&[3], Some(2), &[], Tier::Device)])).unwrap();
+    assert_eq!((child.out_of_scope, child.stored), (1, 0));
+    let s = view.status();
+    assert!(s.synchronized, "{:?}", s.error);
+    assert_eq!((s.device_blocks, s.host_blocks), (0, 0), "none indexed");
+    // And a tokenless Host copy of it stays out of scope too.
+    let copy = apply(&mut idx, 4, &batch(vec![replica(&[2, 3], Tier::Host)])).unwrap();
+    assert_eq!((copy.out_of_scope, copy.stored), (1, 0));
+    assert_eq!(view.status().host_blocks, 0);
 }
 
 #[test]

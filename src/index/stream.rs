@@ -51,6 +51,7 @@ pub struct StreamIndex {
     table: Table,
     sync: SyncState,
     sequence: Option<u64>,
+    partial: bool,
     writer: WriteHandle<ViewData, ViewOp>,
     reader: IndexReader,
 }
@@ -95,6 +96,7 @@ impl StreamIndex {
             table: Table::with_capacity(0, config.max_blocks),
             sync: SyncState::Unsynchronized("waiting for the first snapshot".into()),
             sequence: None,
+            partial: false,
             writer,
             reader,
         };
@@ -133,21 +135,30 @@ impl StreamIndex {
                 SyncState::Synchronized => None,
                 SyncState::Unsynchronized(e) => Some(e.clone()),
             },
+            partial: self.partial,
         }
+    }
+
+    /// Marks the stream partial or exact, as [`super::StreamWriter::set_partial`] does.
+    pub fn set_partial(&mut self, partial: bool) {
+        self.partial = partial;
     }
 
     /// Applies live batch `seq`. Sequence continuity is the caller's concern. While
     /// unsynchronized only a full-state batch is accepted, and applying one synchronizes. Any
-    /// error leaves the stream unsynchronized with the error as its reason.
+    /// error leaves the stream unsynchronized with the error as its reason. While partial,
+    /// see [`super::StreamWriter::set_partial`].
     pub fn apply(&mut self, seq: u64, batch: &Batch) -> Result<ApplyStats, IndexError> {
         if let SyncState::Unsynchronized(reason) = &self.sync {
             if !batch.is_full_state() {
                 return Err(IndexError::NotSynchronized(reason.clone()));
             }
         }
-        let mut ctx =
-            Ctx { hasher: &mut self.hasher, max_blocks: self.config.max_blocks, mode: Mode::Live };
-        match self.table.apply_batch(batch, &mut ctx, &mut self.writer) {
+        let mode = if self.partial { Mode::Partial } else { Mode::Live };
+        let mut ctx = Ctx { hasher: &mut self.hasher, max_blocks: self.config.max_blocks, mode };
+        let applied = self.table.apply_batch(batch, &mut ctx, &mut self.writer);
+        self.partial = ctx.mode == Mode::Partial;
+        match applied {
             Ok(stats) => {
                 self.sync = SyncState::Synchronized;
                 self.sequence = Some(seq);
@@ -177,6 +188,7 @@ impl StreamIndex {
         self.table = snapshot.table;
         self.writer.append(ViewOp::Replace(Box::new(snapshot.map)));
         self.sync = SyncState::Synchronized;
+        self.partial = false;
         self.sequence = watermark.checked_sub(1);
         snapshot.stats
     }

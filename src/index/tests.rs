@@ -102,15 +102,20 @@ fn a_block_on_both_tiers_counts_once_as_device() {
 }
 
 #[test]
-fn a_block_leaving_both_tiers_loses_its_hash_mapping() {
+fn a_block_leaving_both_tiers_is_retired_and_a_replica_brings_it_back() {
     let (mut idx, view) = populated();
     apply(&mut idx, 2, &stored(&[1], None, &[], Tier::Host)).unwrap();
     apply(&mut idx, 3, &removed(&[1], Tier::Device)).unwrap();
     apply(&mut idx, 4, &removed(&[1], Tier::Host)).unwrap();
     assert_eq!(hits(&view, &[1, 2]), (0, 0));
-    assert_eq!(idx.block_count(), 2);
-    let err = apply(&mut idx, 5, &stored(&[1], None, &[], Tier::Host)).unwrap_err();
-    assert_eq!(err, IndexError::UnknownHash(h(1)));
+    assert_eq!(idx.block_count(), 2, "a retired block is not held");
+    // The engine says it holds the block again, on Host: its content is known.
+    let back = apply(&mut idx, 5, &stored(&[1], None, &[], Tier::Host)).unwrap();
+    assert_eq!(back.stored, 1);
+    assert_eq!(hits(&view, &[1, 2]), (0, 2), "back on Host only");
+    assert_eq!((view.status().device_blocks, view.status().host_blocks), (2, 1));
+    let err = apply(&mut idx, 6, &stored(&[9], None, &[], Tier::Host)).unwrap_err();
+    assert_eq!(err, IndexError::UnknownHash(h(9)), "a hash never seen is still unknown");
 }
 
 #[test]

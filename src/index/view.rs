@@ -63,6 +63,10 @@ pub struct StreamStatus {
     pub host_blocks: u64,
     /// Why the stream is unsynchronized.
     pub error: Option<String>,
+    /// The stream's history did not reach back to its engine's start: it credits only blocks
+    /// learned from events seen, and skips stores whose parents it never saw, until the next
+    /// `AllBlocksCleared` (or snapshot) makes it exact.
+    pub partial: bool,
 }
 
 /// The data behind one copy of the view.
@@ -150,7 +154,7 @@ fn apply_change(map: &mut PresenceMap, c: &Change) {
 pub(crate) fn apply_to_map(map: &mut PresenceMap, op: &ViewOp) {
     match op {
         ViewOp::Changes(changes) => apply_changes(map, changes),
-        ViewOp::ClearTier(t) => map.retain(|p| {
+        ViewOp::ClearTier(t) => map.retain(|_, p| {
             *p.count(*t) = 0;
             p.device > 0 || p.host > 0
         }),

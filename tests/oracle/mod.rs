@@ -1,26 +1,31 @@
 //! The naive model and the generators shared by the oracle property tests
 //! (`index_oracle.rs`: one `StreamIndex`; `shared_oracle.rs`: many streams in one
 //! `SharedIndex`). Random event sequences (stores, tokenless replicas, removals per tier,
-//! clears, full-state batches, snapshots with orphans, limit hits, invalidations) are resolved
-//! against the model and applied to both; the model is the spec.
+//! clears, full-state batches, snapshots with orphans, limit hits, invalidations, the partial
+//! mode) are resolved against the model and applied to both; the model is the spec. Blocks
+//! that leave their last tier are retired in the model (never evicted: the index remembers at
+//! least 4,096, far more than the 256 ids used here).
 
 #![allow(dead_code)]
-
-use std::collections::BTreeMap;
 
 use kvdir::index::{IndexError, StreamIndex, StreamWriter};
 use kvdir::wire::{Batch, EngineHash, Tier};
 use proptest::prelude::*;
 
+mod model;
+pub use model::*;
+
 pub const B: u32 = 2;
 pub const SEED: u64 = 1024;
 pub const MAX_BLOCKS: usize = 16;
 
-/// A block hash chosen at run time: an existing block of the model (most of the time), or any
-/// id from a small space, so that unknown parents, unknown hashes, conflicts and aliases occur.
+/// A block hash chosen at run time: an existing block of the model (most of the time), a
+/// retired one, or any id from a small space, so that unknown parents, unknown hashes,
+/// conflicts and aliases occur.
 #[derive(Debug, Clone, Copy)]
 pub enum Pick {
     Known(usize),
+    Retired(usize),
     Any(u8),
 }
 
@@ -48,7 +53,12 @@ pub enum Op {
     FullState(Vec<GenEv>),
     Snapshot(Vec<GenEv>),
     Invalidate,
-    QueryKnown { pick: usize, extra: Vec<i32> },
+    /// `set_partial(true)`.
+    Partial,
+    QueryKnown {
+        pick: usize,
+        extra: Vec<i32>,
+    },
     Query(Vec<i32>),
 }
 
@@ -57,7 +67,11 @@ pub fn tier() -> impl Strategy<Value = Tier> {
 }
 
 pub fn pick() -> impl Strategy<Value = Pick> {
-    prop_oneof![30 => any::<usize>().prop_map(Pick::Known), 1 => (0u8..=255).prop_map(Pick::Any)]
+    prop_oneof![
+        30 => any::<usize>().prop_map(Pick::Known),
+        3 => any::<usize>().prop_map(Pick::Retired),
+        1 => (0u8..=255).prop_map(Pick::Any),
+    ]
 }
 
 pub fn picks() -> impl Strategy<Value = Vec<Pick>> {
@@ -95,6 +109,7 @@ pub fn op() -> impl Strategy<Value = Op> {
         2 => stores.clone().prop_map(Op::FullState),
         2 => stores.prop_map(Op::Snapshot),
         1 => Just(Op::Invalidate),
+        4 => Just(Op::Partial),
         6 => (any::<usize>(), prop::collection::vec(0i32..3, 0..5))
             .prop_map(|(pick, extra)| Op::QueryKnown { pick, extra }),
         1 => prop::collection::vec(0i32..3, 0..8).prop_map(Op::Query),
@@ -106,6 +121,8 @@ pub fn resolve_pick(model: &Model, p: Pick) -> Option<u8> {
     match p {
         Pick::Known(_) if model.blocks.is_empty() => None,
         Pick::Known(i) => Some(*model.blocks.keys().nth(i % model.blocks.len()).unwrap()),
+        Pick::Retired(_) if model.retired.is_empty() => None,
+        Pick::Retired(i) => Some(*model.retired.keys().nth(i % model.retired.len()).unwrap()),
         Pick::Any(id) => Some(id),
     }
 }
@@ -165,138 +182,6 @@ pub fn to_batch(events: &[Ev], full_state: bool) -> Batch {
     b
 }
 
-/// The naive content key: a fresh buffer per block, no reuse.
-pub fn naive_key(prev: Option<u128>, block: &[i32]) -> u128 {
-    let mut bytes = Vec::new();
-    if let Some(p) = prev {
-        bytes.extend_from_slice(&p.to_le_bytes());
-    }
-    for t in block {
-        bytes.extend_from_slice(&t.to_le_bytes());
-    }
-    xxhash_rust::xxh3::xxh3_128_with_seed(&bytes, SEED)
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct ModelBlock {
-    pub key: u128,
-    pub device: bool,
-    pub host: bool,
-    /// The full token prefix ending with this block, to generate hitting queries.
-    pub prefix: Vec<i32>,
-}
-
-#[derive(Debug, Clone, Default)]
-pub struct Model {
-    pub blocks: BTreeMap<u8, ModelBlock>,
-    pub synced: bool,
-    pub sequence: Option<u64>,
-}
-
-pub fn set(b: &mut ModelBlock, t: Tier, on: bool) {
-    match t {
-        Tier::Device => b.device = on,
-        Tier::Host => b.host = on,
-    }
-}
-
-impl Model {
-    pub fn apply(&mut self, events: &[Ev], snapshot: bool) -> Result<(), IndexError> {
-        for e in events {
-            match e {
-                Ev::Store { parent, hashes, tokens, tier } => {
-                    self.store(*parent, hashes, tokens, *tier, snapshot)?
-                }
-                Ev::Tokenless { hashes, tier } => {
-                    for h in hashes {
-                        match self.blocks.get_mut(h) {
-                            Some(b) => set(b, *tier, true),
-                            None if snapshot => {}
-                            None => return Err(IndexError::UnknownHash(eh(*h))),
-                        }
-                    }
-                }
-                Ev::Remove { hashes, tier } => {
-                    for h in hashes {
-                        if let Some(b) = self.blocks.get_mut(h) {
-                            set(b, *tier, false);
-                            if !b.device && !b.host {
-                                self.blocks.remove(h);
-                            }
-                        }
-                    }
-                }
-                Ev::Clear(None) => self.blocks.clear(),
-                Ev::Clear(Some(t)) => {
-                    for b in self.blocks.values_mut() {
-                        set(b, *t, false);
-                    }
-                    self.blocks.retain(|_, b| b.device || b.host);
-                }
-            }
-        }
-        Ok(())
-    }
-
-    fn store(
-        &mut self,
-        parent: Option<u8>,
-        hashes: &[u8],
-        tokens: &[i32],
-        tier: Tier,
-        snapshot: bool,
-    ) -> Result<(), IndexError> {
-        let (mut prev, mut prefix) = match parent {
-            None => (None, Vec::new()),
-            Some(p) => match self.blocks.get(&p) {
-                Some(b) => (Some(b.key), b.prefix.clone()),
-                None if snapshot => return Ok(()),
-                None => return Err(IndexError::UnknownParent(eh(p))),
-            },
-        };
-        for (h, block) in hashes.iter().zip(tokens.chunks(B as usize)) {
-            let key = naive_key(prev, block);
-            prefix.extend_from_slice(block);
-            let len = self.blocks.len();
-            match self.blocks.get_mut(h) {
-                Some(b) if b.key != key => return Err(IndexError::HashConflict(eh(*h))),
-                Some(b) => set(b, tier, true),
-                None if len >= MAX_BLOCKS => {
-                    return Err(IndexError::LimitExceeded { limit: MAX_BLOCKS })
-                }
-                None => {
-                    let mut b = ModelBlock { key, prefix: prefix.clone(), ..Default::default() };
-                    set(&mut b, tier, true);
-                    self.blocks.insert(*h, b);
-                }
-            }
-            prev = Some(key);
-        }
-        Ok(())
-    }
-
-    pub fn hits(&self, tokens: &[i32]) -> (u64, u64) {
-        let (mut dev, mut host, mut prev) = (0, 0, None);
-        if !self.synced {
-            return (0, 0);
-        }
-        for block in tokens.chunks_exact(B as usize) {
-            let key = naive_key(prev, block);
-            let on =
-                |f: fn(&ModelBlock) -> bool| self.blocks.values().any(|b| b.key == key && f(b));
-            if on(|b| b.device) {
-                dev += u64::from(B);
-            } else if on(|b| b.host) {
-                host += u64::from(B);
-            } else {
-                break;
-            }
-            prev = Some(key);
-        }
-        (dev, host)
-    }
-}
-
 /// What the generated cases exercised, so a degenerate generator fails the test.
 #[derive(Debug, Default)]
 pub struct Coverage {
@@ -304,6 +189,9 @@ pub struct Coverage {
     pub host_only_hits: u64,
     pub errors: std::collections::BTreeMap<&'static str, u64>,
     pub synced_checks: u64,
+    /// Blocks skipped as unknown parents while partial, and retired blocks used.
+    pub partial_skips: u64,
+    pub retired_used: u64,
 }
 
 pub fn error_kind(e: &IndexError) -> &'static str {
@@ -319,32 +207,59 @@ pub fn error_kind(e: &IndexError) -> &'static str {
 
 /// The writer under test: one stream's index, alone or in a shared index.
 pub trait Writer {
-    fn apply_batch(&mut self, seq: u64, batch: &Batch) -> Result<(), IndexError>;
+    /// Applies a live batch; its `unknown_parents`.
+    fn apply_batch(&mut self, seq: u64, batch: &Batch) -> Result<u64, IndexError>;
     fn load(&mut self, batch: &Batch, watermark: u64) -> Result<(), IndexError>;
     fn unsync(&mut self, reason: &str);
+    fn partial(&mut self);
 }
 
 impl Writer for StreamIndex {
-    fn apply_batch(&mut self, seq: u64, batch: &Batch) -> Result<(), IndexError> {
-        self.apply(seq, batch).map(|_| ())
+    fn apply_batch(&mut self, seq: u64, batch: &Batch) -> Result<u64, IndexError> {
+        self.apply(seq, batch).map(|s| s.unknown_parents)
     }
     fn load(&mut self, batch: &Batch, watermark: u64) -> Result<(), IndexError> {
         self.load_snapshot(batch, watermark).map(|_| ())
     }
     fn unsync(&mut self, reason: &str) {
         self.invalidate(reason)
+    }
+    fn partial(&mut self) {
+        self.set_partial(true)
     }
 }
 
 impl Writer for StreamWriter {
-    fn apply_batch(&mut self, seq: u64, batch: &Batch) -> Result<(), IndexError> {
-        self.apply(seq, batch).map(|_| ())
+    fn apply_batch(&mut self, seq: u64, batch: &Batch) -> Result<u64, IndexError> {
+        self.apply(seq, batch).map(|s| s.unknown_parents)
     }
     fn load(&mut self, batch: &Batch, watermark: u64) -> Result<(), IndexError> {
         self.load_snapshot(batch, watermark).map(|_| ())
     }
     fn unsync(&mut self, reason: &str) {
         self.invalidate(reason)
+    }
+    fn partial(&mut self) {
+        self.set_partial(true)
+    }
+}
+
+/// What an op did: the index's error, and the model's counts for [`Coverage`].
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub error: Option<IndexError>,
+    pub unknown_parents: u64,
+    pub retired_used: u64,
+}
+
+impl Applied {
+    /// Adds this op's figures to the coverage.
+    pub fn count(self, cov: &mut Coverage) {
+        if let Some(e) = &self.error {
+            *cov.errors.entry(error_kind(e)).or_default() += 1;
+        }
+        cov.partial_skips += self.unknown_parents;
+        cov.retired_used += self.retired_used;
     }
 }
 
@@ -353,7 +268,7 @@ pub fn apply_op(
     model: &mut Model,
     op: &Op,
     seq: u64,
-) -> Result<Option<IndexError>, TestCaseError> {
+) -> Result<Applied, TestCaseError> {
     match op {
         Op::Live(gen) | Op::FullState(gen) => {
             let events = resolve(model, gen);
@@ -361,9 +276,10 @@ pub fn apply_op(
             let got = idx.apply_batch(seq, &to_batch(&events, prepend));
             let full = prepend || is_full_state(&events);
             let want = if model.synced || full {
+                // A full state starts with AllBlocksCleared: nothing of the old model is left.
                 let mut next =
                     if full { Model { synced: true, ..Model::default() } } else { model.clone() };
-                let r = next.apply(&events, false);
+                let r = next.apply(&events, false).map(|()| next.unknown_parents);
                 *model = next;
                 model.synced = r.is_ok();
                 if r.is_ok() {
@@ -375,9 +291,10 @@ pub fn apply_op(
             };
             match (&got, &want) {
                 (Err(IndexError::NotSynchronized(_)), Err(IndexError::NotSynchronized(_))) => {}
-                _ => prop_assert_eq!(got.clone().map(|_| ()), want, "live {:?}", events),
+                _ => prop_assert_eq!(&got, &want, "live {:?}", events),
             }
-            Ok(got.err())
+            let (unknown_parents, retired_used) = (*got.as_ref().unwrap_or(&0), model.retired_used);
+            Ok(Applied { error: got.err(), unknown_parents, retired_used })
         }
         Op::Snapshot(gen) => {
             let events = resolve(model, gen);
@@ -390,14 +307,19 @@ pub fn apply_op(
                 model.synced = false;
             }
             prop_assert_eq!(got.clone().map(|_| ()), want, "snapshot {:?}", events);
-            Ok(got.err())
+            Ok(Applied { error: got.err(), ..Applied::default() })
         }
         Op::Invalidate => {
             idx.unsync("test");
             model.synced = false;
-            Ok(None)
+            Ok(Applied::default())
         }
-        Op::QueryKnown { .. } | Op::Query(_) => Ok(None),
+        Op::Partial => {
+            idx.partial();
+            model.partial = true;
+            Ok(Applied::default())
+        }
+        Op::QueryKnown { .. } | Op::Query(_) => Ok(Applied::default()),
     }
 }
 

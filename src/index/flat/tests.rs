@@ -81,7 +81,7 @@ fn agrees_with_a_hash_map_under_random_operations() {
                 }
                 90..=96 => {
                     let odd = rng.below(2);
-                    t.retain(|v| {
+                    t.retain(|_, v| {
                         if u64::from(v.0) % 2 == odd {
                             v.0 = 0;
                         }

@@ -24,6 +24,7 @@ mod diff;
 mod holders;
 mod log;
 mod read;
+mod replay;
 mod slots;
 
 pub use holders::{StreamLabel, MAX_STREAMS};
@@ -144,6 +145,7 @@ impl SharedIndex {
             table: Table::with_capacity(0, config.max_blocks),
             sync: Err("waiting for the first snapshot".into()),
             sequence: None,
+            partial: false,
             pending: Vec::new(),
             partial: false,
         };
@@ -200,6 +202,8 @@ pub struct StreamWriter {
     table: Table,
     sync: Result<(), String>,
     sequence: Option<u64>,
+    /// See [`StreamWriter::set_partial`].
+    partial: bool,
     pending: Vec<Change>,
     partial: bool,
 }
@@ -211,6 +215,7 @@ impl std::fmt::Debug for StreamWriter {
             .field("blocks", &self.table.len())
             .field("sync", &self.sync)
             .field("sequence", &self.sequence)
+            .field("partial", &self.partial)
             .finish()
     }
 }
@@ -239,31 +244,35 @@ impl StreamWriter {
             device_blocks: self.table.device,
             host_blocks: self.table.host,
             error: self.sync.clone().err(),
+            partial: self.partial,
         }
     }
 
     /// Applies live batch `seq` to this stream's state (no lock taken). The same rules as
     /// [`super::StreamIndex::apply`]: unsynchronized, only a full-state batch is accepted;
     /// an error unsynchronizes, and the changes made before it stay pending (they are real).
+    /// While partial, see [`Self::set_partial`].
     pub fn apply(&mut self, seq: u64, batch: &Batch) -> Result<ApplyStats, IndexError> {
         if let Err(reason) = &self.sync {
             if !batch.is_full_state() {
                 return Err(IndexError::NotSynchronized(reason.clone()));
             }
         }
+        let stats = self.apply_table(batch)?;
+        self.sync = Ok(());
+        self.sequence = Some(seq);
+        Ok(stats)
+    }
+
+    /// Applies `batch` in the stream's mode, clearing the partial flag at an unlimited clear;
+    /// an error unsynchronizes.
+    fn apply_table(&mut self, batch: &Batch) -> Result<ApplyStats, IndexError> {
         let max_blocks = self.config.max_blocks;
-        let mut ctx = Ctx { hasher: &mut self.hasher, max_blocks, mode: Mode::Live };
-        match self.table.apply_batch(batch, &mut ctx, &mut Pending(&mut self.pending)) {
-            Ok(stats) => {
-                self.sync = Ok(());
-                self.sequence = Some(seq);
-                Ok(stats)
-            }
-            Err(e) => {
-                self.invalidate(e.to_string());
-                Err(e)
-            }
-        }
+        let mode = if self.partial { Mode::Partial } else { Mode::Live };
+        let mut ctx = Ctx { hasher: &mut self.hasher, max_blocks, mode };
+        let applied = self.table.apply_batch(batch, &mut ctx, &mut Pending(&mut self.pending));
+        self.partial = ctx.mode == Mode::Partial;
+        applied.inspect_err(|e| self.invalidate(e.to_string()))
     }
 
     /// Marks the stream unsynchronized: it matches nothing from the next publish.
@@ -313,7 +322,8 @@ impl StreamWriter {
     }
 
     /// Replaces the contents with a complete snapshot (watermark: the first live sequence not
-    /// in it) and synchronizes. The removal of the old contents and the new ones are one
+    /// in it) and synchronizes; the stream is exact (not partial) and its retired memory is the
+    /// snapshot's (empty). The removal of the old contents and the new ones are one
     /// pending change set, so readers go from the old contents to the new in one publish; only
     /// the difference is sent (a periodic resync changes little, and the view is locked while
     /// it applies), see [`diff::changes_between`].
@@ -321,6 +331,7 @@ impl StreamWriter {
         let old = std::mem::replace(&mut self.table, snapshot.table);
         diff::changes_between(&old, &self.table, &mut self.pending);
         self.sync = Ok(());
+        self.partial = false;
         self.sequence = watermark.checked_sub(1);
         snapshot.stats
     }
@@ -417,5 +428,7 @@ impl SharedSnapshot {
     }
 }
 
+#[cfg(test)]
+mod partial_tests;
 #[cfg(test)]
 mod tests;

@@ -6,28 +6,28 @@ use super::*;
 use crate::index::KeyHasher;
 use crate::wire::{EngineHash, Tier};
 
-const B: u32 = 2;
+pub(super) const B: u32 = 2;
 
-fn config(max_blocks: usize) -> IndexConfig {
+pub(super) fn config(max_blocks: usize) -> IndexConfig {
     IndexConfig { block_size: B, hash_seed: 1024, salt: 0, max_blocks }
 }
 
 /// A synchronized, empty stream.
-fn stream(index: &SharedIndex) -> StreamWriter {
+pub(super) fn stream(index: &SharedIndex) -> StreamWriter {
     let mut s = index.add_stream(config(100)).unwrap();
     s.load_snapshot(&Batch::default(), 0).unwrap();
     s.publish();
     s
 }
 
-fn stored(hashes: &[u128], parent: Option<u128>, tokens: &[i32], tier: Tier) -> Batch {
+pub(super) fn stored(hashes: &[u128], parent: Option<u128>, tokens: &[i32], tier: Tier) -> Batch {
     let mut b = Batch::default();
     let hs: Vec<_> = hashes.iter().map(|v| EngineHash(*v)).collect();
     b.push_stored(&hs, parent.map(EngineHash), tokens, B, tier);
     b
 }
 
-fn removed(hashes: &[u128], tier: Tier) -> Batch {
+pub(super) fn removed(hashes: &[u128], tier: Tier) -> Batch {
     let mut b = Batch::default();
     let hs: Vec<_> = hashes.iter().map(|v| EngineHash(*v)).collect();
     b.push_removed(&hs, tier);
@@ -40,7 +40,7 @@ fn apply(s: &mut StreamWriter, b: &Batch) {
 }
 
 /// (device_hit_tokens, host_only_hit_tokens) of one stream.
-fn hits(r: &mut SharedHandle, s: &StreamWriter, tokens: &[i32]) -> (u64, u64) {
+pub(super) fn hits(r: &mut SharedHandle, s: &StreamWriter, tokens: &[i32]) -> (u64, u64) {
     r.query(tokens).tokens(s.slot())
 }
 
