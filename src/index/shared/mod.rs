@@ -147,7 +147,6 @@ impl SharedIndex {
             sequence: None,
             partial: false,
             pending: Vec::new(),
-            partial: false,
         };
         w.log.label(slot, Arc::new(label));
         w.log.status(slot, Some(Arc::new(stream.status())));
@@ -205,7 +204,6 @@ pub struct StreamWriter {
     /// See [`StreamWriter::set_partial`].
     partial: bool,
     pending: Vec<Change>,
-    partial: bool,
 }
 
 impl std::fmt::Debug for StreamWriter {
@@ -280,41 +278,6 @@ impl StreamWriter {
         self.sync = Err(reason.into());
     }
 
-    /// History replay: sets whether the stream knows only what it learns from now on.
-    pub fn set_partial(&mut self, partial: bool) {
-        self.partial = partial;
-    }
-
-    /// Whether the stream is partial.
-    pub fn is_partial(&self) -> bool {
-        self.partial
-    }
-
-    /// History replay: drops every block; unsynchronized until [`Self::resume`].
-    pub fn reset(&mut self) {
-        self.table.changes_of_all(false, &mut self.pending);
-        self.table = Table::with_capacity(0, self.config.max_blocks);
-        self.sync = Err("reset for history replay".into());
-        self.sequence = None;
-    }
-
-    /// History replay: applies a batch while unsynchronized, keeping the stream so.
-    pub fn apply_unsynchronized(
-        &mut self,
-        seq: u64,
-        batch: &Batch,
-    ) -> Result<ApplyStats, IndexError> {
-        let max_blocks = self.config.max_blocks;
-        let mut ctx = Ctx { hasher: &mut self.hasher, max_blocks, mode: Mode::Live };
-        let out = self.table.apply_batch(batch, &mut ctx, &mut Pending(&mut self.pending));
-        self.sequence = Some(seq);
-        out
-    }
-
-    /// History replay complete: synchronized with the current contents.
-    pub fn resume(&mut self) {
-        self.sync = Ok(());
-    }
 
     /// Starts building a snapshot aside; this stream's contents stay visible meanwhile.
     pub fn snapshot_builder(&self) -> SharedSnapshot {
