@@ -7,7 +7,8 @@
 //!
 //! With `http_port != 0` the engine also serves `GET /health` (and, with a text model, the
 //! OpenAI endpoints of [`crate::openai`]) on 127.0.0.1:`http_port` from its own thread, until
-//! it stops; `restart` of a rank leaves it up.
+//! it stops; `restart` of a rank leaves it up. In the vLLM dialect it also serves
+//! `GET /metrics`, whose `process_start_time_seconds` every restart moves forward.
 
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,7 @@ use tracing::info;
 use crate::fault::Fault;
 use crate::openai::server::{EngineServer, ServerState};
 use crate::openai::{InFlight, RequestLoad};
+use crate::process::ProcessStart;
 use crate::rank::{Job, RankState, Sockets};
 use crate::{EngineConfig, RankEndpoints, SimError};
 
@@ -98,6 +100,7 @@ pub struct SimEngine {
     ranks: Arc<Ranks>,
     threads: Vec<RankHandle>,
     load: Arc<RequestLoad>,
+    started: Arc<ProcessStart>,
     /// Stopped after the ranks (see `Drop`), so `/health` answers while they stop.
     http: Option<EngineServer>,
 }
@@ -119,20 +122,22 @@ impl SimEngine {
         config.validate()?;
         let config = Arc::new(config.resolved());
         let ctx = zmq::Context::new();
+        let started = Arc::new(ProcessStart::now());
         let (mut links, mut threads) = (Vec::new(), Vec::new());
         for rank in 0..config.dp_size {
-            let (jobs, handle) = start_rank(&config, &ctx, rank)?;
+            let (jobs, handle) = start_rank(&config, &ctx, rank, &started)?;
             links.push(Mutex::new(Some(jobs)));
             threads.push(handle);
         }
         let ranks = Arc::new(Ranks { links, dp_size: config.dp_size });
         let load = Arc::new(RequestLoad::new(config.dp_size));
-        let mut engine = SimEngine { config, ranks, threads, load, http: None };
+        let mut engine = SimEngine { config, ranks, threads, load, started, http: None };
         if engine.config.http_port != 0 {
             let state = ServerState {
                 config: Arc::clone(&engine.config),
                 ranks: Arc::clone(&engine.ranks),
                 load: Arc::clone(&engine.load),
+                started: Arc::clone(&engine.started),
             };
             engine.http = Some(EngineServer::start(state)?);
         }
@@ -191,9 +196,23 @@ impl SimEngine {
     }
 
     /// Restarts the rank's publisher: sockets closed and re-bound on the same ports, sequence
-    /// back to 0, cache emptied. Publishes nothing by itself.
+    /// back to 0, cache and (vLLM) replay history emptied, and a new
+    /// [`SimEngine::process_start_time`]. Publishes nothing by itself.
     pub fn restart(&self, rank: u32) -> Result<(), SimError> {
         self.call(rank, |r| r.restart())
+    }
+
+    /// Restarts every rank ([`SimEngine::restart`]), as a whole engine process restarts. The
+    /// HTTP server stays up on its port.
+    pub fn restart_all(&self) -> Result<(), SimError> {
+        (0..self.config.dp_size).try_for_each(|rank| self.restart(rank))
+    }
+
+    /// The engine process's start time in seconds since the Unix epoch (hundredths), what the
+    /// vLLM dialect's `/metrics` reports as `process_start_time_seconds`. Every restart moves
+    /// it forward.
+    pub fn process_start_time(&self) -> f64 {
+        self.started.seconds()
     }
 
     /// Ground truth: `(device_hit_tokens, host_only_hit_tokens)` of the prefix of complete
@@ -208,7 +227,8 @@ impl SimEngine {
         self.call(rank, |r| Ok(r.counts()))
     }
 
-    /// The sequence number the rank's next batch will carry (the current snapshot watermark).
+    /// The sequence number the rank's next batch will carry (the current snapshot watermark;
+    /// in the vLLM dialect, one past the newest batch in the replay history).
     pub fn next_sequence(&self, rank: u32) -> Result<u64, SimError> {
         self.call(rank, |r| Ok(r.next_sequence()))
     }
@@ -276,10 +296,12 @@ fn start_rank(
     config: &Arc<EngineConfig>,
     ctx: &zmq::Context,
     rank: u32,
+    started: &Arc<ProcessStart>,
 ) -> Result<(Sender<Job>, RankHandle), SimError> {
     let (event, replay) = (config.event_bind_address(rank), config.replay_bind_address(rank));
-    let (sockets, endpoints) = Sockets::bind(ctx, rank, &event, &replay)?;
-    let state = RankState::new(rank, Arc::clone(config), ctx.clone(), sockets, endpoints.clone());
+    let bound = Sockets::bind(ctx, rank, &event, &replay)?;
+    let endpoints = bound.1.clone();
+    let state = RankState::new(rank, Arc::clone(config), ctx.clone(), bound, Arc::clone(started));
     let (jobs, inbox) = mpsc::channel::<Job>();
     let thread = thread::Builder::new()
         .name(format!("sim-{}-r{rank}", config.name))
