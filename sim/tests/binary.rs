@@ -27,6 +27,24 @@ fn prints_endpoints_and_a_static_stream_config_then_stops_after_the_duration() {
     let endpoint = streams[3]["endpoint"].as_str().expect("endpoint");
     assert!(endpoint.starts_with("tcp://127.0.0.1:"), "{endpoint}");
     assert!(stdout.contains(&format!("events {endpoint}")));
+    assert!(streams[3].get("replay").is_none(), "xLLM streams are unchanged: {}", streams[3]);
+}
+
+#[test]
+fn the_vllm_dialect_prints_history_replay_streams_and_registers_nowhere() {
+    let out = Command::new(BIN)
+        .args(["--dialect=vllm", "--buffer_steps=5", "--event_port=0", "--replay_port=0"])
+        .args(["--block_size=16", "--rate=100", "--duration_s=1", "--name=v"])
+        .output()
+        .expect("the binary runs");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).expect("utf-8");
+    let (_, json) = stdout.split_once("kvdir config (static streams):\n").expect("config header");
+    let config: serde_json::Value = serde_json::from_str(json).expect("valid JSON");
+    assert_eq!(config["streams"][0]["replay"], "history");
+    let replay = config["streams"][0]["replay_endpoint"].as_str().expect("replay endpoint");
+    assert!(stdout.contains(&format!("history replay {replay}")), "{stdout}");
+    assert!(!stdout.contains("registered"), "{stdout}");
 }
 
 #[test]

@@ -19,6 +19,9 @@ pub(crate) struct RankGauges {
     pub(crate) kv_cache_usage: f64,
 }
 
+/// Reads one gauge's value from a rank's gauges.
+type Gauge = fn(&RankGauges) -> f64;
+
 /// The whole exposition: `process_start_time_seconds`, then `vllm:num_requests_running`,
 /// `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc` labelled
 /// `{engine="<rank>",model_name="<model>"}` (labels sorted, as `prometheus_client` does).
@@ -30,7 +33,7 @@ pub(crate) fn render(process_start: f64, model: &str, ranks: &[RankGauges]) -> S
         "Start time of the process since unix epoch in seconds.",
     );
     let _ = writeln!(out, "process_start_time_seconds {}", go_float(process_start));
-    let gauges: [(&str, &str, fn(&RankGauges) -> f64); 3] = [
+    let gauges: [(&str, &str, Gauge); 3] = [
         ("vllm:num_requests_running", "Number of requests in model execution batches.", |g| {
             g.running as f64
         }),

@@ -299,3 +299,22 @@ impl ResponseError for ApiError {
         }))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_waits_on_its_rank_then_runs_there_then_leaves() {
+        let load = Arc::new(RequestLoad::new(2));
+        let mut guard = RequestGuard::new(Arc::clone(&load));
+        assert_eq!(load.on_rank_by_phase(1), (0, 0), "no rank before assignment");
+        guard.assign(1);
+        assert_eq!((load.on_rank_by_phase(1), load.on_rank_by_phase(0)), ((1, 0), (0, 0)));
+        guard.start_decode();
+        assert_eq!(load.on_rank_by_phase(1), (0, 1));
+        drop(guard);
+        assert_eq!(load.on_rank_by_phase(1), (0, 0));
+        assert_eq!(load.in_flight(), InFlight::default());
+    }
+}
