@@ -238,6 +238,17 @@ impl EngineConfig {
         }
     }
 
+    /// The part of a `cached`-token prefix that a prompt of `prompt_len` tokens reuses: all of
+    /// it in the xLLM dialect; in the vLLM dialect only the full blocks within the first
+    /// `prompt_len - 1` tokens, since vLLM always computes the prompt's last token.
+    pub fn reused_tokens(&self, prompt_len: usize, cached: u64) -> u64 {
+        if self.dialect != Dialect::Vllm {
+            return cached;
+        }
+        let block = u64::from(self.block_size.max(1));
+        cached.min((prompt_len as u64).saturating_sub(1) / block * block)
+    }
+
     /// The address rank `rank` binds for the PUB socket.
     pub(crate) fn event_bind_address(&self, rank: u32) -> String {
         bind_address(self.event_port, rank)
@@ -334,5 +345,15 @@ mod tests {
         assert_eq!(HashMode::Bin32.to_wire(7), WireHash::Bin(a));
         assert_ne!(HashMode::Bin32.to_wire(7), HashMode::Bin32.to_wire(8));
         assert_eq!(HashMode::U64.to_wire(7), WireHash::Uint(7));
+    }
+
+    #[test]
+    fn vllm_never_reuses_the_last_prompt_token() {
+        let vllm =
+            EngineConfig { block_size: 4, dialect: Dialect::Vllm, ..EngineConfig::default() };
+        assert_eq!([12, 13, 1, 0].map(|len| vllm.reused_tokens(len, 12)), [8, 12, 0, 0]);
+        assert_eq!(vllm.reused_tokens(100, 12), 12, "never more than is cached");
+        let xllm = EngineConfig { block_size: 4, ..EngineConfig::default() };
+        assert_eq!(xllm.reused_tokens(12, 12), 12);
     }
 }

@@ -184,6 +184,32 @@ impl SimEngine {
         self.call(rank, move |r| r.evict(&tokens, tier))
     }
 
+    /// vLLM's duplicate store: publishes `BlockStored` again for the last complete block of
+    /// `tokens` (same hash, parent and tokens), as vLLM does when a fully cached prompt whose
+    /// length is a multiple of the block size is sent again and its last block is recomputed
+    /// into a second physical copy. `None` when that block is not Device-resident. The cache
+    /// is unchanged.
+    pub fn store_duplicate(&self, rank: u32, tokens: &[i32]) -> Result<Option<u64>, SimError> {
+        let tokens = tokens.to_vec();
+        self.call(rank, move |r| r.store_copy(&tokens))
+    }
+
+    /// vLLM evicting the older of two copies: publishes `BlockRemoved` for the last complete
+    /// block of `tokens` while the block stays cached ([`SimEngine::resident`] still counts
+    /// it, and later stores may name it as parent). `None` when it is not Device-resident.
+    pub fn remove_duplicate(&self, rank: u32, tokens: &[i32]) -> Result<Option<u64>, SimError> {
+        let tokens = tokens.to_vec();
+        self.call(rank, move |r| r.remove_copy(&tokens))
+    }
+
+    /// What the engine reports as `usage.prompt_tokens_details.cached_tokens` for `tokens` on
+    /// `rank` right now: the resident prefix ([`SimEngine::resident`], both tiers), limited in
+    /// the vLLM dialect to the full blocks within the first `tokens.len() - 1` tokens.
+    pub fn cached_tokens(&self, rank: u32, tokens: &[i32]) -> Result<u64, SimError> {
+        let (device, host) = self.resident(rank, tokens)?;
+        Ok(self.config.reused_tokens(tokens.len(), device + host))
+    }
+
     /// Publishes `AllBlocksCleared` (no medium) and empties the cache.
     pub fn clear(&self, rank: u32) -> Result<Option<u64>, SimError> {
         self.call(rank, |r| r.clear())

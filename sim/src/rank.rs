@@ -197,6 +197,22 @@ impl RankState {
         self.publish(events)
     }
 
+    pub(crate) fn store_copy(&mut self, tokens: &[i32]) -> Result<Option<u64>, SimError> {
+        if self.faults.quiet() {
+            return Ok(None);
+        }
+        let events = self.cache.store_copy(tokens);
+        self.publish(events)
+    }
+
+    pub(crate) fn remove_copy(&mut self, tokens: &[i32]) -> Result<Option<u64>, SimError> {
+        if self.faults.quiet() {
+            return Ok(None);
+        }
+        let events = self.cache.remove_copy(tokens);
+        self.publish(events)
+    }
+
     pub(crate) fn clear(&mut self) -> Result<Option<u64>, SimError> {
         if self.faults.quiet() {
             return Ok(None);

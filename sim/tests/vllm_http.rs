@@ -122,6 +122,7 @@ fn cached_tokens_never_include_the_prompts_last_token() {
         assert_eq!(cached(&post(&engine, "/v1/completions", &body)), 0);
         let again = post(&engine, "/v1/completions", &body);
         assert_eq!(cached(&again), expected as u64, "a prompt of {len} tokens: {}", again.body);
+        assert_eq!(engine.cached_tokens(0, &prompt(first, len)).unwrap(), expected as u64);
     }
     let xllm = engine_xllm();
     let body = json!({"prompt": prompt(0, 3 * b), "max_tokens": 1}).to_string();

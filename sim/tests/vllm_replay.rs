@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{blocks, index_for, index_match, start, Subscriber, DEADLINE};
-use kvdir::wire::{decode_batch, Batch, Event};
+use kvdir::wire::{decode_batch, Batch, EngineHash, Event};
 use kvdir_sim::{Dialect, EngineConfig, Fault, SimEngine, SnapshotMode};
 
 const B: u32 = 4;
@@ -244,4 +244,38 @@ fn a_restart_starts_again_at_zero_with_an_empty_history_on_the_same_ports() {
     publish(&engine, 0, 1);
     assert_eq!(sub.recv_live().0, 0, "the restarted rank publishes from seq 0");
     assert_eq!(replay(&engine, 0, 0).seqs(), [0]);
+}
+
+#[test]
+fn the_duplicate_store_sequence_of_a_recomputed_last_block() {
+    let engine = vllm(100, 1);
+    let sub = Subscriber::connect(&engine, 0);
+    let prompt = blocks(1, 2, B);
+    let hashes = kvdir_sim::block_hashes(B, &prompt);
+    engine.process(0, &prompt).unwrap();
+    sub.recv_live();
+    assert_eq!(engine.store_duplicate(0, &prompt).unwrap(), Some(1));
+    let (_, again) = sub.recv_live();
+    let Event::Stored(stored) = &again.events[0] else { panic!("{:?}", again.events) };
+    assert_eq!(
+        again.hashes(stored.hashes),
+        [EngineHash(u128::from(hashes[1]))],
+        "the last block, stored again"
+    );
+    assert_eq!(stored.parent, Some(EngineHash(u128::from(hashes[0]))));
+    assert_eq!(engine.remove_duplicate(0, &prompt).unwrap(), Some(2));
+    let (_, removed) = sub.recv_live();
+    assert!(matches!(&removed.events[0], Event::Removed { .. }), "{:?}", removed.events);
+    assert_eq!(engine.resident(0, &prompt).unwrap(), (2 * u64::from(B), 0), "the copy stays");
+    let longer = blocks(1, 3, B);
+    engine.process(0, &longer).unwrap();
+    let (_, child) = sub.recv_live();
+    let Event::Stored(stored) = &child.events[0] else { panic!("{:?}", child.events) };
+    assert_eq!(
+        stored.parent,
+        Some(EngineHash(u128::from(hashes[1]))),
+        "a child names the removed hash"
+    );
+    assert_eq!(engine.store_duplicate(0, &blocks(900, 1, B)).unwrap(), None, "not cached");
+    assert_eq!(engine.remove_duplicate(0, &blocks(900, 1, B)).unwrap(), None, "not cached");
 }

@@ -184,6 +184,36 @@ impl CacheModel {
         log.events
     }
 
+    /// vLLM's second copy: sent again, a fully cached prompt whose length is a multiple of the
+    /// block size has its last block recomputed into a new physical block, and vLLM publishes
+    /// `BlockStored` for the same hash again. Publishes that store (with tokens, on Device) for
+    /// the last complete block of `tokens` when it is Device-resident, and touches it. The
+    /// model keeps one block per hash: the copy changes no residency.
+    pub fn store_copy(&mut self, tokens: &[i32]) -> Vec<CacheEvent> {
+        let mut log = EventLog::default();
+        let Some(&last) = block_hashes(self.config.block_size, tokens).last() else {
+            return log.events;
+        };
+        if let Some(b) = self.blocks.get(&last).filter(|b| b.on(Tier::Device)) {
+            log.store(last, b.parent, &b.tokens, Tier::Device);
+            self.place(last, Tier::Device);
+        }
+        log.events
+    }
+
+    /// vLLM evicting the older of two copies: `BlockRemoved` (Device) for the last complete
+    /// block of `tokens` when it is Device-resident, although it stays cached (resident, with
+    /// its children storable under it).
+    pub fn remove_copy(&mut self, tokens: &[i32]) -> Vec<CacheEvent> {
+        let mut log = EventLog::default();
+        if let Some(&last) = block_hashes(self.config.block_size, tokens).last() {
+            if self.blocks.get(&last).is_some_and(|b| b.on(Tier::Device)) {
+                log.removed(vec![last], Tier::Device);
+            }
+        }
+        log.events
+    }
+
     /// Empties the cache: one unlimited `AllBlocksCleared`.
     pub fn clear(&mut self) -> Vec<CacheEvent> {
         *self = CacheModel::new(self.config);

@@ -223,7 +223,7 @@ async fn serve(
         let (ranks, load) = (&data.engine.ranks, &data.engine.load);
         let (rank, cached) =
             generate::choose_rank(ranks, load, &parsed.tokens).map_err(unavailable)?;
-        let cached = reusable(&data.engine.config, parsed.tokens.len(), cached);
+        let cached = data.engine.config.reused_tokens(parsed.tokens.len(), cached);
         // Counted on the rank at once, so the next request's choice sees it.
         guard.assign(rank);
         Ok((parsed, rank, cached, guard))
@@ -266,18 +266,6 @@ async fn prefill(
     let data = served.clone();
     let process = move || data.engine.ranks.call(rank, move |r| r.process(&tokens));
     blocking(move || process().map(|_| ()).map_err(unavailable)).await
-}
-
-/// The cached prefix the engine reuses: all of it in the xLLM dialect; in the vLLM dialect
-/// only the full blocks within the first `prompt_len - 1` tokens, since vLLM always computes
-/// the prompt's last token.
-fn reusable(config: &EngineConfig, prompt_len: usize, cached: u64) -> u64 {
-    if config.dialect != Dialect::Vllm {
-        return cached;
-    }
-    let block = u64::from(config.block_size.max(1));
-    let within = (prompt_len as u64).saturating_sub(1) / block * block;
-    cached.min(within)
 }
 
 /// Runs `f` on the blocking pool (tokenizing and rank calls are synchronous).
