@@ -166,8 +166,20 @@ impl SimEngine {
     /// touched in the LRU), then evictions happen; all of it in one live batch. Returns its
     /// sequence number, or `None` when nothing changed.
     pub fn process(&self, rank: u32, tokens: &[i32]) -> Result<Option<u64>, SimError> {
-        let tokens = tokens.to_vec();
-        self.call(rank, move |r| r.process(&tokens))
+        self.process_salted(rank, tokens, None)
+    }
+
+    /// [`SimEngine::process`] of a request with vLLM's `cache_salt`: its blocks are keyed
+    /// apart from unsalted ones ([`crate::salted_block_hashes`]) and a newly stored first
+    /// block carries the salt in its `extra_keys`, as vLLM publishes it.
+    pub fn process_salted(
+        &self,
+        rank: u32,
+        tokens: &[i32],
+        salt: Option<&str>,
+    ) -> Result<Option<u64>, SimError> {
+        let (tokens, salt) = (tokens.to_vec(), salt.map(str::to_string));
+        self.call(rank, move |r| r.process(&tokens, salt.as_deref()))
     }
 
     /// Copies the prefix's Device-resident blocks to Host (tokenless `BlockStored`, medium CPU).
@@ -202,11 +214,17 @@ impl SimEngine {
         self.call(rank, move |r| r.remove_copy(&tokens))
     }
 
-    /// What the engine reports as `usage.prompt_tokens_details.cached_tokens` for `tokens` on
-    /// `rank` right now: the resident prefix ([`SimEngine::resident`], both tiers), limited in
-    /// the vLLM dialect to the full blocks within the first `tokens.len() - 1` tokens.
-    pub fn cached_tokens(&self, rank: u32, tokens: &[i32]) -> Result<u64, SimError> {
-        let (device, host) = self.resident(rank, tokens)?;
+    /// What the engine reports as `usage.prompt_tokens_details.cached_tokens` for `tokens`
+    /// (with `cache_salt` `salt`) on `rank` right now: the resident prefix
+    /// ([`SimEngine::resident_salted`], both tiers), limited in the vLLM dialect to the full
+    /// blocks within the first `tokens.len() - 1` tokens.
+    pub fn cached_tokens(
+        &self,
+        rank: u32,
+        tokens: &[i32],
+        salt: Option<&str>,
+    ) -> Result<u64, SimError> {
+        let (device, host) = self.resident_salted(rank, tokens, salt)?;
         Ok(self.config.reused_tokens(tokens.len(), device + host))
     }
 
@@ -244,8 +262,18 @@ impl SimEngine {
     /// Ground truth: `(device_hit_tokens, host_only_hit_tokens)` of the prefix of complete
     /// blocks up to the first block absent from both tiers; a block on both counts as Device.
     pub fn resident(&self, rank: u32, tokens: &[i32]) -> Result<(u64, u64), SimError> {
-        let tokens = tokens.to_vec();
-        self.call(rank, move |r| Ok(r.resident(&tokens)))
+        self.resident_salted(rank, tokens, None)
+    }
+
+    /// [`SimEngine::resident`] of a request with `cache_salt` `salt`.
+    pub fn resident_salted(
+        &self,
+        rank: u32,
+        tokens: &[i32],
+        salt: Option<&str>,
+    ) -> Result<(u64, u64), SimError> {
+        let (tokens, salt) = (tokens.to_vec(), salt.map(str::to_string));
+        self.call(rank, move |r| Ok(r.resident(&tokens, salt.as_deref())))
     }
 
     /// `(device_blocks, host_blocks)` resident on `rank`; a block on both tiers counts in each.

@@ -43,7 +43,7 @@ mod process;
 mod rank;
 pub mod workload;
 
-pub use cache::{block_hash, block_hashes, CacheEvent, CacheModel};
+pub use cache::{block_hash, block_hashes, salted_block_hashes, CacheEvent, CacheModel};
 pub use config::{Dialect, EngineConfig, HashMode, RankEndpoints, DEFAULT_BUFFER_STEPS};
 pub use engine::{Published, SimEngine};
 pub use error::SimError;

@@ -170,11 +170,15 @@ impl RankState {
         debug!(engine = %self.config.name, rank = self.rank, "rank thread stopped");
     }
 
-    pub(crate) fn process(&mut self, tokens: &[i32]) -> Result<Option<u64>, SimError> {
+    pub(crate) fn process(
+        &mut self,
+        tokens: &[i32],
+        salt: Option<&str>,
+    ) -> Result<Option<u64>, SimError> {
         if self.faults.quiet() {
             return Ok(None);
         }
-        let events = self.cache.process(tokens);
+        let events = self.cache.process_salted(tokens, salt);
         self.publish(events)
     }
 
@@ -243,8 +247,8 @@ impl RankState {
         Ok(())
     }
 
-    pub(crate) fn resident(&self, tokens: &[i32]) -> (u64, u64) {
-        self.cache.resident(tokens)
+    pub(crate) fn resident(&self, tokens: &[i32], salt: Option<&str>) -> (u64, u64) {
+        self.cache.resident_salted(tokens, salt)
     }
 
     pub(crate) fn counts(&self) -> (u64, u64) {
@@ -318,16 +322,17 @@ impl RankState {
     fn record(&self, event: CacheEvent) -> EventRecord {
         let wire = |h: u64| self.config.hash_mode.to_wire(h);
         match event {
-            CacheEvent::Stored { hashes, parent, tokens, tier } => {
+            CacheEvent::Stored { hashes, parent, tokens, tier, salt } => {
+                // vLLM's extra_keys: the salt on the first block, nothing on the others.
+                let extra_keys = salt.map_or_else(Vec::new, |salt| {
+                    let mut keys = vec![None; hashes.len()];
+                    keys[0] = Some(salt);
+                    keys
+                });
                 let hashes = hashes.into_iter().map(wire).collect();
                 let block_size = self.config.block_size;
-                EventRecord::Stored(StoredRecord::new(
-                    hashes,
-                    parent.map(wire),
-                    tokens,
-                    block_size,
-                    tier,
-                ))
+                let record = StoredRecord::new(hashes, parent.map(wire), tokens, block_size, tier);
+                EventRecord::Stored(StoredRecord { extra_keys, ..record })
             }
             CacheEvent::Removed { hashes, tier } => {
                 EventRecord::removed(hashes.into_iter().map(wire).collect(), tier)

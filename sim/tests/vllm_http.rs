@@ -4,6 +4,7 @@
 //! `cached_tokens` never counts the prompt's last token. The xLLM dialect keeps its JSON
 //! health and has no `/metrics`.
 
+mod common;
 mod openai_support;
 
 use kvdir_sim::{Dialect, EngineConfig, SimEngine};
@@ -122,7 +123,7 @@ fn cached_tokens_never_include_the_prompts_last_token() {
         assert_eq!(cached(&post(&engine, "/v1/completions", &body)), 0);
         let again = post(&engine, "/v1/completions", &body);
         assert_eq!(cached(&again), expected as u64, "a prompt of {len} tokens: {}", again.body);
-        assert_eq!(engine.cached_tokens(0, &prompt(first, len)).unwrap(), expected as u64);
+        assert_eq!(engine.cached_tokens(0, &prompt(first, len), None).unwrap(), expected as u64);
     }
     let xllm = engine_xllm();
     let body = json!({"prompt": prompt(0, 3 * b), "max_tokens": 1}).to_string();
@@ -143,4 +144,32 @@ fn the_xllm_dialect_keeps_its_json_health_and_has_no_metrics() {
         (200, "application/json", r#"{"status":"ok"}"#)
     );
     assert_eq!(get(&engine, "/metrics").0, 404);
+}
+
+#[test]
+fn a_cache_salt_keys_the_prompt_apart_and_travels_in_the_first_blocks_extra_keys() {
+    let engine = vllm(1, 64);
+    let sub = common::Subscriber::connect(&engine, 0);
+    let tokens = prompt(0, 3 * B as usize + 1);
+    let body = |salt: Option<&str>| {
+        let mut body = json!({"prompt": tokens, "max_tokens": 1});
+        if let Some(salt) = salt {
+            body["cache_salt"] = json!(salt);
+        }
+        body.to_string()
+    };
+    assert_eq!(cached(&post(&engine, "/v1/completions", &body(Some("tenant-a")))), 0);
+    let frames = sub.recv(openai_support::DEADLINE).expect("the salted request's batch");
+    let has = |needle: &[u8]| frames[2].windows(needle.len()).any(|w| w == needle);
+    assert!(has(b"extra_keys") && has(b"tenant-a"), "the salt is published");
+    let full = 3 * u64::from(B);
+    assert_eq!(cached(&post(&engine, "/v1/completions", &body(Some("tenant-a")))), full);
+    assert_eq!(engine.cached_tokens(0, &tokens, Some("tenant-a")).unwrap(), full);
+    assert_eq!(cached(&post(&engine, "/v1/completions", &body(Some("tenant-b")))), 0);
+    assert_eq!(cached(&post(&engine, "/v1/completions", &body(None))), 0, "unsalted is apart");
+    let frames = sub.recv(openai_support::DEADLINE).expect("tenant-b's batch");
+    assert!(!frames[2].windows(8).any(|w| w == b"tenant-a"));
+    let bad = json!({"prompt": tokens, "cache_salt": 5}).to_string();
+    assert_eq!(post(&engine, "/v1/completions", &bad).status, 400);
+    assert_eq!(post(&engine_xllm(), "/v1/completions", &bad).status, 200, "xLLM ignores it");
 }

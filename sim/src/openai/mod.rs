@@ -19,8 +19,9 @@
 //!    chunk as soon as it exists, and a client that disconnects stops the generation.
 //!
 //! In the vLLM dialect `cached_tokens` counts only the full cached blocks within the prompt's
-//! first n - 1 tokens (vLLM always computes the last prompt token), and `metrics` serves
-//! `GET /metrics`.
+//! first n - 1 tokens (vLLM always computes the last prompt token), a request's `cache_salt`
+//! keys its blocks apart (the first block's store carries it in `extra_keys`), and `metrics`
+//! serves `GET /metrics`.
 //!
 //! Without a text model the OpenAI routes answer 503. Every error is OpenAI's error JSON
 //! (`{"error": {"message", "type", "code"}}`), see [`ApiError`].

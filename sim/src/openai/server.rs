@@ -219,10 +219,12 @@ async fn serve(
     let mut guard = RequestGuard::new(Arc::clone(&served.engine.load));
     let (data, config) = (served.clone(), openai.clone());
     let (parsed, rank, cached, mut guard) = blocking(move || {
-        let parsed = request::parse(kind, &body, &config)?;
+        let salted = data.engine.config.dialect == Dialect::Vllm;
+        let parsed = request::parse(kind, &body, &config, salted)?;
         let (ranks, load) = (&data.engine.ranks, &data.engine.load);
         let (rank, cached) =
-            generate::choose_rank(ranks, load, &parsed.tokens).map_err(unavailable)?;
+            generate::choose_rank(ranks, load, &parsed.tokens, parsed.salt.as_deref())
+                .map_err(unavailable)?;
         let cached = data.engine.config.reused_tokens(parsed.tokens.len(), cached);
         // Counted on the rank at once, so the next request's choice sees it.
         guard.assign(rank);
@@ -230,7 +232,7 @@ async fn serve(
     })
     .await?;
     let prompt_tokens = parsed.tokens.len() as u64;
-    prefill(&served, &openai, rank, parsed.tokens, cached).await?;
+    prefill(&served, &openai, rank, (parsed.tokens, parsed.salt), cached).await?;
     guard.start_decode();
     let decode = Duration::from_micros(openai.decode_us_per_token);
     let pieces = Arc::clone(&served.pieces);
@@ -251,20 +253,21 @@ async fn serve(
     Ok(response.json(body))
 }
 
-/// Sleeps the prefill cost of the uncached tokens, then puts the prompt in `rank`'s cache,
-/// which publishes its KV events.
+/// Sleeps the prefill cost of the uncached tokens, then puts the prompt (tokens and
+/// `cache_salt`) in `rank`'s cache, which publishes its KV events.
 async fn prefill(
     served: &web::Data<Served>,
     openai: &OpenAiConfig,
     rank: u32,
-    tokens: Vec<i32>,
+    (tokens, salt): (Vec<i32>, Option<String>),
     cached: u64,
 ) -> Result<(), ApiError> {
     let uncached = (tokens.len() as u64).saturating_sub(cached);
     let cost = Duration::from_micros(openai.prefill_us_per_token.saturating_mul(uncached));
     tokio::time::sleep(cost).await;
     let data = served.clone();
-    let process = move || data.engine.ranks.call(rank, move |r| r.process(&tokens));
+    let process =
+        move || data.engine.ranks.call(rank, move |r| r.process(&tokens, salt.as_deref()));
     blocking(move || process().map(|_| ()).map_err(unavailable)).await
 }
 
