@@ -175,53 +175,42 @@ impl RankState {
         tokens: &[i32],
         salt: Option<&str>,
     ) -> Result<Option<u64>, SimError> {
-        if self.faults.quiet() {
-            return Ok(None);
-        }
-        let events = self.cache.process_salted(tokens, salt);
-        self.publish(events)
+        self.change(|cache| cache.process_salted(tokens, salt))
     }
 
     pub(crate) fn offload(&mut self, tokens: &[i32]) -> Result<Option<u64>, SimError> {
         if !self.cache.host_enabled() {
             return Err(SimError::HostDisabled { rank: self.rank });
         }
-        if self.faults.quiet() {
-            return Ok(None);
-        }
-        let events = self.cache.offload(tokens);
-        self.publish(events)
+        self.change(|cache| cache.offload(tokens))
     }
 
     pub(crate) fn evict(&mut self, tokens: &[i32], tier: Tier) -> Result<Option<u64>, SimError> {
-        if self.faults.quiet() {
-            return Ok(None);
-        }
-        let events = self.cache.evict(tokens, tier);
-        self.publish(events)
+        self.change(|cache| cache.evict(tokens, tier))
     }
 
     pub(crate) fn store_copy(&mut self, tokens: &[i32]) -> Result<Option<u64>, SimError> {
-        if self.faults.quiet() {
-            return Ok(None);
-        }
-        let events = self.cache.store_copy(tokens);
-        self.publish(events)
+        self.change(|cache| cache.store_copy(tokens))
     }
 
     pub(crate) fn remove_copy(&mut self, tokens: &[i32]) -> Result<Option<u64>, SimError> {
-        if self.faults.quiet() {
-            return Ok(None);
-        }
-        let events = self.cache.remove_copy(tokens);
-        self.publish(events)
+        self.change(|cache| cache.remove_copy(tokens))
     }
 
     pub(crate) fn clear(&mut self) -> Result<Option<u64>, SimError> {
+        self.change(CacheModel::clear)
+    }
+
+    /// A request-driven change: `f` changes the cache and its events are published as one
+    /// batch; while `Quiet`, nothing happens.
+    fn change(
+        &mut self,
+        f: impl FnOnce(&mut CacheModel) -> Vec<CacheEvent>,
+    ) -> Result<Option<u64>, SimError> {
         if self.faults.quiet() {
             return Ok(None);
         }
-        let events = self.cache.clear();
+        let events = f(&mut self.cache);
         self.publish(events)
     }
 
