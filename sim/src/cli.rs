@@ -11,11 +11,17 @@
 //! its ZeroMQ ports follow the discovery rule (`+10000 + r` events, `+30000 + r` snapshots);
 //! `--event_port` and `--replay_port` are then ignored. With `--etcd_addr` (which needs
 //! `--http_port`) every engine registers in etcd like an xLLM engine.
+//!
+//! `--dialect vllm` makes every engine a simulated vLLM ([`crate::Dialect`]): history replay
+//! of the last `--buffer_steps` batches, `/metrics`, and no registration (vLLM does not
+//! register): without `--etcd_addr` nothing is written to etcd; with it the engines are
+//! registered as by hand, with backend type `vllm`. Its static streams carry
+//! `"replay": "history"`.
 
 use kvdir::wire::record::{BatchForm, EventForm};
 use serde_json::{json, Value};
 
-use crate::{EngineConfig, HashMode, RegistrationOptions, SimEngine, SimError};
+use crate::{Dialect, EngineConfig, HashMode, RegistrationOptions, SimEngine, SimError};
 
 mod args;
 mod help;
@@ -88,6 +94,10 @@ pub struct CliOptions {
     pub internal_api_token: Option<String>,
     /// The OpenAI engine's flags.
     pub text: TextOptions,
+    /// The engine imitated: xLLM or vLLM.
+    pub dialect: Dialect,
+    /// vLLM dialect: batches kept per rank for replay.
+    pub buffer_steps: usize,
 }
 
 impl Default for CliOptions {
@@ -116,6 +126,8 @@ impl Default for CliOptions {
             heartbeat_to: None,
             internal_api_token: None,
             text: TextOptions::default(),
+            dialect: Dialect::Xllm,
+            buffer_steps: crate::DEFAULT_BUFFER_STEPS,
         }
     }
 }
@@ -170,6 +182,11 @@ impl CliOptions {
                 t @ 0..=3 => self.instance_type = t,
                 _ => return Err(format!("--instance_type = {value} is not 0, 1, 2 or 3")),
             },
+            "buffer_steps" => self.buffer_steps = number(name, value)?,
+            "dialect" => {
+                let dialects = [("xllm", Dialect::Xllm), ("vllm", Dialect::Vllm)];
+                self.dialect = choice(name, value, &dialects)?
+            }
             "hash_mode" => {
                 self.hash_mode =
                     choice(name, value, &[("u64", HashMode::U64), ("bin32", HashMode::Bin32)])?
@@ -321,6 +338,8 @@ impl CliOptions {
             batch_form: self.batch_form,
             event_form: self.event_form,
             http_port,
+            dialect: self.dialect,
+            buffer_steps: self.buffer_steps,
             ..EngineConfig::default()
         }
     }
@@ -332,7 +351,7 @@ impl CliOptions {
             etcd,
             namespace: self.etcd_namespace.clone(),
             kind: self.instance_type,
-            backend_type: Some("xllm".to_string()),
+            backend_type: Some(self.dialect.as_str().to_string()),
             heartbeat_to: self.heartbeat_to.clone(),
             internal_token: self.internal_api_token.clone(),
             write_loadmetrics: true,
@@ -358,20 +377,25 @@ fn engine_port(flag: &str, base: u16, offset: u32) -> Result<u16, String> {
 }
 
 /// The `{"streams": [...]}` section of a kvdir config file for every rank of `engines`, each
-/// named by [`SimEngine::instance_name`] (`127.0.0.1:<http port>` with an HTTP port).
+/// named by [`SimEngine::instance_name`] (`127.0.0.1:<http port>` with an HTTP port); a
+/// vLLM-dialect engine's streams add `"replay": "history"`.
 pub fn static_streams_config<'a>(engines: impl IntoIterator<Item = &'a SimEngine>) -> Value {
     let mut streams = Vec::new();
     for engine in engines {
         let (c, name) = (engine.config(), engine.instance_name());
         for (rank, ep) in engine.endpoints().into_iter().enumerate() {
-            streams.push(json!({
+            let mut stream = json!({
                 "instance_name": name,
                 "dp_rank": rank,
                 "block_size": c.block_size,
                 "endpoint": ep.event,
                 "replay_endpoint": ep.replay,
                 "topic": c.topic,
-            }));
+            });
+            if c.dialect != Dialect::Xllm {
+                stream["replay"] = json!(c.dialect.replay().as_str());
+            }
+            streams.push(stream);
         }
     }
     json!({ "streams": streams })

@@ -1,5 +1,11 @@
 //! [`EngineConfig`]: what one simulated engine looks like (ports, DP size, block size, tier
-//! capacities, wire dialect), validated before anything binds.
+//! capacities, wire forms, and the [`Dialect`] it imitates), validated before anything binds.
+//!
+//! Dialects: `xllm` (the default) answers the replay port with a full-state snapshot and
+//! `GET /health` with JSON; `vllm` behaves like vLLM 0.32's `ZmqEventPublisher` and API server:
+//! the replay port answers with the last `buffer_steps` batches (history), `GET /health` is an
+//! empty 200, `GET /metrics` is Prometheus text, and `cached_tokens` never counts the prompt's
+//! last token. SGLang is not simulated.
 //!
 //! Port rule: rank `r` binds `tcp://127.0.0.1:(event_port + r)` and
 //! `tcp://127.0.0.1:(replay_port + r)`, like xLLM. A port of 0 means "ephemeral": every rank
@@ -11,6 +17,7 @@
 //! `http_port + event_port_offset + r` and `http_port + replay_port_offset + r`.
 //! [`EngineConfig::resolved`] applies the rule; [`crate::SimEngine`] runs with the resolved config.
 
+pub use kvdir::config::Dialect;
 use kvdir::wire::record::{BatchForm, EventForm, WireHash};
 use xxhash_rust::xxh3::xxh3_128_with_seed;
 
@@ -77,7 +84,16 @@ pub struct EngineConfig {
     /// The text model served on the HTTP port's OpenAI routes; `None` answers them with 503.
     /// Needs `http_port != 0`.
     pub openai: Option<OpenAiConfig>,
+    /// Which engine the simulator imitates: `Xllm` (snapshots) or `Vllm` (history replay,
+    /// `/metrics`, last token never reused). `Sglang` is refused by [`EngineConfig::validate`].
+    pub dialect: Dialect,
+    /// `Vllm` only: how many of the latest batches each rank keeps for replay (vLLM's
+    /// `buffer_steps`, 10,000 by default).
+    pub buffer_steps: usize,
 }
+
+/// vLLM's default replay buffer, in batches.
+pub const DEFAULT_BUFFER_STEPS: usize = 10_000;
 
 impl Default for EngineConfig {
     fn default() -> Self {
@@ -97,6 +113,8 @@ impl Default for EngineConfig {
             event_port_offset: 10000,
             replay_port_offset: 30000,
             openai: None,
+            dialect: Dialect::Xllm,
+            buffer_steps: DEFAULT_BUFFER_STEPS,
         }
     }
 }
@@ -127,6 +145,12 @@ impl EngineConfig {
             problems.push("device_capacity_blocks = 0 is below the minimum 1".to_string());
         }
         self.check_ports(&mut problems);
+        if self.dialect == Dialect::Sglang {
+            problems.push("dialect = sglang is not simulated; use xllm or vllm".to_string());
+        }
+        if self.buffer_steps == 0 {
+            problems.push("buffer_steps = 0 is below the minimum 1".to_string());
+        }
         if let Some(openai) = &self.openai {
             if self.http_port == 0 {
                 problems.push(
@@ -214,6 +238,17 @@ impl EngineConfig {
         }
     }
 
+    /// The part of a `cached`-token prefix that a prompt of `prompt_len` tokens reuses: all of
+    /// it in the xLLM dialect; in the vLLM dialect only the full blocks within the first
+    /// `prompt_len - 1` tokens, since vLLM always computes the prompt's last token.
+    pub fn reused_tokens(&self, prompt_len: usize, cached: u64) -> u64 {
+        if self.dialect != Dialect::Vllm {
+            return cached;
+        }
+        let block = u64::from(self.block_size.max(1));
+        cached.min((prompt_len as u64).saturating_sub(1) / block * block)
+    }
+
     /// The address rank `rank` binds for the PUB socket.
     pub(crate) fn event_bind_address(&self, rank: u32) -> String {
         bind_address(self.event_port, rank)
@@ -253,8 +288,10 @@ mod tests {
             device_capacity_blocks: 0,
             ..EngineConfig::default()
         };
+        let c = EngineConfig { dialect: Dialect::Sglang, buffer_steps: 0, ..c };
         let msg = c.validate().unwrap_err().to_string();
-        for needle in ["name is empty", "dp_size = 0", "block_size = 0", "device_capacity_blocks"] {
+        let needles = ["name is empty", "dp_size = 0", "block_size = 0", "device_capacity_blocks"];
+        for needle in needles.into_iter().chain(["sglang is not simulated", "buffer_steps = 0"]) {
             assert!(msg.contains(needle), "{msg}");
         }
     }
@@ -308,5 +345,15 @@ mod tests {
         assert_eq!(HashMode::Bin32.to_wire(7), WireHash::Bin(a));
         assert_ne!(HashMode::Bin32.to_wire(7), HashMode::Bin32.to_wire(8));
         assert_eq!(HashMode::U64.to_wire(7), WireHash::Uint(7));
+    }
+
+    #[test]
+    fn vllm_never_reuses_the_last_prompt_token() {
+        let vllm =
+            EngineConfig { block_size: 4, dialect: Dialect::Vllm, ..EngineConfig::default() };
+        assert_eq!([12, 13, 1, 0].map(|len| vllm.reused_tokens(len, 12)), [8, 12, 0, 0]);
+        assert_eq!(vllm.reused_tokens(100, 12), 12, "never more than is cached");
+        let xllm = EngineConfig { block_size: 4, ..EngineConfig::default() };
+        assert_eq!(xllm.reused_tokens(12, 12), 12);
     }
 }

@@ -7,7 +7,8 @@
 //!
 //! With `http_port != 0` the engine also serves `GET /health` (and, with a text model, the
 //! OpenAI endpoints of [`crate::openai`]) on 127.0.0.1:`http_port` from its own thread, until
-//! it stops; `restart` of a rank leaves it up.
+//! it stops; `restart` of a rank leaves it up. In the vLLM dialect it also serves
+//! `GET /metrics`, whose `process_start_time_seconds` every restart moves forward.
 
 use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
@@ -19,6 +20,7 @@ use tracing::info;
 use crate::fault::Fault;
 use crate::openai::server::{EngineServer, ServerState};
 use crate::openai::{InFlight, RequestLoad};
+use crate::process::ProcessStart;
 use crate::rank::{Job, RankState, Sockets};
 use crate::{EngineConfig, RankEndpoints, SimError};
 
@@ -98,6 +100,7 @@ pub struct SimEngine {
     ranks: Arc<Ranks>,
     threads: Vec<RankHandle>,
     load: Arc<RequestLoad>,
+    started: Arc<ProcessStart>,
     /// Stopped after the ranks (see `Drop`), so `/health` answers while they stop.
     http: Option<EngineServer>,
 }
@@ -119,20 +122,22 @@ impl SimEngine {
         config.validate()?;
         let config = Arc::new(config.resolved());
         let ctx = zmq::Context::new();
+        let started = Arc::new(ProcessStart::now());
         let (mut links, mut threads) = (Vec::new(), Vec::new());
         for rank in 0..config.dp_size {
-            let (jobs, handle) = start_rank(&config, &ctx, rank)?;
+            let (jobs, handle) = start_rank(&config, &ctx, rank, &started)?;
             links.push(Mutex::new(Some(jobs)));
             threads.push(handle);
         }
         let ranks = Arc::new(Ranks { links, dp_size: config.dp_size });
         let load = Arc::new(RequestLoad::new(config.dp_size));
-        let mut engine = SimEngine { config, ranks, threads, load, http: None };
+        let mut engine = SimEngine { config, ranks, threads, load, started, http: None };
         if engine.config.http_port != 0 {
             let state = ServerState {
                 config: Arc::clone(&engine.config),
                 ranks: Arc::clone(&engine.ranks),
                 load: Arc::clone(&engine.load),
+                started: Arc::clone(&engine.started),
             };
             engine.http = Some(EngineServer::start(state)?);
         }
@@ -161,8 +166,20 @@ impl SimEngine {
     /// touched in the LRU), then evictions happen; all of it in one live batch. Returns its
     /// sequence number, or `None` when nothing changed.
     pub fn process(&self, rank: u32, tokens: &[i32]) -> Result<Option<u64>, SimError> {
-        let tokens = tokens.to_vec();
-        self.call(rank, move |r| r.process(&tokens))
+        self.process_salted(rank, tokens, None)
+    }
+
+    /// [`SimEngine::process`] of a request with vLLM's `cache_salt`: its blocks are keyed
+    /// apart from unsalted ones ([`crate::salted_block_hashes`]) and a newly stored first
+    /// block carries the salt in its `extra_keys`, as vLLM publishes it.
+    pub fn process_salted(
+        &self,
+        rank: u32,
+        tokens: &[i32],
+        salt: Option<&str>,
+    ) -> Result<Option<u64>, SimError> {
+        let (tokens, salt) = (tokens.to_vec(), salt.map(str::to_string));
+        self.call(rank, move |r| r.process(&tokens, salt.as_deref()))
     }
 
     /// Copies the prefix's Device-resident blocks to Host (tokenless `BlockStored`, medium CPU).
@@ -179,6 +196,38 @@ impl SimEngine {
         self.call(rank, move |r| r.evict(&tokens, tier))
     }
 
+    /// vLLM's duplicate store: publishes `BlockStored` again for the last complete block of
+    /// `tokens` (same hash, parent and tokens), as vLLM does when a fully cached prompt whose
+    /// length is a multiple of the block size is sent again and its last block is recomputed
+    /// into a second physical copy. `None` when that block is not Device-resident. The cache
+    /// is unchanged.
+    pub fn store_duplicate(&self, rank: u32, tokens: &[i32]) -> Result<Option<u64>, SimError> {
+        let tokens = tokens.to_vec();
+        self.call(rank, move |r| r.store_copy(&tokens))
+    }
+
+    /// vLLM evicting the older of two copies: publishes `BlockRemoved` for the last complete
+    /// block of `tokens` while the block stays cached ([`SimEngine::resident`] still counts
+    /// it, and later stores may name it as parent). `None` when it is not Device-resident.
+    pub fn remove_duplicate(&self, rank: u32, tokens: &[i32]) -> Result<Option<u64>, SimError> {
+        let tokens = tokens.to_vec();
+        self.call(rank, move |r| r.remove_copy(&tokens))
+    }
+
+    /// What the engine reports as `usage.prompt_tokens_details.cached_tokens` for `tokens`
+    /// (with `cache_salt` `salt`) on `rank` right now: the resident prefix
+    /// ([`SimEngine::resident_salted`], both tiers), limited in the vLLM dialect to the full
+    /// blocks within the first `tokens.len() - 1` tokens.
+    pub fn cached_tokens(
+        &self,
+        rank: u32,
+        tokens: &[i32],
+        salt: Option<&str>,
+    ) -> Result<u64, SimError> {
+        let (device, host) = self.resident_salted(rank, tokens, salt)?;
+        Ok(self.config.reused_tokens(tokens.len(), device + host))
+    }
+
     /// Publishes `AllBlocksCleared` (no medium) and empties the cache.
     pub fn clear(&self, rank: u32) -> Result<Option<u64>, SimError> {
         self.call(rank, |r| r.clear())
@@ -191,16 +240,40 @@ impl SimEngine {
     }
 
     /// Restarts the rank's publisher: sockets closed and re-bound on the same ports, sequence
-    /// back to 0, cache emptied. Publishes nothing by itself.
+    /// back to 0, cache and (vLLM) replay history emptied, and a new
+    /// [`SimEngine::process_start_time`]. Publishes nothing by itself.
     pub fn restart(&self, rank: u32) -> Result<(), SimError> {
         self.call(rank, |r| r.restart())
+    }
+
+    /// Restarts every rank ([`SimEngine::restart`]), as a whole engine process restarts. The
+    /// HTTP server stays up on its port.
+    pub fn restart_all(&self) -> Result<(), SimError> {
+        (0..self.config.dp_size).try_for_each(|rank| self.restart(rank))
+    }
+
+    /// The engine process's start time in seconds since the Unix epoch (hundredths), what the
+    /// vLLM dialect's `/metrics` reports as `process_start_time_seconds`. Every restart moves
+    /// it forward.
+    pub fn process_start_time(&self) -> f64 {
+        self.started.seconds()
     }
 
     /// Ground truth: `(device_hit_tokens, host_only_hit_tokens)` of the prefix of complete
     /// blocks up to the first block absent from both tiers; a block on both counts as Device.
     pub fn resident(&self, rank: u32, tokens: &[i32]) -> Result<(u64, u64), SimError> {
-        let tokens = tokens.to_vec();
-        self.call(rank, move |r| Ok(r.resident(&tokens)))
+        self.resident_salted(rank, tokens, None)
+    }
+
+    /// [`SimEngine::resident`] of a request with `cache_salt` `salt`.
+    pub fn resident_salted(
+        &self,
+        rank: u32,
+        tokens: &[i32],
+        salt: Option<&str>,
+    ) -> Result<(u64, u64), SimError> {
+        let (tokens, salt) = (tokens.to_vec(), salt.map(str::to_string));
+        self.call(rank, move |r| Ok(r.resident(&tokens, salt.as_deref())))
     }
 
     /// `(device_blocks, host_blocks)` resident on `rank`; a block on both tiers counts in each.
@@ -208,7 +281,8 @@ impl SimEngine {
         self.call(rank, |r| Ok(r.counts()))
     }
 
-    /// The sequence number the rank's next batch will carry (the current snapshot watermark).
+    /// The sequence number the rank's next batch will carry (the current snapshot watermark;
+    /// in the vLLM dialect, one past the newest batch in the replay history).
     pub fn next_sequence(&self, rank: u32) -> Result<u64, SimError> {
         self.call(rank, |r| Ok(r.next_sequence()))
     }
@@ -276,10 +350,12 @@ fn start_rank(
     config: &Arc<EngineConfig>,
     ctx: &zmq::Context,
     rank: u32,
+    started: &Arc<ProcessStart>,
 ) -> Result<(Sender<Job>, RankHandle), SimError> {
     let (event, replay) = (config.event_bind_address(rank), config.replay_bind_address(rank));
-    let (sockets, endpoints) = Sockets::bind(ctx, rank, &event, &replay)?;
-    let state = RankState::new(rank, Arc::clone(config), ctx.clone(), sockets, endpoints.clone());
+    let bound = Sockets::bind(ctx, rank, &event, &replay)?;
+    let endpoints = bound.1.clone();
+    let state = RankState::new(rank, Arc::clone(config), ctx.clone(), bound, Arc::clone(started));
     let (jobs, inbox) = mpsc::channel::<Job>();
     let thread = thread::Builder::new()
         .name(format!("sim-{}-r{rank}", config.name))

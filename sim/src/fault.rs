@@ -5,7 +5,8 @@
 //! visible gap, or a silent tail loss); `Quiet` models an engine that receives no requests, so
 //! nothing changes at all.
 
-/// How a rank answers snapshot requests.
+/// How a rank answers replay requests: xLLM snapshots, or in the vLLM dialect the history
+/// (where "the reply" is every requested batch and `Malformed` spoils each one's payload).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SnapshotMode {
     /// The reply, then the terminator.

@@ -1,14 +1,16 @@
-//! kvdir-sim: a simulated xLLM engine that speaks the publisher side of the kvdir wire contract
+//! kvdir-sim: a simulated xLLM (or vLLM) engine that speaks the publisher side of the kvdir wire contract
 //! (`docs/protocol.md` sections 2 and 3), for end-to-end tests, benches and the demo.
 //!
 //! Module map:
-//! - [`config`]: [`EngineConfig`] (ports, DP size, block size, tiers, wire dialect) and its
-//!   validation, plus [`HashMode`], the shape of engine block hashes on the wire.
+//! - [`config`]: [`EngineConfig`] (ports, DP size, block size, tiers, wire forms, the
+//!   [`Dialect`] imitated: xLLM or vLLM) and its validation, plus [`HashMode`], the shape of
+//!   engine block hashes on the wire.
 //! - [`cache`]: [`CacheModel`], one rank's prefix cache (Device LRU, optional Host LRU,
 //!   leaf-first eviction) that turns requests into the events an engine would publish. Pure, no
 //!   sockets.
 //! - [`fault`]: [`Fault`] and [`SnapshotMode`], the misbehaviours tests can switch on.
-//! - [`engine`]: [`SimEngine`], one rank thread per DP rank that owns a PUB and a ROUTER socket;
+//! - [`engine`]: [`SimEngine`], one rank thread per DP rank that owns a PUB and a ROUTER socket
+//!   (answering xLLM snapshots, or in the vLLM dialect replaying its buffered history);
 //!   the public API sends a job to the rank thread and waits for its answer, so a call returns
 //!   only after its batch has been handed to the PUB socket.
 //! - [`workload`]: a seeded synthetic workload (shared system prompts, multi-turn sessions).
@@ -37,11 +39,12 @@ pub mod etcd;
 pub mod fault;
 pub mod http;
 pub mod openai;
+mod process;
 mod rank;
 pub mod workload;
 
-pub use cache::{block_hash, block_hashes, CacheEvent, CacheModel};
-pub use config::{EngineConfig, HashMode, RankEndpoints};
+pub use cache::{block_hash, block_hashes, salted_block_hashes, CacheEvent, CacheModel};
+pub use config::{Dialect, EngineConfig, HashMode, RankEndpoints, DEFAULT_BUFFER_STEPS};
 pub use engine::{Published, SimEngine};
 pub use error::SimError;
 pub use etcd::{Registration, RegistrationOptions};

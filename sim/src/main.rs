@@ -1,5 +1,6 @@
 //! The `kvdir-sim` binary: starts simulated engines from flags, prints their endpoints and the
-//! static-stream JSON for a kvdir config file, then drives a synthetic shared-prefix workload
+//! static-stream JSON for a kvdir config file (`--dialect vllm`: simulated vLLM engines), then
+//! drives a synthetic shared-prefix workload
 //! until Ctrl-C (the default SIGINT action ends the process; the OS closes the sockets) or
 //! `--duration_s`. With `--etcd_addr` every engine also registers in etcd (and reports its
 //! Device usage as load every [`LOAD_EVERY`]); with `--tokenizer_path` every engine serves the
@@ -62,7 +63,11 @@ fn run(options: &CliOptions) -> Result<(), SimError> {
             _ => println!("engine {} (http {}):", engine.config().name, engine.instance_name()),
         }
         for (rank, ep) in engine.endpoints().iter().enumerate() {
-            println!("  rank {rank}: events {}  snapshots {}", ep.event, ep.replay);
+            let replay = match engine.config().dialect {
+                kvdir_sim::Dialect::Xllm => "snapshots",
+                _ => "history replay",
+            };
+            println!("  rank {rank}: events {}  {replay} {}", ep.event, ep.replay);
         }
         if let Some(openai) = &engine.config().openai {
             println!(
@@ -78,7 +83,7 @@ fn run(options: &CliOptions) -> Result<(), SimError> {
     drive(&engines, &registrations, options)
 }
 
-/// One registration per engine with `--etcd_addr`, else none.
+/// One registration per engine with `--etcd_addr`, else none (the vLLM dialect's usual case).
 fn register(engines: &[SimEngine], options: &CliOptions) -> Result<Vec<Registration>, SimError> {
     let Some(opts) = options.registration_options() else { return Ok(Vec::new()) };
     let mut registrations = Vec::with_capacity(engines.len());

@@ -2,13 +2,15 @@
 //! (ZeroMQ sockets are not `Sync`), its cache model, its sequence counter and its faults.
 //!
 //! The thread runs jobs sent by [`crate::SimEngine`] (each job answers on its own channel) and
-//! between jobs serves snapshot requests. Because one thread both publishes and answers
-//! snapshots, a snapshot always reflects exactly the batches before its watermark. The loop
+//! between jobs serves replay requests: xLLM snapshots (`snapshot`) or, in the vLLM dialect,
+//! the buffered history of batches (`history`). Because one thread both publishes and answers
+//! replays, a reply always reflects exactly the batches published before it. The loop
 //! waits on the job channel with a short timeout, then drains the ROUTER without blocking: jobs
 //! start at once, snapshot requests wait at most [`POLL_INTERVAL`] while the rank is busy and
 //! [`IDLE_POLL_INTERVAL`] once it has been idle for [`IDLE_AFTER`] (128 idle ranks polling
 //! every 2 ms cost a third of a core).
 
+use std::collections::VecDeque;
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::sync::Arc;
 use std::thread;
@@ -21,8 +23,10 @@ use tracing::debug;
 use crate::cache::{CacheConfig, CacheEvent, CacheModel};
 use crate::engine::Published;
 use crate::fault::{Fault, FaultState};
-use crate::{EngineConfig, RankEndpoints, SimError};
+use crate::process::ProcessStart;
+use crate::{Dialect, EngineConfig, RankEndpoints, SimError};
 
+mod history;
 mod snapshot;
 
 /// Work for a rank thread; it answers through a channel captured by the closure.
@@ -114,6 +118,10 @@ pub(crate) struct RankState {
     next_seq: u64,
     faults: FaultState,
     published: Published,
+    /// vLLM dialect: the latest `buffer_steps` batches as `(seq, payload)`, oldest first.
+    history: VecDeque<(u64, Vec<u8>)>,
+    /// The engine process's start time, moved forward by `restart`.
+    started: Arc<ProcessStart>,
 }
 
 impl RankState {
@@ -121,8 +129,8 @@ impl RankState {
         rank: u32,
         config: Arc<EngineConfig>,
         ctx: zmq::Context,
-        sockets: Sockets,
-        endpoints: RankEndpoints,
+        (sockets, endpoints): (Sockets, RankEndpoints),
+        started: Arc<ProcessStart>,
     ) -> Self {
         let cache = CacheModel::new(cache_config(&config));
         let faults = FaultState::default();
@@ -136,6 +144,8 @@ impl RankState {
             next_seq: 0,
             faults,
             published: Published::default(),
+            history: VecDeque::new(),
+            started,
         }
     }
 
@@ -153,45 +163,54 @@ impl RankState {
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => break,
             }
-            if self.serve_snapshots() {
+            if self.serve_replays() {
                 active = Instant::now();
             }
         }
         debug!(engine = %self.config.name, rank = self.rank, "rank thread stopped");
     }
 
-    pub(crate) fn process(&mut self, tokens: &[i32]) -> Result<Option<u64>, SimError> {
-        if self.faults.quiet() {
-            return Ok(None);
-        }
-        let events = self.cache.process(tokens);
-        self.publish(events)
+    pub(crate) fn process(
+        &mut self,
+        tokens: &[i32],
+        salt: Option<&str>,
+    ) -> Result<Option<u64>, SimError> {
+        self.change(|cache| cache.process_salted(tokens, salt))
     }
 
     pub(crate) fn offload(&mut self, tokens: &[i32]) -> Result<Option<u64>, SimError> {
         if !self.cache.host_enabled() {
             return Err(SimError::HostDisabled { rank: self.rank });
         }
-        if self.faults.quiet() {
-            return Ok(None);
-        }
-        let events = self.cache.offload(tokens);
-        self.publish(events)
+        self.change(|cache| cache.offload(tokens))
     }
 
     pub(crate) fn evict(&mut self, tokens: &[i32], tier: Tier) -> Result<Option<u64>, SimError> {
-        if self.faults.quiet() {
-            return Ok(None);
-        }
-        let events = self.cache.evict(tokens, tier);
-        self.publish(events)
+        self.change(|cache| cache.evict(tokens, tier))
+    }
+
+    pub(crate) fn store_copy(&mut self, tokens: &[i32]) -> Result<Option<u64>, SimError> {
+        self.change(|cache| cache.store_copy(tokens))
+    }
+
+    pub(crate) fn remove_copy(&mut self, tokens: &[i32]) -> Result<Option<u64>, SimError> {
+        self.change(|cache| cache.remove_copy(tokens))
     }
 
     pub(crate) fn clear(&mut self) -> Result<Option<u64>, SimError> {
+        self.change(CacheModel::clear)
+    }
+
+    /// A request-driven change: `f` changes the cache and its events are published as one
+    /// batch; while `Quiet`, nothing happens.
+    fn change(
+        &mut self,
+        f: impl FnOnce(&mut CacheModel) -> Vec<CacheEvent>,
+    ) -> Result<Option<u64>, SimError> {
         if self.faults.quiet() {
             return Ok(None);
         }
-        let events = self.cache.clear();
+        let events = f(&mut self.cache);
         self.publish(events)
     }
 
@@ -204,18 +223,21 @@ impl RankState {
     }
 
     /// The publisher process restarts: sockets closed and bound again at the same endpoints,
-    /// sequence back to 0, cache empty. Faults are harness settings and are kept.
+    /// sequence back to 0, cache and replay history empty, a new process start time. Faults
+    /// are harness settings and are kept.
     pub(crate) fn restart(&mut self) -> Result<(), SimError> {
         self.sockets = None;
         self.cache = CacheModel::new(cache_config(&self.config));
         self.next_seq = 0;
+        self.history.clear();
+        self.started.restart();
         self.sockets = Some(Sockets::rebind(&self.ctx, self.rank, &self.endpoints)?);
         debug!(engine = %self.config.name, rank = self.rank, "rank restarted");
         Ok(())
     }
 
-    pub(crate) fn resident(&self, tokens: &[i32]) -> (u64, u64) {
-        self.cache.resident(tokens)
+    pub(crate) fn resident(&self, tokens: &[i32], salt: Option<&str>) -> (u64, u64) {
+        self.cache.resident_salted(tokens, salt)
     }
 
     pub(crate) fn counts(&self) -> (u64, u64) {
@@ -252,13 +274,18 @@ impl RankState {
     }
 
     /// Publishes one batch under the next sequence number, unless a fault withholds it (the
-    /// number is consumed either way).
+    /// number is consumed either way). In the vLLM dialect the batch also enters the replay
+    /// history, withheld or not: a fault models a message lost on the way, which replay
+    /// recovers.
     fn publish_batch(&mut self, events: Vec<CacheEvent>) -> Result<u64, SimError> {
         self.sockets()?;
         let (count, blocks) = (events.len() as u64, event_blocks(&events));
         let payload = self.encode(events);
         let seq = self.next_seq;
         self.next_seq += 1;
+        if self.config.dialect == Dialect::Vllm {
+            self.remember(seq, &payload);
+        }
         if self.faults.withhold_next() {
             debug!(engine = %self.config.name, rank = self.rank, seq, "batch withheld by a fault");
             return Ok(seq);
@@ -284,16 +311,17 @@ impl RankState {
     fn record(&self, event: CacheEvent) -> EventRecord {
         let wire = |h: u64| self.config.hash_mode.to_wire(h);
         match event {
-            CacheEvent::Stored { hashes, parent, tokens, tier } => {
+            CacheEvent::Stored { hashes, parent, tokens, tier, salt } => {
+                // vLLM's extra_keys: the salt on the first block, nothing on the others.
+                let extra_keys = salt.map_or_else(Vec::new, |salt| {
+                    let mut keys = vec![None; hashes.len()];
+                    keys[0] = Some(salt);
+                    keys
+                });
                 let hashes = hashes.into_iter().map(wire).collect();
                 let block_size = self.config.block_size;
-                EventRecord::Stored(StoredRecord::new(
-                    hashes,
-                    parent.map(wire),
-                    tokens,
-                    block_size,
-                    tier,
-                ))
+                let record = StoredRecord::new(hashes, parent.map(wire), tokens, block_size, tier);
+                EventRecord::Stored(StoredRecord { extra_keys, ..record })
             }
             CacheEvent::Removed { hashes, tier } => {
                 EventRecord::removed(hashes.into_iter().map(wire).collect(), tier)

@@ -7,17 +7,25 @@ use std::time::Duration;
 
 const BIN: &str = env!("CARGO_BIN_EXE_kvdir-sim");
 
-#[test]
-fn prints_endpoints_and_a_static_stream_config_then_stops_after_the_duration() {
+/// Runs the binary for one second with `args` after ephemeral ports, block size 16 and 100
+/// requests per second; returns its stdout and the static-stream config it printed.
+fn run_briefly(args: &[&str]) -> (String, serde_json::Value) {
     let out = Command::new(BIN)
-        .args(["--event_port=0", "--replay_port", "0", "--dp_size=2", "--engines=2"])
-        .args(["--block_size=16", "--rate=100", "--duration_s=1", "--name=demo"])
+        .args(["--event_port=0", "--replay_port", "0", "--block_size=16", "--rate=100"])
+        .arg("--duration_s=1")
+        .args(args)
         .output()
         .expect("the binary runs");
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let stdout = String::from_utf8(out.stdout).expect("utf-8");
     let (_, json) = stdout.split_once("kvdir config (static streams):\n").expect("config header");
-    let config: serde_json::Value = serde_json::from_str(json).expect("valid JSON");
+    let config = serde_json::from_str(json).expect("valid JSON");
+    (stdout, config)
+}
+
+#[test]
+fn prints_endpoints_and_a_static_stream_config_then_stops_after_the_duration() {
+    let (stdout, config) = run_briefly(&["--dp_size=2", "--engines=2", "--name=demo"]);
     let streams = config["streams"].as_array().expect("a streams list");
     assert_eq!(streams.len(), 4);
     assert_eq!(streams[3]["instance_name"], "demo-1");
@@ -27,6 +35,16 @@ fn prints_endpoints_and_a_static_stream_config_then_stops_after_the_duration() {
     let endpoint = streams[3]["endpoint"].as_str().expect("endpoint");
     assert!(endpoint.starts_with("tcp://127.0.0.1:"), "{endpoint}");
     assert!(stdout.contains(&format!("events {endpoint}")));
+    assert!(streams[3].get("replay").is_none(), "xLLM streams are unchanged: {}", streams[3]);
+}
+
+#[test]
+fn the_vllm_dialect_prints_history_replay_streams_and_registers_nowhere() {
+    let (stdout, config) = run_briefly(&["--dialect=vllm", "--buffer_steps=5", "--name=v"]);
+    assert_eq!(config["streams"][0]["replay"], "history");
+    let replay = config["streams"][0]["replay_endpoint"].as_str().expect("replay endpoint");
+    assert!(stdout.contains(&format!("history replay {replay}")), "{stdout}");
+    assert!(!stdout.contains("registered"), "{stdout}");
 }
 
 #[test]

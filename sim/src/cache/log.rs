@@ -19,6 +19,9 @@ pub enum CacheEvent {
         tokens: Vec<i32>,
         /// Where the blocks now reside.
         tier: Tier,
+        /// The request's `cache_salt` when the first block is a salted root (vLLM puts it in
+        /// that block's `extra_keys`); `None` otherwise.
+        salt: Option<String>,
     },
     /// `BlockRemoved`: blocks left `tier`.
     Removed {
@@ -42,6 +45,19 @@ impl EventLog {
     /// when it is a store on the same tier, of the same kind (with or without tokens), whose
     /// last block is `parent`.
     pub(crate) fn store(&mut self, hash: u64, parent: Option<u64>, tokens: &[i32], tier: Tier) {
+        self.store_salted(hash, parent, tokens, tier, None);
+    }
+
+    /// [`EventLog::store`] of a block that may be a salted root (a root never continues the
+    /// previous event, so its salt always opens a new one).
+    pub(crate) fn store_salted(
+        &mut self,
+        hash: u64,
+        parent: Option<u64>,
+        tokens: &[i32],
+        tier: Tier,
+        salt: Option<&str>,
+    ) {
         if let Some(CacheEvent::Stored { hashes, tokens: prev_tokens, tier: prev_tier, .. }) =
             self.events.last_mut()
         {
@@ -57,6 +73,7 @@ impl EventLog {
             parent,
             tokens: tokens.to_vec(),
             tier,
+            salt: salt.filter(|_| parent.is_none()).map(str::to_string),
         });
     }
 

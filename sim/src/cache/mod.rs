@@ -42,12 +42,32 @@ pub fn block_hash(parent: Option<u64>, block: &[i32]) -> u64 {
     xxh3_64_with_seed(&buf, ENGINE_HASH_SEED)
 }
 
+/// The engine hash of a block with a `cache_salt`: only a root (the first block) takes the
+/// salt, so every block after it differs from the unsalted chain through its parent.
+fn salted_hash(parent: Option<u64>, block: &[i32], salt: Option<&str>) -> u64 {
+    match (parent, salt) {
+        (None, Some(salt)) => {
+            let mut buf = format!("cache_salt:{salt}\0").into_bytes();
+            for t in block {
+                buf.extend_from_slice(&t.to_le_bytes());
+            }
+            xxh3_64_with_seed(&buf, ENGINE_HASH_SEED)
+        }
+        _ => block_hash(parent, block),
+    }
+}
+
 /// The engine hashes of every complete block of `tokens`; a partial tail has none.
 pub fn block_hashes(block_size: u32, tokens: &[i32]) -> Vec<u64> {
+    salted_block_hashes(block_size, tokens, None)
+}
+
+/// [`block_hashes`] of a request with `cache_salt` `salt` (vLLM keys its blocks apart).
+pub fn salted_block_hashes(block_size: u32, tokens: &[i32], salt: Option<&str>) -> Vec<u64> {
     let mut parent = None;
     chunks(block_size, tokens)
         .map(|block| {
-            let h = block_hash(parent, block);
+            let h = salted_hash(parent, block, salt);
             parent = Some(h);
             h
         })
@@ -84,6 +104,8 @@ struct Block {
     tick: [Option<u64>; 2],
     /// Children resident per tier, for the leaf-first eviction rule.
     kids: [u32; 2],
+    /// The `cache_salt` of a salted root block.
+    salt: Option<Box<str>>,
 }
 
 impl Block {
@@ -131,19 +153,28 @@ impl CacheModel {
     /// Host-only blocks are stored with tokens, resident ones are touched), then capacity is
     /// enforced. Returns the batch's events, empty when nothing changed.
     pub fn process(&mut self, tokens: &[i32]) -> Vec<CacheEvent> {
+        self.process_salted(tokens, None)
+    }
+
+    /// [`CacheModel::process`] of a request with a `cache_salt`: its blocks are keyed apart
+    /// ([`salted_block_hashes`]) and the salted root's store carries the salt.
+    pub fn process_salted(&mut self, tokens: &[i32], salt: Option<&str>) -> Vec<CacheEvent> {
         let mut log = EventLog::default();
         let mut parent = None;
         for block in chunks(self.config.block_size, tokens) {
-            let h = block_hash(parent, block);
+            let h = salted_hash(parent, block, salt);
             match self.blocks.get(&h) {
                 Some(b) if b.on(Tier::Device) => {}
                 Some(_) => {
-                    log.store(h, parent, block, Tier::Device);
+                    log.store_salted(h, parent, block, Tier::Device, salt);
                     self.place(h, Tier::Host);
                 }
                 None => {
                     self.insert_block(h, parent, block);
-                    log.store(h, parent, block, Tier::Device);
+                    if let (None, Some(b)) = (parent, self.blocks.get_mut(&h)) {
+                        b.salt = salt.map(Box::from);
+                    }
+                    log.store_salted(h, parent, block, Tier::Device, salt);
                 }
             }
             self.place(h, Tier::Device);
@@ -184,6 +215,36 @@ impl CacheModel {
         log.events
     }
 
+    /// vLLM's second copy: sent again, a fully cached prompt whose length is a multiple of the
+    /// block size has its last block recomputed into a new physical block, and vLLM publishes
+    /// `BlockStored` for the same hash again. Publishes that store (with tokens, on Device) for
+    /// the last complete block of `tokens` when it is Device-resident, and touches it. The
+    /// model keeps one block per hash: the copy changes no residency.
+    pub fn store_copy(&mut self, tokens: &[i32]) -> Vec<CacheEvent> {
+        let mut log = EventLog::default();
+        let Some(&last) = block_hashes(self.config.block_size, tokens).last() else {
+            return log.events;
+        };
+        if let Some(b) = self.blocks.get(&last).filter(|b| b.on(Tier::Device)) {
+            log.store(last, b.parent, &b.tokens, Tier::Device);
+            self.place(last, Tier::Device);
+        }
+        log.events
+    }
+
+    /// vLLM evicting the older of two copies: `BlockRemoved` (Device) for the last complete
+    /// block of `tokens` when it is Device-resident, although it stays cached (resident, with
+    /// its children storable under it).
+    pub fn remove_copy(&mut self, tokens: &[i32]) -> Vec<CacheEvent> {
+        let mut log = EventLog::default();
+        if let Some(&last) = block_hashes(self.config.block_size, tokens).last() {
+            if self.blocks.get(&last).is_some_and(|b| b.on(Tier::Device)) {
+                log.removed(vec![last], Tier::Device);
+            }
+        }
+        log.events
+    }
+
     /// Empties the cache: one unlimited `AllBlocksCleared`.
     pub fn clear(&mut self) -> Vec<CacheEvent> {
         *self = CacheModel::new(self.config);
@@ -207,13 +268,11 @@ impl CacheModel {
         let mut stack = starts;
         while let Some(h) = stack.pop() {
             let Some(b) = self.blocks.get(&h) else { continue };
-            if b.on(Tier::Device) {
-                log.store(h, b.parent, &b.tokens, Tier::Device);
-                if b.on(Tier::Host) {
-                    replicas.store(h, b.parent, &[], Tier::Host);
-                }
-            } else {
-                log.store(h, b.parent, &b.tokens, Tier::Host);
+            let (tier, salt) =
+                (if b.on(Tier::Device) { Tier::Device } else { Tier::Host }, &b.salt);
+            log.store_salted(h, b.parent, &b.tokens, tier, salt.as_deref());
+            if tier == Tier::Device && b.on(Tier::Host) {
+                replicas.store(h, b.parent, &[], Tier::Host);
             }
             if let Some(kids) = self.children.get(&h) {
                 stack.extend(kids.iter().rev());
@@ -227,9 +286,14 @@ impl CacheModel {
     /// complete blocks up to the first block absent from both tiers. A block on both tiers
     /// counts as Device.
     pub fn resident(&self, tokens: &[i32]) -> (u64, u64) {
+        self.resident_salted(tokens, None)
+    }
+
+    /// [`CacheModel::resident`] of a request with a `cache_salt`.
+    pub fn resident_salted(&self, tokens: &[i32], salt: Option<&str>) -> (u64, u64) {
         let b = u64::from(self.config.block_size);
         let (mut device, mut host) = (0, 0);
-        for h in block_hashes(self.config.block_size, tokens) {
+        for h in salted_block_hashes(self.config.block_size, tokens, salt) {
             match self.blocks.get(&h) {
                 Some(block) if block.on(Tier::Device) => device += b,
                 Some(_) => host += b,
@@ -288,7 +352,7 @@ impl CacheModel {
                 }
             }
         }
-        let block = Block { parent, tokens: tokens.into(), tick: [None, None], kids };
+        let block = Block { parent, tokens: tokens.into(), tick: [None, None], kids, salt: None };
         self.blocks.insert(h, block);
         if let Some(p) = parent {
             self.children.entry(p).or_default().insert(h);

@@ -31,7 +31,7 @@ impl Replica {
     fn apply(&mut self, events: &[CacheEvent]) {
         for e in events {
             match e {
-                CacheEvent::Stored { hashes, parent, tokens, tier } => {
+                CacheEvent::Stored { hashes, parent, tokens, tier, .. } => {
                     if tokens.is_empty() {
                         assert!(hashes.iter().all(|h| self.tiers.contains_key(h)), "{e:?}");
                     } else {
@@ -68,7 +68,7 @@ fn stored(events: &[CacheEvent]) -> Vec<(Vec<u64>, Option<u64>, usize, Tier)> {
     events
         .iter()
         .filter_map(|e| match e {
-            CacheEvent::Stored { hashes, parent, tokens, tier } => {
+            CacheEvent::Stored { hashes, parent, tokens, tier, .. } => {
                 Some((hashes.clone(), *parent, tokens.len(), *tier))
             }
             _ => None,
@@ -128,7 +128,8 @@ fn device_eviction_copies_to_host_first() {
                 hashes: vec![a[1]],
                 parent: Some(a[0]),
                 tokens: vec![],
-                tier: Tier::Host
+                tier: Tier::Host,
+                salt: None,
             },
             CacheEvent::Removed { hashes: vec![a[1]], tier: Tier::Device },
         ]
@@ -256,4 +257,35 @@ impl CacheEvent {
     fn removed_for_test(h: u64, tier: Tier) -> CacheEvent {
         CacheEvent::Removed { hashes: vec![h], tier }
     }
+}
+
+#[test]
+fn a_salted_prompt_is_keyed_apart_and_its_root_store_carries_the_salt() {
+    let mut m = model(10, 0);
+    let prompt = toks(0..8);
+    m.process(&prompt);
+    let salted = salted_block_hashes(B, &prompt, Some("s"));
+    assert_ne!(salted, block_hashes(B, &prompt), "the salt changes every block");
+    assert_eq!(salted_block_hashes(B, &prompt, None), block_hashes(B, &prompt));
+    let salt_of = |events: &[CacheEvent]| match events {
+        [CacheEvent::Stored { hashes, salt, .. }] => (hashes.clone(), salt.clone()),
+        other => panic!("{other:?}"),
+    };
+    let events = m.process_salted(&prompt, Some("s"));
+    assert_eq!(salt_of(&events), (salted.clone(), Some("s".to_string())));
+    assert_eq!(m.resident_salted(&prompt, Some("s")), (8, 0));
+    assert_eq!(m.resident_salted(&prompt, Some("t")), (0, 0));
+    let longer = m.process_salted(&toks(0..12), Some("s"));
+    let (hashes, salt) = salt_of(&longer);
+    assert_eq!((hashes.len(), salt), (1, None), "a block after the root carries no salt");
+    let full = m.full_state();
+    let roots: Vec<_> = full
+        .iter()
+        .filter_map(|e| match e {
+            CacheEvent::Stored { parent: None, salt, .. } => Some(salt.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(roots.len(), 2);
+    assert!(roots.contains(&Some("s".to_string())) && roots.contains(&None), "{roots:?}");
 }

@@ -2,7 +2,7 @@
 
 /// `kvdir-sim --help`.
 pub const HELP: &str = "\
-kvdir-sim: simulated xLLM engines that publish KV-cache events over ZeroMQ
+kvdir-sim: simulated xLLM (or vLLM) engines that publish KV-cache events over ZeroMQ
 
 USAGE: kvdir-sim [--flag=value | --flag value]...
 
@@ -17,6 +17,11 @@ USAGE: kvdir-sim [--flag=value | --flag value]...
                         127.0.0.1:<port>, and binds events on port+10000+r and
                         snapshots on port+30000+r (--event_port/--replay_port
                         are then ignored)
+  --dialect D           xllm | vllm: vllm replays the last --buffer_steps batches [xllm]
+                        (history, not snapshots), serves GET /metrics and an empty
+                        GET /health, reports cached_tokens without the prompt's
+                        last token, and registers nowhere unless --etcd_addr
+  --buffer_steps N      vllm: batches each rank keeps for replay              [10000]
   --etcd_addr H:P       register every engine in this etcd (needs --http_port)
   --etcd_namespace NS   etcd key namespace (keys under /NS/)                 []
   --instance_type T     0 DEFAULT | 1 PREFILL | 2 DECODE | 3 MIX             [0]

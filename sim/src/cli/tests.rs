@@ -157,3 +157,25 @@ fn write_demo_model_stands_alone() {
     let msg = parse(&["--write_demo_model=/tmp/m", "--dp_size=2"]).unwrap_err().to_string();
     assert!(msg.contains("--write_demo_model DIR is used alone"), "{msg}");
 }
+
+#[test]
+fn dialect_flags_make_vllm_engines_that_do_not_register() {
+    let CliCommand::Run(o) = parse(&["--dialect=vllm", "--buffer_steps", "7"]).unwrap() else {
+        panic!("not run")
+    };
+    let configs = o.engine_configs().unwrap();
+    assert_eq!((configs[0].dialect, configs[0].buffer_steps), (Dialect::Vllm, 7));
+    assert!(o.registration_options().is_none(), "vLLM registers nowhere by default");
+    let o = CliOptions { http_port: 8000, etcd_addr: Some("127.0.0.1:2379".into()), ..*o };
+    let backend = o.registration_options().unwrap().backend_type;
+    assert_eq!(backend.as_deref(), Some("vllm"), "registered by hand as vllm");
+    let msg = parse(&["--dialect=sglang"]).unwrap_err().to_string();
+    assert!(msg.contains("--dialect = \"sglang\" is not one of xllm, vllm"), "{msg}");
+    let CliCommand::Run(o) = parse(&["--dialect=vllm", "--buffer_steps=0"]).unwrap() else {
+        panic!("not run")
+    };
+    let msg = o.engine_configs().unwrap_err().to_string();
+    assert!(msg.contains("buffer_steps = 0"), "{msg}");
+    assert_eq!(CliOptions::default().dialect, Dialect::Xllm);
+    assert!(HELP.contains("--dialect") && HELP.contains("--buffer_steps"));
+}

@@ -39,12 +39,14 @@ pub(crate) fn choose_rank(
     ranks: &Ranks,
     load: &RequestLoad,
     tokens: &[i32],
+    salt: Option<&str>,
 ) -> Result<(u32, u64), SimError> {
     let tokens = Arc::new(tokens.to_vec());
+    let salt: Option<Arc<str>> = salt.map(Arc::from);
     let mut best: Option<(u64, u64, u32)> = None;
     for rank in 0..ranks.dp_size() {
-        let prompt = Arc::clone(&tokens);
-        let (device, host) = ranks.call(rank, move |r| Ok(r.resident(&prompt)))?;
+        let (prompt, salt) = (Arc::clone(&tokens), salt.clone());
+        let (device, host) = ranks.call(rank, move |r| Ok(r.resident(&prompt, salt.as_deref())))?;
         let (cached, busy) = (device + host, load.on_rank(rank));
         let better = best.is_none_or(|(c, b, _)| cached > c || (cached == c && busy < b));
         if better {

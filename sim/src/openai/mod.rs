@@ -18,6 +18,11 @@
 //!    sleeping `decode_us_per_token` before each; with `stream: true` each token is one SSE
 //!    chunk as soon as it exists, and a client that disconnects stops the generation.
 //!
+//! In the vLLM dialect `cached_tokens` counts only the full cached blocks within the prompt's
+//! first n - 1 tokens (vLLM always computes the last prompt token), a request's `cache_salt`
+//! keys its blocks apart (the first block's store carries it in `extra_keys`), and `metrics`
+//! serves `GET /metrics`.
+//!
 //! Without a text model the OpenAI routes answer 503. Every error is OpenAI's error JSON
 //! (`{"error": {"message", "type", "code"}}`), see [`ApiError`].
 //!
@@ -35,6 +40,7 @@ use serde_json::json;
 use thiserror::Error;
 
 pub(crate) mod generate;
+pub(crate) mod metrics;
 pub(crate) mod request;
 pub(crate) mod server;
 
@@ -121,15 +127,27 @@ pub(crate) struct RequestLoad {
     waiting: AtomicU64,
     running: AtomicU64,
     per_rank: Vec<AtomicU64>,
+    running_per_rank: Vec<AtomicU64>,
 }
 
 impl RequestLoad {
     pub(crate) fn new(dp_size: u32) -> RequestLoad {
+        let counters = || (0..dp_size).map(|_| AtomicU64::new(0)).collect();
         RequestLoad {
             waiting: AtomicU64::new(0),
             running: AtomicU64::new(0),
-            per_rank: (0..dp_size).map(|_| AtomicU64::new(0)).collect(),
+            per_rank: counters(),
+            running_per_rank: counters(),
         }
+    }
+
+    /// `rank`'s requests: `(waiting, running)`, where waiting is assigned to the rank and not
+    /// yet producing tokens (a request still being tokenized has no rank yet).
+    pub(crate) fn on_rank_by_phase(&self, rank: u32) -> (u64, u64) {
+        let load =
+            |v: &Vec<AtomicU64>| v.get(rank as usize).map_or(0, |n| n.load(Ordering::SeqCst));
+        let running = load(&self.running_per_rank);
+        (load(&self.per_rank).saturating_sub(running), running)
     }
 
     pub(crate) fn in_flight(&self) -> InFlight {
@@ -175,6 +193,9 @@ impl RequestGuard {
         if !self.running {
             self.load.running.fetch_add(1, Ordering::SeqCst);
             self.load.waiting.fetch_sub(1, Ordering::SeqCst);
+            if let Some(n) = self.rank.and_then(|r| self.load.running_per_rank.get(r as usize)) {
+                n.fetch_add(1, Ordering::SeqCst);
+            }
             self.running = true;
         }
     }
@@ -184,8 +205,11 @@ impl Drop for RequestGuard {
     fn drop(&mut self) {
         let phase = if self.running { &self.load.running } else { &self.load.waiting };
         phase.fetch_sub(1, Ordering::SeqCst);
-        if let Some(n) = self.rank.and_then(|r| self.load.per_rank.get(r as usize)) {
-            n.fetch_sub(1, Ordering::SeqCst);
+        if let Some(r) = self.rank.map(|r| r as usize) {
+            let running = self.load.running_per_rank.get(r).filter(|_| self.running);
+            for n in self.load.per_rank.get(r).into_iter().chain(running) {
+                n.fetch_sub(1, Ordering::SeqCst);
+            }
         }
     }
 }
@@ -274,5 +298,24 @@ impl ResponseError for ApiError {
         HttpResponse::build(self.status_code()).json(json!({
             "error": { "message": self.to_string(), "type": kind, "code": code }
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_waits_on_its_rank_then_runs_there_then_leaves() {
+        let load = Arc::new(RequestLoad::new(2));
+        let mut guard = RequestGuard::new(Arc::clone(&load));
+        assert_eq!(load.on_rank_by_phase(1), (0, 0), "no rank before assignment");
+        guard.assign(1);
+        assert_eq!((load.on_rank_by_phase(1), load.on_rank_by_phase(0)), ((1, 0), (0, 0)));
+        guard.start_decode();
+        assert_eq!(load.on_rank_by_phase(1), (0, 1));
+        drop(guard);
+        assert_eq!(load.on_rank_by_phase(1), (0, 0));
+        assert_eq!(load.in_flight(), InFlight::default());
     }
 }

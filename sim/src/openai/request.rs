@@ -31,10 +31,18 @@ pub(crate) struct Params {
 pub(crate) struct Parsed {
     pub(crate) tokens: Vec<i32>,
     pub(crate) params: Params,
+    /// vLLM's `cache_salt` (read only when asked for).
+    pub(crate) salt: Option<String>,
 }
 
-/// Parses and tokenizes `body` for `kind`. CPU-bound: run it off the async workers.
-pub(crate) fn parse(kind: Kind, body: &[u8], config: &OpenAiConfig) -> Result<Parsed, ApiError> {
+/// Parses and tokenizes `body` for `kind`, reading `cache_salt` when `salted` (vLLM's field; the
+/// xLLM dialect ignores it). CPU-bound: run it off the async workers.
+pub(crate) fn parse(
+    kind: Kind,
+    body: &[u8],
+    config: &OpenAiConfig,
+    salted: bool,
+) -> Result<Parsed, ApiError> {
     let value: Value =
         serde_json::from_slice(body).map_err(|e| ApiError::BadJson(e.to_string()))?;
     let Value::Object(fields) = value else {
@@ -50,7 +58,17 @@ pub(crate) fn parse(kind: Kind, body: &[u8], config: &OpenAiConfig) -> Result<Pa
         let field = if kind == Kind::Chat { "messages" } else { "prompt" };
         return Err(bad(field, "gives an empty prompt (0 tokens); send some text"));
     }
-    Ok(Parsed { tokens, params })
+    let salt = if salted { cache_salt(&fields)? } else { None };
+    Ok(Parsed { tokens, params, salt })
+}
+
+/// `cache_salt`: absent, or a non-empty string (as vLLM requires).
+fn cache_salt(fields: &Map<String, Value>) -> Result<Option<String>, ApiError> {
+    match field(fields, "cache_salt") {
+        None => Ok(None),
+        Some(Value::String(salt)) if !salt.is_empty() => Ok(Some(salt.clone())),
+        Some(other) => Err(bad("cache_salt", format!("= {other} is not a non-empty string"))),
+    }
 }
 
 fn bad(field: &'static str, problem: impl Into<String>) -> ApiError {

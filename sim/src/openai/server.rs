@@ -1,6 +1,8 @@
 //! [`EngineServer`]: the engine's business HTTP port on 127.0.0.1, served by actix-web on a
 //! thread of its own (its own `actix_rt::System`, one worker): `GET /health` always, and the
-//! OpenAI routes (503 without a text model). Dropping the server stops it and returns once
+//! OpenAI routes (503 without a text model). In the vLLM dialect `/health` answers an empty
+//! 200 as vLLM does, and `GET /metrics` serves Prometheus text (`metrics`); the xLLM dialect
+//! has no `/metrics`. Dropping the server stops it and returns once
 //! the port is free again.
 
 use std::io;
@@ -18,10 +20,12 @@ use serde_json::json;
 use tracing::debug;
 
 use super::generate::{self, Reply};
+use super::metrics::{self, RankGauges};
 use super::request::{self, Kind};
 use super::{ApiError, OpenAiConfig, RequestGuard, RequestLoad};
 use crate::engine::Ranks;
-use crate::{EngineConfig, SimError};
+use crate::process::ProcessStart;
+use crate::{Dialect, EngineConfig, SimError};
 
 /// How long `drop` waits for the listening socket to close.
 const FREE_PORT_DEADLINE: Duration = Duration::from_secs(5);
@@ -35,6 +39,7 @@ pub(crate) struct ServerState {
     pub(crate) config: Arc<EngineConfig>,
     pub(crate) ranks: Arc<Ranks>,
     pub(crate) load: Arc<RequestLoad>,
+    pub(crate) started: Arc<ProcessStart>,
 }
 
 /// The state handlers see: the engine's, plus the answer text of its model.
@@ -108,6 +113,7 @@ fn run(listener: TcpListener, served: Served, ready: &mpsc::SyncSender<io::Resul
             App::new()
                 .app_data(data.clone())
                 .service(route("/health", web::get().to(health)))
+                .service(route("/metrics", web::get().to(prometheus)))
                 .service(route("/v1/models", web::get().to(models)))
                 .service(route("/v1/chat/completions", web::post().to(chat)))
                 .service(route("/v1/completions", web::post().to(completions)))
@@ -133,8 +139,38 @@ fn run(listener: TcpListener, served: Served, ready: &mpsc::SyncSender<io::Resul
     });
 }
 
-async fn health() -> HttpResponse {
-    HttpResponse::Ok().content_type("application/json").body(r#"{"status":"ok"}"#)
+async fn health(served: web::Data<Served>) -> HttpResponse {
+    match served.engine.config.dialect {
+        Dialect::Vllm => HttpResponse::Ok().finish(),
+        _ => HttpResponse::Ok().content_type("application/json").body(r#"{"status":"ok"}"#),
+    }
+}
+
+/// vLLM's `/metrics`; 404 in the xLLM dialect.
+async fn prometheus(request: HttpRequest, served: web::Data<Served>) -> HttpResponse {
+    if served.engine.config.dialect != Dialect::Vllm {
+        return not_found(request).await;
+    }
+    let data = served.clone();
+    let text = blocking(move || {
+        let engine = &data.engine;
+        let capacity = engine.config.device_capacity_blocks.max(1) as f64;
+        let mut gauges = Vec::new();
+        for rank in 0..engine.ranks.dp_size() {
+            let (device, _) = engine.ranks.call(rank, |r| Ok(r.counts())).map_err(unavailable)?;
+            let (waiting, running) = engine.load.on_rank_by_phase(rank);
+            let kv_cache_usage = (device as f64 / capacity).clamp(0.0, 1.0);
+            gauges.push(RankGauges { waiting, running, kv_cache_usage });
+        }
+        let model = engine.config.openai.as_ref().map(|o| o.served_model_name.as_str());
+        let model = model.unwrap_or(&engine.config.name);
+        Ok(metrics::render(engine.started.seconds(), model, &gauges))
+    })
+    .await;
+    match text {
+        Ok(text) => HttpResponse::Ok().content_type(metrics::CONTENT_TYPE).body(text),
+        Err(e) => actix_web::ResponseError::error_response(&e),
+    }
 }
 
 async fn not_found(request: HttpRequest) -> HttpResponse {
@@ -183,17 +219,20 @@ async fn serve(
     let mut guard = RequestGuard::new(Arc::clone(&served.engine.load));
     let (data, config) = (served.clone(), openai.clone());
     let (parsed, rank, cached, mut guard) = blocking(move || {
-        let parsed = request::parse(kind, &body, &config)?;
+        let salted = data.engine.config.dialect == Dialect::Vllm;
+        let parsed = request::parse(kind, &body, &config, salted)?;
         let (ranks, load) = (&data.engine.ranks, &data.engine.load);
         let (rank, cached) =
-            generate::choose_rank(ranks, load, &parsed.tokens).map_err(unavailable)?;
+            generate::choose_rank(ranks, load, &parsed.tokens, parsed.salt.as_deref())
+                .map_err(unavailable)?;
+        let cached = data.engine.config.reused_tokens(parsed.tokens.len(), cached);
         // Counted on the rank at once, so the next request's choice sees it.
         guard.assign(rank);
         Ok((parsed, rank, cached, guard))
     })
     .await?;
     let prompt_tokens = parsed.tokens.len() as u64;
-    prefill(&served, &openai, rank, parsed.tokens, cached).await?;
+    prefill(&served, &openai, rank, (parsed.tokens, parsed.salt), cached).await?;
     guard.start_decode();
     let decode = Duration::from_micros(openai.decode_us_per_token);
     let pieces = Arc::clone(&served.pieces);
@@ -214,20 +253,21 @@ async fn serve(
     Ok(response.json(body))
 }
 
-/// Sleeps the prefill cost of the uncached tokens, then puts the prompt in `rank`'s cache,
-/// which publishes its KV events.
+/// Sleeps the prefill cost of the uncached tokens, then puts the prompt (tokens and
+/// `cache_salt`) in `rank`'s cache, which publishes its KV events.
 async fn prefill(
     served: &web::Data<Served>,
     openai: &OpenAiConfig,
     rank: u32,
-    tokens: Vec<i32>,
+    (tokens, salt): (Vec<i32>, Option<String>),
     cached: u64,
 ) -> Result<(), ApiError> {
     let uncached = (tokens.len() as u64).saturating_sub(cached);
     let cost = Duration::from_micros(openai.prefill_us_per_token.saturating_mul(uncached));
     tokio::time::sleep(cost).await;
     let data = served.clone();
-    let process = move || data.engine.ranks.call(rank, move |r| r.process(&tokens));
+    let process =
+        move || data.engine.ranks.call(rank, move |r| r.process(&tokens, salt.as_deref()));
     blocking(move || process().map(|_| ()).map_err(unavailable)).await
 }
 

@@ -1,4 +1,5 @@
-//! The snapshot (replay) endpoint of a rank, protocol.md section 3, publisher side.
+//! The replay endpoint of a rank: requests, and the xLLM snapshot reply (protocol.md
+//! section 3, publisher side). The vLLM dialect's history reply is in `history`.
 //!
 //! The ROUTER receives `[identity, "", start_seq]` and answers `[identity, "", watermark,
 //! payload]` then `[identity, "", u64::MAX, ""]`. The payload is a full state (every resident
@@ -11,44 +12,57 @@ use tracing::{debug, warn};
 
 use super::RankState;
 use crate::fault::{malformed_payload, SnapshotMode};
+use crate::Dialect;
 
 impl RankState {
-    /// Answers every pending snapshot request without blocking; whether there was any.
-    pub(super) fn serve_snapshots(&mut self) -> bool {
+    /// Answers every pending replay request without blocking, as a snapshot or (vLLM) from
+    /// the history; whether there was any.
+    pub(super) fn serve_replays(&mut self) -> bool {
         let mut served = false;
         loop {
             let Some(sockets) = self.sockets.as_ref() else { return served };
             match sockets.router.recv_multipart(zmq::DONTWAIT) {
                 Ok(request) => {
-                    self.answer(request);
+                    if let Some((identity, start_seq)) = self.parse_request(&request) {
+                        match self.config.dialect {
+                            Dialect::Vllm => self.answer_history(identity, start_seq),
+                            _ => self.answer_snapshot(identity, start_seq),
+                        }
+                    }
                     served = true;
                 }
                 Err(zmq::Error::EAGAIN) => return served,
                 Err(e) => {
-                    warn!(engine = %self.config.name, rank = self.rank, error = %e, "snapshot receive failed");
+                    warn!(engine = %self.config.name, rank = self.rank, error = %e, "replay receive failed");
                     return served;
                 }
             }
         }
     }
 
-    fn answer(&self, request: Vec<Vec<u8>>) {
+    /// `(identity, start_seq)` of a well-formed request `[identity, "", start_seq as 8 bytes
+    /// big-endian]`; any other shape is logged and gets no answer.
+    fn parse_request<'r>(&self, request: &'r [Vec<u8>]) -> Option<(&'r [u8], u64)> {
         let rank = self.rank;
-        let [identity, delimiter, start] = request.as_slice() else {
-            warn!(rank, frames = request.len(), "snapshot request ignored: expected 3 frames");
-            return;
+        let [identity, delimiter, start] = request else {
+            warn!(rank, frames = request.len(), "replay request ignored: expected 3 frames");
+            return None;
         };
         let Ok(start) = <[u8; 8]>::try_from(start.as_slice()) else {
-            warn!(rank, len = start.len(), "snapshot request ignored: start_seq is not 8 bytes");
-            return;
+            warn!(rank, len = start.len(), "replay request ignored: start_seq is not 8 bytes");
+            return None;
         };
         if !delimiter.is_empty() {
-            warn!(rank, "snapshot request ignored: no empty delimiter frame");
-            return;
+            warn!(rank, "replay request ignored: no empty delimiter frame");
+            return None;
         }
+        Some((identity, u64::from_be_bytes(start)))
+    }
+
+    fn answer_snapshot(&self, identity: &[u8], start_seq: u64) {
         let watermark = self.next_seq;
         let mode = self.faults.snapshot;
-        debug!(rank, start_seq = u64::from_be_bytes(start), watermark, ?mode, "snapshot request");
+        debug!(rank = self.rank, start_seq, watermark, ?mode, "snapshot request");
         for frames in self.replies(mode) {
             self.send_reply(identity, frames);
         }
@@ -71,11 +85,12 @@ impl RankState {
         }
     }
 
-    fn send_reply(&self, identity: &[u8], frames: [Vec<u8>; 3]) {
+    /// Sends `frames` to the peer `identity` on the ROUTER.
+    pub(super) fn send_reply<const N: usize>(&self, identity: &[u8], frames: [Vec<u8>; N]) {
         let Some(sockets) = self.sockets.as_ref() else { return };
         let message = std::iter::once(identity.to_vec()).chain(frames);
         if let Err(e) = sockets.router.send_multipart(message, 0) {
-            warn!(rank = self.rank, error = %e, "snapshot reply failed");
+            warn!(rank = self.rank, error = %e, "replay reply failed");
         }
     }
 }
