@@ -3,6 +3,8 @@
 //! compared with the engine's own ground truth, through faults and recovery.
 
 mod common;
+#[path = "streams_e2e/history.rs"]
+mod history;
 
 use common::*;
 use kvdir::wire::Tier;

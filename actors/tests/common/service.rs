@@ -37,7 +37,8 @@ pub fn streams_of(engine: &SimEngine) -> Vec<Value> {
         .enumerate()
         .map(|(r, ep)| {
             json!({"instance_name": c.name, "dp_rank": r, "block_size": c.block_size,
-                   "endpoint": ep.event, "replay_endpoint": ep.replay, "topic": c.topic})
+                   "endpoint": ep.event, "replay_endpoint": ep.replay, "topic": c.topic,
+                   "replay": c.dialect.replay().as_str()})
         })
         .collect()
 }
