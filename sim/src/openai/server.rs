@@ -2,8 +2,7 @@
 //! thread of its own (its own `actix_rt::System`, one worker): `GET /health` always, and the
 //! OpenAI routes (503 without a text model). In the vLLM dialect `/health` answers an empty
 //! 200 as vLLM does, and `GET /metrics` serves Prometheus text (`metrics`); the xLLM dialect
-//! has no `/metrics`. Dropping the server stops it and returns once
-//! the port is free again.
+//! has no `/metrics`. Dropping the server stops it and returns once the port is free again.
 
 use std::io;
 use std::net::TcpListener;
