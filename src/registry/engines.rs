@@ -18,10 +18,10 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use super::plan::PlannedStream;
+use super::plan::{Exclusion, Plan, PlannedStream};
 use super::record::{Identity, InstanceRecord, InstanceType, LoadMetrics};
 use super::state::{Instance, InstanceState};
-use crate::config::{Dialect, EngineSpec};
+use crate::config::{canonical_endpoint, Dialect, EngineSpec};
 use crate::prometheus::Samples;
 
 /// What the load gauges of one `/metrics` answer say.
@@ -91,6 +91,14 @@ pub fn read_metrics(dialect: Dialect, text: &str) -> Result<EngineReading, Strin
         return Err(format!("KV cache usage {usage} is outside 0..=1"));
     }
     Ok(EngineReading { process_start, waiting, running, usage })
+}
+
+/// Every endpoint of an engine, in canonical form.
+fn endpoints(spec: &EngineSpec) -> impl Iterator<Item = String> + '_ {
+    spec.events
+        .iter()
+        .chain(&spec.replay)
+        .map(|ep| canonical_endpoint(ep).unwrap_or_else(|| ep.clone()))
 }
 
 /// One poll of an engine: `/health` (`Ok` on a 200) and `/metrics` (its text).
@@ -235,7 +243,8 @@ pub struct Engines {
 }
 
 impl Engines {
-    /// Lists an engine; `Err` names the engine already listed under its name.
+    /// Lists an engine; `Err` names the engine already listed under its name or sharing an
+    /// endpoint with it.
     pub fn add(&mut self, spec: EngineSpec, now: Instant) -> Result<(), String> {
         if self.by_name.contains_key(&spec.name) {
             return Err(format!(
@@ -243,8 +252,43 @@ impl Engines {
                 spec.name
             ));
         }
+        let mine: Vec<String> = endpoints(&spec).collect();
+        for other in self.iter() {
+            if let Some(ep) = endpoints(&other.spec).find(|ep| mine.contains(ep)) {
+                return Err(format!(
+                    "endpoint {ep} is also one of engine {:?}; each endpoint serves one stream",
+                    other.spec.name
+                ));
+            }
+        }
         self.by_name.insert(spec.name.clone(), ListedEngine::new(spec, now));
         Ok(())
+    }
+
+    /// Moves out of `plan` (discovery's, from etcd) every instance named like a listed engine
+    /// or sharing an endpoint with one: the listing wins.
+    pub fn exclude_from(&self, plan: &mut Plan) {
+        let listed: BTreeMap<String, &str> = self
+            .iter()
+            .flat_map(|e| endpoints(&e.spec).map(move |ep| (ep, e.spec.name.as_str())))
+            .collect();
+        let mut clash: BTreeMap<String, Exclusion> = BTreeMap::new();
+        for s in &plan.streams {
+            let name = &s.spec.instance_name;
+            let why = if self.contains(name) {
+                Some("an engine of this name is listed by address; the listing wins".to_string())
+            } else {
+                [&s.spec.endpoint, &s.spec.replay_endpoint].into_iter().find_map(|ep| {
+                    let ep = canonical_endpoint(ep).unwrap_or_else(|| ep.clone());
+                    listed.get(&ep).map(|e| format!("endpoint {ep} is one of listed engine {e:?}"))
+                })
+            };
+            if let Some(why) = why {
+                clash.entry(name.clone()).or_insert(Exclusion::Overlap(why));
+            }
+        }
+        plan.streams.retain(|s| !clash.contains_key(&s.spec.instance_name));
+        plan.excluded.extend(clash);
     }
 
     /// Unlists an engine.
