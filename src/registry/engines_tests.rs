@@ -120,3 +120,45 @@ fn sglang_identity_is_a_run_of_healthy_polls() {
     assert_eq!(i.record.identity.incarnation_id.as_deref(), Some("healthy-run-2"));
     assert_eq!(i.record.backend, "sglang");
 }
+
+#[test]
+fn a_listed_engine_wins_over_an_etcd_instance_by_name_or_endpoint() {
+    let e = engine("vllm");
+    let mut e2 = Engines::default();
+    let clash = parse_engine_json(&serde_json::json!({"name": "other", "url": "http://h:1",
+        "dialect": "vllm", "events": "tcp://localhost:5568", "replay": "tcp://h:2", "block_size": 16}))
+    .unwrap();
+    e2.add(engine("vllm").get("127.0.0.1:8100").unwrap().spec.clone(), Instant::now()).unwrap();
+    let err = e2.add(clash, Instant::now()).unwrap_err();
+    assert!(err.starts_with("endpoint tcp://127.0.0.1:5568 is also one of engine"), "{err}");
+    let stream = |name: &str, ep: &str| PlannedStream {
+        spec: crate::config::StreamSpec {
+            instance_name: name.into(),
+            dp_rank: 0,
+            block_size: 16,
+            endpoint: ep.into(),
+            replay_endpoint: "tcp://10.0.0.1:9".into(),
+            topic: String::new(),
+            hash_seed: 1024,
+            model: String::new(),
+            salt: String::new(),
+            replay: crate::config::ReplayKind::Snapshot,
+        },
+        identity: Identity::default(),
+        dp_size: 1,
+    };
+    let mut plan = Plan {
+        streams: vec![
+            stream("127.0.0.1:8100", "tcp://10.0.0.1:1"),
+            stream("x:1", "tcp://LOCALHOST:5557"),
+            stream("y:1", "tcp://10.0.0.1:2"),
+        ],
+        ..Plan::default()
+    };
+    e.exclude_from(&mut plan);
+    assert_eq!(plan.streams.len(), 1);
+    assert_eq!(plan.streams[0].spec.instance_name, "y:1");
+    assert!(plan.excluded["127.0.0.1:8100"].to_string().contains("the listing wins"));
+    let why = plan.excluded["x:1"].to_string();
+    assert_eq!(why, "endpoint tcp://127.0.0.1:5557 is one of listed engine \"127.0.0.1:8100\"");
+}
