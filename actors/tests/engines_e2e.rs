@@ -18,7 +18,8 @@ use serde_json::{json, Value};
 #[derive(Clone)]
 struct EngineState {
     healthy: bool,
-    start_time: f64,
+    /// `process_start_time_seconds`; `None` leaves it out.
+    start_time: Option<f64>,
     waiting: u64,
     running: u64,
     usage: f64,
@@ -36,7 +37,7 @@ impl TestEngine {
         let port = listener.local_addr().unwrap().port();
         let state = Arc::new(Mutex::new(EngineState {
             healthy: true,
-            start_time: 1_764_598_123.25,
+            start_time: Some(1_764_598_123.25),
             waiting: 3,
             running: 2,
             usage: 0.25,
@@ -90,11 +91,13 @@ fn answer(mut conn: TcpStream, s: &EngineState) -> std::io::Result<()> {
 
 fn metrics(s: &EngineState) -> String {
     let l = "{engine=\"0\",model_name=\"kvdir-demo\"}";
+    let start = s.start_time.map_or(String::new(), |t| {
+        format!("# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {t}\n")
+    });
     format!(
-        "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {}\n\
-         # TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{l} {}\n\
+        "{start}# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{l} {}\n\
          vllm:num_requests_running{l} {}\nvllm:kv_cache_usage_perc{l} {}\n",
-        s.start_time, s.waiting, s.running, s.usage
+        s.waiting, s.running, s.usage
     )
 }
 
@@ -190,7 +193,7 @@ fn a_listed_engine_gets_identity_load_credit_and_requests_without_etcd() {
 
     // Another process start time is another process: the stream starts again for it, and
     // credit comes back once it is synchronized with the (unchanged) publisher.
-    http.set(|s| s.start_time = 1_764_599_000.5);
+    http.set(|s| s.start_time = Some(1_764_599_000.5));
     let second = "process_start_time_seconds=1764599000.5";
     eventually("the stream restarted for the new process", || {
         let s = stream(addr, "vllm-a").ok_or("none")?;
@@ -215,6 +218,7 @@ fn a_listed_engine_gets_identity_load_credit_and_requests_without_etcd() {
 #[test]
 fn an_engine_registered_over_http_is_listed_and_unlisted() {
     let http = TestEngine::start();
+    http.set(|s| s.start_time = None);
     let kv = spawn(&["--http_server_port=0", "--etcd_addr="], "kvdir listening on http://");
     let addr = &kv.addr;
     let body = json!({"url": format!("http://127.0.0.1:{}", http.port), "dialect": "vllm",
@@ -227,14 +231,24 @@ fn an_engine_registered_over_http_is_listed_and_unlisted() {
     let again = request(addr, "POST", "/register", None, Some(&body.to_string()));
     assert_eq!(again.status, 409, "{}", again.body);
     assert!(again.body.contains("listed already"), "{}", again.body);
-    let i = eventually("the registered engine's identity", || {
+    // Healthy and loaded, but its process is unknown: routable, without streams or credit.
+    let i = eventually("the registered engine polled", || {
         let i = instance(addr, &name).ok_or("not listed")?;
-        i["incarnation_id"].as_str().map(|_| i.clone()).ok_or(i.to_string())
+        (i["state"] == "ACTIVE").then_some(i.clone()).ok_or(i.to_string())
     });
-    assert_eq!(
-        (i["dp_size"].as_u64(), i["engine"]["source"].as_str()),
-        (Some(2), Some("register"))
-    );
+    assert_eq!(i["incarnation_id"], Value::Null, "{i}");
+    assert_eq!(i["engine"]["identity_known"], false, "{i}");
+    let error = i["engine"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("no process_start_time_seconds"), "{i}");
+    assert_eq!(i["streams"], json!([]), "no streams before the process is known");
+    http.set(|s| s.start_time = Some(1.5));
+    let i = eventually("the registered engine's identity and streams", || {
+        let i = instance(addr, &name).ok_or("not listed")?;
+        (i["streams"] == json!([0, 1])).then_some(i.clone()).ok_or(i.to_string())
+    });
+    assert_eq!(i["incarnation_id"], "process_start_time_seconds=1.5");
+    let source = i["engine"]["source"].as_str();
+    assert_eq!((i["dp_size"].as_u64(), source), (Some(2), Some("register")));
     let bad = json!({"url": "http://127.0.0.1:1/x", "dialect": "tgi", "events": "tcp://h:1"});
     let r = request(addr, "POST", "/register", None, Some(&bad.to_string()));
     assert_eq!(r.status, 400, "{}", r.body);

@@ -71,6 +71,7 @@ fn parse_value(value: &Value, errors: &mut Vec<String>) -> Option<DirectoryConfi
     let streams = top.raw("streams");
     let engines = top.raw("engines");
     let errors = top.errors;
+    let has_engines = engines.is_some();
     let listed = engines.map_or_else(Vec::new, |e| parse_engines(e, errors));
     let has_streams = matches!(streams, Some(Value::Array(a)) if !a.is_empty());
     let source = match (discovery, streams) {
@@ -82,7 +83,8 @@ fn parse_value(value: &Value, errors: &mut Vec<String>) -> Option<DirectoryConfi
         }
         (Some(d), _) => Source::Discovery(parse_discovery(d, errors)?),
         (None, Some(s)) => Source::Streams(parse_streams(s, &limits, errors)),
-        (None, None) if !listed.is_empty() => Source::EnginesOnly,
+        // An engines list alone (its own problems, if any, are reported already).
+        (None, None) if has_engines => Source::EnginesOnly,
         (None, None) => {
             errors.push(
                 "config needs \"discovery\", a non-empty \"streams\" list or an \"engines\" list"

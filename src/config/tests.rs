@@ -304,4 +304,10 @@ fn engine_problems_are_named_all_at_once() {
         assert!(p.iter().any(|m| m.starts_with(e)), "missing {e:?} in {p:#?}");
     }
     assert_eq!(p.len(), expect.len(), "{p:#?}");
+    let alone = problems(r#"{"engines": [{"url": "http://x", "dialect": "vllm"}]}"#);
+    assert_eq!(alone.len(), 4, "the engine's problems only: {alone:#?}");
+    assert_eq!(
+        problems(r#"{"engines": []}"#),
+        ["engines: the list is empty; list at least one engine or leave it out"]
+    );
 }
