@@ -93,16 +93,7 @@ pub(crate) fn parse_engine(path: &str, v: &Value, errors: &mut Vec<String>) -> O
     }
     let explicit = f.raw("dp_size").is_some();
     let dp_size = f.int("dp_size", 1, 1, MAX_DP_SIZE) as u32;
-    let block_size = match f.raw("block_size") {
-        None => {
-            f.errors.push(format!(
-                "{path}.block_size: missing; give the engine's block size (vLLM --block-size, \
-                 SGLang --page-size): a wrong one matches no prompt"
-            ));
-            0
-        }
-        Some(_) => f.int("block_size", 16, 1, MAX_BLOCK_SIZE) as u32,
-    };
+    let block_size = block_size(&mut f, path);
     let dp = (dp_size, explicit);
     let events = endpoints(&mut f, path, "events", dp);
     let replay = endpoints(&mut f, path, "replay", dp);
@@ -123,6 +114,19 @@ pub(crate) fn parse_engine(path: &str, v: &Value, errors: &mut Vec<String>) -> O
     };
     let (url, dialect, events, replay) = (url?, dialect?, events?, replay?);
     Some(EngineSpec { name, url, dialect, events, replay, block_size, model, topic })
+}
+
+/// `block_size`, required: no default is right for every engine (vLLM's is 16 on GPU, SGLang's
+/// page size 1, xLLM's 128).
+fn block_size(f: &mut Fields<'_>, path: &str) -> u32 {
+    if f.raw("block_size").is_none() {
+        f.errors.push(format!(
+            "{path}.block_size: missing; give the engine's block size (vLLM --block-size, \
+             SGLang --page-size): a wrong one matches no prompt"
+        ));
+        return 0;
+    }
+    f.int("block_size", 16, 1, MAX_BLOCK_SIZE) as u32
 }
 
 /// `http://host:port`, with a trailing `/` or `/v1` (an OpenAI base URL) taken off.
@@ -160,19 +164,7 @@ fn endpoints(
             check(f, path, key, s)?;
             return numbered(f, path, key, s, dp_size);
         }
-        Some(Value::Array(a)) => {
-            let mut out = Vec::with_capacity(a.len());
-            for (i, v) in a.iter().enumerate() {
-                let Some(s) = v.as_str() else {
-                    f.errors
-                        .push(format!("{path}.{key}[{i}]: expected a string, found {}", kind(v)));
-                    return None;
-                };
-                check(f, &format!("{path}.{key}[{i}]"), "", s)?;
-                out.push(s.to_string());
-            }
-            out
-        }
+        Some(Value::Array(a)) => listed(f, path, key, a)?,
         Some(v) => {
             let found = kind(v);
             f.errors.push(format!("{path}.{key}: expected a string or a list, found {found}"));
@@ -188,6 +180,20 @@ fn endpoints(
         return None;
     }
     Some(list)
+}
+
+/// An explicit list of endpoints, each checked.
+fn listed(f: &mut Fields<'_>, path: &str, key: &str, a: &[Value]) -> Option<Vec<String>> {
+    let mut out = Vec::with_capacity(a.len());
+    for (i, v) in a.iter().enumerate() {
+        let Some(s) = v.as_str() else {
+            f.errors.push(format!("{path}.{key}[{i}]: expected a string, found {}", kind(v)));
+            return None;
+        };
+        check(f, &format!("{path}.{key}[{i}]"), "", s)?;
+        out.push(s.to_string());
+    }
+    Some(out)
 }
 
 fn check(f: &mut Fields<'_>, path: &str, key: &str, ep: &str) -> Option<()> {

@@ -182,31 +182,20 @@ impl ListedEngine {
     fn observe(&mut self, probe: Probe, now: Instant) -> IdentityChange {
         self.polls += 1;
         let i = &mut self.instance;
+        let state =
+            if probe.health.is_ok() { InstanceState::Active } else { InstanceState::Suspect };
+        if i.state != state {
+            (i.state, i.since) = (state, now);
+        }
         if let Err(e) = probe.health {
-            if i.state != InstanceState::Suspect {
-                (i.state, i.since) = (InstanceState::Suspect, now);
-            }
             (self.healthy, self.error) = (false, Some(format!("/health: {e}")));
             return IdentityChange::Unchanged;
         }
-        if i.state != InstanceState::Active {
-            (i.state, i.since) = (InstanceState::Active, now);
-        }
-        let dialect = self.spec.dialect;
-        let reading = probe.metrics.and_then(|text| read_metrics(dialect, &text));
+        let reading = probe.metrics.and_then(|text| read_metrics(self.spec.dialect, &text));
         self.error = reading.as_ref().err().map(|e| format!("/metrics: {e}"));
-        let process = match (dialect, &reading) {
-            (Dialect::Vllm, Ok(r)) => {
-                r.process_start.map(|t| format!("process_start_time_seconds={t}"))
-            }
-            (Dialect::Vllm, Err(_)) => None,
-            _ if !self.healthy => {
-                self.runs += 1;
-                Some(format!("healthy-run-{}", self.runs))
-            }
-            _ => None,
-        };
+        let process = self.process(&reading);
         self.healthy = true;
+        let i = &mut self.instance;
         if let Ok(r) = reading {
             self.reading = Some(r);
             i.load = Some(r.load());
@@ -214,13 +203,6 @@ impl ListedEngine {
         } else if i.load.is_none() {
             // Healthy without load gauges: routable, with an empty queue.
             i.load = Some(LoadMetrics { waiting_requests_num: 0, gpu_cache_usage_perc: 0.0 });
-        }
-        if dialect == Dialect::Vllm && process.is_none() && self.error.is_none() {
-            self.error = Some(
-                "/metrics has no process_start_time_seconds: the process is unknown, so no CAR \
-                 credit"
-                    .into(),
-            );
         }
         let Some(id) = process.filter(|p| i.record.identity.incarnation_id.as_ref() != Some(p))
         else {
@@ -232,6 +214,30 @@ impl ListedEngine {
             IdentityChange::Changed
         } else {
             IdentityChange::Learned
+        }
+    }
+
+    /// The process a healthy poll with `reading` shows, if it shows one (see the module
+    /// documentation); a vLLM without a start time is noted as the latest problem.
+    fn process(&mut self, reading: &Result<EngineReading, String>) -> Option<String> {
+        match (self.spec.dialect, reading) {
+            (Dialect::Vllm, Ok(r)) => {
+                let start = r.process_start.map(|t| format!("process_start_time_seconds={t}"));
+                if start.is_none() {
+                    self.error = Some(
+                        "/metrics has no process_start_time_seconds: the process is unknown, so \
+                         no CAR credit"
+                            .into(),
+                    );
+                }
+                start
+            }
+            (Dialect::Vllm, Err(_)) => None,
+            _ if !self.healthy => {
+                self.runs += 1;
+                Some(format!("healthy-run-{}", self.runs))
+            }
+            _ => None,
         }
     }
 }
