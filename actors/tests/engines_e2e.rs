@@ -12,6 +12,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use common::*;
+use kvdir_sim::SimEngine;
 use serde_json::{json, Value};
 
 /// What the test engine's `/health` and `/metrics` answer.
@@ -120,8 +121,12 @@ fn stream(addr: &str, name: &str) -> Option<Value> {
     list.into_iter().find(|s| s["instance_name"] == name)
 }
 
-/// The route decision's candidate `name` for `tokens`, once it gets credit.
-fn credited(addr: &str, name: &str, tokens: &[i32]) -> Result<Value, String> {
+/// The route decision's candidate `name` for `tokens`, once it gets credit. Each try first has
+/// the simulated engine publish a live full-state batch (`AllBlocksCleared`, then every resident
+/// block), which synchronizes a stream whatever its replay kind: the simulator answers xLLM
+/// snapshots, and a vLLM stream's history replay is not what this test is about.
+fn credited(events: &SimEngine, addr: &str, name: &str, tokens: &[i32]) -> Result<Value, String> {
+    events.publish_full_state(0).map_err(|e| e.to_string())?;
     let body = json!({ "token_ids": tokens }).to_string();
     let r = request(addr, "POST", "/v1/internal/route", None, Some(&body));
     let routed = r.json();
@@ -182,7 +187,8 @@ fn a_listed_engine_gets_identity_load_credit_and_requests_without_etcd() {
     assert_eq!((s["source"].as_str(), s["process"].as_str()), (Some("engine"), Some(first)));
     let tokens = prompt(7, 4 * B as usize);
     events.process(0, &tokens).unwrap();
-    let c = eventually("credit on the listed engine", || credited(addr, "vllm-a", &tokens));
+    let c =
+        eventually("credit on the listed engine", || credited(&events, addr, "vllm-a", &tokens));
     assert_eq!(c["dp_hits"][0]["identity_matches"], true, "{c}");
 
     // The front door forwards to the engine's URL (its name is no address).
@@ -199,7 +205,7 @@ fn a_listed_engine_gets_identity_load_credit_and_requests_without_etcd() {
         let s = stream(addr, "vllm-a").ok_or("none")?;
         (s["process"] == second).then_some(()).ok_or(s.to_string())
     });
-    let c = eventually("credit for the new process", || credited(addr, "vllm-a", &tokens));
+    let c = eventually("credit for the new process", || credited(&events, addr, "vllm-a", &tokens));
     assert_eq!(c["dp_hits"][0]["identity_matches"], true, "{c}");
 
     // An unhealthy engine is not routed to; a healthy one again is.
@@ -212,7 +218,7 @@ fn a_listed_engine_gets_identity_load_credit_and_requests_without_etcd() {
     let r = request(addr, "POST", "/v1/internal/route", None, Some(&body));
     assert_eq!(r.status, 503, "{}", r.body);
     http.set(|s| s.healthy = true);
-    eventually("ACTIVE again", || credited(addr, "vllm-a", &tokens));
+    eventually("ACTIVE again", || credited(&events, addr, "vllm-a", &tokens));
 }
 
 #[test]
