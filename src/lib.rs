@@ -24,6 +24,7 @@ pub mod config;
 pub mod index;
 pub mod indexer;
 pub mod metrics;
+pub mod prometheus;
 pub mod query;
 pub mod registry;
 pub mod stream;

@@ -193,7 +193,14 @@ impl Demo {
                 streams.push((spec, Some(id.clone())));
             }
         }
-        Directory { streams, discovery: None, registry: false, limits: Limits::default() }
+        Directory {
+            streams,
+            discovery: None,
+            engines: Vec::new(),
+            engine_poll_interval: std::time::Duration::from_secs(1),
+            registry: false,
+            limits: Limits::default(),
+        }
     }
 
     /// Drains the queue model and tells the router the current loads.
@@ -219,7 +226,12 @@ impl Demo {
                 hits: Vec::new(),
             };
             let identity = self.identities[i].clone();
-            infos.push(InstanceInfo { candidate, identity, load_reports: self.load_reports });
+            infos.push(InstanceInfo {
+                candidate,
+                identity,
+                load_reports: self.load_reports,
+                url: None,
+            });
         }
         svc.router().do_send(SetCandidates(infos));
     }

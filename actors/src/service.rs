@@ -10,7 +10,9 @@ use std::thread::JoinHandle;
 
 use actix::prelude::*;
 use actix_web::{web, App, HttpServer};
-use kvdir::config::{DirectoryConfig, DiscoveryConfig, Flags, Limits, Source, StreamSpec};
+use kvdir::config::{
+    DirectoryConfig, DiscoveryConfig, EngineSpec, Flags, Limits, Source, StreamSpec,
+};
 use kvdir::registry::Identity;
 use thiserror::Error;
 
@@ -60,9 +62,14 @@ pub struct Directory {
     pub streams: Vec<(StreamSpec, Option<Identity>)>,
     /// Discovery from etcd (streams for discovered instances), if enabled.
     pub discovery: Option<DiscoveryConfig>,
-    /// Follow the instance registry in etcd at `--etcd_addr` (states, loads, heartbeats) for
-    /// routing, whether or not `discovery` subscribes to the instances. Off only where
-    /// something else supplies the candidates (the demo) or `--etcd_addr` is empty.
+    /// Engines listed by address (no etcd needed), polled every `engine_poll_interval`.
+    pub engines: Vec<EngineSpec>,
+    /// How often listed engines are polled.
+    pub engine_poll_interval: std::time::Duration,
+    /// Run the instance registry for routing: listed and registered engines, heartbeats, and
+    /// the registry in etcd at `--etcd_addr` when that flag is set, whether or not `discovery`
+    /// subscribes to its instances. Off only where something else supplies the candidates (the
+    /// demo).
     pub registry: bool,
     /// Limits.
     pub limits: Limits,
@@ -76,41 +83,55 @@ impl Service {
         for warning in &flags.warnings {
             tracing::warn!("{warning}");
         }
-        let registry = !flags.etcd_addr.is_empty();
-        let etcd = if registry {
-            format!("instances, loads and heartbeats still follow etcd at {}", flags.etcd_addr)
+        let etcd = if flags.etcd_addr.is_empty() {
+            "--etcd_addr is empty: instances are the listed engines only".to_string()
         } else {
-            "and --etcd_addr is empty: no instance registry, so routes answer 503".to_string()
+            format!("instances, loads and heartbeats still follow etcd at {}", flags.etcd_addr)
         };
-        let streams = match directory.as_ref().map(|d| &d.source) {
-            None => {
-                tracing::warn!(
-                    "no kv_events_config_file: the KV directory is disabled, queries return no \
-                     streams and CAR uses zero prefill hit ratios; {etcd}"
-                );
-                Vec::new()
-            }
+        let source = directory.as_ref().map(|d| &d.source);
+        let streams = match source {
             Some(Source::Streams(s)) => {
                 tracing::warn!(
-                    "static streams carry no process identity, so they give no CAR credit; {etcd}"
+                    "static streams carry no process identity, so they give no CAR credit (list \
+                     engines for that); {etcd}"
                 );
                 s.iter().map(|spec| (spec.clone(), None)).collect()
             }
-            Some(Source::Discovery(_)) => Vec::new(),
+            _ => Vec::new(),
         };
-        let discovery = match directory.as_ref().map(|d| &d.source) {
-            Some(Source::Discovery(d)) if d.enabled && registry => Some(d.clone()),
+        let discovery = match source {
+            Some(Source::Discovery(d)) if d.enabled && !flags.etcd_addr.is_empty() => {
+                Some(d.clone())
+            }
             Some(Source::Discovery(_)) => {
                 tracing::warn!(
-                    "discovery is off (enabled: false or no --etcd_addr): the KV directory is \
-                     disabled and CAR uses zero prefill hit ratios; {etcd}"
+                    "discovery is off (enabled: false or no --etcd_addr): no discovered streams; \
+                     {etcd}"
                 );
                 None
             }
             _ => None,
         };
+        let engines = directory.as_ref().map(|d| d.engines.clone()).unwrap_or_default();
+        if streams.is_empty() && discovery.is_none() && engines.is_empty() {
+            tracing::warn!(
+                "no streams, discovery or engines: the KV directory is empty until engines are \
+                 registered (POST /register), and CAR uses zero prefill hit ratios; {etcd}"
+            );
+        }
+        let poll = directory
+            .as_ref()
+            .map_or(std::time::Duration::from_secs(1), |d| d.engine_poll_interval);
         let limits = directory.map(|d| d.limits).unwrap_or_default();
-        Service::start_directory(flags, Directory { streams, discovery, registry, limits })
+        let dir = Directory {
+            streams,
+            discovery,
+            engines,
+            engine_poll_interval: poll,
+            registry: true,
+            limits,
+        };
+        Service::start_directory(flags, dir)
     }
 
     /// Starts everything for an explicit [`Directory`].
@@ -191,10 +212,12 @@ impl Drop for Service {
 type Booted = (actix_web::dev::Server, SocketAddr, Addr<RouterActor>, WorkerThreads, Vec<Arbiter>);
 
 async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Booted, StartError> {
-    let Directory { streams: specs, discovery, registry, limits } = dir;
+    let Directory { streams: specs, discovery, engines, engine_poll_interval, registry, limits } =
+        dir;
     let limits = &limits;
     let mut params = flags.route.clone();
-    params.directory_enabled = !specs.is_empty() || discovery.is_some();
+    // The registry may be given engines later (`POST /register`), with credit.
+    params.directory_enabled = !specs.is_empty() || discovery.is_some() || registry;
     if !params.directory_enabled && params.policy == kvdir::car::Policy::Car {
         tracing::warn!(
             "CAR without a KV directory: every hit ratio is 0 and routing follows queues only"
@@ -222,6 +245,7 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
         let arbiter = Arbiter::new();
         let actor = DiscoveryActor::start_in_arbiter(&arbiter.handle(), move |_| {
             DiscoveryActor::new(discovery, &limits, addr, &ns, set)
+                .with_engines(engines, engine_poll_interval)
         });
         arbiters.push(arbiter);
         actor

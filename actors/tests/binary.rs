@@ -27,7 +27,11 @@ fn version_and_help() {
 
 #[test]
 fn the_example_configs_are_valid() {
-    for file in ["config/static-streams.json", "config/kv_events_discovery_config.json"] {
+    for file in [
+        "config/static-streams.json",
+        "config/kv_events_discovery_config.json",
+        "config/vllm-engines.json",
+    ] {
         let out = kvdir()
             .arg("--check_config")
             .arg(format!("--kv_events_config_file={}", repo_file(file).display()))

@@ -1,6 +1,6 @@
 //! The `kv_events_config_file` (protocol.md section 4): `discovery` or a non-empty `streams`
-//! list, never both, plus resource limits. Unknown fields are rejected and every error is
-//! reported at once.
+//! list, never both, and/or an `engines` list, plus resource limits. Unknown fields are
+//! rejected and every error is reported at once.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -8,14 +8,18 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::endpoint::{canonical_endpoint, check_endpoint};
+use super::engines::parse_engine;
 use super::json::{kind, Fields};
 use super::{
-    ConfigError, DirectoryConfig, DiscoveryConfig, Limits, ReplayKind, Source, StreamSpec,
+    ConfigError, DirectoryConfig, DiscoveryConfig, EngineSpec, Limits, ReplayKind, Source,
+    StreamSpec,
 };
 
 const TOP: &[&str] = &[
     "discovery",
     "streams",
+    "engines",
+    "engine_poll_interval_ms",
     "max_streams",
     "max_blocks_per_stream",
     "max_message_bytes",
@@ -62,9 +66,13 @@ pub fn parse_config_file(text: &str) -> Result<DirectoryConfig, ConfigError> {
 fn parse_value(value: &Value, errors: &mut Vec<String>) -> Option<DirectoryConfig> {
     let mut top = Fields::new("", value, TOP, errors)?;
     let limits = parse_limits(&mut top);
+    let poll = Duration::from_millis(top.int("engine_poll_interval_ms", 1000, 100, 60_000));
     let discovery = top.raw("discovery");
     let streams = top.raw("streams");
+    let engines = top.raw("engines");
     let errors = top.errors;
+    let has_engines = engines.is_some();
+    let listed = engines.map_or_else(Vec::new, |e| parse_engines(e, errors));
     let has_streams = matches!(streams, Some(Value::Array(a)) if !a.is_empty());
     let source = match (discovery, streams) {
         (Some(_), Some(_)) if has_streams => {
@@ -75,12 +83,106 @@ fn parse_value(value: &Value, errors: &mut Vec<String>) -> Option<DirectoryConfi
         }
         (Some(d), _) => Source::Discovery(parse_discovery(d, errors)?),
         (None, Some(s)) => Source::Streams(parse_streams(s, &limits, errors)),
+        // An engines list alone (its own problems, if any, are reported already).
+        (None, None) if has_engines => Source::EnginesOnly,
         (None, None) => {
-            errors.push("config needs either \"discovery\" or a non-empty \"streams\" list".into());
+            errors.push(
+                "config needs \"discovery\", a non-empty \"streams\" list or an \"engines\" list"
+                    .into(),
+            );
             return None;
         }
     };
-    Some(DirectoryConfig { source, limits })
+    let statics: &[StreamSpec] = match &source {
+        Source::Streams(s) => s,
+        _ => &[],
+    };
+    check_engines_against_streams(&listed, statics, &limits, errors);
+    let engines = listed.into_iter().map(|(_, e)| e).collect();
+    Some(DirectoryConfig { source, engines, engine_poll_interval: poll, limits })
+}
+
+/// The engines that parse, each with its index in the list.
+fn parse_engines(v: &Value, errors: &mut Vec<String>) -> Vec<(usize, EngineSpec)> {
+    let Some(list) = v.as_array() else {
+        errors.push(format!("engines: expected an array, found {}", kind(v)));
+        return Vec::new();
+    };
+    if list.is_empty() {
+        errors.push("engines: the list is empty; list at least one engine or leave it out".into());
+    }
+    let engines: Vec<(usize, EngineSpec)> = list
+        .iter()
+        .enumerate()
+        .filter_map(|(i, e)| Some((i, parse_engine(&format!("engines[{i}]"), e, errors)?)))
+        .collect();
+    let mut names = HashMap::new();
+    for (i, e) in &engines {
+        let i = *i;
+        if let Some(j) = first(&mut names, e.name.clone(), i) {
+            errors.push(format!(
+                "engines[{i}]: name {:?} duplicates engines[{j}]; give each engine its own name",
+                e.name
+            ));
+        }
+    }
+    engines
+}
+
+/// Engines' streams next to each other and to the static `streams`: names must differ,
+/// no endpoint may be used twice, and all of them must fit `max_streams`.
+fn check_engines_against_streams(
+    engines: &[(usize, EngineSpec)],
+    streams: &[StreamSpec],
+    limits: &Limits,
+    errors: &mut Vec<String>,
+) {
+    if engines.is_empty() {
+        return;
+    }
+    let mut owners: HashMap<String, String> = HashMap::new();
+    let mut claim = |ep: &str, who: String, errors: &mut Vec<String>| {
+        if let Some(other) = first_owner(&mut owners, same_socket(ep), who.clone()) {
+            errors.push(format!("{who} {ep:?} is also {other}; each endpoint serves one stream"));
+        }
+    };
+    for (i, s) in streams.iter().enumerate() {
+        claim(&s.endpoint, format!("streams[{i}].endpoint"), errors);
+        claim(&s.replay_endpoint, format!("streams[{i}].replay_endpoint"), errors);
+        if let Some((j, _)) = engines.iter().find(|(_, e)| e.name == s.instance_name) {
+            errors.push(format!(
+                "streams[{i}].instance_name {:?} is the name of engines[{j}]; rename one",
+                s.instance_name
+            ));
+        }
+    }
+    for (i, e) in engines {
+        for (rank, ep) in e.events.iter().enumerate() {
+            claim(ep, format!("engines[{i}].events (rank {rank})"), errors);
+        }
+        for (rank, ep) in e.replay.iter().enumerate() {
+            claim(ep, format!("engines[{i}].replay (rank {rank})"), errors);
+        }
+    }
+    let total = streams.len() + engines.iter().map(|(_, e)| e.events.len()).sum::<usize>();
+    if total > limits.max_streams {
+        errors.push(format!(
+            "the engines (and static streams) need {total} streams, more than max_streams = {}; raise \
+             max_streams (at most 128)",
+            limits.max_streams
+        ));
+    }
+}
+
+/// Records `who` as the owner of `key`; returns the earlier owner when there was one.
+fn first_owner(owners: &mut HashMap<String, String>, key: String, who: String) -> Option<String> {
+    match owners.entry(key) {
+        std::collections::hash_map::Entry::Occupied(e) => Some(e.get().clone()),
+        std::collections::hash_map::Entry::Vacant(e) => {
+            e.insert(who);
+            None
+        }
+    }
 }
 
 fn parse_limits(f: &mut Fields<'_>) -> Limits {

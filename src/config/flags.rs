@@ -23,7 +23,8 @@ FLAGS (--flag=value or --flag value):
     --internal_api_token TOKEN     require X-Internal-Token on internal endpoints
     --max_request_bytes N          largest accepted HTTP body [default: 4194304]
     --max_query_tokens N           largest accepted token_ids list [default: 1048576]
-    --etcd_addr HOST:PORT          etcd of the instance registry (routing, discovery) [default: 127.0.0.1:2379]
+    --etcd_addr HOST:PORT          etcd of the instance registry (routing, discovery);
+                                   empty: no etcd, only listed engines [default: 127.0.0.1:2379]
     --etcd_namespace NS            key prefix /NS/ of the instance registry [default: none]
     --load_balance_policy P        RR, SLO_AWARE or CAR [default: CAR]
     --car_prefill_lambda X         CAR weight of cache reuse against queue length, 0..=1 [default: 0.5]

@@ -5,11 +5,13 @@
 //! naming the offending value and the fix.
 
 mod endpoint;
+mod engines;
 mod file;
 mod flags;
 mod json;
 
 pub use endpoint::{canonical_endpoint, check_endpoint};
+pub use engines::{parse_engine_json, EngineSpec, ENGINE_FIELDS};
 pub use file::parse_config_file;
 pub use flags::{parse_flags, Command, Flags, FrontDoorFlags, LogFormat, USAGE};
 pub use json::kind as json_type_name;
@@ -218,6 +220,8 @@ pub enum Source {
     Discovery(DiscoveryConfig),
     /// A fixed list.
     Streams(Vec<StreamSpec>),
+    /// Neither: only the `engines` list supplies streams.
+    EnginesOnly,
 }
 
 /// The validated `kv_events_config_file`.
@@ -225,6 +229,10 @@ pub enum Source {
 pub struct DirectoryConfig {
     /// Discovery or static streams.
     pub source: Source,
+    /// Engines listed by address (beside discovery or static streams, or alone).
+    pub engines: Vec<EngineSpec>,
+    /// How often each listed engine's `/health` and `/metrics` are polled.
+    pub engine_poll_interval: Duration,
     /// Resource and recovery limits.
     pub limits: Limits,
 }

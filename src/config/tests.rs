@@ -85,7 +85,7 @@ fn discovery_and_streams_are_exclusive_and_one_is_required() {
     );
     assert_eq!(
         problems("{}"),
-        ["config needs either \"discovery\" or a non-empty \"streams\" list"]
+        ["config needs \"discovery\", a non-empty \"streams\" list or an \"engines\" list"]
     );
     assert_eq!(
         problems(r#"{"streams": []}"#),
@@ -234,4 +234,80 @@ fn the_old_block_size_flag_starts_with_a_warning_instead_of_failing() {
         panic!("run expected")
     };
     assert!(plain.warnings.is_empty());
+}
+
+#[test]
+fn engines_with_defaults_and_explicit_ranks() {
+    let text = r#"{"engines": [
+      {"url": "http://127.0.0.1:8100/v1", "dialect": "vllm", "events": "tcp://127.0.0.1:5557",
+       "replay": "tcp://127.0.0.1:5567", "dp_size": 2, "block_size": 32, "model": "m", "topic": "kv"},
+      {"name": "b", "url": "http://127.0.0.1:8200/", "dialect": "sglang", "block_size": 16,
+       "events": ["tcp://127.0.0.1:6000", "tcp://127.0.0.1:6010"],
+       "replay": ["tcp://127.0.0.1:6001", "tcp://127.0.0.1:6011"]}
+    ], "engine_poll_interval_ms": 500}"#;
+    let c = parse_config_file(text).unwrap();
+    assert_eq!(c.source, Source::EnginesOnly);
+    assert_eq!(c.engine_poll_interval, Duration::from_millis(500));
+    let (a, b) = (&c.engines[0], &c.engines[1]);
+    assert_eq!((a.name.as_str(), a.url.as_str()), ("127.0.0.1:8100", "http://127.0.0.1:8100"));
+    assert_eq!(a.events, ["tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558"]);
+    assert_eq!(a.replay, ["tcp://127.0.0.1:5567", "tcp://127.0.0.1:5568"]);
+    assert_eq!((a.dialect, a.block_size, a.topic.as_str()), (Dialect::Vllm, 32, "kv"));
+    assert_eq!((b.name.as_str(), b.dp_size(), b.url.as_str()), ("b", 2, "http://127.0.0.1:8200"));
+    let s = a.streams();
+    assert_eq!((s[1].dp_rank, s[1].replay, s[1].model.as_str()), (1, ReplayKind::History, "m"));
+    assert_eq!(
+        parse_config_file(r#"{"discovery": {}, "engines": [{"url": "http://h:1", "dialect": "xllm", "events": "tcp://h:2", "replay": "tcp://h:3", "block_size": 128}]}"#)
+            .unwrap()
+            .engines[0]
+            .streams()[0]
+            .replay,
+        ReplayKind::Snapshot
+    );
+}
+
+#[test]
+fn engine_problems_are_named_all_at_once() {
+    let text = r#"{
+      "streams": [{"instance_name": "a", "endpoint": "tcp://127.0.0.1:5557", "replay_endpoint": "tcp://127.0.0.1:9000"}],
+      "engines": [
+        {"url": "https://h:1", "dialect": "tgi", "events": "tcp://*:1", "replay": 7, "colour": 1},
+        {"url": "http://127.0.0.1:8100", "dialect": "vllm", "events": "tcp://127.0.0.1:5556",
+         "replay": ["tcp://127.0.0.1:5567"], "dp_size": 2, "block_size": 16},
+        {"name": "a", "url": "http://127.0.0.1:8101/x", "dialect": "sglang", "events": "tcp://127.0.0.1:65535",
+         "replay": "tcp://127.0.0.1:7000", "dp_size": 2, "block_size": 0},
+        {"url": "http://127.0.0.1:8102", "dialect": "vllm", "events": "tcp://localhost:5557", "replay": "tcp://127.0.0.1:7100", "block_size": 16},
+        {"url": "http://127.0.0.1:8102", "dialect": "vllm", "events": "tcp://127.0.0.1:7200", "replay": "tcp://127.0.0.1:7300", "block_size": 16},
+        {"name": "a", "url": "http://127.0.0.1:8103", "dialect": "vllm", "events": "tcp://127.0.0.1:7400", "replay": "tcp://127.0.0.1:7300", "block_size": 16}
+      ],
+      "engine_poll_interval_ms": 5
+    }"#;
+    let p = problems(text);
+    let expect = [
+        "engine_poll_interval_ms = 5 is outside the allowed range 100..=60000",
+        "engines[0]: unknown field \"colour\"",
+        "engines[0].url = \"https://h:1\": must start with http://",
+        "engines[0].dialect = \"tgi\": expected \"vllm\", \"sglang\" or \"xllm\"",
+        "engines[0].block_size: missing; give the engine's block size",
+        "engines[0].events = \"tcp://*:1\": host \"*\" is not connectable",
+        "engines[0].replay: expected a string or a list, found a number",
+        "engines[1].replay: lists 1 endpoints but dp_size = 2",
+        "engines[2].url = \"http://127.0.0.1:8101/x\": must be http://host:port",
+        "engines[2].block_size = 0 is outside the allowed range 1..=65536",
+        "engines[2].events = \"tcp://127.0.0.1:65535\": rank 1 would be at port 65536 > 65535",
+        "engines[4]: name \"127.0.0.1:8102\" duplicates engines[3]",
+        "streams[0].instance_name \"a\" is the name of engines[5]; rename one",
+        "engines[5].replay (rank 0) \"tcp://127.0.0.1:7300\" is also engines[4].replay (rank 0)",
+        "engines[3].events (rank 0) \"tcp://localhost:5557\" is also streams[0].endpoint",
+    ];
+    for e in expect {
+        assert!(p.iter().any(|m| m.starts_with(e)), "missing {e:?} in {p:#?}");
+    }
+    assert_eq!(p.len(), expect.len(), "{p:#?}");
+    let alone = problems(r#"{"engines": [{"url": "http://x", "dialect": "vllm"}]}"#);
+    assert_eq!(alone.len(), 4, "the engine's problems only: {alone:#?}");
+    assert_eq!(
+        problems(r#"{"engines": []}"#),
+        ["engines: the list is empty; list at least one engine or leave it out"]
+    );
 }

@@ -2,10 +2,12 @@
 //! parsing keys and values, the instance state machine (time passed in), and planning the
 //! streams discovery should run. The discovery actor feeds it what etcd and `/health` say.
 
+mod engines;
 mod plan;
 mod record;
 mod state;
 
+pub use engines::{read_metrics, EngineReading, Engines, IdentityChange, ListedEngine, Probe};
 pub use plan::{plan, wants_subscription, Exclusion, Plan, PlannedStream};
 pub use record::{
     namespace_prefix, parse_instance, parse_key, parse_load, split_host_port, watched_prefixes,

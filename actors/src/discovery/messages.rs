@@ -1,7 +1,8 @@
 //! The discovery actor's messages, and the instances report it answers with.
 
 use actix::prelude::*;
-use kvdir::registry::{HeartbeatError, LoadMetrics};
+use kvdir::config::EngineSpec;
+use kvdir::registry::{HeartbeatError, LoadMetrics, Probe};
 use serde::Serialize;
 
 /// A full listing of the registry keys at `revision`.
@@ -89,7 +90,61 @@ pub struct InstanceReport {
     pub streams: Vec<u32>,
     /// Why it has no streams.
     pub excluded: Option<String>,
+    /// For an engine listed by address: what kvdir polls and what it read.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine: Option<EngineReport>,
 }
+
+/// A listed engine's part of its instance report.
+#[derive(Debug, Clone, Serialize)]
+pub struct EngineReport {
+    /// Its base URL (forwarding, `/health`, `/metrics`).
+    pub url: String,
+    /// `vllm`, `sglang` or `xllm`.
+    pub dialect: &'static str,
+    /// `config` or `register`.
+    pub source: &'static str,
+    /// Whether its process is known (no CAR credit before).
+    pub identity_known: bool,
+    /// vLLM's process start, the process identity.
+    pub process_start_time_seconds: Option<f64>,
+    /// The latest `/metrics` gauges.
+    pub num_requests_waiting: Option<u64>,
+    /// Requests running.
+    pub num_requests_running: Option<u64>,
+    /// KV cache usage in 0..=1.
+    pub kv_cache_usage_perc: Option<f64>,
+    /// Polls so far.
+    pub polls: u64,
+    /// The latest problem (`/health`, `/metrics`, no identity).
+    pub error: Option<String>,
+    /// Event endpoint per DP rank.
+    pub events: Vec<String>,
+    /// Replay endpoint per DP rank.
+    pub replay: Vec<String>,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// The served model.
+    pub model: String,
+}
+
+/// One poll of a listed engine.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(super) struct EnginePolled {
+    pub(super) name: String,
+    pub(super) probe: Probe,
+}
+
+/// List an engine (`POST /register` with a `url`); `Err` says why not.
+#[derive(Message)]
+#[rtype(result = "Result<(), String>")]
+pub struct ListEngine(pub EngineSpec);
+
+/// Unlist an engine listed by `POST /register`: its event endpoints, or `Err` saying why not.
+#[derive(Message)]
+#[rtype(result = "Result<Vec<String>, String>")]
+pub struct UnlistEngine(pub String);
 
 /// The instances report.
 #[derive(Debug, Clone, Serialize)]

@@ -1,30 +1,34 @@
-//! `DiscoveryActor`: follows the instance registry in etcd and keeps one stream per DP rank of
-//! every subscribable instance.
+//! `DiscoveryActor`: the one owner of the instance set. It follows the instance registry in etcd
+//! (when `--etcd_addr` is set) and polls the engines listed by address (`engines.rs`), and keeps
+//! one stream per DP rank of every subscribable instance.
 //!
 //! Messages: [`EtcdListed`], [`EtcdChanged`], [`EtcdDown`] (from the watch task), `Probed`
-//! (from `/health` probes), [`Heartbeat`], [`GetInstances`].
+//! (from `/health` probes), [`Heartbeat`], [`GetInstances`], and for listed engines
+//! `EnginePolled`, [`ListEngine`] and [`UnlistEngine`].
 //! The rules live in `kvdir::registry` (state machine and planning); this actor feeds them and,
 //! every `refresh_interval`, reconciles the running streams with the plan: new streams start
 //! cold, vanished ones stop, and a changed endpoint, DP topology or process identity restarts a
 //! stream with an empty index, so a replacement gets no credit before its own snapshot.
 
+mod engines;
 mod etcd_watch;
 mod messages;
+mod report;
 
 use messages::Probed;
 pub use messages::{
-    Change, EtcdChanged, EtcdDown, EtcdListed, GetInstances, Heartbeat, InstanceReport,
-    InstancesReport,
+    Change, EngineReport, EtcdChanged, EtcdDown, EtcdListed, GetInstances, Heartbeat,
+    InstanceReport, InstancesReport, ListEngine, UnlistEngine,
 };
 
-use std::collections::BTreeMap;
-use std::time::Instant;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use kvdir::config::{DiscoveryConfig, Limits};
+use kvdir::config::{DiscoveryConfig, EngineSpec, Limits};
 use kvdir::registry::{
-    namespace_prefix, parse_instance, parse_key, parse_load, plan, Exclusion, HeartbeatError,
-    PlannedStream, Registry, RegistryKey,
+    namespace_prefix, parse_instance, parse_key, parse_load, plan, Engines, Exclusion,
+    HeartbeatError, Instance, PlannedStream, Registry, RegistryKey,
 };
 
 use crate::router::{InstanceInfo, SetCandidates, SetLoad, StreamKey};
@@ -49,11 +53,17 @@ pub struct DiscoveryActor {
     listings: u64,
     listed_keys: usize,
     reconciling: bool,
+    /// Engines listed by address, and which of them came from `POST /register`.
+    engines: Engines,
+    registered_engines: BTreeSet<String>,
+    /// How often listed engines are polled, and the polls in flight.
+    poll_interval: Duration,
+    polling: BTreeSet<String>,
 }
 
 impl DiscoveryActor {
-    /// The registry on `etcd_addr` under `namespace`; with `Some(cfg)`, discovered instances
-    /// also get streams through `set`.
+    /// The registry on `etcd_addr` (none when empty) under `namespace`; with `Some(cfg)`,
+    /// discovered instances also get streams through `set`.
     pub fn new(
         cfg: Option<DiscoveryConfig>,
         limits: &Limits,
@@ -74,7 +84,32 @@ impl DiscoveryActor {
             listings: 0,
             listed_keys: 0,
             reconciling: false,
+            engines: Engines::default(),
+            registered_engines: BTreeSet::new(),
+            poll_interval: Duration::from_secs(1),
+            polling: BTreeSet::new(),
         }
+    }
+
+    /// Also the engines listed in the config, polled every `poll_interval`.
+    pub fn with_engines(mut self, engines: Vec<EngineSpec>, poll_interval: Duration) -> Self {
+        for e in engines {
+            // The config has no duplicate names (checked when it was read).
+            let _ = self.engines.add(e, Instant::now());
+        }
+        self.poll_interval = poll_interval;
+        self
+    }
+
+    /// Registered instances routing sees: those of etcd (unless a listed engine has the same
+    /// name: the listing wins), then the listed engines, each with its base URL if any.
+    fn instances(&self) -> impl Iterator<Item = (&Instance, Option<&str>)> {
+        let etcd = self
+            .registry
+            .instances()
+            .filter(|i| !self.engines.contains(&i.record.name))
+            .map(|i| (i, None));
+        etcd.chain(self.engines.iter().map(|e| (&e.instance, Some(e.spec.url.as_str()))))
     }
 
     /// Applies one registry change and says what it did to the router's snapshot.
@@ -142,7 +177,8 @@ impl DiscoveryActor {
 
     /// Sends the router one instance's load, state and report count, updated in place there.
     fn send_load(&self, name: String) {
-        if let Some(i) = self.registry.get(&name) {
+        let engine = self.engines.get(&name).map(|e| &e.instance);
+        if let Some(i) = engine.or_else(|| self.registry.get(&name)) {
             let (load, state, load_reports) = (i.load, i.state, i.load_reports);
             self.set.router().do_send(SetLoad { name, load, state, load_reports });
         }
@@ -151,9 +187,8 @@ impl DiscoveryActor {
     /// Sends the router the instance snapshot it routes with.
     fn push_candidates(&self) {
         let infos = self
-            .registry
             .instances()
-            .map(|i| InstanceInfo {
+            .map(|(i, url)| InstanceInfo {
                 candidate: kvdir::car::Candidate {
                     name: i.record.name.clone(),
                     kind: i.record.kind,
@@ -167,6 +202,7 @@ impl DiscoveryActor {
                 },
                 identity: i.record.identity.clone(),
                 load_reports: i.load_reports,
+                url: url.map(str::to_string),
             })
             .collect();
         self.set.router().do_send(SetCandidates(infos));
@@ -180,22 +216,31 @@ impl DiscoveryActor {
         if self.reconciling {
             return;
         }
-        let Some(cfg) = &self.cfg else { return };
-        let plan = plan(self.registry.instances(), cfg, self.max_streams);
-        for (name, why) in &plan.excluded {
+        let mut discovered = match &self.cfg {
+            Some(cfg) => plan(self.registry.instances(), cfg, self.max_streams),
+            None => kvdir::registry::Plan::default(),
+        };
+        self.engines.exclude_from(&mut discovered);
+        for (name, why) in &discovered.excluded {
             // Logged once when it starts, not on every refresh.
             let new = self.excluded.get(name) != Some(why);
             if new && why.needs_operator() {
                 tracing::error!(instance = %name, reason = %why, "instance excluded from subscriptions");
             }
         }
-        self.excluded = plan.excluded;
+        self.excluded = discovered.excluded;
         self.reconciling = true;
-        let set = self.set.clone();
+        let (set, engines) = (self.set.clone(), self.engines.planned());
+        let discovery = self.cfg.is_some();
         ctx.spawn(
-            async move { apply_plan(&set, plan.streams).await }
-                .into_actor(self)
-                .map(|_, a, _| a.reconciling = false),
+            async move {
+                if discovery {
+                    apply_plan(&set, discovered.streams, StreamSource::Discovery).await;
+                }
+                apply_plan(&set, engines, StreamSource::Engine).await;
+            }
+            .into_actor(self)
+            .map(|_, a, _| a.reconciling = false),
         );
     }
 }
@@ -210,16 +255,16 @@ enum Touched {
     All,
 }
 
-/// Starts, stops and restarts streams so the running set equals `desired`.
-async fn apply_plan(set: &StreamSet, desired: Vec<PlannedStream>) {
+/// Starts, stops and restarts the streams from `source` so they equal `desired`.
+async fn apply_plan(set: &StreamSet, desired: Vec<PlannedStream>, source: StreamSource) {
     let want: BTreeMap<StreamKey, PlannedStream> = desired
         .into_iter()
         .map(|p| {
             (StreamKey { instance_name: p.spec.instance_name.clone(), dp_rank: p.spec.dp_rank }, p)
         })
         .collect();
-    // Streams from `POST /register` are not discovery's to stop.
-    for key in set.keys_from(StreamSource::Discovery) {
+    // Streams from other sources (`POST /register`, static) are not this plan's to stop.
+    for key in set.keys_from(source) {
         let keep = match (set.get(&key), want.get(&key)) {
             (Some(run), Some(p)) => p.is_running_as(&run.spec, run.identity.as_ref()),
             _ => false,
@@ -232,7 +277,7 @@ async fn apply_plan(set: &StreamSet, desired: Vec<PlannedStream>) {
     for (key, p) in want {
         if set.get(&key).is_none() {
             tracing::info!(instance = %key.instance_name, dp = key.dp_rank, endpoint = %p.spec.endpoint, "starting stream");
-            if let Err(e) = set.start(p.spec, Some(p.identity), StreamSource::Discovery) {
+            if let Err(e) = set.start(p.spec, Some(p.identity), source) {
                 tracing::error!(instance = %key.instance_name, dp = key.dp_rank, error = %e, "cannot start stream");
             }
         }
@@ -243,11 +288,15 @@ impl Actor for DiscoveryActor {
     type Context = Context<Self>;
 
     fn started(&mut self, ctx: &mut Self::Context) {
-        let (me, endpoint, prefix) = (ctx.address(), self.etcd_addr.clone(), self.prefix.clone());
-        actix::spawn(etcd_watch::run(me, endpoint, prefix));
+        if !self.etcd_addr.is_empty() {
+            let (me, endpoint) = (ctx.address(), self.etcd_addr.clone());
+            actix::spawn(etcd_watch::run(me, endpoint, self.prefix.clone()));
+        }
         // Without subscriptions the tick only applies the registry's timeouts.
         let every = self.cfg.as_ref().map_or(REGISTRY_TICK, |c| c.refresh_interval);
         ctx.run_interval(every, |a, ctx| a.reconcile(ctx));
+        self.poll_engines(ctx);
+        ctx.run_interval(self.poll_interval, |a, ctx| a.poll_engines(ctx));
     }
 }
 
@@ -342,46 +391,5 @@ impl Handler<Heartbeat> for DiscoveryActor {
         // Only this instance changed: the router updates it in place.
         self.send_load(msg.name);
         Ok(())
-    }
-}
-
-impl Handler<GetInstances> for DiscoveryActor {
-    type Result = MessageResult<GetInstances>;
-
-    fn handle(&mut self, _: GetInstances, _: &mut Context<Self>) -> Self::Result {
-        let keys = self.set.keys();
-        let instances = self
-            .registry
-            .instances()
-            .map(|i| {
-                let r = &i.record;
-                InstanceReport {
-                    name: r.name.clone(),
-                    state: i.state,
-                    role: r.kind.key_segment(),
-                    acting_as: (r.kind == kvdir::registry::InstanceType::Mix)
-                        .then_some(if r.mix_acting_prefill { "PREFILL" } else { "DECODE" }),
-                    incarnation_id: r.identity.incarnation_id.clone(),
-                    register_ts_ms: r.identity.register_ts_ms,
-                    dp_size: r.dp_size,
-                    backend: r.backend.clone(),
-                    waiting_requests_num: i.load.map(|l| l.waiting_requests_num),
-                    gpu_cache_usage_perc: i.load.map(|l| l.gpu_cache_usage_perc),
-                    streams: keys
-                        .iter()
-                        .filter(|k| k.instance_name == r.name)
-                        .map(|k| k.dp_rank)
-                        .collect(),
-                    excluded: self.excluded.get(&r.name).map(ToString::to_string),
-                }
-            })
-            .collect();
-        MessageResult(InstancesReport {
-            etcd_connected: self.etcd_connected,
-            etcd_error: self.etcd_error.clone(),
-            etcd_listings: self.listings,
-            etcd_listed_keys: self.listed_keys,
-            instances,
-        })
     }
 }

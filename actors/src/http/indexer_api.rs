@@ -6,15 +6,21 @@
 //! other (same checks, same index, listed in `/v1/internal/streams` with `source: register`);
 //! `/unregister` stops only streams started by `/register`. The bodies and the answer's shape
 //! are in `kvdir::indexer`.
+//!
+//! A `/register` body with a `url` is a whole engine instead, in the config file's `engines`
+//! form (`kvdir::config::parse_engine_json`): kvdir polls it, gives it CAR credit once its
+//! process is known, and forwards to it. `/unregister` with its name removes it.
 
 use std::time::Instant;
 
 use actix_web::{web, HttpRequest, HttpResponse};
+use kvdir::config::parse_engine_json;
 use kvdir::indexer::{parse_register, parse_unregister, rfc_answer};
 use serde::Serialize;
 
 use super::metrics::Endpoint;
 use super::{authorize, authorized_body, observed, read_tokens, ApiError, AppState};
+use crate::discovery::{ListEngine, UnlistEngine};
 use crate::router::StreamKey;
 use crate::stream::StreamSource;
 
@@ -32,6 +38,9 @@ async fn register(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     let body = authorized_body(&req, payload, &state).await?;
+    if let Some(engine) = engine_body(&body) {
+        return register_engine(&state, engine).await;
+    }
     let reg = parse_register(&body)?;
     let (instance_id, dp_rank) = (reg.spec.instance_name.clone(), reg.spec.dp_rank);
     // Duplicates, overlaps and a full set are conflicts with the running streams.
@@ -39,6 +48,27 @@ async fn register(
     tracing::info!(instance = %instance_id, dp = dp_rank, "stream registered");
     Ok(HttpResponse::Ok().json(serde_json::json!({
         "status": "ok", "instance_id": instance_id, "dp_rank": dp_rank, "source": "register"
+    })))
+}
+
+/// The body as JSON when it describes an engine (it has a `url`).
+fn engine_body(body: &[u8]) -> Option<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_slice(body).ok()?;
+    v.get("url").is_some().then_some(v)
+}
+
+async fn register_engine(
+    state: &AppState,
+    body: serde_json::Value,
+) -> Result<HttpResponse, ApiError> {
+    let spec = parse_engine_json(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let Some(discovery) = &state.discovery else {
+        return Err(ApiError::Conflict("this kvdir runs no instance registry (demo)".into()));
+    };
+    let (name, dp_size) = (spec.name.clone(), spec.dp_size());
+    discovery.send(ListEngine(spec)).await?.map_err(ApiError::Conflict)?;
+    Ok(HttpResponse::Ok().json(serde_json::json!({
+        "status": "ok", "instance_id": name, "dp_size": dp_size, "source": "register"
     })))
 }
 
@@ -62,6 +92,19 @@ async fn unregister(
         .into_iter()
         .filter(|k| k.instance_name == u.instance_id && u.dp_rank.is_none_or(|r| r == k.dp_rank))
         .collect();
+    if let (true, Some(d)) = (keys.is_empty() && u.dp_rank.is_none(), &state.discovery) {
+        if let Ok(events) = d.send(UnlistEngine(u.instance_id.clone())).await? {
+            let removed: Vec<Removed> = (0u32..)
+                .zip(events)
+                .map(|(dp_rank, endpoint)| Removed {
+                    instance_id: u.instance_id.clone(),
+                    dp_rank,
+                    endpoint,
+                })
+                .collect();
+            return Ok(HttpResponse::Ok().json(serde_json::json!({ "removed": removed })));
+        }
+    }
     if keys.is_empty() {
         let rank = u.dp_rank.map(|r| format!(" dp_rank {r}")).unwrap_or_default();
         return Err(ApiError::UnknownStream(format!(

@@ -307,11 +307,14 @@ async fn stream_reports(
 ) -> Result<Vec<(StreamReport, Arc<StreamCounters>)>, ApiError> {
     let running: Vec<_> = crate::sync::read(&state.streams)
         .values()
-        .map(|r| (r.stream.clone(), Arc::clone(&r.counters), r.source.as_str()))
+        .map(|r| {
+            let process = r.identity.as_ref().and_then(|i| i.incarnation_id.clone());
+            (r.stream.clone(), Arc::clone(&r.counters), r.source.as_str(), process)
+        })
         .collect();
     let mut reports = Vec::with_capacity(running.len());
-    for (s, counters, source) in running {
-        let report = StreamReport { source, ..s.send(GetStreamReport).await? };
+    for (s, counters, source, process) in running {
+        let report = StreamReport { source, process, ..s.send(GetStreamReport).await? };
         reports.push((report, counters));
     }
     reports.sort_by(|(a, _), (b, _)| {

@@ -43,6 +43,16 @@ pub struct InstanceInfo {
     pub identity: Identity,
     /// Load reports received from that process so far.
     pub load_reports: u64,
+    /// Where the front door forwards: the engine's base URL (listed engines), or `None` for
+    /// `http://<name>` (registered xLLM instances, whose name is their HTTP `host:port`).
+    pub url: Option<String>,
+}
+
+impl InstanceInfo {
+    /// The base URL requests for this instance go to.
+    pub fn base_url(&self) -> String {
+        self.url.clone().unwrap_or_else(|| format!("http://{}", self.candidate.name))
+    }
 }
 
 /// Replace the instance snapshot (from discovery).
@@ -77,9 +87,10 @@ pub struct RouteRequest {
 }
 
 /// Choose an instance for a request the front door forwards, leaving out `exclude` (instances
-/// that already failed it), and count it in flight there from now on.
+/// that already failed it), and count it in flight there from now on. Answers the decision, the
+/// request's in-flight id and the chosen instance's base URL.
 #[derive(Message)]
-#[rtype(result = "Result<(Routed, RequestId), RouteError>")]
+#[rtype(result = "Result<(Routed, RequestId, String), RouteError>")]
 pub struct RouteForward {
     /// Tokens in the prompt.
     pub input_tokens: usize,
@@ -158,14 +169,15 @@ impl Handler<RouteRequest> for RouterActor {
 }
 
 impl Handler<RouteForward> for RouterActor {
-    type Result = Result<(Routed, RequestId), RouteError>;
+    type Result = Result<(Routed, RequestId, String), RouteError>;
 
     fn handle(&mut self, msg: RouteForward, _: &mut Context<Self>) -> Self::Result {
         let routed = self.decide(&msg.hits, msg.input_tokens, &msg.exclude, Some(msg.prompt))?;
-        let reports =
-            self.positions.get(&routed.prefill).map_or(0, |&i| self.instances[i].load_reports);
+        let info = self.positions.get(&routed.prefill).map(|&i| &self.instances[i]);
+        let reports = info.map_or(0, |i| i.load_reports);
+        let url = info.map_or_else(|| format!("http://{}", routed.prefill), InstanceInfo::base_url);
         let id = self.inflight.start(&routed.prefill, reports, Some(msg.prompt));
-        Ok((routed, id))
+        Ok((routed, id, url))
     }
 }
 

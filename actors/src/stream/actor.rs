@@ -55,9 +55,13 @@ pub struct StreamReport {
     pub instance_name: String,
     /// DP rank.
     pub dp_rank: u32,
-    /// Where the stream comes from: `static`, `discovery` or `register` (set by the HTTP
-    /// layer from the stream set).
+    /// Where the stream comes from: `static`, `discovery`, `register` or `engine` (set by the
+    /// HTTP layer from the stream set).
     pub source: &'static str,
+    /// The engine process it was started for (its incarnation id: xLLM's, or a listed
+    /// engine's identity), set by the HTTP layer; absent for streams without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
     /// The model it serves; empty: unnamed.
     pub model: String,
     /// Live endpoint.
@@ -239,6 +243,7 @@ impl Handler<GetStreamReport> for StreamActor {
             instance_name: self.spec.instance_name.clone(),
             dp_rank: self.spec.dp_rank,
             source: "",
+            process: None,
             model: self.spec.model.clone(),
             endpoint: self.spec.endpoint.clone(),
             replay_endpoint: self.spec.replay_endpoint.clone(),

@@ -74,6 +74,8 @@ pub enum StreamSource {
     Discovery,
     /// `POST /register` (the indexer API).
     Register,
+    /// An engine listed by address (config `engines` or `POST /register` with a `url`).
+    Engine,
 }
 
 impl StreamSource {
@@ -83,6 +85,7 @@ impl StreamSource {
             StreamSource::Static => "static",
             StreamSource::Discovery => "discovery",
             StreamSource::Register => "register",
+            StreamSource::Engine => "engine",
         }
     }
 }
@@ -173,7 +176,7 @@ impl StreamSet {
         self.start_as(reg.spec, None, StreamSource::Register, reg.tenant)
     }
 
-    fn check_new(&self, spec: &StreamSpec) -> Result<(), StartStreamError> {
+    pub(crate) fn check_new(&self, spec: &StreamSpec) -> Result<(), StartStreamError> {
         let map = self.map.read().unwrap_or_else(|e| e.into_inner());
         let key = StreamKey { instance_name: spec.instance_name.clone(), dp_rank: spec.dp_rank };
         if let Some(run) = map.get(&key) {

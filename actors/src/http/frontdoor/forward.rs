@@ -1,5 +1,5 @@
 //! Route and forward: the chosen instance gets the client's original body at the same path
-//! (`http://<instance name = host:port>/v1/...`); its answer streams back chunk by chunk as it
+//! (`http://<instance name = host:port>/v1/...`, or a listed engine's `url` + `/v1/...`); its answer streams back chunk by chunk as it
 //! arrives, never buffered whole.
 //!
 //! - A failure before the engine answered (nothing reached the client yet) is retried once on
@@ -46,13 +46,13 @@ pub async fn run(
         let exclude = failed.iter().map(|f| f.0.clone()).collect();
         let (input_tokens, hits) = (tokens.len(), hits.clone());
         let msg = RouteForward { input_tokens, hits, exclude, prompt };
-        let (routed, id) = match state.router.send(msg).await? {
+        let (routed, id, url) = match state.router.send(msg).await? {
             Ok(r) => r,
             Err(e) if failed.is_empty() => return Err(FrontError::NoInstance(e.to_string())),
             Err(e) => return Err(unreachable(&failed, Some(&e.to_string()))),
         };
         let progress = Progress::new(state.router.clone(), routed.prefill.clone(), id);
-        match send(state, kind, &routed.prefill, body.clone()).await {
+        match send(state, kind, &url, body.clone()).await {
             Ok(response) => return Ok(relay(state, response, &routed, progress, started)),
             Err(Some(e)) => {
                 tracing::warn!(instance = %routed.prefill, error = %e, "engine unreachable");
@@ -73,19 +73,19 @@ pub async fn run(
     }
 }
 
-/// POSTs `body` to `instance`; `Err(None)` when it took longer than `--upstream_timeout_ms`
+/// POSTs `body` to the instance at `base_url`; `Err(None)` when it took longer than `--upstream_timeout_ms`
 /// (the engine has the request and is slow: retrying would run it twice), `Err(Some(e))` when
 /// it could not be reached.
 async fn send(
     state: &AppState,
     kind: ApiKind,
-    instance: &str,
+    base_url: &str,
     body: Bytes,
 ) -> Result<reqwest::Response, Option<reqwest::Error>> {
     let request = state
         .front
         .client
-        .post(format!("http://{instance}{}", kind.path()))
+        .post(format!("{base_url}{}", kind.path()))
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .body(body)
         .send();

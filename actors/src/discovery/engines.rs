@@ -1,0 +1,123 @@
+//! Engines listed by address: each is polled every `engine_poll_interval_ms` (`/health`, then
+//! `/metrics`), and the rules of `kvdir::registry::Engines` turn the answers into its state,
+//! load and process identity. A new identity re-plans the engine's streams (they start, or
+//! restart cold for another process); anything else updates the router in place.
+
+use std::time::{Duration, Instant};
+
+use actix::prelude::*;
+use kvdir::registry::{IdentityChange, Probe};
+
+use super::messages::EnginePolled;
+use super::{DiscoveryActor, ListEngine, UnlistEngine};
+
+/// Upper bound of each poll request.
+const POLL_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl DiscoveryActor {
+    /// Polls every listed engine that has no poll in flight.
+    pub(super) fn poll_engines(&mut self, ctx: &mut Context<Self>) {
+        let due: Vec<(String, String)> = self
+            .engines
+            .iter()
+            .filter(|e| !self.polling.contains(&e.spec.name))
+            .map(|e| (e.spec.name.clone(), e.spec.url.clone()))
+            .collect();
+        for (name, url) in due {
+            self.polling.insert(name.clone());
+            let me = ctx.address();
+            actix::spawn(async move {
+                let probe = poll(&url).await;
+                me.do_send(EnginePolled { name, probe });
+            });
+        }
+    }
+}
+
+/// `GET {url}/health` (a 200 is healthy), then `GET {url}/metrics` when healthy.
+async fn poll(url: &str) -> Probe {
+    let client = match reqwest::Client::builder().no_proxy().timeout(POLL_TIMEOUT).build() {
+        Ok(c) => c,
+        Err(e) => return Probe { health: Err(e.to_string()), metrics: Err(String::new()) },
+    };
+    let get = |path: &str| client.get(format!("{url}{path}")).send();
+    let health = match get("/health").await {
+        Ok(r) if r.status() == reqwest::StatusCode::OK => Ok(()),
+        Ok(r) => Err(format!("answered {}", r.status())),
+        Err(e) => Err(e.to_string()),
+    };
+    if health.is_err() {
+        return Probe { health, metrics: Err("not polled: unhealthy".into()) };
+    }
+    let metrics = match get("/metrics").await {
+        Ok(r) if r.status() == reqwest::StatusCode::OK => r.text().await.map_err(|e| e.to_string()),
+        Ok(r) => Err(format!("answered {}", r.status())),
+        Err(e) => Err(e.to_string()),
+    };
+    Probe { health, metrics }
+}
+
+impl Handler<EnginePolled> for DiscoveryActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: EnginePolled, ctx: &mut Context<Self>) {
+        self.polling.remove(&msg.name);
+        let before = self.engines.get(&msg.name).map(|e| e.instance.state);
+        match self.engines.observe(&msg.name, msg.probe, Instant::now()) {
+            IdentityChange::Unchanged => {
+                let e = self.engines.get(&msg.name);
+                if let Some(e) = e.filter(|e| Some(e.instance.state) != before) {
+                    let (state, error) = (e.instance.state, e.error.as_deref().unwrap_or(""));
+                    tracing::info!(engine = %msg.name, ?state, %error, "engine state");
+                }
+                self.send_load(msg.name);
+            }
+            change => {
+                let id = self.engines.get(&msg.name).map(|e| e.instance.record.identity.clone());
+                let id = id.and_then(|i| i.incarnation_id).unwrap_or_default();
+                if change == IdentityChange::Changed {
+                    tracing::warn!(engine = %msg.name, process = %id, "engine restarted: its streams start again cold");
+                } else {
+                    tracing::info!(engine = %msg.name, process = %id, "engine process known: starting its streams");
+                }
+                self.push_candidates();
+                self.reconcile(ctx);
+            }
+        }
+    }
+}
+
+impl Handler<ListEngine> for DiscoveryActor {
+    type Result = Result<(), String>;
+
+    fn handle(&mut self, msg: ListEngine, ctx: &mut Context<Self>) -> Self::Result {
+        let name = msg.0.name.clone();
+        for spec in msg.0.streams() {
+            self.set.check_new(&spec).map_err(|e| e.to_string())?;
+        }
+        self.engines.add(msg.0, Instant::now())?;
+        self.registered_engines.insert(name.clone());
+        tracing::info!(engine = %name, "engine registered");
+        self.push_candidates();
+        self.poll_engines(ctx);
+        Ok(())
+    }
+}
+
+impl Handler<UnlistEngine> for DiscoveryActor {
+    type Result = Result<Vec<String>, String>;
+
+    fn handle(&mut self, msg: UnlistEngine, ctx: &mut Context<Self>) -> Self::Result {
+        if !self.registered_engines.remove(&msg.0) {
+            return Err(format!(
+                "no engine registered by /register named {:?}; /unregister removes only those",
+                msg.0
+            ));
+        }
+        let events = self.engines.remove(&msg.0).map(|e| e.spec.events).unwrap_or_default();
+        tracing::info!(engine = %msg.0, "engine unregistered");
+        self.push_candidates();
+        self.reconcile(ctx);
+        Ok(events)
+    }
+}

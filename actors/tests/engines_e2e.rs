@@ -1,0 +1,269 @@
+//! Engines listed by address, end to end and without etcd: the `kvdir` binary runs with
+//! `--etcd_addr=` and a config that lists one vLLM-dialect engine. The engine is two real
+//! servers: a small HTTP server in this test answering `/health`, `/metrics` (vLLM's gauge
+//! names and `process_start_time_seconds`, values set by the test) and `/v1/completions`, and a
+//! simulated engine publishing its KV events over ZeroMQ on loopback.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use kvdir_sim::SimEngine;
+use serde_json::{json, Value};
+
+/// What the test engine's `/health` and `/metrics` answer.
+#[derive(Clone)]
+struct EngineState {
+    healthy: bool,
+    /// `process_start_time_seconds`; `None` leaves it out.
+    start_time: Option<f64>,
+    waiting: u64,
+    running: u64,
+    usage: f64,
+}
+
+/// The test engine's HTTP side on 127.0.0.1 (one thread, one request per connection).
+struct TestEngine {
+    port: u16,
+    state: Arc<Mutex<EngineState>>,
+}
+
+impl TestEngine {
+    fn start() -> TestEngine {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let state = Arc::new(Mutex::new(EngineState {
+            healthy: true,
+            start_time: Some(1_764_598_123.25),
+            waiting: 3,
+            running: 2,
+            usage: 0.25,
+        }));
+        let shared = Arc::clone(&state);
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let s = shared.lock().unwrap().clone();
+                let _ = answer(conn, &s);
+            }
+        });
+        TestEngine { port, state }
+    }
+
+    fn set(&self, f: impl FnOnce(&mut EngineState)) {
+        f(&mut self.state.lock().unwrap());
+    }
+}
+
+/// Reads one request and answers it as a vLLM server would (the parts kvdir reads).
+fn answer(mut conn: TcpStream, s: &EngineState) -> std::io::Result<()> {
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let (mut line, mut length) = (String::new(), 0usize);
+    reader.read_line(&mut line)?;
+    let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
+    loop {
+        let mut h = String::new();
+        reader.read_line(&mut h)?;
+        if h.trim().is_empty() {
+            break;
+        }
+        if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+            length = v.trim().parse().unwrap_or(0);
+        }
+    }
+    reader.read_exact(&mut vec![0; length])?;
+    let (status, body) = match path.as_str() {
+        "/health" if s.healthy => ("200 OK", String::new()),
+        "/health" => ("503 Service Unavailable", String::new()),
+        "/metrics" => ("200 OK", metrics(s)),
+        "/v1/completions" => ("200 OK", json!({"served_by": "test-engine"}).to_string()),
+        _ => ("404 Not Found", String::new()),
+    };
+    write!(
+        conn,
+        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
+         connection: close\r\n\r\n{body}",
+        body.len()
+    )
+}
+
+fn metrics(s: &EngineState) -> String {
+    let l = "{engine=\"0\",model_name=\"kvdir-demo\"}";
+    let start = s.start_time.map_or(String::new(), |t| {
+        format!("# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {t}\n")
+    });
+    format!(
+        "{start}# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{l} {}\n\
+         vllm:num_requests_running{l} {}\nvllm:kv_cache_usage_perc{l} {}\n",
+        s.waiting, s.running, s.usage
+    )
+}
+
+fn get(addr: &str, path: &str) -> Value {
+    let r = request(addr, "GET", path, None, None);
+    assert_eq!(r.status, 200, "{path}: {}", r.body);
+    r.json()
+}
+
+/// The instance named `name` in `/v1/internal/instances`.
+fn instance(addr: &str, name: &str) -> Option<Value> {
+    let all = get(addr, "/v1/internal/instances");
+    all["instances"].as_array().unwrap().iter().find(|i| i["name"] == name).cloned()
+}
+
+/// The stream of `name` rank 0 in `/v1/internal/streams`.
+fn stream(addr: &str, name: &str) -> Option<Value> {
+    let all = get(addr, "/v1/internal/streams");
+    let list = all.as_array().or_else(|| all["streams"].as_array()).unwrap().clone();
+    list.into_iter().find(|s| s["instance_name"] == name)
+}
+
+/// The route decision's candidate `name` for `tokens`, once it gets credit. Each try first has
+/// the simulated engine publish a live full-state batch (`AllBlocksCleared`, then every resident
+/// block), which synchronizes a stream whatever its replay kind: the simulator answers xLLM
+/// snapshots, and a vLLM stream's history replay is not what this test is about.
+fn credited(events: &SimEngine, addr: &str, name: &str, tokens: &[i32]) -> Result<Value, String> {
+    events.publish_full_state(0).map_err(|e| e.to_string())?;
+    let body = json!({ "token_ids": tokens }).to_string();
+    let r = request(addr, "POST", "/v1/internal/route", None, Some(&body));
+    let routed = r.json();
+    let c = routed["candidates"].as_array().and_then(|c| c.iter().find(|c| c["name"] == name));
+    match c {
+        Some(c) if c["kv_hit_ratio"].as_f64() > Some(0.0) => Ok(c.clone()),
+        _ => Err(r.body),
+    }
+}
+
+fn write_config(dir: &Path, http: u16, events: &str, replay: &str, topic: &str) -> String {
+    let config = json!({"engines": [{
+        "name": "vllm-a", "url": format!("http://127.0.0.1:{http}/v1"), "dialect": "vllm",
+        "events": events, "replay": replay, "block_size": B, "model": "kvdir-demo",
+        "topic": topic
+    }], "engine_poll_interval_ms": 100});
+    let path = dir.join("engines.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    path.display().to_string()
+}
+
+#[test]
+fn a_listed_engine_gets_identity_load_credit_and_requests_without_etcd() {
+    let http = TestEngine::start();
+    let events = engine("vllm-a", 1, 0);
+    let ep = &events.endpoints()[0];
+    let tmp = tempfile::tempdir().unwrap();
+    let config = write_config(tmp.path(), http.port, &ep.event, &ep.replay, &events.config().topic);
+    let model = tmp.path().join("kvdir-demo");
+    kvdir_text::demo::write_model(&model).unwrap();
+    let kv = spawn(
+        &[
+            "--http_server_port=0",
+            "--etcd_addr=",
+            &format!("--kv_events_config_file={config}"),
+            &format!("--tokenizer_path={}", model.display()),
+        ],
+        "kvdir listening on http://",
+    );
+    let addr = &kv.addr;
+
+    // Identity and load come from /metrics; no etcd at all.
+    let first = "process_start_time_seconds=1764598123.25";
+    let i = eventually("the engine's identity", || {
+        let i = instance(addr, "vllm-a").ok_or("not listed")?;
+        (i["incarnation_id"] == first).then_some(i.clone()).ok_or(i.to_string())
+    });
+    assert_eq!(i["state"], "ACTIVE");
+    assert_eq!(i["backend"], "vllm");
+    assert_eq!(i["waiting_requests_num"], 5, "waiting 3 + running 2: {i}");
+    assert_eq!(i["gpu_cache_usage_perc"], 0.25);
+    assert_eq!(i["engine"]["url"], format!("http://127.0.0.1:{}", http.port));
+    assert_eq!(i["engine"]["num_requests_running"], 2);
+    assert_eq!(get(addr, "/v1/internal/instances")["etcd_connected"], false);
+
+    // Its stream runs for that process, and a cached prompt gets CAR credit.
+    let s = eventually("the engine's stream", || stream(addr, "vllm-a").ok_or("none".into()));
+    assert_eq!((s["source"].as_str(), s["process"].as_str()), (Some("engine"), Some(first)));
+    let tokens = prompt(7, 4 * B as usize);
+    events.process(0, &tokens).unwrap();
+    let c =
+        eventually("credit on the listed engine", || credited(&events, addr, "vllm-a", &tokens));
+    assert_eq!(c["dp_hits"][0]["identity_matches"], true, "{c}");
+
+    // The front door forwards to the engine's URL (its name is no address).
+    let body = json!({"model": "kvdir-demo", "prompt": "hello there"}).to_string();
+    let r = request(addr, "POST", "/v1/completions", None, Some(&body));
+    assert_eq!((r.status, r.json()["served_by"].as_str()), (200, Some("test-engine")), "{r:?}");
+    assert!(r.head.to_ascii_lowercase().contains("x-kvdir-instance: vllm-a"), "{}", r.head);
+
+    // Another process start time is another process: the stream starts again for it, and
+    // credit comes back once it is synchronized with the (unchanged) publisher.
+    http.set(|s| s.start_time = Some(1_764_599_000.5));
+    let second = "process_start_time_seconds=1764599000.5";
+    eventually("the stream restarted for the new process", || {
+        let s = stream(addr, "vllm-a").ok_or("none")?;
+        (s["process"] == second).then_some(()).ok_or(s.to_string())
+    });
+    let c = eventually("credit for the new process", || credited(&events, addr, "vllm-a", &tokens));
+    assert_eq!(c["dp_hits"][0]["identity_matches"], true, "{c}");
+
+    // An unhealthy engine is not routed to; a healthy one again is.
+    http.set(|s| s.healthy = false);
+    eventually("SUSPECT while /health fails", || {
+        let i = instance(addr, "vllm-a").unwrap();
+        (i["state"] == "SUSPECT").then_some(()).ok_or(i.to_string())
+    });
+    let body = json!({ "token_ids": tokens }).to_string();
+    let r = request(addr, "POST", "/v1/internal/route", None, Some(&body));
+    assert_eq!(r.status, 503, "{}", r.body);
+    http.set(|s| s.healthy = true);
+    eventually("ACTIVE again", || credited(&events, addr, "vllm-a", &tokens));
+}
+
+#[test]
+fn an_engine_registered_over_http_is_listed_and_unlisted() {
+    let http = TestEngine::start();
+    http.set(|s| s.start_time = None);
+    let kv = spawn(&["--http_server_port=0", "--etcd_addr="], "kvdir listening on http://");
+    let addr = &kv.addr;
+    let body = json!({"url": format!("http://127.0.0.1:{}", http.port), "dialect": "vllm",
+        "events": "tcp://127.0.0.1:1", "replay": "tcp://127.0.0.1:3", "dp_size": 2,
+        "block_size": 16});
+    let r = request(addr, "POST", "/register", None, Some(&body.to_string()));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let name = format!("127.0.0.1:{}", http.port);
+    assert_eq!(r.json()["instance_id"], name.as_str());
+    let again = request(addr, "POST", "/register", None, Some(&body.to_string()));
+    assert_eq!(again.status, 409, "{}", again.body);
+    assert!(again.body.contains("listed already"), "{}", again.body);
+    // Healthy and loaded, but its process is unknown: routable, without streams or credit.
+    let i = eventually("the registered engine polled", || {
+        let i = instance(addr, &name).ok_or("not listed")?;
+        (i["state"] == "ACTIVE").then_some(i.clone()).ok_or(i.to_string())
+    });
+    assert_eq!(i["incarnation_id"], Value::Null, "{i}");
+    assert_eq!(i["engine"]["identity_known"], false, "{i}");
+    let error = i["engine"]["error"].as_str().unwrap_or_default();
+    assert!(error.contains("no process_start_time_seconds"), "{i}");
+    assert_eq!(i["streams"], json!([]), "no streams before the process is known");
+    http.set(|s| s.start_time = Some(1.5));
+    let i = eventually("the registered engine's identity and streams", || {
+        let i = instance(addr, &name).ok_or("not listed")?;
+        (i["streams"] == json!([0, 1])).then_some(i.clone()).ok_or(i.to_string())
+    });
+    assert_eq!(i["incarnation_id"], "process_start_time_seconds=1.5");
+    let source = i["engine"]["source"].as_str();
+    assert_eq!((i["dp_size"].as_u64(), source), (Some(2), Some("register")));
+    let bad = json!({"url": "http://127.0.0.1:1/x", "dialect": "tgi", "events": "tcp://h:1"});
+    let r = request(addr, "POST", "/register", None, Some(&bad.to_string()));
+    assert_eq!(r.status, 400, "{}", r.body);
+    for named in ["engine.url", "engine.dialect", "engine.replay: missing", "engine.block_size"] {
+        assert!(r.body.contains(named), "{named} not in {}", r.body);
+    }
+    let gone = json!({ "instance_id": name }).to_string();
+    let r = request(addr, "POST", "/unregister", None, Some(&gone));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["removed"].as_array().map(Vec::len), Some(2));
+    assert!(instance(addr, &name).is_none(), "unlisted");
+}

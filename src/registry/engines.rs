@@ -1,0 +1,343 @@
+//! Engines listed by address (config `engines`, or `POST /register` with a `url`), without etcd:
+//! what their `/health` and `/metrics` say, turned into the same [`Instance`] etcd records
+//! become, with time passed in. The service polls; this module decides.
+//!
+//! Process identity, per dialect (no identity: no CAR credit, and no streams yet):
+//! - **vLLM**: `process_start_time_seconds` from `/metrics`. Another value is another process:
+//!   its streams restart cold. An unreachable engine keeps its identity, so a network blip
+//!   costs no resynchronization.
+//! - **SGLang** (no `process_start_time_seconds`, and nothing per process in `/server_info`)
+//!   and **xLLM**: a run of healthy probes. A failed `/health` ends the run; the next healthy
+//!   answer starts a new identity, so a restart (SGLang takes seconds to start) is seen as one.
+//!   A restart faster than the poll interval is left to the stream: a new process numbers its
+//!   batches from 0 again, and a sequence regression withdraws credit until it is synchronized.
+//!
+//! Health: a 200 from `/health` is ACTIVE, anything else SUSPECT (never routed). A listed engine
+//! is never removed for being down; its streams keep reconnecting.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use super::plan::{Exclusion, Plan, PlannedStream};
+use super::record::{Identity, InstanceRecord, InstanceType, LoadMetrics};
+use super::state::{Instance, InstanceState};
+use crate::config::{canonical_endpoint, Dialect, EngineSpec};
+use crate::prometheus::Samples;
+
+/// What the load gauges of one `/metrics` answer say.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct EngineReading {
+    /// `process_start_time_seconds`, when exported.
+    pub process_start: Option<f64>,
+    /// Requests queued (vLLM `num_requests_waiting`, SGLang `num_queue_reqs`), summed over
+    /// the engine's label sets (its DP ranks).
+    pub waiting: u64,
+    /// Requests running (vLLM `num_requests_running`, SGLang `num_running_reqs`).
+    pub running: u64,
+    /// KV cache usage in 0..=1 (vLLM `kv_cache_usage_perc`, SGLang `token_usage`), the
+    /// largest over the label sets.
+    pub usage: f64,
+}
+
+impl EngineReading {
+    /// The load routing reads: continuous batching admits most requests at once, so the queue
+    /// CAR weighs is waiting plus running.
+    pub fn load(&self) -> LoadMetrics {
+        LoadMetrics {
+            waiting_requests_num: self.waiting + self.running,
+            gpu_cache_usage_perc: self.usage,
+        }
+    }
+}
+
+/// The metric names of a dialect: waiting, running, usage (with an older alias).
+fn names(dialect: Dialect) -> Option<[&'static str; 4]> {
+    match dialect {
+        Dialect::Vllm => Some([
+            "vllm:num_requests_waiting",
+            "vllm:num_requests_running",
+            "vllm:kv_cache_usage_perc",
+            "vllm:gpu_cache_usage_perc",
+        ]),
+        Dialect::Sglang => Some([
+            "sglang:num_queue_reqs",
+            "sglang:num_running_reqs",
+            "sglang:token_usage",
+            "sglang:token_usage",
+        ]),
+        Dialect::Xllm => None,
+    }
+}
+
+/// Reads a `/metrics` answer of an engine of `dialect`. xLLM's gauges are not read (its load
+/// comes from etcd or heartbeats): zeros. A missing gauge is an error naming it.
+pub fn read_metrics(dialect: Dialect, text: &str) -> Result<EngineReading, String> {
+    let s = Samples::parse(text);
+    let process_start = s.max("process_start_time_seconds");
+    let Some([waiting, running, usage, usage_alias]) = names(dialect) else {
+        return Ok(EngineReading { process_start, waiting: 0, running: 0, usage: 0.0 });
+    };
+    let missing = |name: &str| {
+        format!(
+            "{name} is missing from /metrics ({} samples); is this a {} server with metrics on?",
+            s.samples.len(),
+            dialect.as_str()
+        )
+    };
+    let count = |name| s.sum(name).map(|v| v.max(0.0).round() as u64).ok_or_else(|| missing(name));
+    let (waiting, running) = (count(waiting)?, count(running)?);
+    let usage = s.max(usage).or_else(|| s.max(usage_alias)).ok_or_else(|| missing(usage))?;
+    if !(0.0..=1.0).contains(&usage) {
+        return Err(format!("KV cache usage {usage} is outside 0..=1"));
+    }
+    Ok(EngineReading { process_start, waiting, running, usage })
+}
+
+/// Every endpoint of an engine, in canonical form.
+fn endpoints(spec: &EngineSpec) -> impl Iterator<Item = String> + '_ {
+    spec.events
+        .iter()
+        .chain(&spec.replay)
+        .map(|ep| canonical_endpoint(ep).unwrap_or_else(|| ep.clone()))
+}
+
+/// One poll of an engine: `/health` (`Ok` on a 200) and `/metrics` (its text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Probe {
+    /// `/health`.
+    pub health: Result<(), String>,
+    /// `/metrics`.
+    pub metrics: Result<String, String>,
+}
+
+/// What a poll did to the engine's process identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdentityChange {
+    /// Nothing.
+    Unchanged,
+    /// Known for the first time: its streams can start.
+    Learned,
+    /// Another process: its streams restart cold.
+    Changed,
+}
+
+/// One listed engine.
+#[derive(Debug, Clone)]
+pub struct ListedEngine {
+    /// Its description.
+    pub spec: EngineSpec,
+    /// As routing and reports see it (role DEFAULT, backend = dialect); the identity is
+    /// meaningful only when `identity_known`.
+    pub instance: Instance,
+    /// Whether the process identity is known.
+    pub identity_known: bool,
+    /// The latest `/metrics` reading.
+    pub reading: Option<EngineReading>,
+    /// The latest problem (`/health`, `/metrics`, no identity), if any.
+    pub error: Option<String>,
+    /// Polls so far.
+    pub polls: u64,
+    /// Runs of healthy polls so far (the SGLang and xLLM identity).
+    runs: u64,
+    /// Whether the latest poll was healthy.
+    healthy: bool,
+}
+
+impl ListedEngine {
+    fn new(spec: EngineSpec, now: Instant) -> Self {
+        let record = InstanceRecord {
+            name: spec.name.clone(),
+            kind: InstanceType::Default,
+            mix_acting_prefill: false,
+            identity: Identity::default(),
+            dp_size: spec.dp_size(),
+            backend: spec.dialect.as_str().to_string(),
+            model: spec.model.clone(),
+            ttft_profile: Vec::new(),
+            tpot_profile: Vec::new(),
+        };
+        let instance = Instance {
+            record,
+            state: InstanceState::Suspect,
+            since: now,
+            last_heartbeat: None,
+            load: None,
+            load_reports: 0,
+            probe: None,
+        };
+        let error = Some("not polled yet".to_string());
+        ListedEngine {
+            spec,
+            instance,
+            identity_known: false,
+            reading: None,
+            error,
+            polls: 0,
+            runs: 0,
+            healthy: false,
+        }
+    }
+
+    /// Applies one poll.
+    fn observe(&mut self, probe: Probe, now: Instant) -> IdentityChange {
+        self.polls += 1;
+        let i = &mut self.instance;
+        let state =
+            if probe.health.is_ok() { InstanceState::Active } else { InstanceState::Suspect };
+        if i.state != state {
+            (i.state, i.since) = (state, now);
+        }
+        if let Err(e) = probe.health {
+            (self.healthy, self.error) = (false, Some(format!("/health: {e}")));
+            return IdentityChange::Unchanged;
+        }
+        let reading = probe.metrics.and_then(|text| read_metrics(self.spec.dialect, &text));
+        self.error = reading.as_ref().err().map(|e| format!("/metrics: {e}"));
+        let process = self.process(&reading);
+        self.healthy = true;
+        let i = &mut self.instance;
+        if let Ok(r) = reading {
+            self.reading = Some(r);
+            i.load = Some(r.load());
+            i.load_reports += 1;
+        } else if i.load.is_none() {
+            // Healthy without load gauges: routable, with an empty queue.
+            i.load = Some(LoadMetrics { waiting_requests_num: 0, gpu_cache_usage_perc: 0.0 });
+        }
+        let Some(id) = process.filter(|p| i.record.identity.incarnation_id.as_ref() != Some(p))
+        else {
+            return IdentityChange::Unchanged;
+        };
+        i.record.identity = Identity { incarnation_id: Some(id), register_ts_ms: None };
+        i.load_reports = u64::from(self.reading.is_some());
+        if std::mem::replace(&mut self.identity_known, true) {
+            IdentityChange::Changed
+        } else {
+            IdentityChange::Learned
+        }
+    }
+
+    /// The process a healthy poll with `reading` shows, if it shows one (see the module
+    /// documentation); a vLLM without a start time is noted as the latest problem.
+    fn process(&mut self, reading: &Result<EngineReading, String>) -> Option<String> {
+        match (self.spec.dialect, reading) {
+            (Dialect::Vllm, Ok(r)) => {
+                let start = r.process_start.map(|t| format!("process_start_time_seconds={t}"));
+                if start.is_none() {
+                    self.error = Some(
+                        "/metrics has no process_start_time_seconds: the process is unknown, so \
+                         no CAR credit"
+                            .into(),
+                    );
+                }
+                start
+            }
+            (Dialect::Vllm, Err(_)) => None,
+            _ if !self.healthy => {
+                self.runs += 1;
+                Some(format!("healthy-run-{}", self.runs))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Every listed engine by name.
+#[derive(Debug, Default)]
+pub struct Engines {
+    by_name: BTreeMap<String, ListedEngine>,
+}
+
+impl Engines {
+    /// Lists an engine; `Err` names the engine already listed under its name or sharing an
+    /// endpoint with it.
+    pub fn add(&mut self, spec: EngineSpec, now: Instant) -> Result<(), String> {
+        if self.by_name.contains_key(&spec.name) {
+            return Err(format!(
+                "an engine named {:?} is listed already; give this one another name",
+                spec.name
+            ));
+        }
+        let mine: Vec<String> = endpoints(&spec).collect();
+        for other in self.iter() {
+            if let Some(ep) = endpoints(&other.spec).find(|ep| mine.contains(ep)) {
+                return Err(format!(
+                    "endpoint {ep} is also one of engine {:?}; each endpoint serves one stream",
+                    other.spec.name
+                ));
+            }
+        }
+        self.by_name.insert(spec.name.clone(), ListedEngine::new(spec, now));
+        Ok(())
+    }
+
+    /// Moves out of `plan` (discovery's, from etcd) every instance named like a listed engine
+    /// or sharing an endpoint with one: the listing wins.
+    pub fn exclude_from(&self, plan: &mut Plan) {
+        let listed: BTreeMap<String, &str> = self
+            .iter()
+            .flat_map(|e| endpoints(&e.spec).map(move |ep| (ep, e.spec.name.as_str())))
+            .collect();
+        let mut clash: BTreeMap<String, Exclusion> = BTreeMap::new();
+        for s in &plan.streams {
+            let name = &s.spec.instance_name;
+            let why = if self.contains(name) {
+                Some("an engine of this name is listed by address; the listing wins".to_string())
+            } else {
+                [&s.spec.endpoint, &s.spec.replay_endpoint].into_iter().find_map(|ep| {
+                    let ep = canonical_endpoint(ep).unwrap_or_else(|| ep.clone());
+                    listed.get(&ep).map(|e| format!("endpoint {ep} is one of listed engine {e:?}"))
+                })
+            };
+            if let Some(why) = why {
+                clash.entry(name.clone()).or_insert(Exclusion::Overlap(why));
+            }
+        }
+        plan.streams.retain(|s| !clash.contains_key(&s.spec.instance_name));
+        plan.excluded.extend(clash);
+    }
+
+    /// Unlists an engine.
+    pub fn remove(&mut self, name: &str) -> Option<ListedEngine> {
+        self.by_name.remove(name)
+    }
+
+    /// One engine.
+    pub fn get(&self, name: &str) -> Option<&ListedEngine> {
+        self.by_name.get(name)
+    }
+
+    /// Whether `name` is a listed engine.
+    pub fn contains(&self, name: &str) -> bool {
+        self.by_name.contains_key(name)
+    }
+
+    /// The engines in name order.
+    pub fn iter(&self) -> impl Iterator<Item = &ListedEngine> {
+        self.by_name.values()
+    }
+
+    /// Applies a poll of `name` (ignored when it is no longer listed).
+    pub fn observe(&mut self, name: &str, probe: Probe, now: Instant) -> IdentityChange {
+        self.by_name.get_mut(name).map_or(IdentityChange::Unchanged, |e| e.observe(probe, now))
+    }
+
+    /// The streams of every engine whose process is known, for that process.
+    pub fn planned(&self) -> Vec<PlannedStream> {
+        self.iter()
+            .filter(|e| e.identity_known)
+            .flat_map(|e| {
+                let identity = e.instance.record.identity.clone();
+                e.spec.streams().into_iter().map(move |spec| PlannedStream {
+                    spec,
+                    identity: identity.clone(),
+                    dp_size: e.spec.dp_size(),
+                })
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+#[path = "engines_tests.rs"]
+mod tests;
