@@ -1,7 +1,8 @@
 //! Compatibility with vLLM's own publisher: every live message recorded from
 //! `ZmqEventPublisher` (`tests/fixtures/vllm`, see its README) decodes into exactly the events its
 //! `expected.json` lists. LoRA events are indexed in their adapter's namespace (protocol.md
-//! section 1.1); multimodal events are skipped and counted. Skipped stores keep their hashes as
+//! section 1.1), and a store whose first block carries a `cache_salt` in the salt's;
+//! multimodal events are skipped and counted. Skipped stores keep their hashes as
 //! out-of-scope events; the fixtures mark their first block, so the whole event is out of scope.
 
 use std::path::PathBuf;
@@ -32,6 +33,7 @@ enum Owned {
         block_size: u32,
         tier: Tier,
         lora: u64,
+        salt: u64,
     },
     OutOfScope {
         hashes: Vec<EngineHash>,
@@ -58,6 +60,7 @@ fn owned(batch: &Batch) -> Vec<Owned> {
                 block_size: s.block_size,
                 tier: s.tier,
                 lora: s.lora,
+                salt: s.salt,
             },
             Event::OutOfScope { hashes, tier } => {
                 Owned::OutOfScope { hashes: batch.hashes(*hashes).to_vec(), tier: *tier }
@@ -91,7 +94,8 @@ fn expected(batch: &Value) -> (Vec<Owned>, u64, u64) {
         let hashes = || e["block_hashes"].as_array().unwrap().iter().map(hash).collect();
         match e["type"].as_str().unwrap() {
             "BlockStored" => {
-                if e["has_extra_keys"] == Value::Bool(true) {
+                let salt = e["cache_salt"].as_str().map_or(0, |s| Namespace::salt(s.as_bytes()));
+                if e["has_extra_keys"] == Value::Bool(true) && salt == 0 {
                     skipped += 1;
                     out.push(Owned::OutOfScope { hashes: hashes(), tier: tier(&e["medium"]) });
                     continue;
@@ -109,6 +113,7 @@ fn expected(batch: &Value) -> (Vec<Owned>, u64, u64) {
                     block_size: e["block_size"].as_u64().unwrap() as u32,
                     tier: tier(&e["medium"]),
                     lora,
+                    salt,
                 });
             }
             "BlockRemoved" => {

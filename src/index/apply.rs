@@ -221,7 +221,7 @@ impl Table {
         };
         for (i, (h, block)) in hashes.iter().zip(tokens.chunks_exact(b)).enumerate() {
             self.prefetch_ahead(hashes, i);
-            let key = ctx.hasher.hasher(s.lora).chain(prev, block);
+            let key = ctx.hasher.hasher(s.lora, s.salt).chain(prev, block);
             self.store(*h, key, s.tier, ctx.max_blocks, out, stats)?;
             prev = Some(key);
         }
