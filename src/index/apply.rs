@@ -6,7 +6,7 @@
 //! collected in order and handed to a [`Sink`], which is either the live view's operation log or
 //! a map built aside.
 //!
-//! Blocks outside the index's scope ([`Event::OutOfScope`]: multimodal or salted context)
+//! Blocks outside the index's scope ([`Event::OutOfScope`]: multimodal context)
 //! are remembered by engine hash with the [`OUT_OF_SCOPE`] flag, on their tiers, and never reach
 //! the view. A store whose parent is one of them, and a tokenless replica of one, is out of scope
 //! too (vLLM marks only the blocks that carry the context; the text blocks after them chain to
