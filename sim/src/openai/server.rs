@@ -185,8 +185,11 @@ async fn serve(
     let (parsed, rank, cached, mut guard) = blocking(move || {
         let parsed = request::parse(kind, &body, &config)?;
         let (ranks, load) = (&data.engine.ranks, &data.engine.load);
-        let (rank, cached) =
+        let (rank, held) =
             generate::choose_rank(ranks, load, &parsed.tokens).map_err(unavailable)?;
+        // Like the engines, never the prompt's last token: whole blocks before it only.
+        let limit = kvdir::car::reusable_limit(parsed.tokens.len(), data.engine.config.block_size);
+        let cached = held.min(limit);
         // Counted on the rank at once, so the next request's choice sees it.
         guard.assign(rank);
         Ok((parsed, rank, cached, guard))
