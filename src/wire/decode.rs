@@ -6,6 +6,7 @@
 //! come, so the `type` key may appear anywhere in a map; an event that turns out to be skipped
 //! rolls its arena entries back.
 
+use super::extra_keys::{read_extra_keys, salt_and_mark, Extra};
 use super::msgpack::{Int, Reader};
 use super::types::{Batch, EngineHash, Event, Span, Stored, Tier};
 use super::WireError;
@@ -127,28 +128,6 @@ struct Fields<'a> {
     extra: Extra<'a>,
 }
 
-/// What a store's `extra_keys` says of its blocks.
-#[derive(Default)]
-struct Extra<'a> {
-    /// The first block whose entry carries context kvdir does not index (multimodal, prompt
-    /// embeddings, anything it cannot read).
-    first_marked: Option<usize>,
-    /// The lone string of the first block's entry: the request's `cache_salt` when the store
-    /// starts a prefix (no parent).
-    salt: Option<&'a [u8]>,
-}
-
-/// One block's `extra_keys` entry, less a leading string equal to the event's `lora_name`.
-enum Entry<'a> {
-    /// Nothing else: the block carries no context.
-    Empty,
-    /// One string alone: a `cache_salt` on a prefix's first block.
-    Text(&'a [u8]),
-    /// Anything else: a `(mm_identifier, offset)` pair, a prompt-embeddings digest (bin),
-    /// several strings, or a value of another shape.
-    Other,
-}
-
 fn decode_event(r: &mut Reader<'_>, batch: &mut Batch) -> Result<(), WireError> {
     let marks = batch.arena_marks();
     let mut f = Fields::default();
@@ -244,68 +223,6 @@ fn read_lora_id(r: &mut Reader<'_>) -> Result<u64, WireError> {
     Ok(match r.int("lora_id")? {
         Int::U(v) => crate::index::Namespace::lora_id(v as i64),
         Int::I(v) => crate::index::Namespace::lora_id(v),
-    })
-}
-
-/// Reads `extra_keys` (protocol.md section 2.2). vLLM 0.32 publishes one entry per block, nil
-/// or a tuple of, in this order: the LoRA name (every block of an adapter's request),
-/// `(mm_identifier, offset)` pairs (blocks holding an image's tokens), the request's
-/// `cache_salt` (its first block only) and a prompt-embeddings digest as bytes
-/// (`vllm/v1/core/kv_cache_utils.py`: `generate_block_hash_extra_keys`,
-/// `to_event_extra_keys`). So, past a leading copy of the event's `lora_name`, a lone string
-/// in the first entry is the salt, an empty rest marks nothing, and anything else marks the
-/// block; a value that is not a list marks every block.
-fn read_extra_keys<'a>(r: &mut Reader<'a>, lora: Option<&[u8]>) -> Result<Extra<'a>, WireError> {
-    let mut extra = Extra::default();
-    if r.eat_nil()? {
-        return Ok(extra);
-    }
-    if !is_array(r.peek()?) {
-        r.skip()?;
-        extra.first_marked = Some(0);
-        return Ok(extra);
-    }
-    for i in 0..r.array_len("extra_keys")? {
-        if r.eat_nil()? {
-            continue;
-        }
-        match read_entry(r, lora)? {
-            Entry::Empty => {}
-            Entry::Text(salt) if i == 0 => extra.salt = Some(salt),
-            Entry::Text(_) | Entry::Other => {
-                extra.first_marked.get_or_insert(i);
-            }
-        }
-    }
-    Ok(extra)
-}
-
-fn is_array(marker: u8) -> bool {
-    matches!(marker, 0x90..=0x9f | 0xdc | 0xdd)
-}
-
-fn read_entry<'a>(r: &mut Reader<'a>, lora: Option<&[u8]>) -> Result<Entry<'a>, WireError> {
-    if !is_array(r.peek()?) {
-        r.skip()?;
-        return Ok(Entry::Other);
-    }
-    let (mut texts, mut last, mut other) = (0, None, false);
-    for j in 0..r.array_len("extra_keys")? {
-        if !matches!(r.peek()?, 0xa0..=0xbf | 0xd9..=0xdb) {
-            r.skip()?;
-            other = true;
-            continue;
-        }
-        let text = r.str_bytes("extra_keys")?;
-        if j > 0 || lora != Some(text) {
-            texts += 1;
-            last = Some(text);
-        }
-    }
-    Ok(match (other, texts, last) {
-        (false, 0, _) => Entry::Empty,
-        (false, 1, Some(text)) => Entry::Text(text),
-        _ => Entry::Other,
     })
 }
 
@@ -405,8 +322,7 @@ fn finish_event(
 
 /// A `BlockStored`, in scope or not. LoRA context and a salt are the blocks' namespace;
 /// `extra_keys` puts the first marked block and every block after it (they chain to it) out of
-/// scope, and
-/// the blocks before it stay in scope when the tokens split there. Out-of-scope blocks keep
+/// scope, and the blocks before it stay in scope when the tokens split there. Out-of-scope blocks keep
 /// only their hashes ([`Event::OutOfScope`]); the event counts once as skipped.
 fn finish_stored(f: &Fields<'_>, batch: &mut Batch, marks: (u32, u32)) -> Result<(), WireError> {
     let hashes = f.hashes.ok_or(missing("BlockStored", "block_hashes"))?;
@@ -414,7 +330,7 @@ fn finish_stored(f: &Fields<'_>, batch: &mut Batch, marks: (u32, u32)) -> Result
     let block_size = f.block_size.ok_or(missing("BlockStored", "block_size"))?;
     let n = hashes.len;
     let lora = if f.lora_name != 0 { f.lora_name } else { f.lora_id };
-    let (salt, marked) = salt_and_mark(f, n as usize);
+    let (salt, marked) = salt_and_mark(&f.extra, f.lora_bytes, f.parent.is_some(), n as usize);
     let Some(tier) = Tier::from_medium(f.medium) else {
         match marked {
             Some(_) => batch.skipped.lora_or_multimodal += 1,
@@ -442,20 +358,6 @@ fn finish_stored(f: &Fields<'_>, batch: &mut Batch, marks: (u32, u32)) -> Result
     let rest = Span { start: hashes.start + k, len: n - k };
     batch.events.push(Event::OutOfScope { hashes: rest, tier });
     Ok(())
-}
-
-/// The store's salt tag and its first marked block. The first entry's lone string is a salt
-/// only on a store that starts a prefix (vLLM salts a request's first block, and only it); on a
-/// store with a parent, or when it merely repeats a `lora_name` sent after `extra_keys`, it is
-/// unknown context and marks the first block.
-fn salt_and_mark(f: &Fields<'_>, n: usize) -> (u64, Option<usize>) {
-    let marked = f.extra.first_marked.filter(|&k| k < n);
-    match f.extra.salt {
-        Some(s) if f.lora_bytes == Some(s) => (0, marked),
-        Some(s) if f.parent.is_none() => (crate::index::Namespace::salt(s), marked),
-        Some(_) if n > 0 => (0, Some(0)),
-        _ => (0, marked),
-    }
 }
 
 fn missing(context: &'static str, key: &'static str) -> WireError {
