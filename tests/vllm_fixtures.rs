@@ -1,13 +1,14 @@
 //! Compatibility with vLLM's own publisher: every live message recorded from
 //! `ZmqEventPublisher` (`tests/fixtures/vllm`, see its README) decodes into exactly the events its
 //! `expected.json` lists. LoRA events are indexed in their adapter's namespace (protocol.md
-//! section 1.1); multimodal events are skipped and counted. Skipped stores keep their hashes as
+//! section 1.1), and a store whose first block carries a `cache_salt` in the salt's;
+//! multimodal events are skipped and counted. Skipped stores keep their hashes as
 //! out-of-scope events; the fixtures mark their first block, so the whole event is out of scope.
 
 use std::path::PathBuf;
 
-use kvdir::index::{IndexConfig, KeyHasher, Namespace, StreamIndex};
-use kvdir::wire::{decode_live, Batch, EngineHash, Event, Tier};
+use kvdir::index::{IndexConfig, Namespace, StreamIndex, ViewHandle};
+use kvdir::wire::{decode_live, Batch, EngineHash, Event, Stored, Tier};
 use serde_json::Value;
 
 const TOPIC: &[u8] = b"kv@vllm";
@@ -32,6 +33,7 @@ enum Owned {
         block_size: u32,
         tier: Tier,
         lora: u64,
+        salt: u64,
     },
     OutOfScope {
         hashes: Vec<EngineHash>,
@@ -58,6 +60,7 @@ fn owned(batch: &Batch) -> Vec<Owned> {
                 block_size: s.block_size,
                 tier: s.tier,
                 lora: s.lora,
+                salt: s.salt,
             },
             Event::OutOfScope { hashes, tier } => {
                 Owned::OutOfScope { hashes: batch.hashes(*hashes).to_vec(), tier: *tier }
@@ -91,7 +94,8 @@ fn expected(batch: &Value) -> (Vec<Owned>, u64, u64) {
         let hashes = || e["block_hashes"].as_array().unwrap().iter().map(hash).collect();
         match e["type"].as_str().unwrap() {
             "BlockStored" => {
-                if e["has_extra_keys"] == Value::Bool(true) {
+                let salt = e["cache_salt"].as_str().map_or(0, |s| Namespace::salt(s.as_bytes()));
+                if e["has_extra_keys"] == Value::Bool(true) && salt == 0 {
                     skipped += 1;
                     out.push(Owned::OutOfScope { hashes: hashes(), tier: tier(&e["medium"]) });
                     continue;
@@ -109,6 +113,7 @@ fn expected(batch: &Value) -> (Vec<Owned>, u64, u64) {
                     block_size: e["block_size"].as_u64().unwrap() as u32,
                     tier: tier(&e["medium"]),
                     lora,
+                    salt,
                 });
             }
             "BlockRemoved" => {
@@ -167,14 +172,15 @@ fn vllm_bin_hashes_decode_exactly() {
     assert_eq!(check_fixture("vllm-bytes-hashes-dp1"), (12, 3), "three LoRA events, indexed");
 }
 
-/// Applies the fixture's messages to a stream index and, after each LoRA store with no parent
-/// (one with a parent may chain to a block stored before the recording began),
-/// matches its tokens: the adapter's query gets every block, the base model and another
-/// adapter none.
-#[test]
-fn vllm_lora_stores_are_indexed_in_their_adapters_namespace() {
+/// Applies fixture `name`'s messages to a stream index and calls `check` with the published
+/// view and the tokens of each store with no parent (one with a parent may chain to a block
+/// stored before the recording began); returns how many it checked.
+fn for_each_root_store(
+    name: &str,
+    mut check: impl FnMut(usize, &Stored, &[i32], &ViewHandle),
+) -> usize {
     let frames =
-        std::fs::read_to_string(fixture_dir().join("vllm-bytes-hashes-dp1.frames.jsonl")).unwrap();
+        std::fs::read_to_string(fixture_dir().join(format!("{name}.frames.jsonl"))).unwrap();
     let config = IndexConfig { block_size: 16, hash_seed: 1024, salt: 0, max_blocks: 1 << 16 };
     let mut index = StreamIndex::new(config);
     let mut batch = Batch::default();
@@ -198,23 +204,56 @@ fn vllm_lora_stores_are_indexed_in_their_adapters_namespace() {
         index.publish();
         let view = index.reader().handle();
         for e in &batch.events {
-            let Event::Stored(s) = e else { continue };
-            if s.lora == 0 || s.parent.is_some() {
-                continue;
+            if let Event::Stored(s) = e {
+                if s.parent.is_none() {
+                    check(i, s, batch.tokens(s.tokens), &view);
+                    checked += 1;
+                }
             }
-            let tokens = batch.tokens(s.tokens);
-            let matched = |ns: Namespace| {
-                let mut keys = Vec::new();
-                KeyHasher::new(16, ns.seed(1024)).prefix_keys(tokens, &mut keys);
-                view.match_prefix(&keys).reusable_prefix_tokens()
-            };
-            let adapter =
-                |name: &str| Namespace { lora: Namespace::lora_name(name.as_bytes()), salt: 0 };
-            assert_eq!(matched(adapter("adapter-a")), tokens.len() as u64, "message {i}");
-            assert_eq!(matched(adapter("adapter-b")), 0, "message {i}");
-            assert_eq!(matched(Namespace::default()), 0, "message {i}: base model");
-            checked += 1;
         }
     }
-    assert!(checked > 0, "no root LoRA store was applied, so nothing was checked");
+    checked
+}
+
+/// The tokens of `tokens` that `view` matches for a query in namespace `ns`.
+fn matched(view: &ViewHandle, ns: Namespace, tokens: &[i32]) -> u64 {
+    let mut keys = Vec::new();
+    ns.hasher(16, 1024).prefix_keys(tokens, &mut keys);
+    view.match_prefix(&keys).reusable_prefix_tokens()
+}
+
+/// After each LoRA store with no parent, its tokens match for the adapter's query in full, and
+/// for the base model and another adapter not at all.
+#[test]
+fn vllm_lora_stores_are_indexed_in_their_adapters_namespace() {
+    let adapter = |name: &str| Namespace { lora: Namespace::lora_name(name.as_bytes()), salt: 0 };
+    let mut lora = 0;
+    for_each_root_store("vllm-bytes-hashes-dp1", |i, s, tokens, view| {
+        if s.lora == 0 {
+            return;
+        }
+        assert_eq!(matched(view, adapter("adapter-a"), tokens), tokens.len() as u64, "message {i}");
+        assert_eq!(matched(view, adapter("adapter-b"), tokens), 0, "message {i}");
+        assert_eq!(matched(view, Namespace::default(), tokens), 0, "message {i}: base model");
+        lora += 1;
+    });
+    assert!(lora > 0, "no root LoRA store was applied, so nothing was checked");
+}
+
+/// The store whose first block carries a salt matches for that salt's query only.
+#[test]
+fn vllm_salted_stores_are_indexed_in_their_salts_namespace() {
+    let salt = |s: &str| Namespace { lora: 0, salt: Namespace::salt(s.as_bytes()) };
+    let mut salted = 0;
+    for_each_root_store("vllm-int-hashes-dp0", |i, s, tokens, view| {
+        if s.salt == 0 {
+            return;
+        }
+        assert_eq!(s.salt, Namespace::salt(b"mm-hash-1"), "message {i}");
+        assert_eq!(matched(view, salt("mm-hash-1"), tokens), tokens.len() as u64, "message {i}");
+        assert_eq!(matched(view, salt("another"), tokens), 0, "message {i}");
+        assert_eq!(matched(view, Namespace::default(), tokens), 0, "message {i}: no salt");
+        salted += 1;
+    });
+    assert_eq!(salted, 1, "the one salted root store");
 }

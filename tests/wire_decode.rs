@@ -3,7 +3,9 @@
 
 use kvdir::index::Namespace;
 use kvdir::wire::msgpack::Writer;
-use kvdir::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord, WireHash};
+use kvdir::wire::record::{
+    BatchForm, BatchRecord, EventForm, EventRecord, ExtraKey, StoredRecord, WireHash,
+};
 use kvdir::wire::{decode_batch, encode_batch, Batch, EngineHash, Event, Tier, WireError};
 
 fn stored(hashes: Vec<WireHash>, parent: Option<WireHash>, tier: Tier) -> StoredRecord {
@@ -149,7 +151,7 @@ fn out_of_scope_events_are_skipped_and_counted_and_lora_events_are_namespaced() 
     let mut named = stored(vec![WireHash::Uint(6)], None, Tier::Device);
     named.lora_name = Some("adapter".into());
     let mut mm = stored(vec![WireHash::Uint(7)], None, Tier::Device);
-    mm.extra_keys = vec![Some("image-hash".into())];
+    mm.extra_keys = vec![ExtraKey::image("image-hash")];
     let mut empty_name = stored(vec![WireHash::Uint(8)], None, Tier::Device);
     empty_name.lora_name = Some(String::new());
     let mut disk = stored(vec![WireHash::Uint(9)], None, Tier::Device);

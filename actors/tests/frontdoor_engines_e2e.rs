@@ -396,3 +396,31 @@ fn an_engine_slower_than_the_upstream_timeout_is_a_504() {
     assert_eq!(body["error"]["code"], "upstream_timeout", "{body}");
     assert!(body["error"]["message"].as_str().unwrap().contains("300 ms"), "{body}");
 }
+
+#[test]
+fn a_fully_cached_prompt_of_whole_blocks_is_credited_all_but_its_last_block() {
+    let etcd = etcd_endpoint();
+    let ns = format!("fd-last-{}", std::process::id());
+    let (_engine, _reg) = serving(&etcd.endpoint, &ns, &costs(0, 0, 2));
+    let svc = kvdir(&etcd.endpoint, &ns, Policy::Car);
+    ready(&svc, 1);
+    let whole = 4 * B as usize;
+    let tokens = tokens_of(&conversation(&long_system_prompt(), "Hi"))[..whole].to_vec();
+    let complete = || {
+        let body = json!({"model": MODEL, "prompt": tokens});
+        let url = format!("http://{}/v1/completions", svc.http_addr());
+        client().post(url).json(&body).send().expect("kvdir answers")
+    };
+    assert_eq!(complete().status().as_u16(), 200);
+    eventually("the prompt's four blocks in kvdir's directory", || {
+        let m = query(&svc, &tokens).matches;
+        let hit = m.first().map(|m| m.device_hit_tokens);
+        (hit == Some(whole as u64)).then_some(()).ok_or_else(|| format!("{m:?}"))
+    });
+    let r = complete();
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(header(&r, "x-kvdir-kv-hit-ratio"), "0.7500", "three blocks of four");
+    let body: Value = r.json().unwrap();
+    let cached = &body["usage"]["prompt_tokens_details"]["cached_tokens"];
+    assert_eq!(cached, 3 * B, "the engine reuses as much: {body}");
+}

@@ -238,13 +238,10 @@ impl EngineConfig {
         }
     }
 
-    /// The part of a `cached`-token prefix that a prompt of `prompt_len` tokens reuses: all of
-    /// it in the xLLM dialect; in the vLLM dialect only the full blocks within the first
-    /// `prompt_len - 1` tokens, since vLLM always computes the prompt's last token.
+    /// The part of a `cached`-token prefix that a prompt of `prompt_len` tokens reuses: only
+    /// the full blocks within the first `prompt_len - 1` tokens, since every engine (vLLM,
+    /// SGLang, xLLM) computes the prompt's last token.
     pub fn reused_tokens(&self, prompt_len: usize, cached: u64) -> u64 {
-        if self.dialect != Dialect::Vllm {
-            return cached;
-        }
         let block = u64::from(self.block_size.max(1));
         cached.min((prompt_len as u64).saturating_sub(1) / block * block)
     }
@@ -348,12 +345,12 @@ mod tests {
     }
 
     #[test]
-    fn vllm_never_reuses_the_last_prompt_token() {
+    fn no_engine_reuses_the_last_prompt_token() {
         let vllm =
             EngineConfig { block_size: 4, dialect: Dialect::Vllm, ..EngineConfig::default() };
         assert_eq!([12, 13, 1, 0].map(|len| vllm.reused_tokens(len, 12)), [8, 12, 0, 0]);
         assert_eq!(vllm.reused_tokens(100, 12), 12, "never more than is cached");
         let xllm = EngineConfig { block_size: 4, ..EngineConfig::default() };
-        assert_eq!(xllm.reused_tokens(12, 12), 12);
+        assert_eq!(xllm.reused_tokens(12, 12), 8);
     }
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use kvdir::wire::record::{BatchRecord, EventRecord, StoredRecord};
+use kvdir::wire::record::{BatchRecord, EventRecord, ExtraKey, StoredRecord};
 use kvdir::wire::{encode_batch, encode_live, Tier};
 use tracing::debug;
 
@@ -315,7 +315,7 @@ impl RankState {
                 // vLLM's extra_keys: the salt on the first block, nothing on the others.
                 let extra_keys = salt.map_or_else(Vec::new, |salt| {
                     let mut keys = vec![None; hashes.len()];
-                    keys[0] = Some(salt);
+                    keys[0] = ExtraKey::salt(&salt);
                     keys
                 });
                 let hashes = hashes.into_iter().map(wire).collect();

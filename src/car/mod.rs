@@ -5,7 +5,8 @@
 //! ```text
 //! kv_hit_ratio = clamp((device_hit + host_weight * host_only_hit) / input_tokens, 0, 1)
 //!                (the minimum over the instance's DP ranks; a missing, unsynchronized or
-//!                 stale-identity rank makes it 0)
+//!                 stale-identity rank makes it 0; hits are at most [`reusable_limit`]: the
+//!                 whole blocks within the prompt's first input_tokens - 1 tokens)
 //! predicted    = min over ranks of (exact + predicted tokens) / input_tokens - kv_hit_ratio
 //!                (predict-on-route, [`Predictions`]; 0 when off or nothing is expected)
 //! queue_cost   = waiting / max(waiting over P candidates)     (0 when every queue is empty)
@@ -31,7 +32,9 @@ pub use inflight::{prompt_id, InFlight, PromptId, RequestId};
 pub use policy::{kv_hit_ratio, route, Rotation, RouteError};
 pub use predict::{predicted_hit_ratio, PredictCounters, Predictions};
 pub use recent::{RecentRoutes, RecentRoutesReport, RouteRecord};
-pub use types::{Candidate, CandidateReport, DpHit, Policy, RouteParams, Routed, Side};
+pub use types::{
+    reusable_limit, Candidate, CandidateReport, DpHit, Policy, RouteParams, Routed, Side,
+};
 
 #[cfg(test)]
 mod tests;

@@ -246,3 +246,22 @@ fn slo_aware_says_when_no_candidate_meets_the_targets() {
     let json = serde_json::to_value(car.unwrap()).unwrap();
     assert!(json["candidates"][0].get("meets_slo").is_none(), "only SLO_AWARE reports it");
 }
+
+#[test]
+fn an_engine_reuses_the_whole_blocks_within_all_but_the_last_token() {
+    assert_eq!(reusable_limit(864, 32), 832, "27 whole blocks cached: 26 reused");
+    assert_eq!(reusable_limit(865, 32), 864, "a partial last block costs nothing more");
+    assert_eq!(reusable_limit(33, 32), 32);
+    assert_eq!(reusable_limit(32, 32), 0, "one block, all of the prompt: nothing");
+    assert_eq!((reusable_limit(1, 32), reusable_limit(0, 32)), (0, 0));
+    assert_eq!(reusable_limit(5, 0), 4, "a block size of 0 counts as 1");
+    let hit = |d, h| cand("a", InstanceType::Default, 0, &[(d, h)]).hits[0].clone();
+    let within = |d, h, limit| {
+        let w = hit(d, h).within(limit);
+        (w.device_hit_tokens, w.host_only_hit_tokens)
+    };
+    assert_eq!(within(864, 0, 832), (832, 0));
+    assert_eq!(within(800, 64, 832), (800, 32), "Device first, then Host-only");
+    assert_eq!(within(0, 864, 832), (0, 832));
+    assert_eq!(within(320, 64, 832), (320, 64), "below the limit: unchanged");
+}

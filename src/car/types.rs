@@ -98,6 +98,28 @@ pub struct DpHit {
     pub predicted_hit_tokens: u64,
 }
 
+impl DpHit {
+    /// This hit as the engine can use it for a prompt whose reusable prefix is at most `limit`
+    /// tokens ([`reusable_limit`]): Device tokens first, then Host-only ones, within the limit.
+    pub fn within(mut self, limit: u64) -> Self {
+        self.device_hit_tokens = self.device_hit_tokens.min(limit);
+        self.host_only_hit_tokens = self.host_only_hit_tokens.min(limit - self.device_hit_tokens);
+        self
+    }
+}
+
+/// The most tokens of a prompt of `input_tokens` tokens that an engine with blocks of
+/// `block_size` tokens reuses: the whole blocks within its first `input_tokens - 1` tokens.
+/// Every engine computes at least the prompt's last token (its logits give the first output
+/// token) and reuses whole blocks only, so a fully cached prompt of an exact multiple of the
+/// block size is credited one block less (vLLM: `max_cache_hit_length = num_tokens - 1`;
+/// SGLang: `max_prefix_len = input_len - 1`, matched in whole pages; xLLM: a whole-prompt
+/// match keeps `((n - 1) / block_size) * block_size` tokens).
+pub fn reusable_limit(input_tokens: usize, block_size: u32) -> u64 {
+    let block = u64::from(block_size.max(1));
+    (input_tokens as u64).saturating_sub(1) / block * block
+}
+
 /// One instance as routing sees it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Candidate {

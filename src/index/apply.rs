@@ -11,7 +11,7 @@
 //! `retired.rs`): a parent or tokenless hash that is not resident is looked up there before it
 //! counts as unknown.
 //!
-//! Blocks outside the index's scope ([`Event::OutOfScope`]: multimodal or salted context)
+//! Blocks outside the index's scope ([`Event::OutOfScope`]: multimodal context)
 //! are remembered by engine hash with the [`OUT_OF_SCOPE`] flag, on their tiers, and never reach
 //! the view. A store whose parent is one of them, and a tokenless replica of one, is out of scope
 //! too (vLLM marks only the blocks that carry the context; the text blocks after them chain to
@@ -241,7 +241,7 @@ impl Table {
         };
         for (i, (h, block)) in hashes.iter().zip(tokens.chunks_exact(b)).enumerate() {
             self.prefetch_ahead(hashes, i);
-            let key = ctx.hasher.hasher(s.lora).chain(prev, block);
+            let key = ctx.hasher.hasher(s.lora, s.salt).chain(prev, block);
             self.store(*h, key, s.tier, ctx.max_blocks, out, stats)?;
             prev = Some(key);
         }

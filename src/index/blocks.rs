@@ -12,7 +12,7 @@ use crate::wire::{EngineHash, Tier};
 /// The bits of `tiers` that are tiers.
 pub(crate) const TIER_BITS: u8 = 1 | 2;
 
-/// Set in `tiers` for a block outside the index's scope (LoRA, multimodal or salted context, or
+/// Set in `tiers` for a block outside the index's scope (multimodal context, or
 /// a descendant of such a block). Its key is meaningless and it is never in the view; it is
 /// kept so that its children and replicas are recognized, and counts against `max_blocks`.
 pub(crate) const OUT_OF_SCOPE: u8 = 4;

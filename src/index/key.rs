@@ -111,6 +111,9 @@ pub struct KeyHasher {
     buf: Vec<u8>,
     /// Boxed so that holders of a hasher (the snapshot builder, in enums) stay small.
     secret: Box<[u8; 192]>,
+    /// The seed (and its secret) of a prefix's first block when it differs from `seed`: a
+    /// request salt's namespace ([`KeyHasher::with_root_seed`]).
+    root: Option<(u64, Box<[u8; 192]>)>,
 }
 
 impl KeyHasher {
@@ -118,7 +121,18 @@ impl KeyHasher {
     pub fn new(block_size: u32, seed: u64) -> Self {
         let block_size = block_size.max(1) as usize;
         let buf = vec![0; 16 + 4 * block_size];
-        KeyHasher { seed, block_size, buf, secret: Box::new(seeded_secret(seed)) }
+        KeyHasher { seed, block_size, buf, secret: Box::new(seeded_secret(seed)), root: None }
+    }
+
+    /// A hasher whose prefixes start under `root_seed`: the first block of a prefix (no
+    /// `prev`) is keyed with `root_seed`, every later one with `seed`. The first key differs
+    /// from `seed`'s, so every key chained to it does too (protocol.md section 1.1, salts).
+    pub fn with_root_seed(block_size: u32, root_seed: u64, seed: u64) -> Self {
+        let mut h = KeyHasher::new(block_size, seed);
+        if root_seed != seed {
+            h.root = Some((root_seed, Box::new(seeded_secret(root_seed))));
+        }
+        h
     }
 
     /// Tokens per block.
@@ -132,14 +146,15 @@ impl KeyHasher {
         for (dst, t) in self.buf[16..].chunks_exact_mut(4).zip(block) {
             dst.copy_from_slice(&t.le_bytes());
         }
-        let input = match prev {
-            Some(p) => {
+        let (input, seed, secret) = match (prev, &self.root) {
+            (Some(p), _) => {
                 self.buf[..16].copy_from_slice(&p.0);
-                &self.buf[..]
+                (&self.buf[..], self.seed, &self.secret)
             }
-            None => &self.buf[16..],
+            (None, Some((seed, secret))) => (&self.buf[16..], *seed, secret),
+            (None, None) => (&self.buf[16..], self.seed, &self.secret),
         };
-        ContentKey::from_u128(xxh3_seeded(input, self.seed, &self.secret))
+        ContentKey::from_u128(xxh3_seeded(input, seed, secret))
     }
 
     /// Appends the keys of every complete block of `tokens` to `out`; a partial tail is ignored.

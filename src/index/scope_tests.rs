@@ -1,25 +1,40 @@
-//! Unit tests of out-of-scope blocks (LoRA, multimodal, salted) and the blocks that chain to
-//! them, fed through the wire decoder as vLLM publishes them: `extra_keys` set only on the
-//! blocks that carry the context, text blocks after them unmarked.
+//! Unit tests of out-of-scope blocks (multimodal) and the blocks that chain to them, and of
+//! salted blocks (indexed in their salt's namespace), fed through the wire decoder as vLLM
+//! publishes them: `extra_keys` set only on the blocks that carry the context, text blocks
+//! after them unmarked.
 
 use super::tests::{index, B};
 use super::*;
-use crate::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord};
+use crate::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, ExtraKey, StoredRecord};
 use crate::wire::{decode_batch, encode_batch, Batch, Tier};
+
+/// The context a block's `extra_keys` entry carries.
+#[derive(Clone, Copy)]
+pub(super) enum Context {
+    Salt(&'static str),
+    Image(&'static str),
+}
 
 /// A `BlockStored` of `hashes` (tokens `10 * hash`, `10 * hash + 1` per block) on `tier`, with
 /// vLLM's per-block `extra_keys`.
 pub(super) fn store(
     hashes: &[u64],
     parent: Option<u64>,
-    extra: &[Option<&str>],
+    extra: &[Option<Context>],
     tier: Tier,
 ) -> EventRecord {
     let tokens = hashes.iter().flat_map(|h| [*h as i32 * 10, *h as i32 * 10 + 1]).collect();
     let mut s =
         StoredRecord::new(hashes.iter().map(|h| (*h).into()).collect(), None, tokens, B, tier);
     s.parent = parent.map(Into::into);
-    s.extra_keys = extra.iter().map(|e| e.map(str::to_string)).collect();
+    s.extra_keys = extra
+        .iter()
+        .map(|e| match e {
+            None => None,
+            Some(Context::Salt(salt)) => ExtraKey::salt(salt),
+            Some(Context::Image(id)) => ExtraKey::image(id),
+        })
+        .collect();
     EventRecord::Stored(s)
 }
 
@@ -45,23 +60,32 @@ pub(super) fn apply(idx: &mut StreamIndex, seq: u64, b: &Batch) -> Result<ApplyS
 
 /// Device and Host-only hit tokens of the prompt made of `hashes`' blocks.
 pub(super) fn hits(view: &ViewHandle, hashes: &[u64]) -> (u64, u64) {
+    hits_in(view, Namespace::default(), hashes)
+}
+
+/// [`hits`] for a query in namespace `ns`.
+fn hits_in(view: &ViewHandle, ns: Namespace, hashes: &[u64]) -> (u64, u64) {
     let tokens: Vec<i32> =
         hashes.iter().flat_map(|h| [*h as i32 * 10, *h as i32 * 10 + 1]).collect();
     let mut keys = Vec::new();
-    KeyHasher::new(B, 1024).prefix_keys(&tokens, &mut keys);
+    ns.hasher(B, 1024).prefix_keys(&tokens, &mut keys);
     let m = view.match_prefix(&keys);
     (m.device_hit_tokens, m.host_only_hit_tokens)
 }
 
-const SALT: Option<&str> = Some("cache-salt");
-const IMAGE: Option<&str> = Some("mm-hash-1");
+fn salted(salt: &str) -> Namespace {
+    Namespace { lora: 0, salt: Namespace::salt(salt.as_bytes()) }
+}
+
+const SALT: Option<Context> = Some(Context::Salt("cache-salt"));
+const IMAGE: Option<Context> = Some(Context::Image("mm-hash-1"));
 
 #[test]
-fn text_children_of_a_salted_first_block_are_skipped_not_unknown_parents() {
+fn a_salted_first_block_and_its_text_children_are_indexed_in_the_salts_namespace() {
     let (mut idx, view) = index(100);
     // A salted request: the salt rides on its first block only.
     let first = batch(vec![store(&[1, 2, 3], None, &[SALT, None, None], Tier::Device)]);
-    assert_eq!(first.skipped.lora_or_multimodal, 1);
+    assert_eq!(first.skipped.lora_or_multimodal, 0, "a salt is not skipped");
     apply(&mut idx, 0, &first).unwrap();
     // Its decode continues in later batches: text blocks chaining to the salted ones, in one
     // batch with a child of that child, then a tokenless Host copy of the whole chain.
@@ -70,15 +94,17 @@ fn text_children_of_a_salted_first_block_are_skipped_not_unknown_parents() {
         store(&[5], Some(4), &[], Tier::Device),
     ]);
     let stats = apply(&mut idx, 1, &later).unwrap();
-    assert_eq!(stats.out_of_scope, 2, "both text stores are skipped and counted");
-    let copy = apply(&mut idx, 2, &batch(vec![replica(&[1, 2, 3, 4, 5], Tier::Host)])).unwrap();
-    assert_eq!(copy.out_of_scope, 1, "a tokenless replica of them is skipped too");
+    assert_eq!((stats.stored, stats.out_of_scope), (2, 0), "the children are indexed");
+    apply(&mut idx, 2, &batch(vec![replica(&[1, 2, 3, 4, 5], Tier::Host)])).unwrap();
 
     let s = view.status();
     assert!(s.synchronized, "{:?}", s.error);
-    assert_eq!((s.sequence, s.device_blocks, s.host_blocks), (Some(2), 0, 0), "none indexed");
-    assert_eq!(hits(&view, &[1, 2, 3, 4, 5]), (0, 0), "no credit for salted context");
-    assert_eq!(idx.block_count(), 5, "remembered, and counted against max_blocks_per_stream");
+    assert_eq!((s.sequence, s.device_blocks, s.host_blocks), (Some(2), 5, 5));
+    let all = [1, 2, 3, 4, 5];
+    assert_eq!(hits_in(&view, salted("cache-salt"), &all), (10, 0), "the same salt: all");
+    assert_eq!(hits(&view, &all), (0, 0), "no salt: nothing");
+    assert_eq!(hits_in(&view, salted("other"), &all), (0, 0), "another salt: nothing");
+    assert_eq!(hits_in(&view, salted("cache-salt"), &[1, 2, 9]), (4, 0), "a salted prefix");
 }
 
 #[test]
@@ -103,13 +129,13 @@ fn blocks_before_the_first_image_stay_in_scope_and_keep_their_children() {
 #[test]
 fn removals_retire_out_of_scope_blocks_with_their_mark_and_a_truly_unknown_parent_recovers() {
     let (mut idx, view) = index(100);
-    apply(&mut idx, 0, &batch(vec![store(&[1, 2], None, &[SALT, None], Tier::Device)])).unwrap();
+    apply(&mut idx, 0, &batch(vec![store(&[1, 2], None, &[IMAGE, None], Tier::Device)])).unwrap();
     let err = apply(&mut idx, 1, &batch(vec![store(&[9], Some(99), &[], Tier::Device)]));
     assert_eq!(err.unwrap_err(), IndexError::UnknownParent(crate::wire::EngineHash(99)));
     assert!(!view.status().synchronized, "an unknown parent still forces a snapshot");
 
     let (mut idx, _) = index(100);
-    apply(&mut idx, 0, &batch(vec![store(&[1, 2], None, &[SALT, None], Tier::Device)])).unwrap();
+    apply(&mut idx, 0, &batch(vec![store(&[1, 2], None, &[IMAGE, None], Tier::Device)])).unwrap();
     let mut gone = batch(vec![EventRecord::removed(vec![2u64.into()], Tier::Device)]);
     apply(&mut idx, 1, &gone).unwrap();
     assert_eq!(idx.block_count(), 1, "a removal takes the block out");
@@ -119,7 +145,7 @@ fn removals_retire_out_of_scope_blocks_with_their_mark_and_a_truly_unknown_paren
     assert!(idx.is_synchronized());
 
     let (mut idx, _) = index(100);
-    apply(&mut idx, 0, &batch(vec![store(&[1, 2], None, &[SALT, None], Tier::Device)])).unwrap();
+    apply(&mut idx, 0, &batch(vec![store(&[1, 2], None, &[IMAGE, None], Tier::Device)])).unwrap();
     apply(&mut idx, 1, &batch(vec![replica(&[1, 2], Tier::Host)])).unwrap();
     gone = batch(vec![EventRecord::cleared(Some(Tier::Device))]);
     apply(&mut idx, 2, &gone).unwrap();
@@ -156,7 +182,7 @@ fn an_out_of_scope_block_removed_from_a_tier_it_is_not_on_keeps_its_mark_where_i
 #[test]
 fn out_of_scope_blocks_count_against_max_blocks_per_stream() {
     let (mut idx, view) = index(3);
-    apply(&mut idx, 0, &batch(vec![store(&[1, 2], None, &[SALT, None], Tier::Device)])).unwrap();
+    apply(&mut idx, 0, &batch(vec![store(&[1, 2], None, &[IMAGE, None], Tier::Device)])).unwrap();
     let err = apply(&mut idx, 1, &batch(vec![store(&[3, 4], Some(2), &[], Tier::Device)]));
     assert_eq!(err.unwrap_err(), IndexError::LimitExceeded { limit: 3 });
     assert!(!view.status().synchronized);
@@ -239,7 +265,7 @@ fn the_decoder_splits_a_store_at_its_first_marked_block() {
     let mut named =
         StoredRecord::new(vec![1u64.into(), 2u64.into()], None, vec![1, 2, 3, 4], B, Tier::Device);
     named.lora_name = Some("adapter".into());
-    named.extra_keys = vec![Some("adapter".into()), Some("adapter".into())];
+    named.extra_keys = vec![Some(vec![ExtraKey::Text("adapter".into())]); 2];
     let named = batch(vec![EventRecord::Stored(named)]);
     assert_eq!(
         shape(&named),
@@ -256,7 +282,7 @@ fn the_decoder_splits_a_store_at_its_first_marked_block() {
     );
     let mut odd =
         StoredRecord::new(vec![1u64.into(), 2u64.into()], None, vec![1, 2, 3], B, Tier::Device);
-    odd.extra_keys = vec![None, IMAGE.map(str::to_string)];
+    odd.extra_keys = vec![None, ExtraKey::image("mm-hash-1")];
     assert_eq!(
         shape(&batch(vec![EventRecord::Stored(odd)])),
         [(false, hs(&[1, 2]), 0)],
@@ -272,4 +298,48 @@ fn the_decoder_splits_a_store_at_its_first_marked_block() {
     decode_batch(&encode_batch(&record, BatchForm::Array, EventForm::Positional), &mut positional)
         .unwrap();
     assert_eq!(shape(&positional), [(true, hs(&[1]), 2), (false, hs(&[2]), 0)]);
+}
+
+#[test]
+fn the_decoder_tells_a_salt_from_multimodal_and_embedding_keys() {
+    use crate::wire::Event;
+    // One block, parent `parent`, adapter `lora`, first entry `entry`, in both event forms:
+    // `Some((lora tag, salt tag))` when indexed, `None` when out of scope.
+    let decode = |parent: Option<u64>, lora: Option<&str>, entry: Vec<ExtraKey>| {
+        let mut s = StoredRecord::new(vec![1u64.into()], None, vec![1, 2], B, Tier::Device);
+        s.parent = parent.map(Into::into);
+        s.lora_name = lora.map(str::to_string);
+        s.extra_keys = vec![Some(entry)];
+        let mut seen = Vec::new();
+        for (bf, ef) in
+            [(BatchForm::Map, EventForm::Map), (BatchForm::Array, EventForm::Positional)]
+        {
+            let events = vec![EventRecord::Stored(s.clone())];
+            let record = BatchRecord { timestamp: 1.0, events, dp_rank: None };
+            let mut b = Batch::default();
+            decode_batch(&encode_batch(&record, bf, ef), &mut b).unwrap();
+            seen.push(match b.events[..] {
+                [Event::Stored(s)] => Some((s.lora, s.salt)),
+                [Event::OutOfScope { .. }] => None,
+                ref other => panic!("unexpected {other:?}"),
+            });
+        }
+        assert_eq!(seen[0], seen[1], "map and positional forms agree");
+        seen[0]
+    };
+    let text = |t: &str| ExtraKey::Text(t.into());
+    let image = ExtraKey::Multimodal("mm-hash-1".into(), 0);
+    let (salt, adapter) = (Namespace::salt(b"s"), Namespace::lora_name(b"adapter"));
+    assert_eq!(decode(None, None, vec![text("s")]), Some((0, salt)), "a lone string: the salt");
+    assert_eq!(
+        decode(None, Some("adapter"), vec![text("adapter"), text("s")]),
+        Some((adapter, salt)),
+        "after the adapter's name"
+    );
+    assert_eq!(decode(None, Some("adapter"), vec![text("adapter")]), Some((adapter, 0)));
+    assert_eq!(decode(Some(7), None, vec![text("s")]), None, "not a first block: unknown");
+    assert_eq!(decode(None, None, vec![image.clone()]), None, "multimodal");
+    assert_eq!(decode(None, None, vec![text("s"), image]), None, "salt and image");
+    assert_eq!(decode(None, None, vec![ExtraKey::Bytes(vec![1; 32])]), None, "embeddings");
+    assert_eq!(decode(None, None, vec![text("a"), text("b")]), None, "two strings");
 }

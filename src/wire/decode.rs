@@ -6,6 +6,7 @@
 //! come, so the `type` key may appear anywhere in a map; an event that turns out to be skipped
 //! rolls its arena entries back.
 
+use super::extra_keys::{read_extra_keys, salt_and_mark, Extra};
 use super::msgpack::{Int, Reader};
 use super::types::{Batch, EngineHash, Event, Span, Stored, Tier};
 use super::WireError;
@@ -123,8 +124,8 @@ struct Fields<'a> {
     lora_id: u64,
     /// The adapter name as sent, to recognise `extra_keys` entries that only repeat it.
     lora_bytes: Option<&'a [u8]>,
-    /// The first block whose `extra_keys` entry is set (vLLM sends one entry per block).
-    first_marked: Option<usize>,
+    /// What `extra_keys` says of the blocks (vLLM sends one entry per block).
+    extra: Extra<'a>,
 }
 
 fn decode_event(r: &mut Reader<'_>, batch: &mut Batch) -> Result<(), WireError> {
@@ -200,7 +201,7 @@ fn read_field<'a>(
             f.lora_bytes = read_lora_name(r)?;
             f.lora_name = crate::index::Namespace::lora_name(f.lora_bytes.unwrap_or_default());
         }
-        b"extra_keys" => f.first_marked = first_marked(r, f.lora_bytes)?,
+        b"extra_keys" => f.extra = read_extra_keys(r, f.lora_bytes)?,
         _ => r.skip()?,
     }
     Ok(())
@@ -223,48 +224,6 @@ fn read_lora_id(r: &mut Reader<'_>) -> Result<u64, WireError> {
         Int::U(v) => crate::index::Namespace::lora_id(v as i64),
         Int::I(v) => crate::index::Namespace::lora_id(v),
     })
-}
-
-/// The first block whose `extra_keys` entry is set (neither nil nor an empty tuple), or `None`
-/// when none is. vLLM sends one entry per block, set only on the blocks that carry multimodal,
-/// LoRA or salt context; a value that is not a list marks every block. An entry that only
-/// repeats the event's `lora_name` (`[name]`) is not a mark: the adapter is the namespace.
-fn first_marked(r: &mut Reader<'_>, lora: Option<&[u8]>) -> Result<Option<usize>, WireError> {
-    if r.eat_nil()? {
-        return Ok(None);
-    }
-    if !matches!(r.peek()?, 0x90..=0x9f | 0xdc | 0xdd) {
-        r.skip()?;
-        return Ok(Some(0));
-    }
-    let mut first = None;
-    for i in 0..r.array_len("extra_keys")? {
-        if r.eat_nil()? {
-            continue;
-        }
-        let empty = r.peek()? == 0x90 || (r.peek()? == 0x91 && only_names(r, lora)?);
-        if !empty {
-            r.skip()?;
-        }
-        if !empty && first.is_none() {
-            first = Some(i);
-        }
-    }
-    Ok(first)
-}
-
-/// Reads a one-element entry `[lora_name]` and says whether it is exactly that; any other
-/// entry is left unread.
-fn only_names(r: &mut Reader<'_>, lora: Option<&[u8]>) -> Result<bool, WireError> {
-    let Some(name) = lora else { return Ok(false) };
-    let mut probe = r.clone();
-    probe.array_len("extra_keys")?;
-    if !matches!(probe.peek()?, 0xa0..=0xbf | 0xd9..=0xdb) || probe.str_bytes("extra_keys")? != name
-    {
-        return Ok(false);
-    }
-    *r = probe;
-    Ok(true)
 }
 
 fn read_hash(r: &mut Reader<'_>, field: &'static str) -> Result<EngineHash, WireError> {
@@ -361,9 +320,9 @@ fn finish_event(
     Ok(())
 }
 
-/// A `BlockStored`, in scope or not. LoRA context is the blocks' namespace; `extra_keys`
-/// puts the first marked block and every block after it (they chain to it) out of scope, and
-/// the blocks before it stay in scope when the tokens split there. Out-of-scope blocks keep
+/// A `BlockStored`, in scope or not. LoRA context and a salt are the blocks' namespace;
+/// `extra_keys` puts the first marked block and every block after it (they chain to it) out of
+/// scope, and the blocks before it stay in scope when the tokens split there. Out-of-scope blocks keep
 /// only their hashes ([`Event::OutOfScope`]); the event counts once as skipped.
 fn finish_stored(f: &Fields<'_>, batch: &mut Batch, marks: (u32, u32)) -> Result<(), WireError> {
     let hashes = f.hashes.ok_or(missing("BlockStored", "block_hashes"))?;
@@ -371,7 +330,7 @@ fn finish_stored(f: &Fields<'_>, batch: &mut Batch, marks: (u32, u32)) -> Result
     let block_size = f.block_size.ok_or(missing("BlockStored", "block_size"))?;
     let n = hashes.len;
     let lora = if f.lora_name != 0 { f.lora_name } else { f.lora_id };
-    let marked = f.first_marked.filter(|&k| k < n as usize);
+    let (salt, marked) = salt_and_mark(&f.extra, f.lora_bytes, f.parent.is_some(), n as usize);
     let Some(tier) = Tier::from_medium(f.medium) else {
         match marked {
             Some(_) => batch.skipped.lora_or_multimodal += 1,
@@ -381,7 +340,7 @@ fn finish_stored(f: &Fields<'_>, batch: &mut Batch, marks: (u32, u32)) -> Result
         return Ok(());
     };
     let stored = |hashes, tokens| {
-        Event::Stored(Stored { hashes, parent: f.parent, tokens, block_size, tier, lora })
+        Event::Stored(Stored { hashes, parent: f.parent, tokens, block_size, tier, lora, salt })
     };
     let Some(k) = marked else {
         batch.events.push(stored(hashes, tokens));

@@ -1,7 +1,9 @@
 //! Encoding batch records into MessagePack, in every form the decoder accepts.
 
 use super::msgpack::Writer;
-use super::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord, WireHash};
+use super::record::{
+    BatchForm, BatchRecord, EventForm, EventRecord, ExtraKey, StoredRecord, WireHash,
+};
 
 /// Encodes a batch in the given batch and event forms.
 pub fn encode_batch(batch: &BatchRecord, form: BatchForm, events: EventForm) -> Vec<u8> {
@@ -92,11 +94,11 @@ fn write_stored(w: &mut Writer, s: &StoredRecord, positional: bool) {
     if extra {
         key(w, positional, "extra_keys");
         w.array(s.extra_keys.len());
-        for k in &s.extra_keys {
-            match k {
-                Some(k) => {
-                    w.array(1);
-                    w.str(k);
+        for entry in &s.extra_keys {
+            match entry {
+                Some(keys) => {
+                    w.array(keys.len());
+                    keys.iter().for_each(|k| write_extra_key(w, k));
                 }
                 None => w.nil(),
             }
@@ -125,6 +127,18 @@ fn opt_str(w: &mut Writer, s: Option<&str>) {
     match s {
         Some(s) => w.str(s),
         None => w.nil(),
+    }
+}
+
+fn write_extra_key(w: &mut Writer, k: &ExtraKey) {
+    match k {
+        ExtraKey::Text(t) => w.str(t),
+        ExtraKey::Multimodal(id, offset) => {
+            w.array(2);
+            w.str(id);
+            w.int(*offset);
+        }
+        ExtraKey::Bytes(b) => w.bin(b),
     }
 }
 

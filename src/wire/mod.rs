@@ -14,6 +14,7 @@
 
 mod decode;
 mod encode;
+mod extra_keys;
 mod frames;
 pub mod msgpack;
 pub mod record;

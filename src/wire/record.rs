@@ -63,10 +63,33 @@ pub struct StoredRecord {
     pub lora_id: Option<i64>,
     /// LoRA adapter name; non-empty means out of scope.
     pub lora_name: Option<String>,
-    /// vLLM's per-block `extra_keys` (multimodal hashes, LoRA name, cache salt): one entry per
-    /// block, written as a one-element tuple or nil. A set entry puts that block and the ones
-    /// after it out of scope; an empty list is not written.
-    pub extra_keys: Vec<Option<String>>,
+    /// vLLM's per-block `extra_keys`: one entry per block, a tuple of [`ExtraKey`]s or nil; an
+    /// empty list is not written. A multimodal or embeddings entry puts that block and the ones
+    /// after it out of scope; a lone string on a prefix's first block is its `cache_salt`.
+    pub extra_keys: Vec<Option<Vec<ExtraKey>>>,
+}
+
+/// One element of a block's `extra_keys` entry, in the shapes vLLM 0.32 publishes.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExtraKey {
+    /// A string: the LoRA name or the request's `cache_salt`.
+    Text(String),
+    /// A multimodal item: `(mm_identifier, offset of the item in the block)`.
+    Multimodal(String, i64),
+    /// A prompt-embeddings digest.
+    Bytes(Vec<u8>),
+}
+
+impl ExtraKey {
+    /// The entry of a block that holds multimodal item `id` from its first token.
+    pub fn image(id: &str) -> Option<Vec<ExtraKey>> {
+        Some(vec![ExtraKey::Multimodal(id.to_string(), 0)])
+    }
+
+    /// The entry of a request's first block salted with `salt`.
+    pub fn salt(salt: &str) -> Option<Vec<ExtraKey>> {
+        Some(vec![ExtraKey::Text(salt.to_string())])
+    }
 }
 
 impl StoredRecord {

@@ -93,6 +93,11 @@ pub struct Stored {
     /// The LoRA adapter's namespace tag (`crate::index::Namespace::lora_name` of `lora_name`,
     /// else `lora_id`); 0 for the base model (protocol.md section 1.1).
     pub lora: u64,
+    /// The request salt's tag (`crate::index::Namespace::salt` of the `cache_salt` that vLLM
+    /// puts in the first block's `extra_keys`); 0 for none. Only a store with no parent has
+    /// one: its first block is keyed in the salt's namespace, and the blocks chained to it
+    /// follow by chaining.
+    pub salt: u64,
 }
 
 /// One event the index acts on.
@@ -100,7 +105,7 @@ pub struct Stored {
 pub enum Event {
     /// Blocks entered a tier.
     Stored(Stored),
-    /// Blocks entered a tier with multimodal or salt context (their `extra_keys` entry):
+    /// Blocks entered a tier with multimodal context (their `extra_keys` entry):
     /// outside the index's scope. Only their hashes are kept, so that
     /// the text blocks that chain to them (vLLM marks only the blocks that carry the context)
     /// are known to be out of scope too rather than taken for children of an unknown parent.
@@ -247,7 +252,7 @@ impl Batch {
     ) {
         let hashes = self.push_hashes(hashes);
         let tokens = self.push_tokens(tokens);
-        let stored = Stored { hashes, parent, tokens, block_size, tier, lora };
+        let stored = Stored { hashes, parent, tokens, block_size, tier, lora, salt: 0 };
         self.events.push(Event::Stored(stored));
     }
 
@@ -267,7 +272,7 @@ impl Batch {
         let start = self.tokens.len() as u32;
         fill(self.token_slots(tokens));
         let tokens = Span { start, len: tokens as u32 };
-        let stored = Stored { hashes, parent, tokens, block_size, tier, lora: 0 };
+        let stored = Stored { hashes, parent, tokens, block_size, tier, lora: 0, salt: 0 };
         self.events.push(Event::Stored(stored));
     }
 

@@ -18,8 +18,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use kvdir::car::{
-    route, Candidate, DpHit, InFlight, Policy, PredictCounters, Predictions, PromptId,
-    RecentRoutes, RecentRoutesReport, RequestId, Rotation, RouteError, RouteParams, Routed,
+    reusable_limit, route, Candidate, DpHit, InFlight, Policy, PredictCounters, Predictions,
+    PromptId, RecentRoutes, RecentRoutesReport, RequestId, Rotation, RouteError, RouteParams,
+    Routed,
 };
 use kvdir::registry::{Identity, InstanceState, LoadMetrics};
 
@@ -240,7 +241,7 @@ impl RouterActor {
             predict::confirm(&mut self.predictions, hits);
         }
         let prompt = prompt.filter(|_| predicting);
-        let mut cands = self.candidates(hits, prompt, now_ms);
+        let mut cands = self.candidates(hits, input_tokens, prompt, now_ms);
         cands.retain(|c| !exclude.contains(&c.name));
         let routed = route(&cands, input_tokens, &self.params, &mut self.rotation);
         if let (true, Ok(r)) = (predicting, &routed) {
@@ -256,10 +257,12 @@ impl RouterActor {
     /// when predicting) are left out of both. A rank gives credit only when its stream was
     /// started for the instance's current process; streams without an identity (static
     /// configuration) give none. Each rank's `predicted_hit_tokens` is the instance's
-    /// predicted prefix beyond it.
+    /// predicted prefix beyond it. Every hit is at most what the engine reuses of a prompt of
+    /// `input_tokens` ([`reusable_limit`]: never its last token, whole blocks only).
     fn candidates(
         &self,
         hits: &[StreamHit],
+        input_tokens: usize,
         prompt: Option<PromptId>,
         now_ms: u64,
     ) -> Vec<Candidate> {
@@ -281,18 +284,25 @@ impl RouterActor {
                 let hits = by_instance.get(c.name.as_str()).map_or(&[][..], Vec::as_slice);
                 c.hits = hits
                     .iter()
-                    .map(|h| DpHit {
-                        dp_rank: h.matched.dp_rank,
-                        synchronized: h.matched.synchronized,
-                        identity_matches: h
-                            .identity
-                            .as_ref()
-                            .is_some_and(|id| id.same_process(&info.identity)),
-                        device_hit_tokens: h.matched.device_hit_tokens,
-                        host_only_hit_tokens: h.matched.host_only_hit_tokens,
-                        predicted_hit_tokens: predicted.saturating_sub(
-                            h.matched.device_hit_tokens + h.matched.host_only_hit_tokens,
-                        ),
+                    .map(|h| {
+                        let limit = reusable_limit(input_tokens, h.block_size);
+                        let hit = DpHit {
+                            dp_rank: h.matched.dp_rank,
+                            synchronized: h.matched.synchronized,
+                            identity_matches: h
+                                .identity
+                                .as_ref()
+                                .is_some_and(|id| id.same_process(&info.identity)),
+                            device_hit_tokens: h.matched.device_hit_tokens,
+                            host_only_hit_tokens: h.matched.host_only_hit_tokens,
+                            predicted_hit_tokens: 0,
+                        }
+                        .within(limit);
+                        let exact = hit.device_hit_tokens + hit.host_only_hit_tokens;
+                        DpHit {
+                            predicted_hit_tokens: predicted.min(limit).saturating_sub(exact),
+                            ..hit
+                        }
                     })
                     .collect();
                 c

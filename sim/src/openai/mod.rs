@@ -10,7 +10,9 @@
 //! 2. pick the DP rank (`generate::choose_rank`): the rank holding the longest cached prefix
 //!    of the prompt (Device or Host), ties to the rank with fewest requests in flight, then to
 //!    the lowest rank. `usage.prompt_tokens_details.cached_tokens` is that prefix, in tokens
-//!    (whole blocks); the rank is in the `x-sim-dp-rank` response header;
+//!    (whole blocks), at most the whole blocks before the prompt's last token (an engine
+//!    computes that token whatever it holds, `kvdir::car::reusable_limit`); the rank is in the
+//!    `x-sim-dp-rank` response header;
 //! 3. sleep `prefill_us_per_token` per uncached prompt token (async), then process the prompt
 //!    into that rank's cache, which publishes its KV events exactly like
 //!    [`crate::SimEngine::process`];

@@ -278,7 +278,6 @@ impl StreamWriter {
         self.sync = Err(reason.into());
     }
 
-
     /// Starts building a snapshot aside; this stream's contents stay visible meanwhile.
     pub fn snapshot_builder(&self) -> SharedSnapshot {
         SharedSnapshot::new(self.config)

@@ -294,7 +294,7 @@ impl SharedHandle {
             return (&mut self.hasher, &mut self.keys);
         }
         if self.namespaced.as_ref().is_none_or(|(n, _)| *n != ns) {
-            let h = KeyHasher::new(self.block_size, ns.seed(self.hash_seed));
+            let h = ns.hasher(self.block_size, self.hash_seed);
             self.namespaced = Some((ns, h));
         }
         (&mut self.namespaced.as_mut().expect("set above").1, &mut self.keys)
