@@ -194,6 +194,7 @@ fn match_ref(s: &SlotRead, (device, host_only): (u64, u64)) -> MatchRef<'_> {
         instance_name: &s.label.instance_name,
         dp_rank: s.label.dp_rank,
         synchronized: s.status.synchronized,
+        partial: s.status.partial,
         sequence: s.status.sequence,
         device_hit_tokens: device,
         host_only_hit_tokens: host_only,

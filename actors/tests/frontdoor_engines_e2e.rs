@@ -420,7 +420,10 @@ fn a_fully_cached_prompt_of_whole_blocks_is_credited_all_but_its_last_block() {
     let r = complete();
     assert_eq!(r.status().as_u16(), 200);
     assert_eq!(header(&r, "x-kvdir-kv-hit-ratio"), "0.7500", "three blocks of four");
+    assert_eq!(header(&r, "x-kvdir-stream-state"), "exact");
+    let predicted = header(&r, "x-kvdir-cached-tokens");
     let body: Value = r.json().unwrap();
     let cached = &body["usage"]["prompt_tokens_details"]["cached_tokens"];
     assert_eq!(cached, 3 * B, "the engine reuses as much: {body}");
+    assert_eq!(predicted, cached.to_string(), "kvdir predicts what the engine reports");
 }

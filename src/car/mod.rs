@@ -33,7 +33,8 @@ pub use policy::{kv_hit_ratio, route, Rotation, RouteError};
 pub use predict::{predicted_hit_ratio, PredictCounters, Predictions};
 pub use recent::{RecentRoutes, RecentRoutesReport, RouteRecord};
 pub use types::{
-    reusable_limit, Candidate, CandidateReport, DpHit, Policy, RouteParams, Routed, Side,
+    reusable_limit, CacheState, Candidate, CandidateReport, DpHit, Policy, RouteParams, Routed,
+    Side,
 };
 
 #[cfg(test)]

@@ -97,6 +97,7 @@ fn cand(name: &str, waiting: u64, ranks: &[(u64, u64)]) -> Candidate {
                 dp_rank: r as u32,
                 synchronized: true,
                 identity_matches: true,
+                partial: false,
                 device_hit_tokens: exact,
                 host_only_hit_tokens: 0,
                 predicted_hit_tokens: predicted,

@@ -20,6 +20,7 @@ fn cand(name: &str, kind: InstanceType, waiting: u64, hits: &[(u64, u64)]) -> Ca
                 dp_rank: r as u32,
                 synchronized: true,
                 identity_matches: true,
+                partial: false,
                 device_hit_tokens: d,
                 host_only_hit_tokens: h,
                 predicted_hit_tokens: 0,
@@ -91,6 +92,23 @@ fn a_multi_dp_instance_gets_its_minimum_and_bad_ranks_give_zero() {
     let over = cand("o", D, 0, &[(500, 0)]);
     assert_eq!(kv_hit_ratio(&over, 100, 0.5), 1.0, "clamped");
     assert_eq!(kv_hit_ratio(&over, 0, 0.5), 0.0);
+}
+
+#[test]
+fn the_front_door_reports_the_chosen_instances_minimum_and_its_stream_state() {
+    let c = cand("m", D, 0, &[(80, 16), (64, 0)]);
+    let routed = pick(std::slice::from_ref(&c), &params(0.5, 0.5));
+    let r = report(&routed, "m");
+    assert_eq!(r.cached_tokens(), (64, CacheState::Exact), "Host-only tokens count too");
+    let mut partial = r.clone();
+    partial.dp_hits[1].partial = true;
+    assert_eq!(partial.cached_tokens(), (64, CacheState::Partial));
+    let mut stale = r.clone();
+    stale.dp_hits[0].identity_matches = false;
+    assert_eq!(stale.cached_tokens(), (0, CacheState::Unsynchronized));
+    let mut unsynced = r.clone();
+    unsynced.dp_hits[1].synchronized = false;
+    assert_eq!(unsynced.cached_tokens(), (0, CacheState::Unsynchronized));
 }
 
 #[test]

@@ -88,6 +88,9 @@ pub struct DpHit {
     pub synchronized: bool,
     /// Whether the stream was started for the instance's current process.
     pub identity_matches: bool,
+    /// Whether the stream knows only the blocks learned since a truncated history replay.
+    #[serde(default)]
+    pub partial: bool,
     /// Device hit tokens.
     pub device_hit_tokens: u64,
     /// Host-only hit tokens.
@@ -105,6 +108,47 @@ impl DpHit {
         self.device_hit_tokens = self.device_hit_tokens.min(limit);
         self.host_only_hit_tokens = self.host_only_hit_tokens.min(limit - self.device_hit_tokens);
         self
+    }
+}
+
+/// How far the chosen instance's streams can be trusted for a prompt (the front door's
+/// `x-kvdir-stream-state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheState {
+    /// Every rank is synchronized from a complete history or snapshot.
+    Exact,
+    /// Every rank is synchronized, some only with what they learned since a truncated history.
+    Partial,
+    /// Some rank gives no credit (not synchronized, another process, or no stream).
+    Unsynchronized,
+}
+
+impl CacheState {
+    /// The header value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CacheState::Exact => "exact",
+            CacheState::Partial => "partial",
+            CacheState::Unsynchronized => "unsynchronized",
+        }
+    }
+}
+
+impl CandidateReport {
+    /// The prompt tokens the instance is credited with reusing, as CAR credits them (the
+    /// minimum over its DP ranks of Device plus Host-only hits, within the reusable limit; 0
+    /// when a rank gives no credit), and the state of its streams.
+    pub fn cached_tokens(&self) -> (u64, CacheState) {
+        let trusted = |h: &DpHit| h.synchronized && h.identity_matches;
+        if self.dp_hits.is_empty() || !self.dp_hits.iter().all(trusted) {
+            return (0, CacheState::Unsynchronized);
+        }
+        let tokens = self.dp_hits.iter().map(|h| h.device_hit_tokens + h.host_only_hit_tokens);
+        let state = match self.dp_hits.iter().any(|h| h.partial) {
+            true => CacheState::Partial,
+            false => CacheState::Exact,
+        };
+        (tokens.min().unwrap_or(0), state)
     }
 }
 

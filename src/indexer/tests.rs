@@ -7,6 +7,7 @@ fn m(instance: &str, rank: u32, synced: bool, device: u64, host_only: u64) -> St
         instance_name: instance.into(),
         dp_rank: rank,
         synchronized: synced,
+        partial: false,
         sequence: None,
         device_hit_tokens: device,
         host_only_hit_tokens: host_only,

@@ -203,10 +203,11 @@ fn stream_match(out: &mut Vec<u8>, m: MatchRef<'_>) {
     string(out, m.instance_name);
     out.extend_from_slice(b",\"dp_rank\":");
     number(out, u64::from(m.dp_rank));
-    out.extend_from_slice(if m.synchronized {
-        b",\"synchronized\":true,\"sequence\":"
-    } else {
-        b",\"synchronized\":false,\"sequence\":"
+    out.extend_from_slice(match (m.synchronized, m.partial) {
+        (true, false) => b",\"synchronized\":true,\"partial\":false,\"sequence\":",
+        (true, true) => b",\"synchronized\":true,\"partial\":true,\"sequence\":",
+        (false, false) => b",\"synchronized\":false,\"partial\":false,\"sequence\":",
+        (false, true) => b",\"synchronized\":false,\"partial\":true,\"sequence\":",
     });
     match m.sequence {
         Some(s) => number(out, s),
@@ -386,23 +387,26 @@ mod tests {
 
     fn stream_match_strategy() -> impl Strategy<Value = StreamMatch> {
         (
-            (any::<String>(), any::<u32>(), any::<bool>(), any::<Option<u64>>()),
+            (any::<String>(), any::<u32>(), any::<(bool, bool)>(), any::<Option<u64>>()),
             (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
             any::<Option<String>>(),
         )
-            .prop_map(|((instance_name, dp_rank, synchronized, sequence), n, error)| {
-                StreamMatch {
-                    instance_name,
-                    dp_rank,
-                    synchronized,
-                    sequence,
-                    device_hit_tokens: n.0,
-                    host_only_hit_tokens: n.1,
-                    reusable_prefix_tokens: n.2,
-                    device_blocks: n.3,
-                    host_blocks: n.4,
-                    error,
-                }
-            })
+            .prop_map(
+                |((instance_name, dp_rank, (synchronized, partial), sequence), n, error)| {
+                    StreamMatch {
+                        instance_name,
+                        dp_rank,
+                        synchronized,
+                        partial,
+                        sequence,
+                        device_hit_tokens: n.0,
+                        host_only_hit_tokens: n.1,
+                        reusable_prefix_tokens: n.2,
+                        device_blocks: n.3,
+                        host_blocks: n.4,
+                        error,
+                    }
+                },
+            )
     }
 }

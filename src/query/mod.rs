@@ -218,6 +218,10 @@ pub struct StreamMatch {
     pub dp_rank: u32,
     /// Valid snapshot plus continuous deltas; false means all hit fields are 0.
     pub synchronized: bool,
+    /// History replay only: the stream knows only the blocks learned since a truncated
+    /// history (docs/protocol.md section 3.1); its hits are real but may be short.
+    #[serde(default)]
+    pub partial: bool,
     /// Last applied sequence.
     pub sequence: Option<u64>,
     /// Tokens of the matched prefix whose blocks are on Device.
@@ -261,6 +265,8 @@ pub struct MatchRef<'a> {
     pub dp_rank: u32,
     /// Valid snapshot plus continuous deltas.
     pub synchronized: bool,
+    /// Knows only the blocks learned since a truncated history.
+    pub partial: bool,
     /// Last applied sequence.
     pub sequence: Option<u64>,
     /// Tokens of the matched prefix whose blocks are on Device.
@@ -284,6 +290,7 @@ impl StreamMatch {
             instance_name: &self.instance_name,
             dp_rank: self.dp_rank,
             synchronized: self.synchronized,
+            partial: self.partial,
             sequence: self.sequence,
             device_hit_tokens: self.device_hit_tokens,
             host_only_hit_tokens: self.host_only_hit_tokens,
@@ -301,6 +308,7 @@ impl From<MatchRef<'_>> for StreamMatch {
             instance_name: m.instance_name.to_owned(),
             dp_rank: m.dp_rank,
             synchronized: m.synchronized,
+            partial: m.partial,
             sequence: m.sequence,
             device_hit_tokens: m.device_hit_tokens,
             host_only_hit_tokens: m.host_only_hit_tokens,

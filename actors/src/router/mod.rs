@@ -289,6 +289,7 @@ impl RouterActor {
                         let hit = DpHit {
                             dp_rank: h.matched.dp_rank,
                             synchronized: h.matched.synchronized,
+                            partial: h.matched.partial,
                             identity_matches: h
                                 .identity
                                 .as_ref()

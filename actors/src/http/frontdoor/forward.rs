@@ -21,7 +21,7 @@ use actix_web::http::StatusCode;
 use actix_web::web::{self, Bytes};
 use actix_web::HttpResponse;
 use futures_util::stream::{BoxStream, Stream, StreamExt};
-use kvdir::car::{RequestId, Routed};
+use kvdir::car::{CacheState, RequestId, Routed};
 use kvdir::query::QueryScope;
 
 use super::request::ApiKind;
@@ -117,18 +117,17 @@ fn relay(
     let status =
         StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
     state.front.metrics.count_status(&routed.prefill, status.as_u16());
-    let ratio = routed
-        .candidates
-        .iter()
-        .find(|c| c.name == routed.prefill)
-        .and_then(|c| c.kv_hit_ratio)
-        .unwrap_or(0.0);
+    let chosen = routed.candidates.iter().find(|c| c.name == routed.prefill);
+    let ratio = chosen.and_then(|c| c.kv_hit_ratio).unwrap_or(0.0);
+    let (cached, sync) = chosen.map_or((0, CacheState::Unsynchronized), |c| c.cached_tokens());
     let mut out = HttpResponse::build(status);
     if let Some(ct) = response.headers().get(reqwest::header::CONTENT_TYPE) {
         out.insert_header(("content-type", ct.as_bytes()));
     }
     out.insert_header(("x-kvdir-instance", routed.prefill.as_str()))
         .insert_header(("x-kvdir-kv-hit-ratio", format!("{ratio:.4}")))
+        .insert_header(("x-kvdir-cached-tokens", cached.to_string()))
+        .insert_header(("x-kvdir-stream-state", sync.as_str()))
         .insert_header(("x-kvdir-policy", policy_name(routed)));
     let metrics = state.front.metrics.clone();
     out.streaming(Relay { inner: response.bytes_stream().boxed(), progress, started, metrics })
