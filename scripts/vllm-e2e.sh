@@ -80,7 +80,10 @@ PY="$VENV/bin/python"
 
 # engine-N.sh starts vLLM number N in the foreground; run it with setsid.
 write_launcher() {
-    local i=$1
+    local i=$1 events
+    events="{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"topic\": \"kv\","
+    events+=" \"endpoint\": \"tcp://*:$((18100 + i))\","
+    events+=" \"replay_endpoint\": \"tcp://127.0.0.1:$((28100 + i))\"}"
     cat >"$LOGS/engine-$i.sh" <<EOF
 #!/usr/bin/env bash
 echo \$\$ >"$LOGS/engine-$i.pid"
@@ -90,7 +93,7 @@ exec "$VENV/bin/vllm" serve "$LOGS/model" --host 127.0.0.1 --port $((8100 + i)) 
     --served-model-name model --block-size 32 --enable-prefix-caching --max-model-len 2048 \\
     --enable-prompt-tokens-details --dtype bfloat16 --enforce-eager \\
     --num-gpu-blocks-override 128 --max-num-seqs 8 \\
-    --kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:$((18100 + i))", "replay_endpoint": "tcp://127.0.0.1:$((28100 + i))", "topic": "kv"}' \\
+    --kv-events-config '$events' \\
     >>"$LOGS/engine-$i.log" 2>&1
 EOF
 }
