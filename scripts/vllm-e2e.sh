@@ -11,6 +11,7 @@
 #                     [env KVDIR_E2E_LOGS; default a temporary directory, removed at exit]
 #   --record          instead of kvdir, record the engines' live and replay frames and a
 #                     /metrics sample into tests/fixtures/vllm-history (scripts/vllm_record.py)
+#   env KVDIR_BIN     a kvdir binary to run instead of building target/release/kvdir
 #
 # It makes a tiny model (scripts/vllm_make_model.py), starts two vLLM servers with KV events
 # and replay (ports 8100/8101, events 18100/18101, replay 28100/28101, one core each), starts
@@ -158,9 +159,11 @@ write_kvdir_config() {
 }
 # ---------------------------------------------------------------------------------------------
 
-echo "building kvdir"
-(cd "$ROOT" && cargo build --release --quiet -p kvdir-actors)
-KVDIR_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/kvdir
+if [ -z "${KVDIR_BIN:-}" ]; then
+    echo "building kvdir"
+    (cd "$ROOT" && cargo build --release --quiet -p kvdir-actors)
+    KVDIR_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/kvdir
+fi
 write_kvdir_config "$LOGS/kvdir.json"
 "$KVDIR_BIN" --kv_events_config_file "$LOGS/kvdir.json" --server_host 127.0.0.1 \
     --http_server_port "$KVDIR_PORT" --etcd_addr '' --tokenizer_path "$LOGS/model" \
