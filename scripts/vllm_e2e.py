@@ -1,0 +1,328 @@
+"""Chat traffic through kvdir's front door, compared request by request with real vLLM.
+
+Run by scripts/vllm-e2e.sh (see there); runs in the vllm venv. For each request it compares
+kvdir's predicted cached tokens on the engine it chose (`x-kvdir-cached-tokens`, else
+`x-kvdir-kv-hit-ratio` times the prompt's tokens, rounded to the block) with vLLM's own
+`usage.prompt_tokens_details.cached_tokens`, and prints one line. Rules:
+- over-credit (predicted > vLLM) always fails;
+- a stream that is not synchronized gives no credit;
+- on an exact stream the numbers agree, except an under-credit that follows a duplicate-store
+  removal (printed as explained);
+- on a partial stream an under-credit is allowed (it credits only blocks it saw stored).
+Named checks (stream start-up, salt, duplicate store, restart) count like requests. It ends with
+`N passed, M failed`; the exit code is 0 only when M is 0.
+"""
+
+import argparse
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import vllm_events as ve
+from vllm_chat import (BLOCK, CREDITED, SYNCED, WORDS, Conversation, Engine, Kvdir, Results,
+                       http, judge, predicted_tokens, stream_state)
+
+
+class Driver:
+    """The workload and its checks."""
+
+    def __init__(self, args):
+        self.args = args
+        self.rng = random.Random(22)
+        self.results = Results()
+        self.engines = [Engine(spec, args.topic) for spec in args.engine]
+        self.kvdir = Kvdir(args.kvdir, self.engines)
+        self.sent = 0
+        self.systems = [self.text(self.rng.randrange(200, 420), f"System {i}.") for i in range(6)]
+        self.pool = [self.new_conversation() for _ in range(6)]
+
+    def text(self, words, head):
+        return head + " " + " ".join(self.rng.choice(WORDS) for _ in range(words)) + "."
+
+    def new_conversation(self, salt=None):
+        return Conversation(self.rng.choice(self.systems), self.rng, salt,
+                            self.rng.randrange(2, 6))
+
+    def ask(self, conv, tag="", explained="", advance=True):
+        """Sends the conversation's next turn, judges and prints it; returns (engine,
+        predicted, vLLM's cached tokens), predicted None when kvdir did not answer."""
+        messages = conv.messages()
+        reports = self.kvdir.streams() if self.kvdir.up else {}
+        engine, hdrs, body = self.kvdir.chat(messages, conv.salt)
+        with self.results.lock:
+            self.sent += 1
+            number = self.sent
+        label = f"req {number:3} conv {conv.id:3} turn {len(conv.turns)}"
+        label += f" salt {conv.salt}" if conv.salt else ""
+        label += f" [{tag}]" if tag else ""
+        if not isinstance(body, dict) or "usage" not in body:
+            self.results.add(False, f"{label}: no answer: {str(body)[:300]}")
+            return None, None, 0
+        usage = body["usage"]
+        actual = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+        predicted = None
+        if engine is None or not hdrs:
+            why = self.kvdir.why_down or (f"x-kvdir-instance {hdrs.get('x-kvdir-instance')!r} "
+                                          "names no listed engine")
+            self.results.add(False, f"{label}: vllm cached {actual} of "
+                                    f"{usage['prompt_tokens']}; kvdir unavailable: {why}")
+        else:
+            state = stream_state(hdrs, reports.get(engine.name))
+            predicted = predicted_tokens(hdrs, usage["prompt_tokens"])
+            ok, verdict = judge(predicted, actual, state, explained)
+            self.results.add(ok, f"{label} -> {engine.name} [{state}] predicted {predicted} "
+                                 f"vllm {actual} of {usage['prompt_tokens']}: {verdict}",
+                             explained=verdict.startswith("explained"))
+        if engine is not None:
+            others = [c for c in engine.cached_prompts if c is not conv]
+            engine.cached_prompts = (others + [conv])[-4:]
+        if advance:
+            conv.advance()
+        return engine, predicted, actual
+
+    def regular(self):
+        """One turn of a random pooled conversation; finished ones are replaced."""
+        i = self.rng.randrange(len(self.pool))
+        conv = self.pool[i]
+        self.ask(conv)
+        if conv.done():
+            self.pool[i] = self.new_conversation()
+
+    # --- start-up ------------------------------------------------------------------------
+
+    def wait_streams(self, started, deadline_s=10.0):
+        """Times how long after kvdir's start each listed stream reaches live or partial."""
+        reached, reports = {}, {}
+        while time.time() < started + deadline_s and len(reached) < len(self.engines):
+            if self.args.kvdir_pid and not pid_alive(self.args.kvdir_pid):
+                break
+            reports = self.kvdir.streams()
+            for e in self.engines:
+                phase = reports.get(e.name, {}).get("phase")
+                if phase in SYNCED and e.name not in reached:
+                    reached[e.name] = (time.time() - started, phase)
+            time.sleep(0.05)
+        if not reports and not reached:
+            self.kvdir.up = False
+            self.kvdir.why_down = "kvdir did not answer /v1/internal/streams"
+            log_tail(self.args.kvdir_log)
+        for e in self.engines:
+            if e.name in reached:
+                secs, phase = reached[e.name]
+                state = "exact" if phase == "live" else "partial"
+                self.results.check(True, f"stream {e.name} synchronized",
+                                   f"{phase} ({state}) {secs:.2f} s after kvdir started")
+            else:
+                r = reports.get(e.name, {})
+                self.results.check(False, f"stream {e.name} synchronized",
+                                   f"not live or partial within {deadline_s:.0f} s: phase "
+                                   f"{r.get('phase')}, last fault {r.get('last_fault')}")
+
+    # --- burst and salt --------------------------------------------------------------------
+
+    def burst(self, n=8):
+        """n new conversations at once, on system prompts just warmed by one request each."""
+        convs = [self.new_conversation() for _ in range(n)]
+        for system in sorted({c.system for c in convs}):
+            self.ask(Conversation(system, self.rng, max_turns=1), tag="warm")
+        threads = [threading.Thread(target=self.ask, args=(c, "burst")) for c in convs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.pool[:len(convs)] = convs[:len(self.pool)]
+
+    def salted(self, turns=3):
+        """Two salts on the same messages: each salt's first turn is uncached and later turns
+        are credited (in the salt's own namespace, not the unsalted blocks')."""
+        credited = 0
+        for salt in ("tenant-a", "tenant-b"):
+            conv = Conversation(self.systems[0], random.Random(7), salt=salt, max_turns=turns)
+            for turn in range(turns):
+                _, predicted, actual = self.ask(conv, tag="salted")
+                if turn > 0 and predicted and predicted == actual:
+                    credited += 1
+        self.results.check(credited == 2 * (turns - 1), "salted turns credited",
+                           f"{credited} of {2 * (turns - 1)} later salted turns credited")
+
+    # --- the duplicate-store sequence ------------------------------------------------------
+
+    def block_aligned_conversation(self):
+        """A new conversation whose first prompt is a whole number of blocks long."""
+        conv = Conversation(self.text(300, f"Duplicate {self.sent}."), self.rng, max_turns=3)
+        conv.next_user = conv.user_text(20)
+        while len(self.engines[0].tokenize(conv.messages())) % BLOCK:
+            conv.next_user = conv.next_user[:-1] + " " + self.rng.choice(WORDS) + "?"
+        return conv
+
+    def duplicate_store(self):
+        """Sends a block-aligned prompt twice (vLLM stores its last block again), evicts the
+        older copy only, then sends the next turn, whose blocks chain to that block."""
+        conv = self.block_aligned_conversation()
+        tokens = self.engines[0].tokenize(conv.messages())
+        before = self.kvdir.streams()
+        first = self.ask(conv, tag="dup: first", advance=False)[0]
+        second = self.ask(conv, tag="dup: again", advance=False)[0]
+        engine = second or first or self.engines[0]
+        last = tokens[-BLOCK:]
+        stores = engine.tap.wait(
+            lambda m: [b for b in ve.stored_blocks(m) if b[1] == last][1:], 10)
+        self.results.check(bool(stores) and first is second, "vLLM stored the last block twice",
+                           f"on {engine.name}, {len(tokens)} tokens")
+        if not stores:
+            return
+        dup = stores[0][0]
+        removed = self.evict_older_copy(engine, dup)
+        why = f"block {dup:#x} removed once, its other copy still cached" if removed == 1 else ""
+        conv.advance()
+        self.ask(conv, tag="dup: child", explained=why)
+        self.check_not_invalidated(before, engine)
+
+    def evict_older_copy(self, engine, dup):
+        """One-block prompts straight to the engine (not counted) until the first copy of
+        `dup` is evicted; returns how many removals of `dup` vLLM published."""
+        fillers = 0
+        while ve.removed_hashes(engine.tap.since(0)).count(dup) == 0 and fillers < 300:
+            prompt = [self.rng.randrange(3, 2000) for _ in range(BLOCK)]
+            start = engine.tap.count()
+            http("POST", engine.url + "/v1/completions",
+                 {"model": "model", "prompt": prompt, "max_tokens": 1, "temperature": 0})
+            engine.tap.wait(lambda m: any(b[1] == prompt for b in ve.stored_blocks(m)), 5, start)
+            fillers += 1
+        removed = ve.removed_hashes(engine.tap.since(0)).count(dup)
+        print(f"     dup: {fillers} one-block prompts sent to {engine.name} directly; "
+              f"vLLM removed block {dup:#x} {removed} time(s)", flush=True)
+        return removed
+
+    def check_not_invalidated(self, before, engine):
+        """No stream lost synchronization or counted a gap across the sequence."""
+        deadline = time.time() + 5
+        while time.time() < deadline and engine.tap.count() and not self.kvdir_caught_up(engine):
+            time.sleep(0.05)
+        after = self.kvdir.streams()
+        bad = []
+        for name, b in before.items():
+            a = after.get(name, {})
+            for key in ("gaps", "snapshot_failures", "restarts"):
+                if a.get(key, 0) != b.get(key, 0):
+                    bad.append(f"{name} {key} {b.get(key)} -> {a.get(key)}")
+            if a.get("phase") not in CREDITED or a.get("last_fault") != b.get("last_fault"):
+                bad.append(f"{name} phase {a.get('phase')}, last fault {a.get('last_fault')}")
+        self.results.check(bool(before) and not bad, "no stream invalidated by the duplicate "
+                           "stores", "; ".join(bad) or ("" if before else "kvdir unavailable"))
+
+    def kvdir_caught_up(self, engine):
+        """Whether kvdir has received as many live messages from the engine as the tap (both
+        subscribed long before, so kvdir's count is at least the tap's once it caught up)."""
+        report = self.kvdir.streams().get(engine.name, {})
+        return report.get("messages", 0) >= engine.tap.count()
+
+    # --- restart ---------------------------------------------------------------------------
+
+    def restart(self, engine):
+        """Kills one vLLM and starts it again with the same flags. While it is gone and
+        until kvdir synchronizes its stream again, the engine gets no credit; then exact."""
+        victims = list(engine.cached_prompts)
+        with open(engine.pidfile) as f:
+            os.killpg(int(f.read().strip()), signal.SIGKILL)
+        killed = time.time()
+        withdrawn, phase = self.wait_phase(engine, lambda p: p not in CREDITED, killed + 10)
+        self.results.check(withdrawn, f"{engine.name} credit withdrawn after the kill",
+                           f"phase {phase} after {time.time() - killed:.2f} s")
+        while engine.healthy():
+            time.sleep(0.1)
+        subprocess.Popen(["bash", engine.launcher], start_new_session=True)
+        while not engine.healthy():
+            if time.time() > killed + 300:
+                self.results.check(False, f"{engine.name} restarted", "no /health in 300 s")
+                return
+            time.sleep(0.5)
+        healthy = time.time()
+        print(f"     restart: {engine.name} healthy again {healthy - killed:.1f} s after "
+              f"the kill", flush=True)
+        # At once, before kvdir has caught up: its old blocks must not be credited.
+        for conv in victims:
+            self.ask(conv, tag="after restart", advance=False)
+        exact, phase = self.wait_phase(engine, lambda p: p == "live", healthy + 10)
+        self.results.check(exact, f"{engine.name} exact again after the restart",
+                           f"phase {phase} {time.time() - healthy:.2f} s after its /health")
+        for conv in victims:
+            self.ask(conv, tag="after resync")
+
+    def wait_phase(self, engine, want, deadline):
+        """Polls the engine's stream until want(phase) or the deadline; returns whether it
+        came and the last phase seen (None: kvdir does not report the stream)."""
+        while True:
+            phase = self.kvdir.streams().get(engine.name, {}).get("phase")
+            if phase is not None and want(phase):
+                return True, phase
+            if time.time() > deadline:
+                return False, phase
+            time.sleep(0.05)
+
+    # --- the run ---------------------------------------------------------------------------
+
+    def run(self):
+        n = self.args.requests
+        self.wait_streams(self.args.kvdir_started)
+        steps = {n // 4: self.burst, n * 3 // 8: self.salted, n // 2: self.duplicate_store,
+                 n * 5 // 8: lambda: self.restart(self.engines[-1])}
+        done = set()
+        while self.sent < n:
+            due = [k for k in steps if k <= self.sent and k not in done]
+            if due:
+                done.add(due[0])
+                steps[due[0]]()
+            else:
+                self.regular()
+        for e in self.engines:
+            e.tap.close()
+        if self.results.explained:
+            print(f"explained under-credits ({len(self.results.explained)}):")
+            for line in self.results.explained:
+                print("  " + line)
+        print(f"{self.results.passed} passed, {self.results.failed} failed", flush=True)
+        return 0 if self.results.failed == 0 else 1
+
+
+def pid_alive(pid):
+    try:
+        os.kill(int(pid), 0)
+        return True
+    except OSError:
+        return False
+
+
+def log_tail(path, lines=5):
+    try:
+        with open(path) as f:
+            tail = f.read().splitlines()[-lines:]
+    except OSError:
+        return
+    print(f"     kvdir is not answering; the end of {path}:")
+    for line in tail:
+        print("       " + line)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--kvdir", required=True, help="kvdir's base URL")
+    p.add_argument("--kvdir-started", type=float, required=True, help="its start, Unix time")
+    p.add_argument("--kvdir-pid", help="its process id, to notice an early exit")
+    p.add_argument("--kvdir-log", default="", help="its log, shown when it does not answer")
+    p.add_argument("--engine", action="append", required=True,
+                   help="NAME,URL,EVENTS,LAUNCHER of one vLLM (repeat)")
+    p.add_argument("--topic", default="kv")
+    p.add_argument("--requests", type=int, default=320)
+    args = p.parse_args()
+    if args.requests < 40:
+        sys.exit("--requests must be at least 40 (the issue asks for 300)")
+    sys.exit(Driver(args).run())
+
+
+if __name__ == "__main__":
+    main()

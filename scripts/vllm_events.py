@@ -1,0 +1,137 @@
+"""vLLM's KV events as a test sees them: a live tap, a replay request and the event fields.
+
+Shared by scripts/vllm_e2e.py and scripts/vllm_record.py; runs in the vllm venv (pyzmq,
+msgspec). The wire format (vllm/distributed/kv_events.py, 0.32.0):
+- live: PUB `[topic, seq as 8 bytes big-endian, msgpack batch]`;
+- replay: a ROUTER; a DEALER sends `["", start_seq as 8 bytes big-endian]` and gets
+  `["", topic, seq, payload]` per buffered batch with seq >= start_seq, then
+  `["", "", 8 bytes of 0xFF, ""]`;
+- batch: `[ts, [events...], dp_rank]`, each event a tagged array
+  `["BlockStored", block_hashes, parent_block_hash, token_ids, block_size, lora_id, medium,
+  lora_name, extra_keys, group_idx, ...]`, `["BlockRemoved", block_hashes, medium, ...]` or
+  `["AllBlocksCleared"]`.
+"""
+
+import threading
+import time
+
+import msgspec
+import zmq
+
+END_SEQ = b"\xff" * 8
+STORED_FIELDS = ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+                 "medium", "lora_name", "extra_keys", "group_idx")
+
+
+def event_dict(event):
+    """One decoded event as a dict with a `type` (positional or map form)."""
+    if isinstance(event, dict):
+        return dict(event, type=event.get("type", "?"))
+    kind, fields = event[0], list(event[1:])
+    names = {"BlockStored": STORED_FIELDS, "BlockRemoved": ("block_hashes", "medium")}
+    out = {"type": kind}
+    for name, value in zip(names.get(kind, ()), fields):
+        out[name] = value
+    return out
+
+
+def decode_batch(payload):
+    """`(ts, [event dicts], dp_rank)` of one msgpack batch."""
+    batch = msgspec.msgpack.decode(payload)
+    rank = batch[2] if len(batch) > 2 else None
+    return batch[0], [event_dict(e) for e in batch[1]], rank
+
+
+class Tap:
+    """A SUB socket on one engine's live endpoint, keeping every message in a thread."""
+
+    def __init__(self, endpoint, topic):
+        self.endpoint = endpoint
+        self.messages = []  # (topic, seq, payload, [event dicts])
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ctx = zmq.Context.instance()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.SUBSCRIBE, topic.encode())
+        self._sub.connect(endpoint)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.is_set():
+            if not self._sub.poll(100):
+                continue
+            frames = self._sub.recv_multipart()
+            if len(frames) != 3:
+                continue
+            topic, seq, payload = frames
+            events = decode_batch(payload)[1]
+            with self._lock:
+                self.messages.append((topic, int.from_bytes(seq, "big"), payload, events))
+
+    def close(self):
+        self._stop.set()
+        self._thread.join()
+        self._sub.close(linger=0)
+
+    def count(self):
+        with self._lock:
+            return len(self.messages)
+
+    def since(self, start):
+        """Messages from index `start` on."""
+        with self._lock:
+            return list(self.messages[start:])
+
+    def wait(self, predicate, timeout, start=0):
+        """Polls until predicate(messages since start) is true; returns it or None."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = predicate(self.since(start))
+            if result or time.monotonic() > deadline:
+                return result
+            time.sleep(0.02)
+
+
+def stored_blocks(messages):
+    """Every stored block as (hash, tokens of its block, extra_key, parent) in order."""
+    out = []
+    for _, _, _, events in messages:
+        for e in events:
+            if e["type"] != "BlockStored":
+                continue
+            size, tokens = e["block_size"], e["token_ids"]
+            extra = e.get("extra_keys") or [None] * len(e["block_hashes"])
+            parent = e["parent_block_hash"]
+            for i, h in enumerate(e["block_hashes"]):
+                out.append((h, tokens[i * size:(i + 1) * size], extra[i], parent))
+                parent = h
+    return out
+
+
+def removed_hashes(messages):
+    """Every removed block hash in order."""
+    return [h for _, _, _, events in messages for e in events if e["type"] == "BlockRemoved"
+            for h in e["block_hashes"]]
+
+
+def replay(endpoint, start_seq, timeout=5.0):
+    """Asks the replay ROUTER from start_seq; returns every reply message's frames, end
+    marker included. Raises TimeoutError when the end marker does not come."""
+    ctx = zmq.Context.instance()
+    dealer = ctx.socket(zmq.DEALER)
+    try:
+        dealer.connect(endpoint)
+        dealer.send_multipart([b"", start_seq.to_bytes(8, "big")])
+        replies, deadline = [], time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not dealer.poll(100):
+                continue
+            frames = dealer.recv_multipart()
+            replies.append(frames)
+            if len(frames) >= 3 and frames[2] == END_SEQ:
+                return replies
+        raise TimeoutError(f"no end marker from {endpoint} within {timeout} s "
+                           f"({len(replies)} replies)")
+    finally:
+        dealer.close(linger=0)
