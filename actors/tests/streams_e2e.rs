@@ -5,6 +5,8 @@
 mod common;
 #[path = "streams_e2e/history.rs"]
 mod history;
+#[path = "streams_e2e/recorded.rs"]
+mod recorded;
 
 use common::*;
 use kvdir::wire::Tier;
