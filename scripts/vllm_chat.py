@@ -178,8 +178,29 @@ def stream_state(hdrs, report):
                                                                           "unsynchronized")
 
 
+def in_flight(history, during, prompt, low, high):
+    """Why kvdir's credit and vLLM's reuse differ for a prompt whose blocks in token range
+    (low, high] changed while the request was in flight: `during` holds the engine's messages
+    published from the request's send on (`history` everything up to their end). A block of
+    that range stored during it was published after kvdir routed (under-credit); one removed
+    during it was evicted after kvdir routed (over-credit). "" when neither."""
+    chains = ve.prefixes(history)
+    def in_range(h):
+        chain = chains.get(h)
+        return chain is not None and low < len(chain) <= high and prompt[:len(chain)] == chain
+    stored = [b[0] for b in ve.stored_blocks(during) if in_range(b[0])]
+    removed = [h for h in ve.removed_hashes(during) if in_range(h)]
+    if removed:
+        return f"{len(removed)} block(s) of the prompt evicted while it was in flight"
+    if stored:
+        return f"{len(stored)} block(s) of the prompt published only while it was in flight"
+    return ""
+
+
 def judge(predicted, actual, state, explained):
     """(ok, verdict) of one request by the rules in the module doc."""
+    if predicted > actual and explained and "evicted" in explained:
+        return True, "explained over-credit (" + explained + ")"
     if predicted > actual:
         return False, "OVER-CREDIT"
     if state == "unsynchronized" and predicted > 0:

@@ -109,6 +109,15 @@ def stored_blocks(messages):
     return out
 
 
+def prefixes(messages):
+    """Every stored block's hash -> the token ids from the root to the end of that block,
+    chained through the parents the engine named."""
+    out = {}
+    for h, tokens, _, parent in stored_blocks(messages):
+        out[h] = out.get(parent, []) + list(tokens) if parent is not None else list(tokens)
+    return out
+
+
 def removed_hashes(messages):
     """Every removed block hash in order."""
     return [h for _, _, _, events in messages for e in events if e["type"] == "BlockRemoved"
