@@ -168,18 +168,14 @@ impl Recovery {
         out: &mut Vec<Action>,
     ) {
         let Phase::Replaying(r) = &mut self.phase else { return };
-        if r.keep_live {
-            if self.next_seq == Some(seq) {
-                self.note_clears(&batch);
-                return self.apply(seq, batch, out);
-            }
-            if self.duplicates.contains(&seq) {
-                self.stats.duplicate_batches += 1;
-                return;
-            }
+        let batch = if r.keep_live {
+            let Some(batch) = self.take_in_order(seq, batch, out) else { return };
             self.gap(seq, out);
             self.begin_history(now, false, out);
-        }
+            batch
+        } else {
+            batch
+        };
         let Phase::Replaying(r) = &mut self.phase else { return };
         r.buffered_bytes += wire_bytes + batch.heap_bytes();
         r.buffer.push((seq, batch));
@@ -187,6 +183,26 @@ impl Recovery {
             let fault = StreamFault::BufferOverflow { max_bytes: self.cfg.max_buffered_bytes };
             self.fail(fault, now, out);
         }
+    }
+
+    /// A live batch of a synchronized stream: applied when it is the next one, dropped when it
+    /// is the live copy of a batch a history replay applied; otherwise handed back (a gap).
+    pub(super) fn take_in_order(
+        &mut self,
+        seq: u64,
+        batch: Batch,
+        out: &mut Vec<Action>,
+    ) -> Option<Batch> {
+        if self.next_seq == Some(seq) {
+            self.note_clears(&batch);
+            self.apply(seq, batch, out);
+            return None;
+        }
+        if self.duplicates.contains(&seq) {
+            self.stats.duplicate_batches += 1;
+            return None;
+        }
+        Some(batch)
     }
 
     /// A batch that clears every tier makes a partial stream exact from then on: everything

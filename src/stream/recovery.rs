@@ -186,14 +186,7 @@ impl Recovery {
             return self.restore_full_state(seq, batch, now, out);
         }
         if live {
-            if in_order {
-                self.note_clears(&batch);
-                return self.apply(seq, batch, out);
-            }
-            if self.duplicates.contains(&seq) {
-                self.stats.duplicate_batches += 1;
-                return;
-            }
+            let Some(batch) = self.take_in_order(seq, batch, out) else { return };
             self.gap(seq, out);
             self.begin_sync(now, false, out);
             if matches!(self.phase, Phase::Replaying(_)) {
