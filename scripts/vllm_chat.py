@@ -156,6 +156,17 @@ class Kvdir:
         engine = self.engines[zlib.crc32(messages[0]["content"].encode()) % len(self.engines)]
         return engine, {}, http("POST", engine.url + "/v1/chat/completions", body)[2]
 
+    def query(self, tokens):
+        """kvdir's query answer for `tokens`, by instance name (rank 0)."""
+        try:
+            body = {"token_ids": tokens}
+            status, _, resp = http("POST", self.url + "/v1/internal/kv-cache/query", body)
+        except OSError:
+            return {}
+        if status != 200 or not isinstance(resp, dict):
+            return {}
+        return {m["instance_name"]: m for m in resp.get("matches", []) if m["dp_rank"] == 0}
+
     def by_name(self, name):
         return next((e for e in self.engines if e.name == name), None)
 

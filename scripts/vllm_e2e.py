@@ -81,6 +81,9 @@ class Driver:
                 explained = self.in_flight(engine, sent_at[engine.name], messages,
                                            min(predicted, actual), max(predicted, actual))
             ok, verdict = judge(predicted, actual, state, explained)
+            if not ok and predicted is not None and not conv.salt:
+                verdict += "; " + self.diagnose(engine, sent_at[engine.name], messages,
+                                                min(predicted, actual), max(predicted, actual))
             self.results.add(ok, f"{label} -> {engine.name} [{state}] predicted {predicted} "
                                  f"vllm {actual} of {usage['prompt_tokens']}: {verdict}",
                              explained=verdict.startswith("explained"))
@@ -90,6 +93,27 @@ class Driver:
         if advance:
             conv.advance()
         return engine, predicted, actual
+
+    def diagnose(self, engine, start, messages, low, high):
+        """For a failed request: the engine's events about the prompt's blocks in (low, high]
+        (seq and kind, `*` for those published while it was in flight) and what kvdir answers
+        for the prompt now, with its stream's sequence."""
+        history = engine.tap.since(0)
+        prompt = engine.tokenize(messages)
+        chains = ve.prefixes(history)
+        notes = []
+        for i, (_, seq, _, events) in enumerate(history):
+            for e in events:
+                hashes = e.get("block_hashes") or []
+                for h in hashes:
+                    chain = chains.get(h)
+                    if chain and low < len(chain) <= high and prompt[:len(chain)] == chain:
+                        mark = "*" if i >= start else ""
+                        notes.append(f"{mark}{seq}:{e['type'][5:]}@{len(chain)}")
+        now = self.kvdir.query(prompt).get(engine.name, {})
+        return (f"engine events on (low, high]: {' '.join(notes[-12:]) or 'none'}; tap at "
+                f"{history[-1][1] if history else None}; kvdir now {now.get('device_hit_tokens')}"
+                f" at seq {now.get('sequence')}")
 
     def in_flight(self, engine, start, messages, low, high):
         """What the engine published about the prompt's blocks in (low, high] while the
