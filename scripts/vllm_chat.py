@@ -156,10 +156,13 @@ class Kvdir:
         engine = self.engines[zlib.crc32(messages[0]["content"].encode()) % len(self.engines)]
         return engine, {}, http("POST", engine.url + "/v1/chat/completions", body)[2]
 
-    def query(self, tokens):
-        """kvdir's query answer for `tokens`, by instance name (rank 0)."""
+    def query(self, tokens, salt=None):
+        """kvdir's query answer for `tokens` (with `cache_salt` `salt`), by instance name
+        (rank 0)."""
         try:
             body = {"token_ids": tokens}
+            if salt:
+                body["cache_salt"] = salt
             status, _, resp = http("POST", self.url + "/v1/internal/kv-cache/query", body)
         except OSError:
             return {}

@@ -175,17 +175,26 @@ class Driver:
         self.pool[:len(convs)] = convs[:len(self.pool)]
 
     def salted(self, turns=3):
-        """Two salts on the same messages: each salt's first turn is uncached and later turns
-        are credited (in the salt's own namespace, not the unsalted blocks')."""
-        credited = 0
+        """Two salts on the same messages: each salt's first turn is uncached (the other salt's
+        blocks are not its own), and before each later turn kvdir's query with the salt
+        credits the previous turn's blocks on the engine that served it, whichever engine CAR
+        then picks."""
+        credited = isolated = 0
         for salt in ("tenant-a", "tenant-b"):
             conv = Conversation(self.systems[0], random.Random(7), salt=salt, max_turns=turns)
+            served = None
             for turn in range(turns):
-                _, predicted, actual = self.ask(conv, tag="salted")
-                if turn > 0 and predicted and predicted == actual:
-                    credited += 1
+                if served is not None:
+                    prompt = served.tokenize(conv.messages())
+                    hits = self.kvdir.query(prompt, salt).get(served.name, {})
+                    credited += (hits.get("device_hit_tokens") or 0) > 0
+                served, predicted, actual = self.ask(conv, tag="salted")
+                isolated += turn == 0 and predicted == 0 and actual == 0
         self.results.check(credited == 2 * (turns - 1), "salted turns credited",
-                           f"{credited} of {2 * (turns - 1)} later salted turns credited")
+                           f"{credited} of {2 * (turns - 1)} later salted turns credited by "
+                           "kvdir's query with their salt")
+        self.results.check(isolated == 2, "salts kept apart",
+                           f"{isolated} of 2 first turns uncached on both sides")
 
     # --- the duplicate-store sequence ------------------------------------------------------
 
