@@ -40,6 +40,7 @@ class Driver:
         self.engines = [Engine(spec, args.topic) for spec in args.engine]
         self.kvdir = Kvdir(args.kvdir, self.engines)
         self.sent = 0
+        self.settles = []  # seconds spent waiting for kvdir to apply what the engines published
         self.systems = [self.text(self.rng.randrange(200, 420), f"System {i}.") for i in range(6)]
         self.pool = [self.new_conversation() for _ in range(6)]
 
@@ -54,6 +55,8 @@ class Driver:
         """Sends the conversation's next turn, judges and prints it; returns (engine,
         predicted, vLLM's cached tokens), predicted None when kvdir did not answer."""
         messages = conv.messages()
+        if self.kvdir.up:
+            self.settle()
         reports = self.kvdir.streams() if self.kvdir.up else {}
         sent_at = {e.name: e.tap.count() for e in self.engines}
         engine, hdrs, body = self.kvdir.chat(messages, conv.salt)
@@ -262,6 +265,24 @@ class Driver:
         self.results.check(bool(before) and not bad, "no stream invalidated by the duplicate "
                            "stores", "; ".join(bad) or ("" if before else "kvdir unavailable"))
 
+    def settle(self, deadline_s=2.0):
+        """Waits (polling, with a deadline) until kvdir has applied every batch the engines
+        have published so far, so that a request is judged against the events published
+        before it; records how often kvdir was behind and for how long. Events published after
+        the request was sent are the in-flight explanations' business."""
+        started = time.monotonic()
+        while time.monotonic() < started + deadline_s:
+            seqs = {name: m.get("sequence") for name, m in self.kvdir.query([]).items()}
+            behind = [e for e in self.engines
+                      if e.tap.last_seq() is not None and seqs.get(e.name) is not None
+                      and seqs[e.name] < e.tap.last_seq()]
+            if not behind:
+                break
+            time.sleep(0.002)
+        waited = time.monotonic() - started
+        with self.results.lock:
+            self.settles.append(waited)
+
     def kvdir_caught_up(self, engine):
         """Whether kvdir has received as many live messages from the engine as the tap (both
         subscribed long before, so kvdir's count is at least the tap's once it caught up)."""
@@ -332,6 +353,12 @@ class Driver:
             print(f"explained under-credits ({len(self.results.explained)}):")
             for line in self.results.explained:
                 print("  " + line)
+        waits = sorted(self.settles)
+        if waits:
+            slow = sum(w > 0.01 for w in waits)
+            print(f"kvdir behind the engines' published events before {slow} of {len(waits)} "
+                  f"requests (waited > 10 ms); wait p50 {waits[len(waits) // 2] * 1000:.1f} ms, "
+                  f"max {waits[-1] * 1000:.1f} ms")
         print(f"{self.results.passed} passed, {self.results.failed} failed", flush=True)
         return 0 if self.results.failed == 0 else 1
 

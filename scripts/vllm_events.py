@@ -78,6 +78,11 @@ class Tap:
         with self._lock:
             return len(self.messages)
 
+    def last_seq(self):
+        """The sequence number of the newest message, or None."""
+        with self._lock:
+            return self.messages[-1][1] if self.messages else None
+
     def since(self, start):
         """Messages from index `start` on."""
         with self._lock:
