@@ -30,6 +30,7 @@ LOGS=${KVDIR_E2E_LOGS:-}
 RECORD=0
 KVDIR_PORT=8890
 ENGINES=(0 1)
+BUFFER_STEPS_1=16
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -56,10 +57,9 @@ KVDIR_PID=
 cleanup() {
     local status=$? i pid
     set +e
-    if [ -n "$KVDIR_PID" ]; then
-        kill "$KVDIR_PID" 2>/dev/null
-        wait "$KVDIR_PID" 2>/dev/null
-    fi
+    # kvdir.sh writes kvdir's pid to kvdir.pid; the driver restarts kvdir through it.
+    pid=$(cat "$LOGS/kvdir.pid" 2>/dev/null)
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null
     for i in "${ENGINES[@]}"; do
         pid=$(cat "$LOGS/engine-$i.pid" 2>/dev/null)
         [ -n "$pid" ] && kill -KILL -- "-$pid" 2>/dev/null
@@ -83,6 +83,9 @@ PY="$VENV/bin/python"
 write_launcher() {
     local i=$1 events
     events="{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"topic\": \"kv\","
+    # vLLM 1 keeps only its last 16 batches for replay, so a kvdir restarted late in the run
+    # finds its history truncated and must go on as partial.
+    [ "$i" = 1 ] && events+=" \"buffer_steps\": $BUFFER_STEPS_1,"
     events+=" \"endpoint\": \"tcp://*:$((18100 + i))\","
     events+=" \"replay_endpoint\": \"tcp://127.0.0.1:$((28100 + i))\"}"
     cat >"$LOGS/engine-$i.sh" <<EOF
@@ -165,14 +168,20 @@ if [ -z "${KVDIR_BIN:-}" ]; then
     KVDIR_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/kvdir
 fi
 write_kvdir_config "$LOGS/kvdir.json"
-"$KVDIR_BIN" --kv_events_config_file "$LOGS/kvdir.json" --server_host 127.0.0.1 \
-    --http_server_port "$KVDIR_PORT" --etcd_addr '' --tokenizer_path "$LOGS/model" \
-    --served_model_name model >"$LOGS/kvdir.log" 2>&1 &
+cat >"$LOGS/kvdir.sh" <<EOF
+#!/usr/bin/env bash
+echo \$\$ >"$LOGS/kvdir.pid"
+exec "$KVDIR_BIN" --kv_events_config_file "$LOGS/kvdir.json" --server_host 127.0.0.1 \\
+    --http_server_port $KVDIR_PORT --etcd_addr '' --tokenizer_path "$LOGS/model" \\
+    --served_model_name model >>"$LOGS/kvdir.log" 2>&1
+EOF
+bash "$LOGS/kvdir.sh" &
 KVDIR_PID=$!
 KVDIR_STARTED=$(date +%s.%N)
 # The driver reports its own failure when kvdir does not come up, so the figures still print.
 "$PY" "$ROOT/scripts/vllm_e2e.py" --kvdir "http://127.0.0.1:$KVDIR_PORT" \
     --kvdir-started "$KVDIR_STARTED" --kvdir-pid "$KVDIR_PID" --kvdir-log "$LOGS/kvdir.log" \
+    --kvdir-launcher "$LOGS/kvdir.sh" --buffer-steps "$BUFFER_STEPS_1" \
     --engine "127.0.0.1:8100,http://127.0.0.1:8100,tcp://127.0.0.1:18100,$LOGS/engine-0.sh" \
     --engine "127.0.0.1:8101,http://127.0.0.1:8101,tcp://127.0.0.1:18101,$LOGS/engine-1.sh" \
     --requests "$REQUESTS"

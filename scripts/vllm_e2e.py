@@ -136,7 +136,8 @@ class Driver:
     # --- start-up ------------------------------------------------------------------------
 
     def wait_streams(self, started, deadline_s=10.0):
-        """Times how long after kvdir's start each listed stream reaches live or partial."""
+        """Times how long after kvdir's start each listed stream reaches live or partial;
+        returns {name: (seconds, phase)} of those that did."""
         reached, reports = {}, {}
         while time.time() < started + deadline_s and len(reached) < len(self.engines):
             if self.args.kvdir_pid and not pid_alive(self.args.kvdir_pid):
@@ -162,6 +163,7 @@ class Driver:
                 self.results.check(False, f"stream {e.name} synchronized",
                                    f"not live or partial within {deadline_s:.0f} s: phase "
                                    f"{r.get('phase')}, last fault {r.get('last_fault')}")
+        return reached
 
     # --- burst and salt --------------------------------------------------------------------
 
@@ -321,6 +323,38 @@ class Driver:
         for conv in victims:
             self.ask(conv, tag="after resync")
 
+    def restart_kvdir(self):
+        """Stops kvdir and starts it again while the engines run. vLLM 0 still buffers its
+        whole history, so its stream is exact again; vLLM 1 buffers only its last
+        --buffer-steps batches, so once it has published more its stream is partial
+        (under-credit allowed) until its next AllBlocksCleared, which /reset_prefix_cache
+        brings."""
+        pidfile = os.path.join(os.path.dirname(self.args.kvdir_launcher), "kvdir.pid")
+        with open(pidfile) as f:
+            pid = int(f.read().strip())
+        os.kill(pid, signal.SIGTERM)
+        while pid_alive(pid):
+            time.sleep(0.05)
+        started = time.time()
+        self.args.kvdir_pid = subprocess.Popen(["bash", self.args.kvdir_launcher]).pid
+        print("     kvdir restarted while the engines run", flush=True)
+        reached = self.wait_streams(started)
+        for e in self.engines:
+            seq = e.tap.last_seq()
+            truncated = e is self.engines[-1] and (seq or 0) >= self.args.buffer_steps
+            want = "partial" if truncated else "live"
+            got = reached.get(e.name, (None, None))[1]
+            self.results.check(got == want, f"{e.name} after kvdir's restart is {want}",
+                               f"phase {got}; the engine is at seq {seq}")
+        engine = self.engines[-1]
+        http("POST", engine.url + "/reset_prefix_cache")
+        # vLLM publishes the clear with its next step: one request straight to the engine.
+        body = {"model": "model", "prompt": "Reset.", "max_tokens": 1}
+        http("POST", engine.url + "/v1/completions", body)
+        exact, phase = self.wait_phase(engine, lambda p: p == "live", time.time() + 10)
+        self.results.check(exact, f"{engine.name} exact again after its cache reset",
+                           f"phase {phase}")
+
     def wait_phase(self, engine, want, deadline):
         """Polls the engine's stream until want(phase) or the deadline; returns whether it
         came and the last phase seen (None: kvdir does not report the stream)."""
@@ -338,7 +372,8 @@ class Driver:
         n = self.args.requests
         self.wait_streams(self.args.kvdir_started)
         steps = {n // 4: self.burst, n * 3 // 8: self.salted, n // 2: self.duplicate_store,
-                 n * 5 // 8: lambda: self.restart(self.engines[-1])}
+                 n * 5 // 8: lambda: self.restart(self.engines[-1]),
+                 n * 7 // 8: self.restart_kvdir}
         done = set()
         while self.sent < n:
             due = [k for k in steps if k <= self.sent and k not in done]
@@ -390,6 +425,10 @@ def main():
     p.add_argument("--kvdir-log", default="", help="its log, shown when it does not answer")
     p.add_argument("--engine", action="append", required=True,
                    help="NAME,URL,EVENTS,LAUNCHER of one vLLM (repeat)")
+    p.add_argument("--kvdir-launcher", help="a script that starts kvdir again (writing "
+                   "kvdir.pid beside itself)")
+    p.add_argument("--buffer-steps", type=int, default=16,
+                   help="how many batches the last engine keeps for replay")
     p.add_argument("--topic", default="kv")
     p.add_argument("--requests", type=int, default=320)
     args = p.parse_args()
