@@ -83,11 +83,20 @@ impl<K: FlatKey + std::fmt::Debug> Clock<K> {
     }
 
     /// Overwrites `k`'s entry if it has one.
-    fn replace(&mut self, k: &K, e: Entry) -> bool {
-        self.table.get_mut(k).map(|v| *v = e).is_some()
+    /// Overwrites `k`'s entry or, below capacity (`full` false), inserts it, with one probe
+    /// either way; at capacity hands `k` back, to be inserted once an eviction made room (an
+    /// eviction may move entries, so the place is found again after it).
+    fn put(&mut self, k: K, e: Entry, full: bool) -> Option<K> {
+        match self.table.find(&k) {
+            Ok(slot) => *self.table.at_mut(slot) = e,
+            Err(_) if full => return Some(k),
+            Err(at) => {
+                self.table.insert_at(at, k, e);
+            }
+        }
+        None
     }
 
-    /// Inserts an absent `k`.
     fn insert(&mut self, k: K, e: Entry) {
         let at = self.table.find(&k).expect_err("replace() found no entry");
         self.table.insert_at(at, k, e);
@@ -148,20 +157,23 @@ impl Retired {
     /// Remembers `block`, which just left its last tier, as `h`, evicting an entry if full.
     pub fn retire(&mut self, h: EngineHash, block: &Block) {
         let e = Entry { key: block.key, flags: HELD | USED | (block.tiers & OUT_OF_SCOPE) };
+        let full = self.len() >= self.capacity;
         match key(h) {
-            Key::Narrow(k) if !self.narrow.replace(&k, e) => {
-                self.make_room(true);
-                self.narrow.insert(k, e);
+            Key::Narrow(k) => {
+                if let Some(k) = self.narrow.put(k, e, full) {
+                    self.make_room(true);
+                    self.narrow.insert(k, e);
+                }
             }
-            Key::Wide(k) if !self.wide.replace(&k, e) => {
-                self.make_room(false);
-                self.wide.insert(k, e);
+            Key::Wide(k) => {
+                if let Some(k) = self.wide.put(k, e, full) {
+                    self.make_room(false);
+                    self.wide.insert(k, e);
+                }
             }
-            _ => {}
         }
     }
 
-    /// Evicts one entry when full, of the width about to be inserted if it has any.
     fn make_room(&mut self, narrow: bool) {
         if self.len() < self.capacity {
             return;
