@@ -2,7 +2,8 @@
 //! `--etcd_addr=` and a config that lists one vLLM-dialect engine. The engine is two real
 //! servers: a small HTTP server in this test answering `/health`, `/metrics` (vLLM's gauge
 //! names and `process_start_time_seconds`, values set by the test) and `/v1/completions`, and a
-//! simulated engine publishing its KV events over ZeroMQ on loopback.
+//! simulated engine in vLLM's dialect publishing its KV events over ZeroMQ on loopback and
+//! answering history replays.
 
 mod common;
 
@@ -12,7 +13,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use common::*;
-use kvdir_sim::SimEngine;
+use kvdir_sim::{Dialect, EngineConfig, SimEngine};
 use serde_json::{json, Value};
 
 /// What the test engine's `/health` and `/metrics` answer.
@@ -121,12 +122,20 @@ fn stream(addr: &str, name: &str) -> Option<Value> {
     list.into_iter().find(|s| s["instance_name"] == name)
 }
 
-/// The route decision's candidate `name` for `tokens`, once it gets credit. Each try first has
-/// the simulated engine publish a live full-state batch (`AllBlocksCleared`, then every resident
-/// block), which synchronizes a stream whatever its replay kind: the simulator answers xLLM
-/// snapshots, and a vLLM stream's history replay is not what this test is about.
-fn credited(events: &SimEngine, addr: &str, name: &str, tokens: &[i32]) -> Result<Value, String> {
-    events.publish_full_state(0).map_err(|e| e.to_string())?;
+/// The simulated engine's event side, in vLLM's dialect: live batches and a history replay.
+fn vllm_events(name: &str) -> SimEngine {
+    SimEngine::start(EngineConfig {
+        name: name.into(),
+        block_size: B,
+        device_capacity_blocks: 256,
+        dialect: Dialect::Vllm,
+        ..EngineConfig::default()
+    })
+    .expect("the simulated engine starts")
+}
+
+/// The route decision's candidate `name` for `tokens`, once it gets credit.
+fn credited(addr: &str, name: &str, tokens: &[i32]) -> Result<Value, String> {
     let body = json!({ "token_ids": tokens }).to_string();
     let r = request(addr, "POST", "/v1/internal/route", None, Some(&body));
     let routed = r.json();
@@ -151,7 +160,7 @@ fn write_config(dir: &Path, http: u16, events: &str, replay: &str, topic: &str) 
 #[test]
 fn a_listed_engine_gets_identity_load_credit_and_requests_without_etcd() {
     let http = TestEngine::start();
-    let events = engine("vllm-a", 1, 0);
+    let events = vllm_events("vllm-a");
     let ep = &events.endpoints()[0];
     let tmp = tempfile::tempdir().unwrap();
     let config = write_config(tmp.path(), http.port, &ep.event, &ep.replay, &events.config().topic);
@@ -187,8 +196,7 @@ fn a_listed_engine_gets_identity_load_credit_and_requests_without_etcd() {
     assert_eq!((s["source"].as_str(), s["process"].as_str()), (Some("engine"), Some(first)));
     let tokens = prompt(7, 4 * B as usize);
     events.process(0, &tokens).unwrap();
-    let c =
-        eventually("credit on the listed engine", || credited(&events, addr, "vllm-a", &tokens));
+    let c = eventually("credit on the listed engine", || credited(addr, "vllm-a", &tokens));
     assert_eq!(c["dp_hits"][0]["identity_matches"], true, "{c}");
 
     // The front door forwards to the engine's URL (its name is no address).
@@ -205,7 +213,7 @@ fn a_listed_engine_gets_identity_load_credit_and_requests_without_etcd() {
         let s = stream(addr, "vllm-a").ok_or("none")?;
         (s["process"] == second).then_some(()).ok_or(s.to_string())
     });
-    let c = eventually("credit for the new process", || credited(&events, addr, "vllm-a", &tokens));
+    let c = eventually("credit for the new process", || credited(addr, "vllm-a", &tokens));
     assert_eq!(c["dp_hits"][0]["identity_matches"], true, "{c}");
 
     // An unhealthy engine is not routed to; a healthy one again is.
@@ -218,7 +226,7 @@ fn a_listed_engine_gets_identity_load_credit_and_requests_without_etcd() {
     let r = request(addr, "POST", "/v1/internal/route", None, Some(&body));
     assert_eq!(r.status, 503, "{}", r.body);
     http.set(|s| s.healthy = true);
-    eventually("ACTIVE again", || credited(&events, addr, "vllm-a", &tokens));
+    eventually("ACTIVE again", || credited(addr, "vllm-a", &tokens));
 }
 
 #[test]
