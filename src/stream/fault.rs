@@ -92,6 +92,13 @@ pub enum StreamFault {
         /// The limit, in ms.
         timeout_ms: u128,
     },
+    /// A history replay did not end within `replay_timeout_ms`.
+    HistoryTimeout {
+        /// The limit, in ms.
+        timeout_ms: u128,
+        /// Whether any of it arrived (none: most likely no replay endpoint there).
+        replied: bool,
+    },
     /// Several periodic resyncs failed in a row; the last one's fault.
     ResyncsFailed {
         /// How many.
@@ -127,7 +134,7 @@ impl StreamFault {
             | StreamFault::SnapshotRefused
             | StreamFault::SnapshotGap { .. }
             | StreamFault::HistoryGap { .. } => 6,
-            StreamFault::SnapshotTimeout { .. } => 7,
+            StreamFault::SnapshotTimeout { .. } | StreamFault::HistoryTimeout { .. } => 7,
             StreamFault::ResyncsFailed { last, .. } => last.label_index(),
             StreamFault::WorkerFailed(_) => 8,
         }
@@ -177,6 +184,15 @@ impl fmt::Display for StreamFault {
             StreamFault::SnapshotTimeout { timeout_ms } => {
                 write!(f, "snapshot incomplete after replay_timeout_ms = {timeout_ms}")
             }
+            StreamFault::HistoryTimeout { timeout_ms, replied: true } => {
+                write!(f, "history replay incomplete after replay_timeout_ms = {timeout_ms}")
+            }
+            StreamFault::HistoryTimeout { timeout_ms, replied: false } => write!(
+                f,
+                "no history replay answer within replay_timeout_ms = {timeout_ms}: check that \
+                 the engine's --kv-events-config sets replay_endpoint and that this stream's \
+                 replay endpoint reaches it"
+            ),
             StreamFault::ResyncsFailed { count, last } => write!(
                 f,
                 "{count} periodic resyncs failed in a row (last: {last}); no credit until a \

@@ -34,6 +34,13 @@ pub(super) struct Replay {
     buffered_bytes: usize,
 }
 
+impl Replay {
+    /// Whether a replayed batch arrived.
+    pub(super) fn replied_any(&self) -> bool {
+        self.replayed_any
+    }
+}
+
 impl Recovery {
     /// Starts a history replay: from 0 with the blocks dropped when the stream has no known
     /// position, else from its next sequence.

@@ -188,9 +188,23 @@ fn a_fault_replays_from_the_start_and_a_timeout_keeps_the_progress() {
     let t1 = t0 + Duration::from_millis(250);
     m.on_tick(t1, &mut out);
     assert_eq!(m.phase(), StreamPhase::Backoff);
-    out.clear();
+    let expect = "invalidate: history replay incomplete after replay_timeout_ms = 200";
+    assert!(show(&mut out).iter().any(|a| a == expect));
     m.on_tick(t1 + Duration::from_millis(150), &mut out);
     assert_eq!(show(&mut out), ["request 2"], "0 and 1 are applied already");
+}
+
+#[test]
+fn an_endpoint_that_never_answers_names_the_engine_setting() {
+    let t0 = Instant::now();
+    let mut m = machine();
+    let mut out = Vec::new();
+    m.on_connected(t0, &mut out);
+    out.clear();
+    m.on_tick(t0 + Duration::from_millis(250), &mut out);
+    let shown = show(&mut out).join("\n");
+    assert!(shown.contains("sets replay_endpoint"), "{shown}");
+    assert_eq!(m.phase(), StreamPhase::Backoff);
 }
 
 #[test]

@@ -343,7 +343,13 @@ impl Recovery {
                 if self.next_deadline().is_some_and(|at| now > at) =>
             {
                 let timeout_ms = self.cfg.replay_timeout.as_millis();
-                self.fail(StreamFault::SnapshotTimeout { timeout_ms }, now, out);
+                let fault = match &self.phase {
+                    Phase::Replaying(r) => {
+                        StreamFault::HistoryTimeout { timeout_ms, replied: r.replied_any() }
+                    }
+                    _ => StreamFault::SnapshotTimeout { timeout_ms },
+                };
+                self.fail(fault, now, out);
             }
             Phase::Backoff { until } if now >= *until => self.begin_sync(now, false, out),
             Phase::Live { since_snapshot }
