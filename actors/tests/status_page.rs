@@ -31,6 +31,8 @@ const DEADLINE: Duration = Duration::from_secs(60);
 const PAGE_DEADLINE: Duration = Duration::from_secs(20);
 /// How long one Chromium run may take.
 const CHROMIUM_DEADLINE: Duration = Duration::from_secs(30);
+/// Chromium runs that may crash or hang before one is taken as a failure.
+const CHROMIUM_TRIES: u32 = 3;
 /// Blocks one demo request can add to a stream: a 16-block system prompt and up to 8 more.
 const ONE_REQUEST_BLOCKS: u64 = 24;
 
@@ -257,10 +259,20 @@ fn attr_numbers(markup: &str, attr: &str) -> Vec<u64> {
 }
 
 /// Dumps the page until `check` passes; panics with the reason and the DOM at the deadline.
+/// A Chromium run that crashes or hangs (it sometimes does on a loaded machine, before it has
+/// loaded anything) is tried again, at most [`CHROMIUM_TRIES`] times in all.
 fn dump_until<T>(url: &str, check: impl Fn(&str) -> Result<T, String>) -> T {
     let deadline = Instant::now() + PAGE_DEADLINE;
+    let mut failures = 0;
     loop {
-        let dom = dump_dom(url);
+        let dom = match dump_dom(url) {
+            Ok(dom) => dom,
+            Err(e) => {
+                failures += 1;
+                assert!(failures < CHROMIUM_TRIES, "{e}");
+                continue;
+            }
+        };
         match check(&dom) {
             Ok(v) => return v,
             Err(e) if Instant::now() > deadline => {
@@ -272,8 +284,9 @@ fn dump_until<T>(url: &str, check: impl Fn(&str) -> Result<T, String>) -> T {
     }
 }
 
-/// One headless Chromium run with a fresh profile; the DOM after 3 s of virtual time.
-fn dump_dom(url: &str) -> String {
+/// One headless Chromium run with a fresh profile; the DOM after 3 s of virtual time, or why
+/// Chromium gave none.
+fn dump_dom(url: &str) -> Result<String, String> {
     let nanos = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos();
     let profile =
         std::env::temp_dir().join(format!("kvdir-chromium-{}-{nanos}", std::process::id()));
@@ -314,8 +327,8 @@ fn dump_dom(url: &str) -> String {
     let (out, err) = (out.join().unwrap(), err.join().unwrap());
     let _ = std::fs::remove_dir_all(&profile);
     match status {
-        Some(s) if s.success() => out,
-        _ => panic!("chromium on {url} failed or hung ({status:?}):\n{err}"),
+        Some(s) if s.success() => Ok(out),
+        _ => Err(format!("chromium on {url} failed or hung ({status:?}):\n{err}")),
     }
 }
 
