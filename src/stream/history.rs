@@ -75,12 +75,10 @@ impl Recovery {
         now: Instant,
         out: &mut Vec<Action>,
     ) {
-        let Phase::Replaying(r) = &mut self.phase else { return };
-        if batch.dp_rank != self.cfg.dp_rank {
-            let fault =
-                StreamFault::SnapshotWrongDpRank { got: batch.dp_rank, want: self.cfg.dp_rank };
-            return self.fail(fault, now, out);
+        if !matches!(self.phase, Phase::Replaying(_)) || self.other_rank(&batch, now, out) {
+            return;
         }
+        let Phase::Replaying(r) = &mut self.phase else { return };
         let next = self.next_seq.unwrap_or(0);
         let first = !std::mem::replace(&mut r.replayed_any, true);
         if seq > next {

@@ -266,12 +266,10 @@ impl Recovery {
         now: Instant,
         out: &mut Vec<Action>,
     ) {
-        let Phase::Syncing(p) = &mut self.phase else { return };
-        if batch.dp_rank != self.cfg.dp_rank {
-            let fault =
-                StreamFault::SnapshotWrongDpRank { got: batch.dp_rank, want: self.cfg.dp_rank };
-            return self.fail(fault, now, out);
+        if !matches!(self.phase, Phase::Syncing(_)) || self.other_rank(batch, now, out) {
+            return;
         }
+        let Phase::Syncing(p) = &mut self.phase else { return };
         if p.watermark.is_some_and(|w| w != watermark) {
             return self.fail(StreamFault::SnapshotWatermarks(watermark), now, out);
         }
@@ -279,6 +277,22 @@ impl Recovery {
         if let Err(e) = p.builder.add(batch) {
             self.fail(StreamFault::SnapshotRejected(e.to_string()), now, out);
         }
+    }
+
+    /// Fails the attempt when a reply's batch is of another DP rank (a publisher wired to the
+    /// wrong replay port); says whether it did.
+    pub(super) fn other_rank(
+        &mut self,
+        batch: &Batch,
+        now: Instant,
+        out: &mut Vec<Action>,
+    ) -> bool {
+        if batch.dp_rank == self.cfg.dp_rank {
+            return false;
+        }
+        let fault = StreamFault::SnapshotWrongDpRank { got: batch.dp_rank, want: self.cfg.dp_rank };
+        self.fail(fault, now, out);
+        true
     }
 
     /// A snapshot reply could not be read (malformed, oversized...).
