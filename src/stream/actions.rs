@@ -155,9 +155,4 @@ impl StreamPhase {
     pub fn is_synchronized(self) -> bool {
         matches!(self, StreamPhase::Live | StreamPhase::Resyncing | StreamPhase::Partial)
     }
-
-    /// Whether a snapshot is being received.
-    pub fn is_syncing(self) -> bool {
-        matches!(self, StreamPhase::Syncing | StreamPhase::Resyncing)
-    }
 }
