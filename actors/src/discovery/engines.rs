@@ -25,9 +25,9 @@ impl DiscoveryActor {
             .collect();
         for (name, url) in due {
             self.polling.insert(name.clone());
-            let me = ctx.address();
+            let (me, http) = (ctx.address(), self.http.clone());
             actix::spawn(async move {
-                let probe = poll(&url).await;
+                let probe = poll(&http, &url).await;
                 me.do_send(EnginePolled { name, probe });
             });
         }
@@ -35,12 +35,8 @@ impl DiscoveryActor {
 }
 
 /// `GET {url}/health` (a 200 is healthy), then `GET {url}/metrics` when healthy.
-async fn poll(url: &str) -> Probe {
-    let client = match reqwest::Client::builder().no_proxy().timeout(POLL_TIMEOUT).build() {
-        Ok(c) => c,
-        Err(e) => return Probe { health: Err(e.to_string()), metrics: Err(String::new()) },
-    };
-    let get = |path: &str| client.get(format!("{url}{path}")).send();
+async fn poll(client: &reqwest::Client, url: &str) -> Probe {
+    let get = |path: &str| client.get(format!("{url}{path}")).timeout(POLL_TIMEOUT).send();
     let health = match get("/health").await {
         Ok(r) if r.status() == reqwest::StatusCode::OK => Ok(()),
         Ok(r) => Err(format!("answered {}", r.status())),

@@ -91,14 +91,10 @@ fn changes_msg(changes: Vec<Change>) -> super::EtcdChanged {
 }
 
 /// `GET http://<name>/health`, up to 2 tries of 1000 ms each; true on a 200.
-pub async fn probe_health(name: &str) -> bool {
-    let Ok(client) =
-        reqwest::Client::builder().no_proxy().timeout(Duration::from_millis(1000)).build()
-    else {
-        return false;
-    };
+pub async fn probe_health(client: &reqwest::Client, name: &str) -> bool {
+    let url = format!("http://{name}/health");
     for _ in 0..2 {
-        let answer = client.get(format!("http://{name}/health")).send().await;
+        let answer = client.get(&url).timeout(Duration::from_millis(1000)).send().await;
         if answer.is_ok_and(|r| r.status() == reqwest::StatusCode::OK) {
             return true;
         }

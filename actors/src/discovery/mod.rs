@@ -59,6 +59,8 @@ pub struct DiscoveryActor {
     /// How often listed engines are polled, and the polls in flight.
     poll_interval: Duration,
     polling: BTreeSet<String>,
+    /// One HTTP client (and connection pool) for every `/health` probe and engine poll.
+    http: reqwest::Client,
 }
 
 impl DiscoveryActor {
@@ -88,6 +90,9 @@ impl DiscoveryActor {
             registered_engines: BTreeSet::new(),
             poll_interval: Duration::from_secs(1),
             polling: BTreeSet::new(),
+            // No proxy: engines are reached directly. Building fails only without a TLS or
+            // DNS backend, which this build does not use; then the default client serves.
+            http: reqwest::Client::builder().no_proxy().build().unwrap_or_default(),
         }
     }
 
@@ -168,9 +173,9 @@ impl DiscoveryActor {
     /// name registered again meanwhile.
     fn probe(&mut self, name: String, ctx: &mut Context<Self>) {
         let Some(ticket) = self.registry.deleted(&name) else { return };
-        let me = ctx.address();
+        let (me, http) = (ctx.address(), self.http.clone());
         actix::spawn(async move {
-            let healthy = etcd_watch::probe_health(&name).await;
+            let healthy = etcd_watch::probe_health(&http, &name).await;
             me.do_send(Probed { name, ticket, healthy });
         });
     }
