@@ -49,11 +49,10 @@ pub struct InstanceInfo {
     pub url: Option<String>,
 }
 
-impl InstanceInfo {
-    /// The base URL requests for this instance go to.
-    pub fn base_url(&self) -> String {
-        self.url.clone().unwrap_or_else(|| format!("http://{}", self.candidate.name))
-    }
+/// The base URL requests for instance `name` go to: a listed engine's own `url`, else
+/// `http://<name>`.
+fn base_url(name: &str, url: Option<&str>) -> String {
+    url.map_or_else(|| format!("http://{name}"), str::to_string)
 }
 
 /// Replace the instance snapshot (from discovery).
@@ -176,7 +175,7 @@ impl Handler<RouteForward> for RouterActor {
         let routed = self.decide(&msg.hits, msg.input_tokens, &msg.exclude, Some(msg.prompt))?;
         let info = self.positions.get(&routed.prefill).map(|&i| &self.instances[i]);
         let reports = info.map_or(0, |i| i.load_reports);
-        let url = info.map_or_else(|| format!("http://{}", routed.prefill), InstanceInfo::base_url);
+        let url = base_url(&routed.prefill, info.and_then(|i| i.url.as_deref()));
         let id = self.inflight.start(&routed.prefill, reports, Some(msg.prompt));
         Ok((routed, id, url))
     }
