@@ -8,9 +8,10 @@
 
 use serde_json::Value;
 
+use super::bind::{no_bind, BindConfig, TopicVars, BIND_ENDPOINT};
 use super::endpoint::check_endpoint;
 use super::json::{kind, Fields};
-use super::{ConfigError, Dialect, StreamSpec};
+use super::{is_bound, ConfigError, Dialect, StreamSpec};
 
 /// The fields of one engine.
 pub const ENGINE_FIELDS: &[&str] =
@@ -50,6 +51,11 @@ impl EngineSpec {
         self.events.len() as u32
     }
 
+    /// Whether the engine publishes to kvdir's bind endpoint (`"events": "bind"`).
+    pub fn is_bound(&self) -> bool {
+        self.events.first().is_some_and(|e| is_bound(e))
+    }
+
     /// One stream per DP rank, with the dialect's replay.
     pub fn streams(&self) -> Vec<StreamSpec> {
         (0..self.events.len())
@@ -71,15 +77,28 @@ impl EngineSpec {
 
 /// Parses one engine given alone (a `POST /register` body): every problem at once.
 pub fn parse_engine_json(value: &Value) -> Result<EngineSpec, ConfigError> {
+    parse_engine_json_with(value, None)
+}
+
+/// [`parse_engine_json`] where kvdir binds `bind` for engines (`"events": "bind"`).
+pub fn parse_engine_json_with(
+    value: &Value,
+    bind: Option<&BindConfig>,
+) -> Result<EngineSpec, ConfigError> {
     let mut errors = Vec::new();
-    match parse_engine("engine", value, &mut errors) {
+    match parse_engine("engine", value, bind, &mut errors) {
         Some(e) if errors.is_empty() => Ok(e),
         _ => Err(ConfigError::new(errors)),
     }
 }
 
 /// Parses the engine at `path`, collecting problems in `errors`.
-pub(crate) fn parse_engine(path: &str, v: &Value, errors: &mut Vec<String>) -> Option<EngineSpec> {
+pub(crate) fn parse_engine(
+    path: &str,
+    v: &Value,
+    bind: Option<&BindConfig>,
+    errors: &mut Vec<String>,
+) -> Option<EngineSpec> {
     let mut f = Fields::new(path, v, ENGINE_FIELDS, errors)?;
     let url_hint = "give the engine's OpenAI base URL, such as http://127.0.0.1:8100";
     let url = f.required_string("url", url_hint);
@@ -95,7 +114,11 @@ pub(crate) fn parse_engine(path: &str, v: &Value, errors: &mut Vec<String>) -> O
     let dp_size = f.int("dp_size", 1, 1, MAX_DP_SIZE) as u32;
     let block_size = block_size(&mut f, path);
     let dp = (dp_size, explicit);
-    let events = endpoints(&mut f, path, "events", dp);
+    let bound = f.raw("events").is_some_and(|e| e.as_str() == Some("bind"));
+    let events = match bound {
+        true => bound_events(&mut f, path, bind, dp),
+        false => endpoints(&mut f, path, "events", dp),
+    };
     let replay = endpoints(&mut f, path, "replay", dp);
     if let (Some(e), Some(r)) = (&events, &replay) {
         if e.len() != r.len() {
@@ -107,13 +130,49 @@ pub(crate) fn parse_engine(path: &str, v: &Value, errors: &mut Vec<String>) -> O
         }
     }
     let model = f.string("model", "");
-    let topic = f.string("topic", "");
+    let explicit_topic = f.raw("topic").is_some();
+    let mut topic = f.string("topic", "");
     let name = match f.raw("name") {
         Some(_) => f.required_string("name", "name the engine, or leave name out"),
         None => url.as_deref().and_then(|u| u.strip_prefix("http://")).unwrap_or("").to_string(),
     };
+    if let (true, false, Some(b), Some(u)) = (bound, explicit_topic, bind, &url) {
+        let (host, port) = crate::registry::split_host_port(&u["http://".len()..])?;
+        topic = b.topic.render(&TopicVars { host, port, model: &model, name: &name });
+    }
     let (url, dialect, events, replay) = (url?, dialect?, events?, replay?);
     Some(EngineSpec { name, url, dialect, events, replay, block_size, model, topic })
+}
+
+/// `"events": "bind"`: every rank publishes to the bind endpoint, which must exist and serve
+/// `dp_size` (given) ranks.
+fn bound_events(
+    f: &mut Fields<'_>,
+    path: &str,
+    bind: Option<&BindConfig>,
+    (dp_size, explicit): (u32, bool),
+) -> Option<Vec<String>> {
+    let Some(bind) = bind else {
+        f.errors.push(no_bind(&format!("{path}.events")));
+        return None;
+    };
+    if !explicit {
+        f.errors.push(format!(
+            "{path}.dp_size: missing; an engine with \"events\": \"bind\" must give its DP size \
+             (at most kv_events_bind.ranks = {})",
+            bind.ranks
+        ));
+        return None;
+    }
+    if dp_size > bind.ranks {
+        f.errors.push(format!(
+            "{path}.dp_size = {dp_size} exceeds kv_events_bind.ranks = {}; raise ranks (kvdir \
+             binds one port per rank)",
+            bind.ranks
+        ));
+        return None;
+    }
+    Some(vec![BIND_ENDPOINT.to_string(); dp_size as usize])
 }
 
 /// `block_size`, required: no default is right for every engine (vLLM's is 16 on GPU, SGLang's

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use super::bind::{no_bind, parse_bind, BindConfig};
 use super::endpoint::{canonical_endpoint, check_endpoint};
 use super::engines::parse_engine;
 use super::json::{kind, Fields};
@@ -16,6 +17,7 @@ use super::{
 };
 
 const TOP: &[&str] = &[
+    "kv_events_bind",
     "discovery",
     "streams",
     "engines",
@@ -35,6 +37,7 @@ const DISCOVERY: &[&str] = &[
     "event_port_offset",
     "replay_port_offset",
     "refresh_interval_ms",
+    "events",
 ];
 const STREAM: &[&str] = &[
     "instance_name",
@@ -53,26 +56,50 @@ const MAX_BLOCK_SIZE: u64 = 65_536;
 
 /// Parses and validates the JSON text of a config file.
 pub fn parse_config_file(text: &str) -> Result<DirectoryConfig, ConfigError> {
+    parse_config_file_with_bind(text, None)
+}
+
+/// [`parse_config_file`] with `--kv_events_bind`: it overrides `kv_events_bind.endpoint`, or
+/// alone binds that endpoint with the default ranks and topic pattern.
+pub fn parse_config_file_with_bind(
+    text: &str,
+    bind_endpoint: Option<&str>,
+) -> Result<DirectoryConfig, ConfigError> {
     let value: Value = serde_json::from_str(text)
         .map_err(|e| ConfigError::new(vec![format!("config is not valid JSON: {e}")]))?;
     let mut errors = Vec::new();
-    let config = parse_value(&value, &mut errors);
+    let config = parse_value(&value, bind_endpoint, &mut errors);
     match config {
         Some(c) if errors.is_empty() => Ok(c),
         _ => Err(ConfigError::new(errors)),
     }
 }
 
-fn parse_value(value: &Value, errors: &mut Vec<String>) -> Option<DirectoryConfig> {
+fn parse_value(
+    value: &Value,
+    bind_endpoint: Option<&str>,
+    errors: &mut Vec<String>,
+) -> Option<DirectoryConfig> {
     let mut top = Fields::new("", value, TOP, errors)?;
     let limits = parse_limits(&mut top);
+    let bind = match (top.raw("kv_events_bind"), bind_endpoint) {
+        (Some(b), flag) => parse_bind(b, flag, top.errors),
+        (None, Some(flag)) => match BindConfig::with_endpoint(flag) {
+            Ok(b) => Some(b),
+            Err(e) => {
+                top.errors.push(format!("--kv_events_bind={flag:?}: {e}"));
+                None
+            }
+        },
+        (None, None) => None,
+    };
     let poll = Duration::from_millis(top.int("engine_poll_interval_ms", 1000, 100, 60_000));
     let discovery = top.raw("discovery");
     let streams = top.raw("streams");
     let engines = top.raw("engines");
     let errors = top.errors;
     let has_engines = engines.is_some();
-    let listed = engines.map_or_else(Vec::new, |e| parse_engines(e, errors));
+    let listed = engines.map_or_else(Vec::new, |e| parse_engines(e, bind.as_ref(), errors));
     let has_streams = matches!(streams, Some(Value::Array(a)) if !a.is_empty());
     let source = match (discovery, streams) {
         (Some(_), Some(_)) if has_streams => {
@@ -81,7 +108,7 @@ fn parse_value(value: &Value, errors: &mut Vec<String>) -> Option<DirectoryConfi
             );
             return None;
         }
-        (Some(d), _) => Source::Discovery(parse_discovery(d, errors)?),
+        (Some(d), _) => Source::Discovery(parse_discovery(d, bind.as_ref(), errors)?),
         (None, Some(s)) => Source::Streams(parse_streams(s, &limits, errors)),
         // An engines list alone (its own problems, if any, are reported already).
         (None, None) if has_engines => Source::EnginesOnly,
@@ -99,11 +126,15 @@ fn parse_value(value: &Value, errors: &mut Vec<String>) -> Option<DirectoryConfi
     };
     check_engines_against_streams(&listed, statics, &limits, errors);
     let engines = listed.into_iter().map(|(_, e)| e).collect();
-    Some(DirectoryConfig { source, engines, engine_poll_interval: poll, limits })
+    Some(DirectoryConfig { source, engines, engine_poll_interval: poll, limits, bind })
 }
 
 /// The engines that parse, each with its index in the list.
-fn parse_engines(v: &Value, errors: &mut Vec<String>) -> Vec<(usize, EngineSpec)> {
+fn parse_engines(
+    v: &Value,
+    bind: Option<&BindConfig>,
+    errors: &mut Vec<String>,
+) -> Vec<(usize, EngineSpec)> {
     let Some(list) = v.as_array() else {
         errors.push(format!("engines: expected an array, found {}", kind(v)));
         return Vec::new();
@@ -114,7 +145,7 @@ fn parse_engines(v: &Value, errors: &mut Vec<String>) -> Vec<(usize, EngineSpec)
     let engines: Vec<(usize, EngineSpec)> = list
         .iter()
         .enumerate()
-        .filter_map(|(i, e)| Some((i, parse_engine(&format!("engines[{i}]"), e, errors)?)))
+        .filter_map(|(i, e)| Some((i, parse_engine(&format!("engines[{i}]"), e, bind, errors)?)))
         .collect();
     let mut names = HashMap::new();
     for (i, e) in &engines {
@@ -156,8 +187,19 @@ fn check_engines_against_streams(
             ));
         }
     }
+    let mut topics = HashMap::new();
     for (i, e) in engines {
-        for (rank, ep) in e.events.iter().enumerate() {
+        if e.is_bound() {
+            if let Some(j) = first(&mut topics, e.topic.clone(), *i) {
+                errors.push(format!(
+                    "engines[{i}]: topic {:?} is also engines[{j}]'s on the bind endpoint; give \
+                     each engine its own topic (set topic, or use {{host}} and {{port}} in \
+                     kv_events_bind.topic)",
+                    e.topic
+                ));
+            }
+        }
+        for (rank, ep) in e.events.iter().enumerate().filter(|_| !e.is_bound()) {
             claim(ep, format!("engines[{i}].events (rank {rank})"), errors);
         }
         for (rank, ep) in e.replay.iter().enumerate() {
@@ -206,9 +248,37 @@ fn parse_limits(f: &mut Fields<'_>) -> Limits {
     }
 }
 
-fn parse_discovery(v: &Value, errors: &mut Vec<String>) -> Option<DiscoveryConfig> {
+fn parse_discovery(
+    v: &Value,
+    bind: Option<&BindConfig>,
+    errors: &mut Vec<String>,
+) -> Option<DiscoveryConfig> {
     let mut f = Fields::new("discovery", v, DISCOVERY, errors)?;
+    let bind = match f.string("events", "").as_str() {
+        "" => None,
+        "bind" if f.raw("topic").is_some() => {
+            f.errors.push(
+                "discovery.topic: with \"events\": \"bind\" each instance's topic comes from \
+                 kv_events_bind.topic; leave discovery.topic out"
+                    .into(),
+            );
+            None
+        }
+        "bind" if bind.is_none() => {
+            f.errors.push(no_bind("discovery.events"));
+            None
+        }
+        "bind" => bind.cloned(),
+        other => {
+            f.errors.push(format!(
+                "discovery.events = {other:?}: expected \"bind\" (instances publish to \
+                 kv_events_bind), or leave it out (kvdir connects to each instance)"
+            ));
+            None
+        }
+    };
     Some(DiscoveryConfig {
+        bind,
         enabled: f.boolean("enabled", true),
         block_size: f.int("block_size", 128, 1, MAX_BLOCK_SIZE) as u32,
         topic: f.string("topic", ""),

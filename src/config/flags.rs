@@ -18,6 +18,9 @@ USAGE:
 FLAGS (--flag=value or --flag value):
     --kv_events_config_file PATH   JSON file with `streams` (or `discovery`) and limits;
                                    empty or absent disables the directory
+    --kv_events_bind ENDPOINT      bind this endpoint (tcp://*:5557) for engines that connect
+                                   to kvdir; overrides kv_events_bind.endpoint of the config
+                                   file [default: none]
     --http_server_port PORT        HTTP port; 0 picks a free one [default: 8888]
     --server_host ADDR             HTTP bind address [default: 127.0.0.1]
     --internal_api_token TOKEN     require X-Internal-Token on internal endpoints
@@ -74,6 +77,8 @@ pub enum Command {
 pub struct Flags {
     /// The directory config file; `None` disables the directory.
     pub kv_events_config_file: Option<PathBuf>,
+    /// The endpoint engines connect to, overriding `kv_events_bind.endpoint`.
+    pub kv_events_bind: Option<String>,
     /// HTTP port.
     pub http_server_port: u16,
     /// HTTP bind address.
@@ -163,6 +168,7 @@ impl Default for Flags {
     fn default() -> Self {
         Flags {
             kv_events_config_file: None,
+            kv_events_bind: None,
             http_server_port: 8888,
             server_host: "127.0.0.1".into(),
             internal_api_token: None,
@@ -209,6 +215,11 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
     match name {
         "kv_events_config_file" => {
             flags.kv_events_config_file = (!v.is_empty()).then(|| PathBuf::from(v));
+        }
+        "kv_events_bind" if v.is_empty() => flags.kv_events_bind = None,
+        "kv_events_bind" => {
+            super::check_bind_endpoint(v, 1).map_err(|e| format!("--kv_events_bind={v:?}: {e}"))?;
+            flags.kv_events_bind = Some(v.to_string());
         }
         "http_server_port" => flags.http_server_port = number(name, v, 0, 65_535)?,
         "server_host" if v.is_empty() => return Err("--server_host must not be empty".into()),

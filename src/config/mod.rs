@@ -4,15 +4,20 @@
 //! uses `Duration`s and checked values. Every problem is collected and reported together, each
 //! naming the offending value and the fix.
 
+mod bind;
 mod endpoint;
 mod engines;
 mod file;
 mod flags;
 mod json;
 
+pub use bind::{
+    check_bind_endpoint, is_bound, keyed_topic, BindConfig, TopicPattern, TopicVars, BIND_ENDPOINT,
+    KEY_WIDTH,
+};
 pub use endpoint::{canonical_endpoint, check_endpoint};
-pub use engines::{parse_engine_json, EngineSpec, ENGINE_FIELDS};
-pub use file::parse_config_file;
+pub use engines::{parse_engine_json, parse_engine_json_with, EngineSpec, ENGINE_FIELDS};
+pub use file::{parse_config_file, parse_config_file_with_bind};
 pub use flags::{parse_flags, Command, Flags, FrontDoorFlags, LogFormat, USAGE};
 pub use json::kind as json_type_name;
 
@@ -122,6 +127,16 @@ impl StreamSpec {
             max_blocks: limits.max_blocks_per_stream,
         }
     }
+
+    /// The topic of the engine's own messages (history replies carry it): the topic, without
+    /// the key a bound stream's topic starts with ([`keyed_topic`]).
+    pub fn replay_topic(&self) -> &[u8] {
+        let t = self.topic.as_bytes();
+        match is_bound(&self.endpoint) {
+            true => t.get(KEY_WIDTH..).unwrap_or(t),
+            false => t,
+        }
+    }
 }
 
 /// What a stream's replay endpoint answers (docs/protocol.md, *Recovery*).
@@ -211,6 +226,9 @@ pub struct DiscoveryConfig {
     pub replay_port_offset: u16,
     /// How often the instance set is reconciled with the running streams.
     pub refresh_interval: Duration,
+    /// Set by `"events": "bind"`: discovered instances publish to the bind endpoint, each under
+    /// the topic this pattern names.
+    pub bind: Option<BindConfig>,
 }
 
 /// Where streams come from.
@@ -235,6 +253,8 @@ pub struct DirectoryConfig {
     pub engine_poll_interval: Duration,
     /// Resource and recovery limits.
     pub limits: Limits,
+    /// The endpoint engines connect to (`kv_events_bind`, or `--kv_events_bind`), if any.
+    pub bind: Option<BindConfig>,
 }
 
 #[cfg(test)]

@@ -311,3 +311,91 @@ fn engine_problems_are_named_all_at_once() {
         ["engines: the list is empty; list at least one engine or leave it out"]
     );
 }
+
+const BOUND: &str = r#"{
+  "kv_events_bind": {"endpoint": "tcp://127.0.0.1:5557", "ranks": 4, "topic": "kv@{host}@{model}"},
+  "engines": [
+    {"url": "http://10.0.0.7:8000", "dialect": "vllm", "events": "bind", "dp_size": 2,
+     "replay": "tcp://10.0.0.7:5560", "block_size": 16, "model": "m"},
+    {"name": "b", "url": "http://10.0.0.8:8000", "dialect": "vllm", "events": "bind", "dp_size": 1,
+     "replay": "tcp://10.0.0.8:5560", "block_size": 16, "topic": "mine"}
+  ]
+}"#;
+
+#[test]
+fn bound_engines_publish_to_the_bind_endpoint_under_their_topic() {
+    let c = parse_config_file(BOUND).unwrap();
+    let bind = c.bind.as_ref().unwrap();
+    assert_eq!((bind.endpoint.as_str(), bind.ranks), ("tcp://127.0.0.1:5557", 4));
+    let a = c.engines[0].streams();
+    assert_eq!(a.len(), 2);
+    assert!(a.iter().all(|s| s.endpoint == BIND_ENDPOINT && s.topic == "kv@10.0.0.7@m"));
+    assert_eq!(a[1].replay_endpoint, "tcp://10.0.0.7:5561", "replay is still the engine's");
+    assert_eq!(c.engines[1].topic, "mine", "an engine's own topic wins over the pattern");
+    let keyed = StreamSpec { topic: keyed_topic(7, &a[0].topic), ..a[0].clone() };
+    assert_eq!(keyed.replay_topic(), b"kv@10.0.0.7@m");
+    let flag = parse_config_file_with_bind(BOUND, Some("tcp://*:6000")).unwrap();
+    assert_eq!(flag.bind.unwrap().endpoint, "tcp://*:6000", "the flag overrides the file");
+}
+
+#[test]
+fn bound_engines_need_a_bind_endpoint_a_dp_size_within_ranks_and_own_topics() {
+    let engine = |extra: &str| {
+        format!(
+            r#"{{"url": "http://h:1", "dialect": "vllm", "events": "bind", "replay": "tcp://h:2", "block_size": 16{extra}}}"#
+        )
+    };
+    let p = problems(&format!(r#"{{"engines": [{}]}}"#, engine(r#", "dp_size": 1"#)));
+    assert_eq!(p.len(), 1);
+    assert!(p[0].starts_with("engines[0].events = \"bind\": kvdir binds no endpoint"), "{p:?}");
+    assert!(p[0].contains("--kv_events_bind=tcp://*:5557"), "{p:?}");
+    let with = |engines: &[String]| {
+        format!(
+            r#"{{"kv_events_bind": {{"endpoint": "tcp://*:5557", "ranks": 2, "topic": "kv@{{host}}"}}, "engines": [{}]}}"#,
+            engines.join(",")
+        )
+    };
+    let p = problems(&with(&[engine("")]));
+    assert!(p[0].starts_with("engines[0].dp_size: missing; an engine with \"events\": \"bind\""));
+    let p = problems(&with(&[engine(r#", "dp_size": 3"#)]));
+    assert!(p[0].starts_with("engines[0].dp_size = 3 exceeds kv_events_bind.ranks = 2"), "{p:?}");
+    let two = [
+        engine(r#", "dp_size": 1"#),
+        engine(r#", "dp_size": 1, "name": "x", "replay": "tcp://h:3""#),
+    ];
+    let p = problems(&with(&two));
+    assert!(p[0].starts_with("engines[1]: topic \"kv@h\" is also engines[0]'s"), "{p:?}");
+    let p = problems(
+        r#"{"kv_events_bind": {"endpoint": "tcp://*:65535", "ranks": 2, "topic": "kv@{ip}"}, "engines": []}"#,
+    );
+    assert!(
+        p.iter()
+            .any(|m| m.starts_with("kv_events_bind.topic = \"kv@{ip}\": unknown placeholder {ip}")),
+        "{p:?}"
+    );
+    assert!(p.iter().any(|m| m.contains("rank 1 would bind port 65536")), "{p:?}");
+}
+
+#[test]
+fn discovery_with_events_bind_takes_the_pattern() {
+    let c = parse_config_file(
+        r#"{"kv_events_bind": {"endpoint": "tcp://*:5557"}, "discovery": {"events": "bind"}}"#,
+    )
+    .unwrap();
+    let Source::Discovery(d) = c.source else { panic!("discovery expected") };
+    assert_eq!(d.bind.unwrap().topic.as_str(), "kv@{host}@{model}");
+    let p = problems(r#"{"discovery": {"events": "bind"}}"#);
+    assert!(p[0].starts_with("discovery.events = \"bind\": kvdir binds no endpoint"), "{p:?}");
+    let p = problems(r#"{"discovery": {"events": "connect"}}"#);
+    assert!(p[0].starts_with("discovery.events = \"connect\": expected \"bind\""), "{p:?}");
+}
+
+#[test]
+fn the_bind_flag_is_checked_and_binds_alone() {
+    let Ok(Command::Run(f)) = parse_flags(&["--kv_events_bind=tcp://*:5557"]) else { panic!() };
+    assert_eq!(f.kv_events_bind.as_deref(), Some("tcp://*:5557"));
+    let err = parse_flags(&["--kv_events_bind", "udp://x:1"]).unwrap_err().to_string();
+    assert!(err.contains("--kv_events_bind=\"udp://x:1\": must start with tcp://"), "{err}");
+    let c = parse_config_file_with_bind(r#"{"engines": [{"url": "http://h:1", "dialect": "vllm", "events": "bind", "dp_size": 1, "replay": "tcp://h:2", "block_size": 16, "model": "m"}]}"#, Some("tcp://*:5557")).unwrap();
+    assert_eq!(c.engines[0].topic, "kv@h@m");
+}

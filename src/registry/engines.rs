@@ -98,6 +98,7 @@ fn endpoints(spec: &EngineSpec) -> impl Iterator<Item = String> + '_ {
     spec.events
         .iter()
         .chain(&spec.replay)
+        .filter(|ep| !crate::config::is_bound(ep))
         .map(|ep| canonical_endpoint(ep).unwrap_or_else(|| ep.clone()))
 }
 

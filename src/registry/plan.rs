@@ -12,7 +12,9 @@ use std::collections::BTreeMap;
 
 use super::record::{split_host_port, Identity, InstanceType};
 use super::state::{Instance, InstanceState};
-use crate::config::{canonical_endpoint, DiscoveryConfig, StreamSpec};
+use crate::config::{
+    canonical_endpoint, is_bound, DiscoveryConfig, StreamSpec, TopicVars, BIND_ENDPOINT,
+};
 
 /// One stream discovery wants running.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -63,6 +65,13 @@ pub enum Exclusion {
     },
     /// An endpoint equals one of another instance, or its own event and replay ranges meet.
     Overlap(String),
+    /// More DP ranks than the bind endpoint serves (discovery with `"events": "bind"`).
+    BindRanks {
+        /// The registered `dp_size`.
+        dp_size: u32,
+        /// `kv_events_bind.ranks`.
+        ranks: u32,
+    },
     /// Admitting it would pass `max_streams`.
     Capacity {
         /// Its streams.
@@ -81,6 +90,7 @@ impl Exclusion {
                 | Exclusion::DpSize { .. }
                 | Exclusion::PortOverflow { .. }
                 | Exclusion::Overlap(_)
+                | Exclusion::BindRanks { .. }
         )
     }
 }
@@ -94,6 +104,9 @@ impl std::fmt::Display for Exclusion {
                 f,
                 "dp_size {dp_size} exceeds max_streams = {max_streams}: no streams for it"
             ),
+            Exclusion::BindRanks { dp_size, ranks } => {
+                write!(f, "dp_size {dp_size} exceeds kv_events_bind.ranks = {ranks}: raise ranks")
+            }
             Exclusion::PortOverflow { port, last_rank, reaches } => write!(
                 f,
                 "port overflow: {port} + offset + dp rank {last_rank} reaches {reaches} > 65535"
@@ -153,8 +166,20 @@ fn streams_for(
     if reaches > 65_535 {
         return Err(Exclusion::PortOverflow { port, last_rank, reaches });
     }
+    if let Some(b) = d.bind.as_ref().filter(|b| dp_size > b.ranks) {
+        return Err(Exclusion::BindRanks { dp_size, ranks: b.ranks });
+    }
     let ep = |offset: u16, rank: u32| {
         format!("tcp://{host}:{}", u64::from(port) + u64::from(offset) + u64::from(rank))
+    };
+    // Bound: every rank on the bind endpoint, under the instance's topic.
+    let endpoint = |rank| match d.bind {
+        Some(_) => BIND_ENDPOINT.to_string(),
+        None => ep(d.event_port_offset, rank),
+    };
+    let topic = match &d.bind {
+        Some(b) => b.topic.render(&TopicVars { host, port, model: &r.model, name: &r.name }),
+        None => d.topic.clone(),
     };
     Ok((0..dp_size)
         .map(|rank| PlannedStream {
@@ -162,9 +187,9 @@ fn streams_for(
                 instance_name: r.name.clone(),
                 dp_rank: rank,
                 block_size: d.block_size,
-                endpoint: ep(d.event_port_offset, rank),
+                endpoint: endpoint(rank),
                 replay_endpoint: ep(d.replay_port_offset, rank),
-                topic: d.topic.clone(),
+                topic: topic.clone(),
                 hash_seed: 1024,
                 model: r.model.clone(),
                 salt: String::new(),
@@ -219,7 +244,10 @@ fn exclude_overlaps(
     let mut owners: BTreeMap<String, Vec<&str>> = BTreeMap::new();
     for (name, streams) in candidates.iter() {
         for s in streams {
-            for ep in [&s.spec.endpoint, &s.spec.replay_endpoint] {
+            // The bind endpoint is every bound stream's; their topics tell them apart.
+            for ep in
+                [&s.spec.endpoint, &s.spec.replay_endpoint].into_iter().filter(|e| !is_bound(e))
+            {
                 let key = canonical_endpoint(ep).unwrap_or_else(|| ep.clone());
                 owners.entry(key).or_default().push(name);
             }

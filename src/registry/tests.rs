@@ -21,6 +21,7 @@ fn discovery() -> DiscoveryConfig {
         event_port_offset: 10_000,
         replay_port_offset: 30_000,
         refresh_interval: Duration::from_secs(1),
+        bind: None,
     }
 }
 
