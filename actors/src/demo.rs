@@ -200,6 +200,7 @@ impl Demo {
             engine_poll_interval: std::time::Duration::from_secs(1),
             registry: false,
             limits: Limits::default(),
+            bind: None,
         }
     }
 

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use kvdir::config::{
-    parse_config_file, parse_flags, Command, DirectoryConfig, Flags, LogFormat, USAGE,
+    parse_config_file_with_bind, parse_flags, Command, DirectoryConfig, Flags, LogFormat, USAGE,
 };
 use kvdir_actors::Service;
 use tracing_subscriber::EnvFilter;
@@ -12,7 +12,9 @@ fn load_directory(flags: &Flags) -> Result<Option<DirectoryConfig>, String> {
     let Some(path) = &flags.kv_events_config_file else { return Ok(None) };
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read --kv_events_config_file {}: {e}", path.display()))?;
-    parse_config_file(&text).map(Some).map_err(|e| format!("{}: {e}", path.display()))
+    parse_config_file_with_bind(&text, flags.kv_events_bind.as_deref())
+        .map(Some)
+        .map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Logs go to stderr, filtered by `RUST_LOG` (default `info`), as text or one JSON object per

@@ -11,7 +11,7 @@ use std::thread::JoinHandle;
 use actix::prelude::*;
 use actix_web::{web, App, HttpServer};
 use kvdir::config::{
-    DirectoryConfig, DiscoveryConfig, EngineSpec, Flags, Limits, Source, StreamSpec,
+    BindConfig, DirectoryConfig, DiscoveryConfig, EngineSpec, Flags, Limits, Source, StreamSpec,
 };
 use kvdir::registry::Identity;
 use thiserror::Error;
@@ -21,7 +21,7 @@ use crate::http::frontdoor::{FrontDoor, FrontDoorSetupError};
 use crate::http::{routes, AppState};
 use crate::router::RouterActor;
 use crate::stream::WorkerThreads;
-use crate::stream::{StreamSet, StreamSource};
+use crate::stream::{BindReceiver, BindRoutes, StreamSet, StreamSource};
 
 /// Arbiters (threads) shared by the index actors.
 const INDEX_ARBITERS: usize = 2;
@@ -40,6 +40,9 @@ pub enum StartError {
     /// The service thread ended before it was ready.
     #[error("the service thread ended during start-up")]
     Died,
+    /// The `kv_events_bind` endpoint could not be bound.
+    #[error("{0}")]
+    KvEventsBind(String),
     /// The front door's tokenizer or template did not load.
     #[error(transparent)]
     FrontDoor(#[from] FrontDoorSetupError),
@@ -73,6 +76,8 @@ pub struct Directory {
     pub registry: bool,
     /// Limits.
     pub limits: Limits,
+    /// The endpoint engines connect to, if kvdir binds one.
+    pub bind: Option<BindConfig>,
 }
 
 impl Service {
@@ -122,8 +127,10 @@ impl Service {
         let poll = directory
             .as_ref()
             .map_or(std::time::Duration::from_secs(1), |d| d.engine_poll_interval);
+        let bind = bind_config(&flags, directory.as_ref())?;
         let limits = directory.map(|d| d.limits).unwrap_or_default();
         let dir = Directory {
+            bind,
             streams,
             discovery,
             engines,
@@ -144,7 +151,7 @@ impl Service {
                 let sys = actix_rt::System::new();
                 sys.block_on(async move {
                     match boot(&flags, dir, front).await {
-                        Ok((server, addr, router, threads, arbiters)) => {
+                        Ok((server, addr, router, threads, (arbiters, bind))) => {
                             let _ = tx.send(Ok((server.handle(), addr, router, threads)));
                             let _ = server.await;
                             // Actors holding the stream set (discovery, index actors) are
@@ -153,6 +160,7 @@ impl Service {
                                 arbiter.stop();
                                 let _ = arbiter.join();
                             }
+                            drop(bind);
                             System::current().stop();
                         }
                         Err(e) => {
@@ -209,11 +217,24 @@ impl Drop for Service {
 /// Starts the actors and binds the server; runs inside the service's actix system.
 /// What [`boot`] hands back: the server to run, its address, the router, the stream threads and
 /// the arbiters (kept alive while the server runs).
-type Booted = (actix_web::dev::Server, SocketAddr, Addr<RouterActor>, WorkerThreads, Vec<Arbiter>);
+type Booted = (
+    actix_web::dev::Server,
+    SocketAddr,
+    Addr<RouterActor>,
+    WorkerThreads,
+    (Vec<Arbiter>, Option<BindReceiver>),
+);
 
 async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Booted, StartError> {
-    let Directory { streams: specs, discovery, engines, engine_poll_interval, registry, limits } =
-        dir;
+    let Directory {
+        streams: specs,
+        discovery,
+        engines,
+        engine_poll_interval,
+        registry,
+        limits,
+        bind,
+    } = dir;
     let limits = &limits;
     let mut params = flags.route.clone();
     // The registry may be given engines later (`POST /register`), with credit.
@@ -226,11 +247,22 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
     let router =
         RouterActor::start_in_arbiter(&Arbiter::new().handle(), move |_| RouterActor::new(params));
     let mut arbiters: Vec<Arbiter> = (0..INDEX_ARBITERS).map(|_| Arbiter::new()).collect();
-    let set = StreamSet::new(
+    let mut set = StreamSet::new(
         router.clone(),
         arbiters.iter().map(Arbiter::handle).collect(),
         limits.clone(),
     );
+    // Bound before any stream connects to its in-process socket.
+    let receiver = match bind {
+        Some(b) => {
+            let routes = BindRoutes::new(b);
+            let receiver = BindReceiver::start(set.zmq(), routes.clone(), limits)
+                .map_err(StartError::KvEventsBind)?;
+            set = set.with_bind(routes);
+            Some(receiver)
+        }
+        None => None,
+    };
     for (spec, identity) in specs {
         set.start(spec, identity, StreamSource::Static).map_err(|e| {
             tracing::error!(error = %e, "cannot start stream");
@@ -270,7 +302,21 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
         .bind(&addr)
         .map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
     let bound = server.addrs().first().copied().ok_or(StartError::Died)?;
-    Ok((server.run(), bound, router, set.threads(), arbiters))
+    Ok((server.run(), bound, router, set.threads(), (arbiters, receiver)))
+}
+
+/// The endpoint engines connect to: the config file's `kv_events_bind` (its endpoint
+/// overridden by `--kv_events_bind`), or the flag alone with the default ranks and topic.
+fn bind_config(
+    flags: &Flags,
+    directory: Option<&DirectoryConfig>,
+) -> Result<Option<BindConfig>, StartError> {
+    let from_file = directory.and_then(|d| d.bind.clone());
+    Ok(match (from_file, &flags.kv_events_bind) {
+        (Some(b), Some(ep)) => Some(BindConfig { endpoint: ep.clone(), ..b }),
+        (None, Some(ep)) => Some(BindConfig::with_endpoint(ep).map_err(StartError::KvEventsBind)?),
+        (b, None) => b,
+    })
 }
 
 /// Sends small writes at once. A streamed answer's head goes out before its first chunk

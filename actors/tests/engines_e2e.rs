@@ -1,107 +1,17 @@
 //! Engines listed by address, end to end and without etcd: the `kvdir` binary runs with
 //! `--etcd_addr=` and a config that lists one vLLM-dialect engine. The engine is two real
-//! servers: a small HTTP server in this test answering `/health`, `/metrics` (vLLM's gauge
+//! servers: a small HTTP server (`common::engine_http`) answering `/health`, `/metrics` (vLLM's gauge
 //! names and `process_start_time_seconds`, values set by the test) and `/v1/completions`, and a
 //! simulated engine in vLLM's dialect publishing its KV events over ZeroMQ on loopback and
 //! answering history replays.
 
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
 use common::*;
 use kvdir_sim::{Dialect, EngineConfig, SimEngine};
 use serde_json::{json, Value};
-
-/// What the test engine's `/health` and `/metrics` answer.
-#[derive(Clone)]
-struct EngineState {
-    healthy: bool,
-    /// `process_start_time_seconds`; `None` leaves it out.
-    start_time: Option<f64>,
-    waiting: u64,
-    running: u64,
-    usage: f64,
-}
-
-/// The test engine's HTTP side on 127.0.0.1 (one thread, one request per connection).
-struct TestEngine {
-    port: u16,
-    state: Arc<Mutex<EngineState>>,
-}
-
-impl TestEngine {
-    fn start() -> TestEngine {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let state = Arc::new(Mutex::new(EngineState {
-            healthy: true,
-            start_time: Some(1_764_598_123.25),
-            waiting: 3,
-            running: 2,
-            usage: 0.25,
-        }));
-        let shared = Arc::clone(&state);
-        std::thread::spawn(move || {
-            for conn in listener.incoming().flatten() {
-                let s = shared.lock().unwrap().clone();
-                let _ = answer(conn, &s);
-            }
-        });
-        TestEngine { port, state }
-    }
-
-    fn set(&self, f: impl FnOnce(&mut EngineState)) {
-        f(&mut self.state.lock().unwrap());
-    }
-}
-
-/// Reads one request and answers it as a vLLM server would (the parts kvdir reads).
-fn answer(mut conn: TcpStream, s: &EngineState) -> std::io::Result<()> {
-    let mut reader = BufReader::new(conn.try_clone()?);
-    let (mut line, mut length) = (String::new(), 0usize);
-    reader.read_line(&mut line)?;
-    let path = line.split_whitespace().nth(1).unwrap_or("").to_string();
-    loop {
-        let mut h = String::new();
-        reader.read_line(&mut h)?;
-        if h.trim().is_empty() {
-            break;
-        }
-        if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
-            length = v.trim().parse().unwrap_or(0);
-        }
-    }
-    reader.read_exact(&mut vec![0; length])?;
-    let (status, body) = match path.as_str() {
-        "/health" if s.healthy => ("200 OK", String::new()),
-        "/health" => ("503 Service Unavailable", String::new()),
-        "/metrics" => ("200 OK", metrics(s)),
-        "/v1/completions" => ("200 OK", json!({"served_by": "test-engine"}).to_string()),
-        _ => ("404 Not Found", String::new()),
-    };
-    write!(
-        conn,
-        "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\
-         connection: close\r\n\r\n{body}",
-        body.len()
-    )
-}
-
-fn metrics(s: &EngineState) -> String {
-    let l = "{engine=\"0\",model_name=\"kvdir-demo\"}";
-    let start = s.start_time.map_or(String::new(), |t| {
-        format!("# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {t}\n")
-    });
-    format!(
-        "{start}# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{l} {}\n\
-         vllm:num_requests_running{l} {}\nvllm:kv_cache_usage_perc{l} {}\n",
-        s.waiting, s.running, s.usage
-    )
-}
 
 fn get(addr: &str, path: &str) -> Value {
     let r = request(addr, "GET", path, None, None);

@@ -8,13 +8,13 @@
 //! are in `kvdir::indexer`.
 //!
 //! A `/register` body with a `url` is a whole engine instead, in the config file's `engines`
-//! form (`kvdir::config::parse_engine_json`): kvdir polls it, gives it CAR credit once its
+//! form (`kvdir::config::parse_engine_json_with`): kvdir polls it, gives it CAR credit once its
 //! process is known, and forwards to it. `/unregister` with its name removes it.
 
 use std::time::Instant;
 
 use actix_web::{web, HttpRequest, HttpResponse};
-use kvdir::config::parse_engine_json;
+use kvdir::config::parse_engine_json_with;
 use kvdir::indexer::{parse_register, parse_unregister, rfc_answer};
 use serde::Serialize;
 
@@ -61,7 +61,9 @@ async fn register_engine(
     state: &AppState,
     body: serde_json::Value,
 ) -> Result<HttpResponse, ApiError> {
-    let spec = parse_engine_json(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?;
+    let bind = state.set.bind().map(|b| b.config());
+    let spec =
+        parse_engine_json_with(&body, bind).map_err(|e| ApiError::BadRequest(e.to_string()))?;
     let Some(discovery) = &state.discovery else {
         return Err(ApiError::Conflict("this kvdir runs no instance registry (demo)".into()));
     };

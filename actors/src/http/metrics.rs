@@ -76,6 +76,8 @@ pub struct ServiceSample<'a> {
     pub predictions: (PredictCounters, usize),
     /// The process's resident set size.
     pub rss: Option<u64>,
+    /// The bind endpoint's counters, when kvdir binds one.
+    pub bind: Option<crate::stream::BindReport>,
 }
 
 /// Renders every metric in the Prometheus text format.
@@ -84,6 +86,9 @@ pub fn render(streams: &[StreamSample], service: &ServiceSample) -> String {
     render_service(&mut e, streams, service.metrics, service.rss);
     service.front.render(&mut e);
     render_predictions(&mut e, service.predictions);
+    if let Some(bind) = &service.bind {
+        render_bind(&mut e, bind);
+    }
     render_per_stream(&mut e, streams);
     render_per_tier(&mut e, streams);
     render_faults(&mut e, streams);
@@ -275,4 +280,13 @@ fn render_predictions(e: &mut Exposition, (counters, kept): (PredictCounters, us
     let help = "Predict-on-route: (key, instance) predictions kept now.";
     e.family("kvdir_route_predictions", Kind::Gauge, help);
     e.sample("kvdir_route_predictions", &[], kept as f64);
+}
+
+fn render_bind(e: &mut Exposition, bind: &crate::stream::BindReport) {
+    let name = "kvdir_bind_messages_total";
+    e.family(name, Kind::Counter, "Messages on kv_events_bind handed to their stream.");
+    e.sample(name, &[], bind.messages as f64);
+    let name = "kvdir_bind_unknown_messages_total";
+    e.family(name, Kind::Counter, "Messages on kv_events_bind whose topic names no stream.");
+    e.sample(name, &[], bind.unknown_messages as f64);
 }

@@ -309,12 +309,16 @@ async fn stream_reports(
         .values()
         .map(|r| {
             let process = r.identity.as_ref().and_then(|i| i.incarnation_id.clone());
-            (r.stream.clone(), Arc::clone(&r.counters), r.source.as_str(), process)
+            // A bound stream shows its rank's bound port and its engine's topic.
+            let bound = state.set.bind().filter(|_| kvdir::config::is_bound(&r.spec.endpoint));
+            let endpoint = bound.map(|b| b.describe(&r.spec.topic, r.spec.dp_rank));
+            (r.stream.clone(), Arc::clone(&r.counters), r.source.as_str(), process, endpoint)
         })
         .collect();
     let mut reports = Vec::with_capacity(running.len());
-    for (s, counters, source, process) in running {
-        let report = StreamReport { source, process, ..s.send(GetStreamReport).await? };
+    for (s, counters, source, process, endpoint) in running {
+        let mut report = StreamReport { source, process, ..s.send(GetStreamReport).await? };
+        report.endpoint = endpoint.unwrap_or(report.endpoint);
         reports.push((report, counters));
     }
     reports.sort_by(|(a, _), (b, _)| {
@@ -342,6 +346,7 @@ async fn prometheus(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
         front: &state.front.metrics,
         predictions,
         rss: metrics::resident_bytes(),
+        bind: state.set.bind().map(|b| b.report()),
     };
     let text = metrics::render(&samples, &service);
     Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4; charset=utf-8").body(text))
@@ -351,7 +356,11 @@ async fn streams(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRes
     authorize(&req, &state)?;
     let reports: Vec<StreamReport> =
         stream_reports(&state).await?.into_iter().map(|(r, _)| r).collect();
-    Ok(HttpResponse::Ok().json(serde_json::json!({ "streams": reports })))
+    let mut body = serde_json::json!({ "streams": reports });
+    if let Some(b) = state.set.bind() {
+        body["bind"] = serde_json::json!(b.report());
+    }
+    Ok(HttpResponse::Ok().json(body))
 }
 
 #[derive(serde::Deserialize)]

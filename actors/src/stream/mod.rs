@@ -10,14 +10,18 @@
 //! - [`IndexActor`] (`index_actor.rs`): owns the writer's lifetime ([`Invalidate`],
 //!   [`Shutdown`]).
 //! - [`StreamCounters`] (`counters.rs`): the counters `/metrics` exposes.
+//! - [`BindReceiver`] (`bind.rs`): the endpoint engines connect to (`kv_events_bind`); it hands
+//!   each message to its stream through an in-process socket, routed by [`BindRoutes`].
 
 mod actor;
+mod bind;
 mod counters;
 mod index_actor;
 mod set;
 mod worker;
 
 pub use actor::{GetStreamReport, StreamActor, StreamReport, WorkerThreads};
+pub use bind::{BindReceiver, BindReport, BindRoutes};
 pub use counters::StreamCounters;
 pub use index_actor::{IndexActor, Invalidate, StreamShared};
 pub use set::{RunningStream, StartStreamError, StreamMap, StreamSet, StreamSource};

@@ -12,13 +12,13 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use actix::prelude::*;
-use kvdir::config::{canonical_endpoint, Limits, StreamSpec};
+use kvdir::config::{canonical_endpoint, is_bound, Limits, StreamSpec};
 use kvdir::index::{SharedError, StreamLabel};
 use kvdir::indexer::Registration;
 use kvdir::registry::Identity;
 use thiserror::Error;
 
-use super::StreamCounters;
+use super::{BindRoutes, StreamCounters};
 use super::{IndexActor, StreamShared};
 use super::{Shutdown, StreamActor, WorkerThreads};
 use crate::indexes::Indexes;
@@ -57,6 +57,9 @@ pub enum StartStreamError {
         /// Its rank.
         dp_rank: u32,
     },
+    /// A stream of the bind endpoint that cannot be routed there.
+    #[error("{0}")]
+    Bind(String),
     /// `max_streams` streams run already.
     #[error("{running} streams run already, the max_streams limit; raise max_streams (at most 128) or unregister one")]
     Capacity {
@@ -123,6 +126,8 @@ pub struct StreamSet {
     threads: WorkerThreads,
     /// Held while a registration is checked and started, so two cannot both pass the checks.
     registering: Arc<std::sync::Mutex<()>>,
+    /// The route table of the bind endpoint, when kvdir binds one.
+    bind: Option<BindRoutes>,
 }
 
 impl StreamSet {
@@ -132,7 +137,23 @@ impl StreamSet {
             (zmq::Context::new(), StreamMap::default(), WorkerThreads::default());
         let indexes = Arc::default();
         let registering = Arc::default();
-        StreamSet { router, indexes, arbiters, zmq, limits, map, threads, registering }
+        StreamSet { router, indexes, arbiters, zmq, limits, map, threads, registering, bind: None }
+    }
+
+    /// Streams of the bind endpoint are routed by `routes` (the bind receiver's table).
+    pub fn with_bind(mut self, routes: BindRoutes) -> Self {
+        self.bind = Some(routes);
+        self
+    }
+
+    /// The bind endpoint's route table, if kvdir binds one.
+    pub fn bind(&self) -> Option<&BindRoutes> {
+        self.bind.as_ref()
+    }
+
+    /// The ZeroMQ context every stream socket lives in.
+    pub fn zmq(&self) -> &zmq::Context {
+        &self.zmq
     }
 
     /// The shared indexes the streams write to and queries read.
@@ -184,6 +205,7 @@ impl StreamSet {
             let origin = run.source.as_str();
             return Err(StartStreamError::Duplicate { instance, dp_rank, origin });
         }
+        self.check_bound(spec)?;
         let socket = |ep: &str| canonical_endpoint(ep).unwrap_or_else(|| ep.to_string());
         let mine = [socket(&spec.endpoint), socket(&spec.replay_endpoint)];
         if mine[0] == mine[1] {
@@ -195,7 +217,10 @@ impl StreamSet {
             });
         }
         for (k, run) in map.iter() {
-            for ep in [&run.spec.endpoint, &run.spec.replay_endpoint] {
+            // Bound streams share the bind endpoint; their topics tell them apart.
+            for ep in
+                [&run.spec.endpoint, &run.spec.replay_endpoint].into_iter().filter(|e| !is_bound(e))
+            {
                 if let Some(i) = mine.iter().position(|m| *m == socket(ep)) {
                     let endpoint = [&spec.endpoint, &spec.replay_endpoint][i].clone();
                     let (instance, dp_rank) = (k.instance_name.clone(), k.dp_rank);
@@ -207,6 +232,33 @@ impl StreamSet {
             return Err(StartStreamError::Capacity { running: map.len() });
         }
         Ok(())
+    }
+
+    /// A stream of the bind endpoint needs one, and a topic and rank no other stream has.
+    fn check_bound(&self, spec: &StreamSpec) -> Result<(), StartStreamError> {
+        if !is_bound(&spec.endpoint) {
+            return Ok(());
+        }
+        match &self.bind {
+            None => Err(StartStreamError::Bind(
+                "kvdir binds no endpoint for engines; start it with --kv_events_bind or \
+                 kv_events_bind in the config file"
+                    .into(),
+            )),
+            Some(b) if spec.dp_rank >= b.config().ranks => Err(StartStreamError::Bind(format!(
+                "dp_rank {} has no bound port: kv_events_bind.ranks = {}; raise ranks",
+                spec.dp_rank,
+                b.config().ranks
+            ))),
+            Some(b) if b.contains(&spec.topic, spec.dp_rank) => {
+                Err(StartStreamError::Bind(format!(
+                    "topic {:?} dp_rank {} on the bind endpoint is another stream's already; \
+                     give each engine its own topic",
+                    spec.topic, spec.dp_rank
+                )))
+            }
+            Some(_) => Ok(()),
+        }
     }
 
     /// The running stream for `key`.
@@ -241,13 +293,27 @@ impl StreamSet {
             model: spec.model.clone(),
             tenant: tenant.clone(),
         };
-        let writer = self.indexes.add_stream(spec.index_config(&self.limits), label)?;
+        // A bound stream subscribes to its keyed topic on the bind receiver's socket.
+        let mut worker_spec = spec.clone();
+        if is_bound(&spec.endpoint) {
+            self.check_bound(&spec)?;
+            let routes = self.bind.as_ref().ok_or_else(|| StartStreamError::Bind(String::new()))?;
+            worker_spec.topic =
+                routes.add(&spec.topic, spec.dp_rank).map_err(StartStreamError::Bind)?;
+        }
+        let writer = match self.indexes.add_stream(spec.index_config(&self.limits), label) {
+            Ok(w) => w,
+            Err(e) => {
+                self.unroute(&spec);
+                return Err(e.into());
+            }
+        };
         let shared = Arc::new(StreamShared::new(&spec.instance_name, spec.dp_rank, writer));
         let index = IndexActor::new(Arc::clone(&shared));
         let counters = Arc::clone(&shared.counters);
         let index = IndexActor::start_in_arbiter(arb, |_| index);
         let (s, limits, zmq, idx) =
-            (spec.clone(), self.limits.clone(), self.zmq.clone(), index.clone());
+            (worker_spec, self.limits.clone(), self.zmq.clone(), index.clone());
         let threads = self.threads.clone();
         let stream = Supervisor::start_in_arbiter(arb, move |_| {
             StreamActor::new(s, limits, idx, shared, zmq, threads)
@@ -262,6 +328,10 @@ impl StreamSet {
         let handles =
             read(&self.map).get(key).map(|running| (running.stream.clone(), running.index.clone()));
         let Some((stream, index)) = handles else { return };
+        // From now on its engine's messages are unknown.
+        if let Some(run) = self.get(key) {
+            self.unroute(&run.spec);
+        }
         stream.do_send(Shutdown);
         // Drops the writer (waiting for a write in progress); a closed mailbox means the
         // actor, and with it the writer, is gone already.
@@ -269,5 +339,14 @@ impl StreamSet {
         // Only now, with its bits gone from the shared index, does the stream leave the map:
         // a report that no longer lists it never meets a query answer that still does.
         write(&self.map).remove(key);
+    }
+}
+
+impl StreamSet {
+    /// Takes a bound stream out of the bind endpoint's route table.
+    fn unroute(&self, spec: &StreamSpec) {
+        if let (true, Some(b)) = (is_bound(&spec.endpoint), &self.bind) {
+            b.remove(&spec.topic, spec.dp_rank);
+        }
     }
 }

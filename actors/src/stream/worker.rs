@@ -100,6 +100,13 @@ struct Worker {
 /// Runs the worker until stopped; an error means sockets could not be set up.
 pub fn run(ctx: WorkerCtx, id: u64) -> Result<(), zmq::Error> {
     let mut w = Worker::open(ctx, id)?;
+    // inproc (the bind receiver's socket) has no ZMTP handshake, and libzmq reports no monitor
+    // event for it: connected at once.
+    if w.ctx.spec.endpoint.starts_with("inproc://") {
+        w.status.connected = true;
+        w.recovery.on_connected(Instant::now(), &mut w.actions);
+        w.run_actions(Instant::now())?;
+    }
     while !w.ctx.stop.is_set() {
         if let Err(e) = w.poll_once() {
             // Counters of this poll (a gap found just before the failure) are not lost.
@@ -315,7 +322,7 @@ impl Worker {
     /// One message of a history replay: a buffered batch, applied as it comes, or the end.
     fn history_reply(&mut self, frames: &[Vec<u8>], now: Instant) {
         let mut batch = Batch::default();
-        let (topic, max) = (self.ctx.spec.topic.as_bytes(), self.ctx.limits.max_message_bytes);
+        let (topic, max) = (self.ctx.spec.replay_topic(), self.ctx.limits.max_message_bytes);
         match decode_history_frame(frames, topic, max, &mut batch) {
             Ok(HistoryFrame::Batch { seq }) => {
                 self.status.skipped_events += batch.skipped.total();

@@ -6,9 +6,11 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod binary;
+pub mod engine_http;
 pub mod service;
 
 pub use binary::*;
+pub use engine_http::{EngineState, TestEngine};
 pub use kvdir_testkit::etcd::{etcd_endpoint, EtcdServer};
 pub use kvdir_testkit::http::Response;
 pub use kvdir_testkit::{eventually, eventually_within, DEADLINE};
