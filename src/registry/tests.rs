@@ -418,3 +418,43 @@ fn one_engine_registered_under_two_spellings_overlaps_itself() {
     let names: Vec<&str> = p.streams.iter().map(|s| s.spec.instance_name.as_str()).collect();
     assert_eq!(names, ["127.0.0.1:8500"]);
 }
+
+#[test]
+fn bound_discovery_puts_every_rank_on_the_bind_endpoint_under_its_own_topic() {
+    let t = Instant::now();
+    let mut reg = Registry::default();
+    reg.put(record("10.0.0.1:8000", 0, 2, Some("a")), t);
+    reg.put(record("10.0.0.2:8000", 0, 1, Some("b")), t);
+    reg.put(record("10.0.0.3:8000", 0, 3, Some("c")), t);
+    let bind = crate::config::BindConfig::with_endpoint("tcp://*:5557").unwrap();
+    let bind = crate::config::BindConfig {
+        ranks: 2,
+        topic: crate::config::TopicPattern::parse("kv@{host}:{port}").unwrap(),
+        ..bind
+    };
+    let d = DiscoveryConfig { bind: Some(bind), ..discovery() };
+    let p = plan(reg.instances(), &d, 128);
+    let got: Vec<(&str, u32, &str, &str)> = p
+        .streams
+        .iter()
+        .map(|s| {
+            let s = &s.spec;
+            (s.instance_name.as_str(), s.dp_rank, s.endpoint.as_str(), s.topic.as_str())
+        })
+        .collect();
+    let bound = crate::config::BIND_ENDPOINT;
+    assert_eq!(
+        got,
+        [
+            ("10.0.0.1:8000", 0, bound, "kv@10.0.0.1:8000"),
+            ("10.0.0.1:8000", 1, bound, "kv@10.0.0.1:8000"),
+            ("10.0.0.2:8000", 0, bound, "kv@10.0.0.2:8000"),
+        ],
+        "sharing the bind endpoint is no overlap"
+    );
+    assert_eq!(p.streams[1].spec.replay_endpoint, "tcp://10.0.0.1:38001");
+    assert_eq!(
+        why_in(&p, "10.0.0.3:8000"),
+        "dp_size 3 exceeds kv_events_bind.ranks = 2: raise ranks"
+    );
+}
