@@ -37,9 +37,12 @@ const STOP_ENDPOINT: &str = "inproc://kvdir-bind-stop";
 #[derive(Clone)]
 pub struct BindRoutes(Arc<Routes>);
 
+/// Engine topic -> rank -> the keyed topic of its stream.
+type Table = HashMap<Vec<u8>, HashMap<u32, Vec<u8>>>;
+
 struct Routes {
     config: BindConfig,
-    table: RwLock<HashMap<Vec<u8>, HashMap<u32, Vec<u8>>>>,
+    table: RwLock<Table>,
     next_key: AtomicU64,
     messages: AtomicU64,
     unknown: AtomicU64,
