@@ -12,6 +12,11 @@
 #   --record          instead of kvdir, record the engines' live and replay frames and a
 #                     /metrics sample into tests/fixtures/vllm-history (scripts/vllm_record.py)
 #   env KVDIR_BIN     a kvdir binary to run instead of building target/release/kvdir
+#   env KVDIR_E2E_BIND=1  the engines connect to kvdir instead: kvdir binds
+#                     kv_events_bind tcp://127.0.0.1:18100 (one rank) and both vLLMs publish
+#                     to it under their own topic `kv@127.0.0.1:PORT@model`; the driver reads
+#                     their batches from the replay endpoints, and skips the engine restart
+#                     (kvdir sees no per-engine disconnect on its shared socket)
 #
 # It makes a tiny model (scripts/vllm_make_model.py), starts two vLLM servers with KV events
 # and replay (ports 8100/8101, events 18100/18101, replay 28100/28101, one core each), starts
@@ -28,6 +33,7 @@ VENV=${KVDIR_VLLM_VENV:-$HOME/.cache/kvdir/vllm-venv}
 REQUESTS=${KVDIR_E2E_REQUESTS:-320}
 LOGS=${KVDIR_E2E_LOGS:-}
 RECORD=0
+BIND=${KVDIR_E2E_BIND:-0}
 KVDIR_PORT=8890
 ENGINES=(0 1)
 BUFFER_STEPS_1=16
@@ -82,11 +88,14 @@ PY="$VENV/bin/python"
 # engine-N.sh starts vLLM number N in the foreground; run it with setsid.
 write_launcher() {
     local i=$1 events
-    events="{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"topic\": \"kv\","
+    local topic=kv endpoint="tcp://*:$((18100 + i))"
+    # Bound: vLLM connects (its endpoint is not a wildcard) to kvdir's one bound port.
+    [ "$BIND" = 1 ] && topic="kv@127.0.0.1:$((8100 + i))@model" endpoint="tcp://127.0.0.1:18100"
+    events="{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"topic\": \"$topic\","
     # vLLM 1 keeps only its last 16 batches for replay, so a kvdir restarted late in the run
     # finds its history truncated and must go on as partial.
     [ "$i" = 1 ] && events+=" \"buffer_steps\": $BUFFER_STEPS_1,"
-    events+=" \"endpoint\": \"tcp://*:$((18100 + i))\","
+    events+=" \"endpoint\": \"$endpoint\","
     events+=" \"replay_endpoint\": \"tcp://127.0.0.1:$((28100 + i))\"}"
     cat >"$LOGS/engine-$i.sh" <<EOF
 #!/usr/bin/env bash
@@ -147,14 +156,21 @@ fi
 write_kvdir_config() {
     local out=$1 sep="" i
     {
-        echo '{"engines": ['
+        if [ "$BIND" = 1 ]; then
+            echo '{"kv_events_bind": {"endpoint": "tcp://127.0.0.1:18100", "ranks": 1,'
+            echo '   "topic": "kv@{host}:{port}@{model}"},'
+        else
+            echo '{'
+        fi
+        echo '"engines": ['
         for i in "${ENGINES[@]}"; do
-            local port=$((8100 + i))
+            local port=$((8100 + i)) events topic=', "topic": "kv"'
+            events="\"tcp://127.0.0.1:$((18100 + i))\""
+            [ "$BIND" = 1 ] && events='"bind"' topic=""
             printf '%s  {"name": "127.0.0.1:%d", "url": "http://127.0.0.1:%d", "dialect": "vllm",' \
                 "$sep" "$port" "$port"
-            printf ' "events": "tcp://127.0.0.1:%d", "replay": "tcp://127.0.0.1:%d",' \
-                $((18100 + i)) $((28100 + i))
-            printf ' "dp_size": 1, "block_size": 32, "model": "model", "topic": "kv"}\n'
+            printf ' "events": %s, "replay": "tcp://127.0.0.1:%d",' "$events" $((28100 + i))
+            printf ' "dp_size": 1, "block_size": 32, "model": "model"%s}\n' "$topic"
             sep=","
         done
         echo ']}'
@@ -179,9 +195,15 @@ bash "$LOGS/kvdir.sh" &
 KVDIR_PID=$!
 KVDIR_STARTED=$(date +%s.%N)
 # The driver reports its own failure when kvdir does not come up, so the figures still print.
-"$PY" "$ROOT/scripts/vllm_e2e.py" --kvdir "http://127.0.0.1:$KVDIR_PORT" \
+TAPS=(18100 18101)
+DRIVER_BIND=()
+if [ "$BIND" = 1 ]; then
+    TAPS=(28100 28101)  # the driver reads each engine's batches from its replay endpoint
+    DRIVER_BIND=(--bind)
+fi
+"$PY" "$ROOT/scripts/vllm_e2e.py" --kvdir "http://127.0.0.1:$KVDIR_PORT" "${DRIVER_BIND[@]}" \
     --kvdir-started "$KVDIR_STARTED" --kvdir-pid "$KVDIR_PID" --kvdir-log "$LOGS/kvdir.log" \
     --kvdir-launcher "$LOGS/kvdir.sh" --buffer-steps "$BUFFER_STEPS_1" \
-    --engine "127.0.0.1:8100,http://127.0.0.1:8100,tcp://127.0.0.1:18100,$LOGS/engine-0.sh" \
-    --engine "127.0.0.1:8101,http://127.0.0.1:8101,tcp://127.0.0.1:18101,$LOGS/engine-1.sh" \
+    --engine "127.0.0.1:8100,http://127.0.0.1:8100,tcp://127.0.0.1:${TAPS[0]},$LOGS/engine-0.sh" \
+    --engine "127.0.0.1:8101,http://127.0.0.1:8101,tcp://127.0.0.1:${TAPS[1]},$LOGS/engine-1.sh" \
     --requests "$REQUESTS"

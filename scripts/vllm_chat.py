@@ -51,10 +51,11 @@ def http(method, url, body=None, headers=None, timeout=120):
 class Engine:
     """One vLLM server: its name in kvdir, URL, live tap and launcher."""
 
-    def __init__(self, spec, topic):
+    def __init__(self, spec, topic, bound=False):
         self.name, self.url, self.events, self.launcher = spec.split(",")
         self.pidfile = self.launcher[:-3] + ".pid"
-        self.tap = ve.Tap(self.events, topic)
+        # Bound (kv_events_bind): EVENTS is the replay endpoint, the only one left to read.
+        self.tap = (ve.ReplayTap if bound else ve.Tap)(self.events, topic)
         self.cached_prompts = []  # recent conversations routed here, for the restart
 
     def healthy(self):

@@ -98,6 +98,40 @@ class Tap:
             time.sleep(0.02)
 
 
+class ReplayTap(Tap):
+    """The same record as a Tap, read from the engine's replay ROUTER instead: for an engine
+    whose PUB connects to kvdir (`kv_events_bind`), where no one else can subscribe. It asks
+    for the batches after the newest it has every 20 ms, so it also holds the batches
+    published before kvdir listened (a live tap holds those published after it subscribed)."""
+
+    def __init__(self, endpoint, topic):  # pylint: disable=super-init-not-called
+        self.endpoint = endpoint
+        self.messages = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ctx = zmq.Context.instance()
+        self._sub = self._ctx.socket(zmq.DEALER)  # closed by Tap.close
+        self._sub.connect(endpoint)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        while not self._stop.wait(0.02):
+            start = 0 if self.last_seq() is None else self.last_seq() + 1
+            self._sub.send_multipart([b"", start.to_bytes(8, "big")])
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and not self._stop.is_set():
+                if not self._sub.poll(100):
+                    continue
+                frames = self._sub.recv_multipart()
+                if len(frames) != 4 or frames[2] == END_SEQ:
+                    break
+                _, topic, seq, payload = frames
+                events = decode_batch(payload)[1]
+                with self._lock:
+                    self.messages.append((topic, int.from_bytes(seq, "big"), payload, events))
+
+
 def stored_blocks(messages):
     """Every stored block as (hash, tokens of its block, extra_key, parent) in order."""
     out = []

@@ -287,6 +287,8 @@ fn a_registered_engine_connects_and_its_messages_are_unknown_once_unregistered()
 
     let r = post("/unregister", &json!({"instance_id": "c"}));
     assert_eq!(r.status, 200, "{}", r.body);
+    let removed = &r.json()["removed"][0];
+    assert_eq!(removed["endpoint"], format!("bind tcp://127.0.0.1:{port}"), "{removed}");
     eventually("c's stream to stop", || {
         let n = report(&svc)["streams"].as_array().unwrap().len();
         (n == 0).then_some(()).ok_or(format!("{n} streams"))

@@ -187,6 +187,34 @@ pub(crate) fn no_bind(path: &str) -> String {
     )
 }
 
+/// `discovery.events`: `"bind"` gives discovered instances the bind endpoint and its topic
+/// pattern; absent, kvdir connects to each instance.
+pub(crate) fn discovery_bind(f: &mut Fields<'_>, bind: Option<&BindConfig>) -> Option<BindConfig> {
+    match f.string("events", "").as_str() {
+        "" => None,
+        "bind" if f.raw("topic").is_some() => {
+            f.errors.push(
+                "discovery.topic: with \"events\": \"bind\" each instance's topic comes from \
+                 kv_events_bind.topic; leave discovery.topic out"
+                    .into(),
+            );
+            None
+        }
+        "bind" if bind.is_none() => {
+            f.errors.push(no_bind("discovery.events"));
+            None
+        }
+        "bind" => bind.cloned(),
+        other => {
+            f.errors.push(format!(
+                "discovery.events = {other:?}: expected \"bind\" (instances publish to \
+                 kv_events_bind), or leave it out (kvdir connects to each instance)"
+            ));
+            None
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

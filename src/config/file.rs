@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use super::bind::{no_bind, parse_bind, BindConfig};
+use super::bind::{discovery_bind, parse_bind, BindConfig};
 use super::endpoint::{canonical_endpoint, check_endpoint};
 use super::engines::parse_engine;
 use super::json::{kind, Fields};
@@ -254,29 +254,7 @@ fn parse_discovery(
     errors: &mut Vec<String>,
 ) -> Option<DiscoveryConfig> {
     let mut f = Fields::new("discovery", v, DISCOVERY, errors)?;
-    let bind = match f.string("events", "").as_str() {
-        "" => None,
-        "bind" if f.raw("topic").is_some() => {
-            f.errors.push(
-                "discovery.topic: with \"events\": \"bind\" each instance's topic comes from \
-                 kv_events_bind.topic; leave discovery.topic out"
-                    .into(),
-            );
-            None
-        }
-        "bind" if bind.is_none() => {
-            f.errors.push(no_bind("discovery.events"));
-            None
-        }
-        "bind" => bind.cloned(),
-        other => {
-            f.errors.push(format!(
-                "discovery.events = {other:?}: expected \"bind\" (instances publish to \
-                 kv_events_bind), or leave it out (kvdir connects to each instance)"
-            ));
-            None
-        }
-    };
+    let bind = discovery_bind(&mut f, bind);
     Some(DiscoveryConfig {
         bind,
         enabled: f.boolean("enabled", true),

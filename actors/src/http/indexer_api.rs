@@ -101,7 +101,7 @@ async fn unregister(
                 .map(|(dp_rank, endpoint)| Removed {
                     instance_id: u.instance_id.clone(),
                     dp_rank,
-                    endpoint,
+                    endpoint: shown(&state, endpoint, dp_rank),
                 })
                 .collect();
             return Ok(HttpResponse::Ok().json(serde_json::json!({ "removed": removed })));
@@ -152,4 +152,12 @@ async fn query_by_hash(
          POST /query instead"
             .into(),
     ))
+}
+
+/// An engine's event endpoint as operators know it: a bound one as its rank's bound port.
+fn shown(state: &AppState, endpoint: String, dp_rank: u32) -> String {
+    match state.set.bind().filter(|_| kvdir::config::is_bound(&endpoint)) {
+        Some(b) => format!("bind {}", b.config().rank_endpoint(dp_rank)),
+        None => endpoint,
+    }
 }
