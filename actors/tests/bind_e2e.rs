@@ -18,6 +18,7 @@ use kvdir::config::{parse_config_file, Flags};
 use kvdir::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord, WireHash};
 use kvdir::wire::{encode_batch, encode_live, Tier};
 use kvdir_actors::Service;
+use kvdir_testkit::etcd::etcd_endpoint;
 use serde_json::{json, Value};
 
 static NEXT_PORT: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
@@ -49,18 +50,41 @@ struct Rank {
 }
 
 impl Rank {
-    /// Rank `rank` publishing under `topic` to `tcp://127.0.0.1:port`.
+    /// vLLM's rank `rank` publishing under `topic` to `tcp://127.0.0.1:port`, answering
+    /// history replays on an ephemeral port.
     fn connect(ctx: &zmq::Context, port: u16, topic: &str, rank: u32) -> Rank {
+        Rank::start(ctx, port, topic, rank, ("tcp://127.0.0.1:*", false))
+    }
+
+    /// An xLLM engine publishing under `topic` to `tcp://127.0.0.1:port`, answering
+    /// snapshots on `replay`.
+    fn xllm(ctx: &zmq::Context, port: u16, topic: &str, replay: &str) -> Rank {
+        Rank::start(ctx, port, topic, 0, (replay, true))
+    }
+
+    fn start(ctx: &zmq::Context, port: u16, topic: &str, rank: u32, replay: (&str, bool)) -> Rank {
         // XPUB: it sees kvdir's subscription, so the test knows when a batch is delivered.
         let publisher = ctx.socket(zmq::XPUB).unwrap();
         publisher.connect(&format!("tcp://127.0.0.1:{port}")).unwrap();
         let router = ctx.socket(zmq::ROUTER).unwrap();
-        router.bind("tcp://127.0.0.1:*").unwrap();
+        router.bind(replay.0).unwrap();
+        let snapshot = replay.1;
         let replay = router.get_last_endpoint().unwrap().unwrap();
         let (history, stop) =
             (Arc::<Mutex<Vec<Vec<u8>>>>::default(), Arc::new(AtomicBool::new(false)));
         let (h, halt, t) = (Arc::clone(&history), Arc::clone(&stop), topic.to_string());
-        let thread = std::thread::spawn(move || serve_history(&router, &h, &halt, &t));
+        let thread = std::thread::spawn(move || {
+            while !halt.load(Ordering::Relaxed) {
+                if router.poll(zmq::POLLIN, 20).unwrap() == 0 {
+                    continue;
+                }
+                let request = router.recv_multipart(0).unwrap();
+                match snapshot {
+                    true => answer_snapshot(&router, &request[0], &h),
+                    false => answer_history(&router, &request, &h, &t),
+                }
+            }
+        });
         Rank { publisher, topic: topic.into(), rank, history, replay, stop, thread: Some(thread) }
     }
 
@@ -80,12 +104,7 @@ impl Rank {
             .map(|c| WireHash::Uint(c[0] as u64 * 1_000_003 + u64::from(self.rank)))
             .collect();
         let record = StoredRecord::new(hashes, None, tokens.to_vec(), B, Tier::Device);
-        let batch = BatchRecord {
-            timestamp: 0.0,
-            events: vec![EventRecord::Stored(record)],
-            dp_rank: Some(self.rank),
-        };
-        let payload = encode_batch(&batch, BatchForm::Map, EventForm::Positional);
+        let payload = batch(vec![EventRecord::Stored(record)], self.rank);
         let seq = {
             let mut h = self.history.lock().unwrap();
             h.push(payload.clone());
@@ -103,27 +122,38 @@ impl Drop for Rank {
     }
 }
 
-/// Answers history requests (`[id, "", start_seq]`) from the asked sequence on, then the end.
-fn serve_history(
+/// One vLLM-shaped batch of `events` from rank `rank`.
+fn batch(events: Vec<EventRecord>, rank: u32) -> Vec<u8> {
+    let batch = BatchRecord { timestamp: 0.0, events, dp_rank: Some(rank) };
+    encode_batch(&batch, BatchForm::Map, EventForm::Positional)
+}
+
+/// Answers a history request (`[id, "", start_seq]`) from the asked sequence on, then the end.
+fn answer_history(
     router: &zmq::Socket,
+    request: &[Vec<u8>],
     history: &Mutex<Vec<Vec<u8>>>,
-    stop: &AtomicBool,
     topic: &str,
 ) {
-    while !stop.load(Ordering::Relaxed) {
-        if router.poll(zmq::POLLIN, 20).unwrap() == 0 {
-            continue;
-        }
-        let request = router.recv_multipart(0).unwrap();
-        let start = u64::from_be_bytes(request[2][..].try_into().unwrap());
-        let batches = history.lock().unwrap().clone();
-        for (seq, payload) in batches.iter().enumerate().skip(start as usize) {
-            let seq = (seq as u64).to_be_bytes();
-            let reply = [&request[0][..], b"", topic.as_bytes(), &seq[..], payload];
-            router.send_multipart(reply, 0).unwrap();
-        }
-        router.send_multipart([&request[0][..], b"", b"", &[0xff; 8][..], b""], 0).unwrap();
+    let start = u64::from_be_bytes(request[2][..].try_into().unwrap());
+    let batches = history.lock().unwrap().clone();
+    for (seq, payload) in batches.iter().enumerate().skip(start as usize) {
+        let seq = (seq as u64).to_be_bytes();
+        let reply = [&request[0][..], b"", topic.as_bytes(), &seq[..], payload];
+        router.send_multipart(reply, 0).unwrap();
     }
+    router.send_multipart([&request[0][..], b"", b"", &[0xff; 8][..], b""], 0).unwrap();
+}
+
+/// Answers a snapshot request as xLLM does: the whole state (here an empty batch, then every
+/// batch so far), each reply tagged with the first sequence it does not hold, then the end.
+fn answer_snapshot(router: &zmq::Socket, id: &[u8], history: &Mutex<Vec<Vec<u8>>>) {
+    let batches = history.lock().unwrap().clone();
+    let watermark = (batches.len() as u64).to_be_bytes();
+    for payload in std::iter::once(batch(Vec::new(), 0)).chain(batches) {
+        router.send_multipart([id, b"", &watermark[..], &payload], 0).unwrap();
+    }
+    router.send_multipart([id, b"", &[0xff; 8][..], b""], 0).unwrap();
 }
 
 /// The engine entry of a config or `/register` body.
@@ -295,4 +325,36 @@ fn a_registered_engine_connects_and_its_messages_are_unknown_once_unregistered()
     });
     c.store(&prompt(50, 1));
     unknown_reaches(&svc, 1);
+}
+
+#[test]
+fn discovered_instances_publish_to_the_bind_endpoint_with_events_bind() {
+    let etcd = etcd_endpoint();
+    let port = free_ports(1);
+    let http_port = free_http_port(1);
+    let name = format!("127.0.0.1:{http_port}");
+    let ctx = zmq::Context::new();
+    // Its snapshot port derives from its name as for any discovered instance.
+    let replay = format!("tcp://127.0.0.1:{}", http_port + 30_000);
+    let engine = Rank::xllm(&ctx, port, &format!("kv@{name}"), &replay);
+    let early = prompt(1, 2);
+    engine.store(&early);
+    let extra = json!({
+        "kv_events_bind": {"endpoint": format!("tcp://127.0.0.1:{port}"), "topic": "kv@{host}:{port}"},
+        "discovery": {"enabled": true, "block_size": B, "events": "bind", "refresh_interval_ms": 100},
+    });
+    let svc = discovery_service(&etcd.endpoint, "e2e-bind", extra, Flags::default());
+    let v =
+        json!({"name": name, "rpc_address": "", "type": 0, "dp_size": 1, "incarnation_id": "x"});
+    etcd_put(&etcd, &format!("/e2e-bind/XLLM:DEFAULT:{name}"), &v);
+
+    let s = live(&svc, &name, 0);
+    assert_eq!(s["replay"], "snapshot");
+    assert_eq!(s["endpoint"], format!("bind tcp://127.0.0.1:{port} topic \"kv@{name}\""));
+    credits(&svc, &name, 0, &early, 2 * B as u64);
+    engine.wait_subscribed();
+    let x = prompt(100, 3);
+    engine.store(&x);
+    credits(&svc, &name, 0, &x, 3 * B as u64);
+    assert_eq!(report(&svc)["bind"]["unknown_messages"], 0);
 }

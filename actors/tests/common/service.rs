@@ -227,3 +227,13 @@ pub fn registered_engine(etcd: &str, namespace: &str, dp: u32) -> (SimEngine, Re
     let reg = Registration::start(&eng, opts).unwrap();
     (eng, reg)
 }
+
+/// Writes a registry key directly through etcd's JSON gateway (no lease).
+pub fn etcd_put(etcd: &kvdir_testkit::etcd::EtcdServer, key: &str, value: &Value) {
+    let addr = etcd.endpoint.trim_start_matches("http://").parse().unwrap();
+    let b64 =
+        |bytes: &[u8]| base64::Engine::encode(&base64::engine::general_purpose::STANDARD, bytes);
+    let body = json!({"key": b64(key.as_bytes()), "value": b64(value.to_string().as_bytes())});
+    let r = http(addr, "POST", "/v3/kv/put", &[], body.to_string().as_bytes());
+    assert_eq!(r.status, 200, "etcd put: {}", r.body);
+}

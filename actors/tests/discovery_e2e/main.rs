@@ -7,7 +7,6 @@
 mod common;
 mod loads;
 
-use base64::Engine as _;
 use common::*;
 use kvdir::config::Flags;
 use kvdir_actors::Service;
@@ -249,15 +248,6 @@ fn agrees_named(svc: &Service, eng: &SimEngine, name: &str, tokens: &[i32]) -> (
             Err(format!("kvdir {got:?}, engine {truth:?}"))
         }
     })
-}
-
-/// Writes a registry key directly through etcd's JSON gateway (no lease).
-fn etcd_put(etcd: &EtcdServer, key: &str, value: &Value) {
-    let addr = etcd.endpoint.trim_start_matches("http://").parse().unwrap();
-    let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
-    let body = json!({"key": b64(key.as_bytes()), "value": b64(value.to_string().as_bytes())});
-    let r = http(addr, "POST", "/v3/kv/put", &[], body.to_string().as_bytes());
-    assert_eq!(r.status, 200, "etcd put: {}", r.body);
 }
 
 #[test]
