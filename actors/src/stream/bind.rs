@@ -184,7 +184,8 @@ impl BindReceiver {
 
 impl Drop for BindReceiver {
     fn drop(&mut self) {
-        let _ = self.stop.send(&b""[..], 0);
+        // Not blocking: a thread that already ended (its poll failed) has no peer socket left.
+        let _ = self.stop.send(&b""[..], zmq::DONTWAIT);
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
