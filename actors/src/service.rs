@@ -20,7 +20,7 @@ use crate::discovery::DiscoveryActor;
 use crate::http::frontdoor::{FrontDoor, FrontDoorSetupError};
 use crate::http::{routes, AppState};
 use crate::router::RouterActor;
-use crate::stream::WorkerThreads;
+use crate::stream::IoPool;
 use crate::stream::{StreamSet, StreamSource};
 
 /// Arbiters (threads) shared by the index actors.
@@ -40,6 +40,9 @@ pub enum StartError {
     /// The service thread ended before it was ready.
     #[error("the service thread ended during start-up")]
     Died,
+    /// The I/O threads of the streams did not start.
+    #[error("cannot start the streams' I/O threads: {0}; lower io_threads")]
+    IoThreads(std::io::Error),
     /// The front door's tokenizer or template did not load.
     #[error(transparent)]
     FrontDoor(#[from] FrontDoorSetupError),
@@ -50,7 +53,7 @@ pub struct Service {
     addr: SocketAddr,
     server: actix_web::dev::ServerHandle,
     router: Addr<RouterActor>,
-    threads: WorkerThreads,
+    threads: IoPool,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -209,7 +212,7 @@ impl Drop for Service {
 /// Starts the actors and binds the server; runs inside the service's actix system.
 /// What [`boot`] hands back: the server to run, its address, the router, the stream threads and
 /// the arbiters (kept alive while the server runs).
-type Booted = (actix_web::dev::Server, SocketAddr, Addr<RouterActor>, WorkerThreads, Vec<Arbiter>);
+type Booted = (actix_web::dev::Server, SocketAddr, Addr<RouterActor>, IoPool, Vec<Arbiter>);
 
 async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Booted, StartError> {
     let Directory { streams: specs, discovery, engines, engine_poll_interval, registry, limits } =
@@ -230,7 +233,8 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
         router.clone(),
         arbiters.iter().map(Arbiter::handle).collect(),
         limits.clone(),
-    );
+    )
+    .map_err(StartError::IoThreads)?;
     for (spec, identity) in specs {
         set.start(spec, identity, StreamSource::Static).map_err(|e| {
             tracing::error!(error = %e, "cannot start stream");
@@ -270,7 +274,7 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
         .bind(&addr)
         .map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
     let bound = server.addrs().first().copied().ok_or(StartError::Died)?;
-    Ok((server.run(), bound, router, set.threads(), arbiters))
+    Ok((server.run(), bound, router, set.pool(), arbiters))
 }
 
 /// Sends small writes at once. A streamed answer's head goes out before its first chunk

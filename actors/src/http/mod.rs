@@ -342,6 +342,7 @@ async fn prometheus(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
         front: &state.front.metrics,
         predictions,
         rss: metrics::resident_bytes(),
+        pool: state.set.pool().stats(),
     };
     let text = metrics::render(&samples, &service);
     Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4; charset=utf-8").body(text))
@@ -351,7 +352,12 @@ async fn streams(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRes
     authorize(&req, &state)?;
     let reports: Vec<StreamReport> =
         stream_reports(&state).await?.into_iter().map(|(r, _)| r).collect();
-    Ok(HttpResponse::Ok().json(serde_json::json!({ "streams": reports })))
+    let pool = state.set.pool().stats();
+    Ok(HttpResponse::Ok().json(serde_json::json!({
+        "streams": reports,
+        "io_threads": pool.io_threads,
+        "replays_waiting": pool.replays_waiting,
+    })))
 }
 
 #[derive(serde::Deserialize)]
