@@ -133,3 +133,106 @@ fn streams_queue_for_the_few_replay_slots_and_all_synchronize() {
     assert_eq!(r["io_threads"].as_array().map(Vec::len), Some(1), "io_threads = 1");
     every_batch_applied(&svc, &fleet, streams);
 }
+
+/// What `/proc/<pid>` says of a process: resident bytes, open descriptors, threads, and CPU
+/// seconds (user + system).
+fn proc_figures(pid: u32) -> (u64, usize, u64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("Linux /proc");
+    let field = |name: &str| -> u64 {
+        let line = status.lines().find(|l| l.starts_with(name)).expect("a /proc status field");
+        line[name.len()..].trim().trim_end_matches(" kB").trim().parse().expect("a number")
+    };
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, Iterator::count);
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("Linux /proc");
+    let after_name = &stat[stat.rfind(')').expect("a stat line") + 2..];
+    let fields: Vec<&str> = after_name.split(' ').collect();
+    // utime and stime are fields 14 and 15 of stat(5), 12 and 13 after the name.
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    (field("VmRSS:") * 1024, fds, field("Threads:"), ticks as f64 / 100.0)
+}
+
+/// Figures for BENCHMARKS.md, not a check: the `kvdir` binary (`KVDIR_BIN`, default this
+/// build's) with no stream, then with [`STREAMS`] idle live streams, then applying a burst of
+/// batches. Run: `cargo build --release --bin kvdir && KVDIR_BIN=target/release/kvdir cargo
+/// test -p kvdir-actors --test fleet_e2e -- --ignored --nocapture`.
+#[test]
+#[ignore = "measurement for the benchmarks table; prints figures"]
+fn figures_per_idle_stream_and_per_batch() {
+    let streams: usize = std::env::var("FLEET_STREAMS").map_or(STREAMS, |v| v.parse().unwrap());
+    enough_fds(streams);
+    let fleet = Fleet::start(streams, 4);
+    let bin = std::env::var("KVDIR_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_kvdir").into());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fleet.json");
+    let config = json!({"streams": fleet.streams(), "max_streams": streams});
+    std::fs::write(&path, config.to_string()).unwrap();
+    let start = |args: &[String]| {
+        let mut cmd = std::process::Command::new(&bin);
+        cmd.args(["--http_server_port=0", "--etcd_addr="]).args(args);
+        spawn_command(cmd, "kvdir listening on http://")
+    };
+    let empty = start(&[]);
+    let idle0 = proc_figures(empty.child.id());
+    drop(empty);
+    let kv = start(&[format!("--kv_events_config_file={}", path.display())]);
+    let pid = kv.child.id();
+    let report = || -> Value {
+        serde_json::from_str(&request(&kv.addr, "GET", "/v1/internal/streams", None, None).body)
+            .unwrap()
+    };
+    let t0 = std::time::Instant::now();
+    eventually_within(Duration::from_secs(120), "every stream to be live", || {
+        let r = report();
+        let streams_now = r["streams"].as_array().cloned().unwrap_or_default();
+        let live = streams_now.iter().filter(|s| s["phase"] == "live").count();
+        if live == streams {
+            Ok(())
+        } else {
+            Err(format!("{live} live"))
+        }
+    });
+    let sync_time = t0.elapsed();
+    let idle_a = proc_figures(pid);
+    std::thread::sleep(Duration::from_secs(10)); // a measurement window, not synchronisation
+    let idle_b = proc_figures(pid);
+    let batches = 20;
+    let cpu_before = proc_figures(pid).3;
+    let t1 = std::time::Instant::now();
+    fleet.publish(batches);
+    let applied = |r: &Value| -> u64 {
+        let all = r["streams"].as_array().cloned().unwrap_or_default();
+        all.iter().filter_map(|s| s["messages"].as_u64()).sum()
+    };
+    let total = batches * streams as u64;
+    eventually_within(Duration::from_secs(120), "every batch to arrive", || {
+        let n = applied(&report());
+        if n == total {
+            Ok(())
+        } else {
+            Err(format!("{n} of {total}"))
+        }
+    });
+    let burst = t1.elapsed();
+    let cpu_batches = proc_figures(pid).3 - cpu_before;
+    let per_stream = |now: u64, then: u64| (now as f64 - then as f64) / streams as f64;
+    println!("kvdir {bin}, {streams} streams");
+    println!("  no stream: RSS {} kB, {} fds, {} threads", idle0.0 / 1024, idle0.1, idle0.2);
+    println!(
+        "  {streams} idle live streams: RSS {} kB ({:.1} kB per stream), {} fds ({:.2} per \
+         stream), {} threads; synchronized in {:.2} s",
+        idle_a.0 / 1024,
+        per_stream(idle_a.0, idle0.0) / 1024.0,
+        idle_a.1,
+        per_stream(idle_a.1 as u64, idle0.1 as u64),
+        idle_a.2,
+        sync_time.as_secs_f64()
+    );
+    println!("  idle CPU: {:.2} % of a core over 10 s", (idle_b.3 - idle_a.3) * 10.0);
+    println!(
+        "  {total} batches in {:.2} s ({:.0}/s): {:.1} us of kvdir CPU per batch (the report \
+         polls included)",
+        burst.as_secs_f64(),
+        total as f64 / burst.as_secs_f64(),
+        cpu_batches * 1e6 / total as f64
+    );
+}
