@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 const STREAMS: usize = 1024;
 /// Live batches each stream publishes once synchronized.
 const BATCHES: u64 = 5;
-/// File descriptors per stream, both sides: kvdir's SUB (mailbox, TCP), monitor pair (2) and a
+/// File descriptors per stream, both sides, with a margin: kvdir's SUB (mailbox, TCP), monitor pair (2) and a
 /// replay DEALER (mailbox, TCP); the publisher's PUB and ROUTER (mailbox, listener, accepted
 /// connection each).
 const FDS_PER_STREAM: u64 = 12;
@@ -193,6 +193,12 @@ fn figures_per_idle_stream_and_per_batch() {
     });
     let sync_time = t0.elapsed();
     let idle_a = proc_figures(pid);
+    let mut kinds = std::collections::BTreeMap::<String, usize>::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap().flatten() {
+        let target = std::fs::read_link(fd.path()).map(|p| p.display().to_string());
+        let kind = target.unwrap_or_default().split(':').take(2).collect::<Vec<_>>().join(":");
+        *kinds.entry(kind.split('[').next().unwrap_or_default().to_string()).or_default() += 1;
+    }
     std::thread::sleep(Duration::from_secs(10)); // a measurement window, not synchronisation
     let idle_b = proc_figures(pid);
     let batches = 20;
@@ -227,6 +233,7 @@ fn figures_per_idle_stream_and_per_batch() {
         idle_a.2,
         sync_time.as_secs_f64()
     );
+    println!("  descriptors by kind: {kinds:?}");
     println!("  idle CPU: {:.2} % of a core over 10 s", (idle_b.3 - idle_a.3) * 10.0);
     println!(
         "  {total} batches in {:.2} s ({:.0}/s): {:.1} us of kvdir CPU per batch (the report \
