@@ -16,9 +16,9 @@ use serde_json::{json, Value};
 const STREAMS: usize = 1024;
 /// Live batches each stream publishes once synchronized.
 const BATCHES: u64 = 5;
-/// File descriptors per stream, both sides, with a margin: kvdir's SUB (mailbox, TCP), monitor pair (2) and a
-/// replay DEALER (mailbox, TCP); the publisher's PUB and ROUTER (mailbox, listener, accepted
-/// connection each).
+/// File descriptors per stream, both sides, with a margin: kvdir's SUB (mailbox, TCP), monitor
+/// pair (2) and a replay DEALER (mailbox, TCP); the publisher's PUB and ROUTER (mailbox,
+/// listener, accepted connection each). A libzmq without eventfd needs two per mailbox.
 const FDS_PER_STREAM: u64 = 12;
 
 /// Raises the soft open-file limit to the hard one, and fails with what to do if the hard
