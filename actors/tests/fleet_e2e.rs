@@ -21,19 +21,23 @@ const BATCHES: u64 = 5;
 /// listener, accepted connection each). A libzmq without eventfd needs two per mailbox.
 const FDS_PER_STREAM: u64 = 12;
 
+/// Descriptors per stream of the publishers alone (kvdir in another process).
+const PUBLISHER_FDS_PER_STREAM: u64 = 6;
+
 /// Raises the soft open-file limit to the hard one, and fails with what to do if the hard
-/// limit cannot hold the test.
-fn enough_fds(streams: usize) {
+/// limit cannot hold `streams` of `per_stream` descriptors.
+fn enough_fds(streams: usize, per_stream: u64) {
     use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
     let lim = getrlimit(Resource::Nofile);
     let raised = Rlimit { current: lim.maximum, maximum: lim.maximum };
     setrlimit(Resource::Nofile, raised).expect("raising the soft open-file limit to the hard one");
-    let need = streams as u64 * FDS_PER_STREAM + 1024;
+    let need = streams as u64 * per_stream + 1024;
     if let Some(hard) = lim.maximum {
         assert!(
             hard >= need,
-            "this test needs about {need} file descriptors for {streams} streams (both sides \
-             run here), but the hard open-file limit is {hard}: raise it (ulimit -Hn {need})"
+            "this test needs about {need} file descriptors for {streams} streams ({per_stream} \
+             each in this process), but the hard open-file limit is {hard}: raise it (ulimit \
+             -Hn {need}) or run fewer streams"
         );
     }
 }
@@ -95,7 +99,7 @@ fn every_batch_applied(svc: &kvdir_actors::Service, fleet: &Fleet, streams: usiz
 
 #[test]
 fn a_thousand_streams_synchronize_and_apply_every_batch_on_a_fixed_pool_of_threads() {
-    enough_fds(STREAMS);
+    enough_fds(STREAMS, FDS_PER_STREAM);
     let fleet = Fleet::start(STREAMS, 4);
     let svc = service(fleet.streams(), json!({"max_streams": STREAMS}));
     all_live(&svc, STREAMS);
@@ -123,7 +127,7 @@ fn a_thousand_streams_synchronize_and_apply_every_batch_on_a_fixed_pool_of_threa
 #[test]
 fn streams_queue_for_the_few_replay_slots_and_all_synchronize() {
     let streams = 96;
-    enough_fds(streams);
+    enough_fds(streams, FDS_PER_STREAM);
     let fleet = Fleet::start(streams, 2);
     let config = json!({"max_streams": streams, "max_concurrent_replays": 2, "io_threads": 1});
     let svc = service(fleet.streams(), config);
@@ -154,17 +158,24 @@ fn proc_figures(pid: u32) -> (u64, usize, u64, f64) {
 /// Figures for BENCHMARKS.md, not a check: the `kvdir` binary (`KVDIR_BIN`, default this
 /// build's) with no stream, then with [`STREAMS`] idle live streams, then applying a burst of
 /// batches. Run: `cargo build --release --bin kvdir && KVDIR_BIN=target/release/kvdir cargo
-/// test -p kvdir-actors --test fleet_e2e -- --ignored --nocapture`.
+/// test -p kvdir-actors --test fleet_e2e -- --ignored --nocapture` (`FLEET_STREAMS=3000` for
+/// another count, `FLEET_CONFIG='{"publisher_timeout_ms": 0}'` for more config).
 #[test]
 #[ignore = "measurement for the benchmarks table; prints figures"]
 fn figures_per_idle_stream_and_per_batch() {
     let streams: usize = std::env::var("FLEET_STREAMS").map_or(STREAMS, |v| v.parse().unwrap());
-    enough_fds(streams);
-    let fleet = Fleet::start(streams, 4);
+    enough_fds(streams, PUBLISHER_FDS_PER_STREAM);
+    // At most 400 ranks (800 sockets) per publisher thread and its context (1,023 sockets).
+    let fleet = Fleet::start(streams, streams.div_ceil(400).max(4));
     let bin = std::env::var("KVDIR_BIN").unwrap_or_else(|_| env!("CARGO_BIN_EXE_kvdir").into());
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("fleet.json");
-    let config = json!({"streams": fleet.streams(), "max_streams": streams});
+    let mut config = json!({"streams": fleet.streams(), "max_streams": streams});
+    // More settings, e.g. FLEET_CONFIG='{"publisher_timeout_ms": 30000}'.
+    if let Ok(extra) = std::env::var("FLEET_CONFIG") {
+        let extra: Value = serde_json::from_str(&extra).expect("FLEET_CONFIG is a JSON object");
+        config.as_object_mut().unwrap().extend(extra.as_object().cloned().unwrap_or_default());
+    }
     std::fs::write(&path, config.to_string()).unwrap();
     let start = |args: &[String]| {
         let mut cmd = std::process::Command::new(&bin);
