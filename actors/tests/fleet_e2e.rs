@@ -135,6 +135,11 @@ fn streams_queue_for_the_few_replay_slots_and_all_synchronize() {
     let (r, _) = stream_reports(&svc);
     assert_eq!(r["replays_waiting"], 0, "nobody waits once all are live: {}", r["io_threads"]);
     assert_eq!(r["io_threads"].as_array().map(Vec::len), Some(1), "io_threads = 1");
+    let metrics = http(svc.http_addr(), "GET", "/metrics", &[], b"").body;
+    let has = |line: &str| metrics.lines().any(|l| l == line);
+    assert!(has("kvdir_io_threads 1"), "{metrics}");
+    assert!(has(&format!("kvdir_io_thread_streams{{thread=\"0\"}} {streams}")), "{metrics}");
+    assert!(has("kvdir_replays_waiting 0"), "{metrics}");
     every_batch_applied(&svc, &fleet, streams);
 }
 
