@@ -61,39 +61,48 @@ pub struct StreamHit {
 }
 
 impl Indexes {
-    /// A new stream `label` in the index of its block size and seed (created on first use,
-    /// with room for [`MAX_STREAMS`]: the service admits at most `max_streams` <= 128, and a
-    /// slot is free again as soon as its writer is dropped). Its entry is visible,
+    /// A new stream `label` in an index of its block size and seed, with room for
+    /// [`MAX_STREAMS`] streams each: when every index of that block size and seed is full,
+    /// another one is made (a query walks each), so `max_streams` may exceed one index's
+    /// slots. A slot is free again as soon as its writer is dropped. Its entry is visible,
     /// unsynchronized, when this returns.
     pub fn add_stream(
         &self,
         config: IndexConfig,
         label: StreamLabel,
     ) -> Result<StreamWriter, SharedError> {
-        let index = self.index_for(config.block_size, config.hash_seed);
-        let mut writer = index.add_labeled_stream(config, label)?;
+        let (block_size, hash_seed) = (config.block_size, config.hash_seed);
+        let same = |g: &&Group| (g.block_size, g.hash_seed) == (block_size, hash_seed);
+        let try_each = |groups: &[Group]| {
+            for g in groups.iter().filter(same) {
+                match g.index.add_labeled_stream(config, label.clone()) {
+                    Err(SharedError::Full { .. }) => continue,
+                    added => return Some(added),
+                }
+            }
+            None
+        };
+        // The read guard ends with this statement, before the write lock below.
+        let first = try_each(&crate::sync::read(&self.groups));
+        let added = match first {
+            Some(added) => added,
+            None => {
+                let mut groups = self.groups.write().unwrap_or_else(|e| e.into_inner());
+                match try_each(&groups) {
+                    Some(added) => added,
+                    None => {
+                        let index = SharedIndex::new(block_size, hash_seed, MAX_STREAMS);
+                        let id = NEXT_INDEX.fetch_add(1, Ordering::Relaxed);
+                        let added = index.add_labeled_stream(config, label);
+                        groups.push(Group { id, block_size, hash_seed, index });
+                        added
+                    }
+                }
+            }
+        };
+        let mut writer = added?;
         writer.publish();
         Ok(writer)
-    }
-
-    fn index_for(&self, block_size: u32, hash_seed: u64) -> SharedIndex {
-        let find = |groups: &[Group]| {
-            groups
-                .iter()
-                .find(|g| (g.block_size, g.hash_seed) == (block_size, hash_seed))
-                .map(|g| g.index.clone())
-        };
-        if let Some(index) = find(&crate::sync::read(&self.groups)) {
-            return index;
-        }
-        let mut groups = self.groups.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(index) = find(&groups) {
-            return index;
-        }
-        let index = SharedIndex::new(block_size, hash_seed, MAX_STREAMS);
-        let id = NEXT_INDEX.fetch_add(1, Ordering::Relaxed);
-        groups.push(Group { id, block_size, hash_seed, index: index.clone() });
-        index
     }
 
     /// How much of `tokens` every stream holds, ordered by instance name then rank.
@@ -270,5 +279,25 @@ mod tests {
         assert!(want.matches[0].error.is_some());
         let json = indexes.query_json_in(&tokens, &QueryScope::default());
         assert_eq!(String::from_utf8(json).unwrap(), serde_json::to_string(&want).unwrap());
+    }
+
+    #[test]
+    fn streams_beyond_one_indexs_slots_get_another_index_and_all_answer() {
+        let indexes = Indexes::default();
+        let config = IndexConfig { block_size: 2, ..IndexConfig::default() };
+        let n = MAX_STREAMS + 2;
+        let mut writers: Vec<_> = (0..n)
+            .map(|i| indexes.add_stream(config, label("s", i as u32)).expect("room for all"))
+            .collect();
+        let last = writers.last_mut().unwrap();
+        last.apply(1, &holding(&[1, 2])).unwrap();
+        last.publish();
+        let r = indexes.query(&[1, 2]);
+        assert_eq!(r.matches.len(), n, "every stream is listed");
+        let ranks: Vec<u32> = r.matches.iter().map(|m| m.dp_rank).collect();
+        assert_eq!(ranks, (0..n as u32).collect::<Vec<_>>(), "in rank order across indexes");
+        assert_eq!(r.matches[n - 1].device_hit_tokens, 2, "the overflow stream's blocks count");
+        writers.clear();
+        assert!(indexes.query(&[1, 2]).matches.is_empty(), "dropped writers free their slots");
     }
 }

@@ -20,7 +20,7 @@ use crate::discovery::DiscoveryActor;
 use crate::http::frontdoor::{FrontDoor, FrontDoorSetupError};
 use crate::http::{routes, AppState};
 use crate::router::RouterActor;
-use crate::stream::WorkerThreads;
+use crate::stream::IoPool;
 use crate::stream::{BindReceiver, BindRoutes, StreamSet, StreamSource};
 
 /// Arbiters (threads) shared by the index actors.
@@ -43,6 +43,9 @@ pub enum StartError {
     /// The `kv_events_bind` endpoint could not be bound.
     #[error("{0}")]
     KvEventsBind(String),
+    /// The I/O threads of the streams did not start.
+    #[error("cannot start the streams' I/O threads: {0}; lower io_threads")]
+    IoThreads(std::io::Error),
     /// The front door's tokenizer or template did not load.
     #[error(transparent)]
     FrontDoor(#[from] FrontDoorSetupError),
@@ -53,7 +56,7 @@ pub struct Service {
     addr: SocketAddr,
     server: actix_web::dev::ServerHandle,
     router: Addr<RouterActor>,
-    threads: WorkerThreads,
+    threads: IoPool,
     thread: Option<JoinHandle<()>>,
 }
 
@@ -221,7 +224,7 @@ type Booted = (
     actix_web::dev::Server,
     SocketAddr,
     Addr<RouterActor>,
-    WorkerThreads,
+    IoPool,
     (Vec<Arbiter>, Option<BindReceiver>),
 );
 
@@ -251,7 +254,8 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
         router.clone(),
         arbiters.iter().map(Arbiter::handle).collect(),
         limits.clone(),
-    );
+    )
+    .map_err(StartError::IoThreads)?;
     // Bound before any stream connects to its in-process socket.
     let receiver = match bind {
         Some(b) => {
@@ -302,7 +306,7 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
         .bind(&addr)
         .map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
     let bound = server.addrs().first().copied().ok_or(StartError::Died)?;
-    Ok((server.run(), bound, router, set.threads(), (arbiters, receiver)))
+    Ok((server.run(), bound, router, set.pool(), (arbiters, receiver)))
 }
 
 /// The endpoint engines connect to: the config file's `kv_events_bind` (its endpoint

@@ -71,14 +71,14 @@ fn bad_flags_and_configs_exit_2_with_every_problem() {
     let path = dir.path().join("bad.json");
     std::fs::write(
         &path,
-        r#"{"streams": [{"instance_name": "a", "endpoint": "tcp://*:1"}], "max_streams": 500}"#,
+        r#"{"streams": [{"instance_name": "a", "endpoint": "tcp://*:1"}], "max_streams": 70000}"#,
     )
     .unwrap();
     let out = kvdir().arg(format!("--kv_events_config_file={}", path.display())).output().unwrap();
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     for p in [
-        "max_streams = 500",
+        "max_streams = 70000",
         "streams[0].replay_endpoint: missing",
         "host \"*\" is not connectable",
     ] {

@@ -120,12 +120,12 @@ fn a_live_batch_larger_than_the_buffer_budget_still_applies() {
     assert_eq!(s["recoveries"], 1, "applied live, no resnapshot: {s}");
 }
 
-/// Threads of this process whose name starts with `prefix` (Linux truncates names to 15 bytes).
-fn threads_named(prefix: &str) -> usize {
+/// Threads of this process called `name` (Linux keeps 15 bytes of a name).
+fn threads_called(name: &str) -> usize {
     let tasks = std::fs::read_dir("/proc/self/task").expect("Linux /proc");
     tasks
         .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
-        .filter(|name| name.starts_with(prefix))
+        .filter(|comm| comm.trim_end() == name)
         .count()
 }
 
@@ -135,9 +135,16 @@ fn stopping_the_service_ends_every_stream_thread() {
     let svc = service(streams_of(&eng), json!({}));
     agrees(&svc, &eng, 0, &[]);
     agrees(&svc, &eng, 1, &[]);
-    // The stream threads, and libzmq's threads, which take the name of the thread that made
-    // the first socket.
-    assert!(threads_named("kvdir-st-dp") >= 2, "one thread per DP stream");
+    // The I/O threads that serve the streams, as the streams report names them, and libzmq's
+    // threads, which take the name of the thread that made the context's first socket.
+    let r = report(&svc);
+    let pool = r["io_threads"].as_array().cloned().unwrap_or_default();
+    let names: Vec<String> =
+        pool.iter().filter_map(|t| t["name"].as_str()).map(Into::into).collect();
+    let served: u64 = pool.iter().filter_map(|t| t["streams"].as_u64()).sum();
+    assert_eq!(served, 2, "both DP streams are served: {r}");
+    let running = || names.iter().map(|n| threads_called(n)).sum::<usize>();
+    assert!(!names.is_empty() && running() >= names.len(), "the pool runs: {names:?}");
     svc.stop();
-    assert_eq!(threads_named("kvdir-st-dp"), 0, "stop returns after the stream threads end");
+    assert_eq!(running(), 0, "stop returns after the I/O threads end");
 }

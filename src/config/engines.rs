@@ -18,7 +18,7 @@ pub const ENGINE_FIELDS: &[&str] =
     &["name", "url", "dialect", "events", "replay", "dp_size", "block_size", "model", "topic"];
 
 /// Most DP ranks one engine may list (the `max_streams` ceiling).
-const MAX_DP_SIZE: u64 = 128;
+const MAX_DP_SIZE: u64 = super::MAX_STREAMS;
 
 /// Largest block size accepted, as for streams.
 const MAX_BLOCK_SIZE: u64 = 65_536;

@@ -13,7 +13,7 @@ use super::engines::parse_engine;
 use super::json::{kind, Fields};
 use super::{
     ConfigError, DirectoryConfig, DiscoveryConfig, EngineSpec, Limits, ReplayKind, Source,
-    StreamSpec,
+    StreamSpec, MAX_STREAMS,
 };
 
 const TOP: &[&str] = &[
@@ -29,6 +29,8 @@ const TOP: &[&str] = &[
     "replay_timeout_ms",
     "resync_interval_ms",
     "publisher_timeout_ms",
+    "io_threads",
+    "max_concurrent_replays",
 ];
 const DISCOVERY: &[&str] = &[
     "enabled",
@@ -210,7 +212,7 @@ fn check_engines_against_streams(
     if total > limits.max_streams {
         errors.push(format!(
             "the engines (and static streams) need {total} streams, more than max_streams = {}; raise \
-             max_streams (at most 128)",
+             max_streams (at most 65536)",
             limits.max_streams
         ));
     }
@@ -231,7 +233,7 @@ fn parse_limits(f: &mut Fields<'_>) -> Limits {
     let d = Limits::default();
     let ms = |v: u64| Duration::from_millis(v);
     Limits {
-        max_streams: f.int("max_streams", d.max_streams as u64, 1, 128) as usize,
+        max_streams: f.int("max_streams", d.max_streams as u64, 1, MAX_STREAMS) as usize,
         max_blocks_per_stream: f.int(
             "max_blocks_per_stream",
             d.max_blocks_per_stream as u64,
@@ -245,6 +247,13 @@ fn parse_limits(f: &mut Fields<'_>) -> Limits {
         replay_timeout: ms(f.int("replay_timeout_ms", 2000, 1, 3_600_000)),
         resync_interval: ms(f.int("resync_interval_ms", 30_000, 1, 86_400_000)),
         publisher_timeout: ms(f.int("publisher_timeout_ms", 3000, 0, 600_000)),
+        io_threads: f.int("io_threads", 0, 0, 64) as usize,
+        max_concurrent_replays: f.int(
+            "max_concurrent_replays",
+            d.max_concurrent_replays as u64,
+            1,
+            MAX_STREAMS,
+        ) as usize,
     }
 }
 
@@ -276,7 +285,7 @@ fn parse_streams(v: &Value, limits: &Limits, errors: &mut Vec<String>) -> Vec<St
     }
     if list.len() > limits.max_streams {
         errors.push(format!(
-            "streams: {} streams exceed max_streams = {}; raise max_streams (at most 128)",
+            "streams: {} streams exceed max_streams = {}; raise max_streams (at most 65536)",
             list.len(),
             limits.max_streams
         ));

@@ -56,6 +56,9 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Most streams one kvdir follows (`max_streams`), and most DP ranks of one engine.
+pub const MAX_STREAMS: u64 = 65_536;
+
 /// Resource and recovery limits (protocol.md section 4).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
@@ -74,6 +77,10 @@ pub struct Limits {
     /// A publisher that answers nothing (no message, no ZMTP heartbeat reply) for this long
     /// is treated as disconnected; zero turns heartbeats off.
     pub publisher_timeout: Duration,
+    /// I/O threads serving the streams; 0: one per core (at most 64 either way).
+    pub io_threads: usize,
+    /// Replay DEALERs open at once in the process; further replays wait their turn.
+    pub max_concurrent_replays: usize,
 }
 
 impl Default for Limits {
@@ -86,6 +93,8 @@ impl Default for Limits {
             replay_timeout: Duration::from_millis(2000),
             resync_interval: Duration::from_millis(30_000),
             publisher_timeout: Duration::from_millis(3000),
+            io_threads: 0,
+            max_concurrent_replays: 256,
         }
     }
 }

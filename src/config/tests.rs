@@ -54,7 +54,7 @@ fn every_problem_is_reported_at_once() {
     }"#;
     let p = problems(text);
     let expect = [
-        "max_streams = 0 is outside the allowed range 1..=128",
+        "max_streams = 0 is outside the allowed range 1..=65536",
         "replay_timeout_ms = -5 is outside the allowed range 1..=3600000",
         "streams[0]: unknown field \"colour\"",
         "streams[0].endpoint = \"tcp://*:18000\": host \"*\" is not connectable",

@@ -17,7 +17,7 @@ use kvdir::stream::{StreamPhase, FAULT_LABELS};
 use super::frontdoor::FrontMetrics;
 use super::ApiError;
 use crate::stream::StreamCounters;
-use crate::stream::StreamReport;
+use crate::stream::{PoolStats, StreamReport};
 
 /// The request kinds whose latency is measured.
 #[derive(Debug, Clone, Copy)]
@@ -78,12 +78,15 @@ pub struct ServiceSample<'a> {
     pub rss: Option<u64>,
     /// The bind endpoint's counters, when kvdir binds one.
     pub bind: Option<crate::stream::BindReport>,
+    /// The streams' I/O threads.
+    pub pool: PoolStats,
 }
 
 /// Renders every metric in the Prometheus text format.
 pub fn render(streams: &[StreamSample], service: &ServiceSample) -> String {
     let mut e = Exposition::default();
     render_service(&mut e, streams, service.metrics, service.rss);
+    render_pool(&mut e, &service.pool);
     service.front.render(&mut e);
     render_predictions(&mut e, service.predictions);
     if let Some(bind) = &service.bind {
@@ -134,6 +137,20 @@ fn render_service(
         e.family("process_resident_memory_bytes", Kind::Gauge, "Resident memory size in bytes.");
         e.sample("process_resident_memory_bytes", &[], rss as f64);
     }
+}
+
+fn render_pool(e: &mut Exposition, pool: &PoolStats) {
+    let help = "I/O threads serving the streams (io_threads; they do not grow with the streams).";
+    e.family("kvdir_io_threads", Kind::Gauge, help);
+    e.sample("kvdir_io_threads", &[], pool.io_threads.len() as f64);
+    e.family("kvdir_io_thread_streams", Kind::Gauge, "Streams each I/O thread serves.");
+    for (i, t) in pool.io_threads.iter().enumerate() {
+        let thread = i.to_string();
+        e.sample("kvdir_io_thread_streams", &[("thread", &thread)], t.streams as f64);
+    }
+    let help = "Streams waiting for a replay slot (max_concurrent_replays).";
+    e.family("kvdir_replays_waiting", Kind::Gauge, help);
+    e.sample("kvdir_replays_waiting", &[], pool.replays_waiting as f64);
 }
 
 /// Picks one per-tier counter pair out of a stream's counters.

@@ -347,6 +347,7 @@ async fn prometheus(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
         predictions,
         rss: metrics::resident_bytes(),
         bind: state.set.bind().map(|b| b.report()),
+        pool: state.set.pool().stats(),
     };
     let text = metrics::render(&samples, &service);
     Ok(HttpResponse::Ok().content_type("text/plain; version=0.0.4; charset=utf-8").body(text))
@@ -356,7 +357,12 @@ async fn streams(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpRes
     authorize(&req, &state)?;
     let reports: Vec<StreamReport> =
         stream_reports(&state).await?.into_iter().map(|(r, _)| r).collect();
-    let mut body = serde_json::json!({ "streams": reports });
+    let pool = state.set.pool().stats();
+    let mut body = serde_json::json!({
+        "streams": reports,
+        "io_threads": pool.io_threads,
+        "replays_waiting": pool.replays_waiting,
+    });
     if let Some(b) = state.set.bind() {
         body["bind"] = serde_json::json!(b.report());
     }

@@ -1,9 +1,10 @@
-//! `StreamActor`: supervises one subscription's worker thread and answers status requests.
+//! `StreamActor`: supervises one subscription's worker and answers status requests.
 //!
 //! Messages: [`GetStreamReport`]; internally `WorkerExited`.
-//! The actor starts the worker thread (sockets, decoding, recovery) and stops itself when the
-//! thread ends with an error; its `Supervisor` then restarts it after a back-off. Stopping the
-//! actor sets the worker's stop flag, which wakes the thread; it ends at once.
+//! The actor adds its worker (sockets, decoding, recovery) to the I/O pool ([`IoPool`]) and
+//! stops itself when the worker fails; its `Supervisor` then restarts it after a back-off,
+//! which adds a fresh worker. Stopping the actor removes the worker from its pool thread, which
+//! closes its sockets at once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,38 +16,14 @@ use kvdir::config::{Limits, StreamSpec};
 use kvdir::stream::{StreamFault, StreamPhase};
 use serde::Serialize;
 
-use super::worker::{self, Stop, WorkerCtx, WorkerStatus};
+use super::pool::{IoPool, NewStream, StreamTicket};
+use super::sockets::ZmqContext;
+use super::worker::{WorkerCtx, WorkerStatus};
 use super::Shutdown;
 use super::{IndexActor, Invalidate, StreamShared};
 use crate::sync::lock;
 
 static WORKER_IDS: AtomicU64 = AtomicU64::new(0);
-
-/// A stream thread and its stop flag.
-type Thread = (std::thread::JoinHandle<()>, Arc<Stop>);
-
-/// The stream threads of a service, so that stopping the service ends them and waits.
-#[derive(Debug, Clone, Default)]
-pub struct WorkerThreads(Arc<Mutex<Vec<Thread>>>);
-
-impl WorkerThreads {
-    fn add(&self, handle: std::thread::JoinHandle<()>, stop: Arc<Stop>) {
-        let mut all = lock(&self.0);
-        all.retain(|(h, _)| !h.is_finished());
-        all.push((handle, stop));
-    }
-
-    /// Stops every thread and waits for it (a stop wakes the thread, which ends at once).
-    pub fn stop_and_join(&self) {
-        let all = std::mem::take(&mut *lock(&self.0));
-        for (_, stop) in &all {
-            stop.set();
-        }
-        for (h, _) in all {
-            let _ = h.join();
-        }
-    }
-}
 
 /// What a stream reports on the streams endpoint.
 #[derive(Debug, Clone, Serialize)]
@@ -95,10 +72,10 @@ pub struct StreamActor {
     index: Addr<IndexActor>,
     shared: Arc<StreamShared>,
     status: Arc<Mutex<WorkerStatus>>,
-    /// The current worker's stop; `None` before the first worker starts.
-    stop: Option<Arc<Stop>>,
-    zmq: zmq::Context,
-    threads: WorkerThreads,
+    /// The current worker in the pool; `None` before the first worker starts.
+    ticket: Option<StreamTicket>,
+    zmq: ZmqContext,
+    pool: IoPool,
     restarts: u64,
     backoff: Option<Duration>,
     /// Delays between restarts: 200 ms, doubling, at most 6.4 s.
@@ -112,8 +89,8 @@ impl StreamActor {
         limits: Limits,
         index: Addr<IndexActor>,
         shared: Arc<StreamShared>,
-        zmq: zmq::Context,
-        threads: WorkerThreads,
+        zmq: ZmqContext,
+        pool: IoPool,
     ) -> Self {
         StreamActor {
             spec,
@@ -121,9 +98,9 @@ impl StreamActor {
             index,
             shared,
             status: Arc::default(),
-            stop: None,
+            ticket: None,
             zmq,
-            threads,
+            pool,
             restarts: 0,
             backoff: None,
             restart_delay: Backoff::new(Duration::from_millis(200), Duration::from_millis(6400)),
@@ -131,55 +108,28 @@ impl StreamActor {
     }
 
     fn spawn_worker(&mut self, ctx: &mut Context<Self>) {
-        let (stop, stop_listener) = match Stop::pair() {
-            Ok(pair) => pair,
-            Err(e) => {
-                // No descriptors left: stopping lets the supervisor retry after its back-off.
-                tracing::error!(error = %e, "cannot create a stream thread's stop signal");
-                ctx.stop();
-                return;
-            }
-        };
-        self.stop = Some(Arc::clone(&stop));
         let wctx = WorkerCtx {
             spec: self.spec.clone(),
             limits: self.limits.clone(),
             shared: Arc::clone(&self.shared),
-            stop: Arc::clone(&stop),
-            stop_listener,
             status: Arc::clone(&self.status),
             zmq: self.zmq.clone(),
         };
         let me = ctx.address().downgrade();
-        let name = format!("kvdir-{}-dp{}", self.spec.instance_name, self.spec.dp_rank);
-        let id = WORKER_IDS.fetch_add(1, Ordering::Relaxed);
-        let spawned = std::thread::Builder::new().name(name).spawn(move || {
-            // A panic must not end the stream silently: it is reported like a socket error.
-            let outcome =
-                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| worker::run(wctx, id)));
-            let failure = match outcome {
-                Ok(Ok(())) => None,
-                Ok(Err(e)) => Some(e.to_string()),
-                Err(_) => Some("the stream thread panicked".to_string()),
-            };
-            if let (Some(reason), Some(me)) = (failure, me.upgrade()) {
+        // A failure (a socket error or a panic) must not end the stream silently: the actor
+        // is told and restarts it.
+        let exited = Box::new(move |reason: String| {
+            if let Some(me) = me.upgrade() {
                 me.do_send(WorkerExited(reason));
             }
         });
-        match spawned {
-            Ok(handle) => self.threads.add(handle, stop),
-            Err(e) => {
-                tracing::error!(error = %e, "cannot start a stream thread");
-                ctx.stop();
-            }
-        }
+        let id = WORKER_IDS.fetch_add(1, Ordering::Relaxed);
+        self.ticket = Some(self.pool.add(id, NewStream { ctx: wctx, exited }));
     }
-}
 
-impl StreamActor {
-    fn stop_worker(&self) {
-        if let Some(stop) = &self.stop {
-            stop.set();
+    fn stop_worker(&mut self) {
+        if let Some(ticket) = self.ticket.take() {
+            self.pool.remove(ticket);
         }
     }
 }

@@ -21,6 +21,7 @@ use std::thread::JoinHandle;
 use kvdir::config::{keyed_topic, BindConfig, Limits, BIND_ENDPOINT};
 use serde::Serialize;
 
+use super::sockets::{Socket, ZmqContext};
 use crate::sync::{lock, read, write};
 
 /// Receive (bound ports) and send (in-process) high-water marks, in messages.
@@ -141,14 +142,14 @@ impl BindRoutes {
 
 /// The running receiver; dropping it stops the thread and waits for it.
 pub struct BindReceiver {
-    stop: zmq::Socket,
+    stop: Socket,
     thread: Option<JoinHandle<()>>,
 }
 
 impl BindReceiver {
     /// Binds the in-process PUB socket and every rank's SUB socket on `zmq` (before any stream
     /// connects), then starts the thread. `Err` names the endpoint that could not be bound.
-    pub fn start(zmq: &zmq::Context, routes: BindRoutes, limits: &Limits) -> Result<Self, String> {
+    pub fn start(zmq: &ZmqContext, routes: BindRoutes, limits: &Limits) -> Result<Self, String> {
         let fail = |what: &str, e: zmq::Error| format!("cannot bind {what}: {e}");
         let publ = zmq.socket(zmq::PUB).map_err(|e| fail(BIND_ENDPOINT, e))?;
         publ.set_linger(0).and_then(|()| publ.set_sndhwm(HWM)).map_err(|e| fail("", e))?;
@@ -194,9 +195,9 @@ impl Drop for BindReceiver {
 
 /// The thread's sockets and state.
 struct Receiver {
-    subs: Vec<zmq::Socket>,
-    publ: zmq::Socket,
-    listen: zmq::Socket,
+    subs: Vec<Socket>,
+    publ: Socket,
+    listen: Socket,
     routes: BindRoutes,
     /// Unknown `(topic, rank)` pairs logged so far.
     logged: HashSet<(Vec<u8>, u32)>,

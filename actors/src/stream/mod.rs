@@ -1,12 +1,14 @@
-//! One stream per instance and DP rank: its supervised actor, its I/O thread and its writer in
-//! the shared index.
+//! One stream per instance and DP rank: its supervised actor, its worker on one of the I/O
+//! threads and its writer in the shared index.
 //!
 //! - [`StreamSet`] (`set.rs`): starts and stops a stream's actor pair and its slot in the
 //!   shared index; the one entry point for discovery, static config and `/register`.
-//! - [`StreamActor`] (`actor.rs`): supervises the worker thread, restarts it with back-off,
-//!   answers [`GetStreamReport`].
-//! - `worker.rs`: the thread: SUB socket, monitor, snapshot DEALER, decoding and recovery; it
-//!   is the single writer of its stream's state.
+//! - [`StreamActor`] (`actor.rs`): supervises the worker, restarts it with back-off, answers
+//!   [`GetStreamReport`].
+//! - [`IoPool`] (`pool/`): the fixed set of I/O threads that serve every stream's sockets.
+//! - `worker.rs`: one stream on its thread: SUB socket, monitor, replay DEALER, decoding and
+//!   recovery; it is the single writer of its stream's state.
+//! - `sockets.rs`: the ZeroMQ context sized for `max_streams`, and the open-file limit.
 //! - [`IndexActor`] (`index_actor.rs`): owns the writer's lifetime ([`Invalidate`],
 //!   [`Shutdown`]).
 //! - [`StreamCounters`] (`counters.rs`): the counters `/metrics` exposes.
@@ -17,19 +19,22 @@ mod actor;
 mod bind;
 mod counters;
 mod index_actor;
+mod pool;
 mod set;
+mod sockets;
 mod worker;
 
-pub use actor::{GetStreamReport, StreamActor, StreamReport, WorkerThreads};
+pub use actor::{GetStreamReport, StreamActor, StreamReport};
 pub use bind::{BindReceiver, BindReport, BindRoutes};
 pub use counters::StreamCounters;
 pub use index_actor::{IndexActor, Invalidate, StreamShared};
+pub use pool::{IoPool, IoThreadStats, PoolStats, MAX_IO_THREADS};
 pub use set::{RunningStream, StartStreamError, StreamMap, StreamSet, StreamSource};
 pub use worker::WorkerStatus;
 
 /// End a stream for good, sent to both of its actors: the `IndexActor` drops the writer (the
-/// stream's bits leave the shared index) before it answers; the `StreamActor` stops its worker
-/// thread and ends once no address is left (a supervised actor that stops by itself would be
+/// stream's bits leave the shared index) before it answers; the `StreamActor` takes its worker
+/// off its I/O thread and ends once no address is left (a supervised actor that stops by itself would be
 /// restarted).
 #[derive(actix::Message)]
 #[rtype(result = "()")]

@@ -5,7 +5,7 @@
 //! Static configuration starts every stream once; discovery starts and stops them as instances
 //! come and go. Starting publishes the stream's (unsynchronized) entry before it returns.
 //! Stopping waits until the `IndexActor` has dropped the stream's writer, so a query never sees
-//! a stopped stream and its slot is free for the next one; then the worker thread ends and the
+//! a stopped stream and its slot is free for the next one; then the worker leaves its I/O thread and the
 //! supervisor ends once no address is left.
 
 use std::collections::BTreeMap;
@@ -18,9 +18,11 @@ use kvdir::indexer::Registration;
 use kvdir::registry::Identity;
 use thiserror::Error;
 
+use super::pool::{self, IoPool};
+use super::sockets::{self, ZmqContext};
 use super::{BindRoutes, StreamCounters};
 use super::{IndexActor, StreamShared};
-use super::{Shutdown, StreamActor, WorkerThreads};
+use super::{Shutdown, StreamActor};
 use crate::indexes::Indexes;
 use crate::router::{RouterActor, StreamKey};
 use crate::sync::{read, write};
@@ -61,7 +63,7 @@ pub enum StartStreamError {
     #[error("{0}")]
     Bind(String),
     /// `max_streams` streams run already.
-    #[error("{running} streams run already, the max_streams limit; raise max_streams (at most 128) or unregister one")]
+    #[error("{running} streams run already, the max_streams limit; raise max_streams (at most 65536) or unregister one")]
     Capacity {
         /// Streams running.
         running: usize,
@@ -120,10 +122,10 @@ pub struct StreamSet {
     router: Addr<RouterActor>,
     indexes: Arc<Indexes>,
     arbiters: Vec<ArbiterHandle>,
-    zmq: zmq::Context,
+    zmq: ZmqContext,
     limits: Limits,
     map: StreamMap,
-    threads: WorkerThreads,
+    pool: IoPool,
     /// Held while a registration is checked and started, so two cannot both pass the checks.
     registering: Arc<std::sync::Mutex<()>>,
     /// The route table of the bind endpoint, when kvdir binds one.
@@ -131,13 +133,21 @@ pub struct StreamSet {
 }
 
 impl StreamSet {
-    /// A set whose index and stream actors run on `arbiters` (round robin).
-    pub fn new(router: Addr<RouterActor>, arbiters: Vec<ArbiterHandle>, limits: Limits) -> Self {
-        let (zmq, map, threads) =
-            (zmq::Context::new(), StreamMap::default(), WorkerThreads::default());
-        let indexes = Arc::default();
-        let registering = Arc::default();
-        StreamSet { router, indexes, arbiters, zmq, limits, map, threads, registering, bind: None }
+    /// A set whose index and stream actors run on `arbiters` (round robin) and whose streams
+    /// are served by `limits.io_threads` I/O threads; fails only if a thread cannot start.
+    pub fn new(
+        router: Addr<RouterActor>,
+        arbiters: Vec<ArbiterHandle>,
+        limits: Limits,
+    ) -> std::io::Result<Self> {
+        let fds = sockets::raise_fd_limit();
+        let replays = limits.max_concurrent_replays;
+        let zmq = ZmqContext::new(limits.max_streams, replays);
+        let pool = IoPool::start(pool::thread_count(limits.io_threads), replays)?;
+        tracing::debug!(open_files = ?fds, io_threads = pool.stats().io_threads.len(), "stream pool");
+        let (map, indexes, registering) = Default::default();
+        let bind = None;
+        Ok(StreamSet { router, indexes, arbiters, zmq, limits, map, pool, registering, bind })
     }
 
     /// Streams of the bind endpoint are routed by `routes` (the bind receiver's table).
@@ -152,7 +162,7 @@ impl StreamSet {
     }
 
     /// The ZeroMQ context every stream socket lives in.
-    pub fn zmq(&self) -> &zmq::Context {
+    pub fn zmq(&self) -> &ZmqContext {
         &self.zmq
     }
 
@@ -166,9 +176,9 @@ impl StreamSet {
         &self.router
     }
 
-    /// The threads of every stream started so far.
-    pub fn threads(&self) -> WorkerThreads {
-        self.threads.clone()
+    /// The I/O threads serving the streams.
+    pub fn pool(&self) -> IoPool {
+        self.pool.clone()
     }
 
     /// The running streams.
@@ -314,9 +324,9 @@ impl StreamSet {
         let index = IndexActor::start_in_arbiter(arb, |_| index);
         let (s, limits, zmq, idx) =
             (worker_spec, self.limits.clone(), self.zmq.clone(), index.clone());
-        let threads = self.threads.clone();
+        let pool = self.pool.clone();
         let stream = Supervisor::start_in_arbiter(arb, move |_| {
-            StreamActor::new(s, limits, idx, shared, zmq, threads)
+            StreamActor::new(s, limits, idx, shared, zmq, pool)
         });
         let run = RunningStream { spec, identity, source, tenant, stream, counters, index };
         write(&self.map).insert(key, run);

@@ -1,18 +1,21 @@
-//! The thread of one stream: a SUB socket for live events, a socket monitor for handshakes and
-//! disconnects, and a fresh DEALER per snapshot request, polled together with `zmq_poll`.
+//! One stream's state on its I/O thread (`pool/`): a SUB socket for live events, a socket
+//! monitor for handshakes and disconnects, and a fresh DEALER per replay request, each
+//! registered with the thread's `epoll` by its `ZMQ_FD`.
 //!
-//! The thread decodes frames, drives the pure [`Recovery`] machine and carries out its actions
-//! itself: it is the single writer of its stream's state in the shared index (the writer lives
-//! in [`StreamShared`], owned by the stream's `IndexActor`). Everything a poll applied is
-//! published once at its end, so a burst of live batches costs one publish, and an index error
-//! goes straight back into the recovery machine. Snapshots are built and installed here too.
-//! A thread that cannot keep up leaves messages in the SUB socket's queue; beyond its
-//! high-water mark libzmq drops them, which the next sequence number reveals as a gap. It runs
-//! until its stop flag is set or the writer is gone; an idle stream sleeps in `zmq_poll` until
-//! a message, a recovery deadline or a stop ([`Stop`]) wakes it.
+//! [`Worker::handle`] decodes what its sockets hold (a bounded burst each), drives the pure
+//! [`Recovery`] machine and carries out its actions itself: the worker is the single writer of
+//! its stream's state in the shared index (the writer lives in [`StreamShared`], owned by the
+//! stream's `IndexActor`). Everything a turn applied is published once at its end, so a burst
+//! of live batches costs one publish, and an index error goes straight back into the recovery
+//! machine. Snapshots are built and installed here too. A stream that cannot keep up leaves
+//! messages in the SUB socket's queue; beyond its high-water mark libzmq drops them, which the
+//! next sequence number reveals as a gap. A replay waits for one of the process's replay slots
+//! ([`ReplaySlot`]) before its DEALER opens.
 
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
+
+use mio::{Registry, Token};
 
 use kvdir::config::{Limits, ReplayKind, StreamSpec};
 use kvdir::stream::{Action, Recovery, RecoveryConfig, RecoveryStats, StreamFault, StreamPhase};
@@ -21,15 +24,19 @@ use kvdir::wire::{
 };
 use serde::Serialize;
 
+use super::pool::ReplaySlot;
+use super::sockets::{Socket, ZmqContext};
 use super::StreamShared;
 use crate::faults::{self, FaultPoint};
 use crate::sync::lock;
 
-mod stop;
+mod open;
 mod writes;
-pub use stop::{Stop, StopListener};
 
-/// Live messages read per poll before timers are looked at again.
+use open::{open_sub, register};
+
+/// Messages read per socket per turn: a busy or replaying stream lets the thread's other
+/// streams have their turn, and keeps its place in the ready list.
 const MAX_BURST: usize = 256;
 /// Receive high-water mark of the SUB socket, in messages.
 const SUB_HWM: i32 = 100_000;
@@ -61,7 +68,7 @@ pub struct WorkerStatus {
     pub last_fault: Option<String>,
 }
 
-/// Everything a worker thread needs.
+/// Everything a worker needs.
 pub struct WorkerCtx {
     /// The stream.
     pub spec: StreamSpec,
@@ -69,97 +76,54 @@ pub struct WorkerCtx {
     pub limits: Limits,
     /// The stream's writer and counters, shared with its actors.
     pub shared: Arc<StreamShared>,
-    /// Set to end the thread; setting it wakes the thread.
-    pub stop: Arc<Stop>,
-    /// The thread's end of [`WorkerCtx::stop`]'s wake-up.
-    pub stop_listener: StopListener,
     /// Published for the status endpoint.
     pub status: Arc<Mutex<WorkerStatus>>,
     /// The process-wide ZeroMQ context.
-    pub zmq: zmq::Context,
+    pub zmq: ZmqContext,
 }
 
-/// Sockets and state of a running worker.
-struct Worker {
+/// Sockets and state of a running stream.
+pub struct Worker {
     ctx: WorkerCtx,
-    sub: zmq::Socket,
-    monitor: zmq::Socket,
-    dealer: Option<zmq::Socket>,
+    sub: Socket,
+    monitor: Socket,
+    dealer: Option<Socket>,
+    /// The thread's `epoll`, and this stream's token in it.
+    registry: Arc<Registry>,
+    token: Token,
+    /// This stream's share of the replay DEALERs.
+    replay: ReplaySlot,
+    /// A replay slot came: the sequence number to request.
+    granted: Option<u64>,
     /// Replay requests sent: replies read before a new request are not fed to it.
     requests: u64,
     recovery: Recovery,
     status: WorkerStatus,
     actions: Vec<Action>,
-    /// Whether this poll changed the writer's state (to publish at its end).
+    /// Whether this turn changed the writer's state (to publish at its end).
     dirty: bool,
+    /// The writer is gone (the stream is being stopped): the thread drops the stream.
+    ended: bool,
     /// Whether the next invalidation is logged at WARN: once per loss of synchronization, so a
     /// publisher that keeps failing does not fill the log.
     warn_on_invalidate: bool,
 }
 
-/// Runs the worker until stopped; an error means sockets could not be set up.
-pub fn run(ctx: WorkerCtx, id: u64) -> Result<(), zmq::Error> {
-    let mut w = Worker::open(ctx, id)?;
-    // inproc (the bind receiver's socket) has no ZMTP handshake, and libzmq reports no monitor
-    // event for it: connected at once.
-    if w.ctx.spec.endpoint.starts_with("inproc://") {
-        w.status.connected = true;
-        w.recovery.on_connected(Instant::now(), &mut w.actions);
-        w.run_actions(Instant::now())?;
-    }
-    while !w.ctx.stop.is_set() {
-        if let Err(e) = w.poll_once() {
-            // Counters of this poll (a gap found just before the failure) are not lost.
-            w.publish_status();
-            return Err(e);
-        }
-    }
-    Ok(())
-}
-
-fn max_frame(limits: &Limits) -> i64 {
-    // A hard ceiling above the configured limit: payloads between the two get a readable
-    // "exceeds max_message_bytes" error from the decoder; beyond it libzmq drops the peer.
-    (limits.max_message_bytes as i64).saturating_mul(2).saturating_add(64 << 10)
-}
-
-/// ZMTP heartbeats: a PING every third of `timeout` (at least 100 ms); no traffic from the
-/// publisher for `timeout` closes the connection, which the socket monitor reports as a
-/// disconnect. libzmq publishers answer PINGs without any option set. Zero turns them off.
-fn set_heartbeats(sub: &zmq::Socket, timeout: std::time::Duration) -> Result<(), zmq::Error> {
-    let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-    if timeout_ms == 0 {
-        return Ok(());
-    }
-    sub.set_heartbeat_ivl((timeout_ms / 3).max(100))?;
-    sub.set_heartbeat_timeout(timeout_ms)?;
-    // Asks the publisher to drop this connection too if kvdir goes silent that long.
-    sub.set_heartbeat_ttl(timeout_ms.clamp(100, 6_553_599))
-}
-
 impl Worker {
-    fn open(ctx: WorkerCtx, id: u64) -> Result<Worker, zmq::Error> {
+    /// Opens the stream's sockets and registers them with the thread's `registry` under the
+    /// token `id`.
+    pub fn open(
+        ctx: WorkerCtx,
+        id: u64,
+        registry: Arc<Registry>,
+        replay: ReplaySlot,
+    ) -> Result<Worker, zmq::Error> {
         faults::check(FaultPoint::WorkerOpen, &ctx.spec.instance_name, ctx.spec.dp_rank)?;
-        let sub = ctx.zmq.socket(zmq::SUB)?;
-        sub.set_linger(0)?;
-        sub.set_rcvhwm(SUB_HWM)?;
-        sub.set_maxmsgsize(max_frame(&ctx.limits))?;
-        sub.set_reconnect_ivl(100)?;
-        sub.set_reconnect_ivl_max(2000)?;
-        set_heartbeats(&sub, ctx.limits.publisher_timeout)?;
-        let mon_addr = format!("inproc://kvdir-monitor-{id}");
-        // HANDSHAKE_SUCCEEDED, not CONNECTED: a TCP connect only reaches the nearest hop (a
-        // proxy or a listen backlog). After the ZMTP handshake the subscription is on its way
-        // to the publisher itself, so a snapshot taken from then on is not followed by events
-        // the publisher drops for want of a subscriber.
-        let events =
-            zmq::SocketEvent::HANDSHAKE_SUCCEEDED as i32 | zmq::SocketEvent::DISCONNECTED as i32;
-        sub.monitor(&mon_addr, events)?;
-        let monitor = ctx.zmq.socket(zmq::PAIR)?;
-        monitor.set_linger(0)?;
-        monitor.connect(&mon_addr)?;
-        sub.set_subscribe(ctx.spec.topic.as_bytes())?;
-        sub.connect(&ctx.spec.endpoint)?;
+        let (sub, monitor) = open_sub(&ctx, id)?;
+        let token = Token(id as usize);
+        for s in [&sub, &monitor] {
+            register(&registry, s, token)?;
+        }
         // A restarted worker continues its predecessor's counters.
         let status = lock(&ctx.status).clone();
         let index_config = ctx.spec.index_config(&ctx.limits);
@@ -167,57 +131,73 @@ impl Worker {
             Recovery::new(RecoveryConfig::for_stream(&ctx.spec, &ctx.limits), index_config)
                 .continuing(status.stats);
         let status = WorkerStatus { connected: false, ..status };
-        let actions = Vec::new();
-        let warn_on_invalidate = true;
-        Ok(Worker {
+        let mut w = Worker {
             ctx,
             sub,
             monitor,
             dealer: None,
+            registry,
+            token,
+            replay,
+            granted: None,
             requests: 0,
             recovery,
             status,
-            actions,
+            actions: Vec::new(),
             dirty: false,
-            warn_on_invalidate,
-        })
+            ended: false,
+            warn_on_invalidate: true,
+        };
+        if w.ctx.spec.endpoint.starts_with("inproc://") {
+            // No ZMTP handshake in process: connected once the connect returned (the first
+            // turn runs the snapshot request this queues).
+            w.status.connected = true;
+            w.recovery.on_connected(Instant::now(), &mut w.actions);
+        }
+        Ok(w)
     }
 
-    fn poll_once(&mut self) -> Result<(), zmq::Error> {
-        let (sub_ready, mon_ready, dealer_ready) = {
-            let mut items = vec![
-                self.sub.as_poll_item(zmq::POLLIN),
-                self.monitor.as_poll_item(zmq::POLLIN),
-                zmq::PollItem::from_fd(self.ctx.stop_listener.fd(), zmq::POLLIN),
-            ];
-            if let Some(d) = &self.dealer {
-                items.push(d.as_poll_item(zmq::POLLIN));
-            }
-            zmq::poll(&mut items, self.poll_timeout_ms())?;
-            if items[2].is_readable() {
-                self.ctx.stop_listener.drain();
-            }
-            (
-                items[0].is_readable(),
-                items[1].is_readable(),
-                items.get(3).is_some_and(|i| i.is_readable()),
-            )
-        };
+    /// The stream's settings.
+    pub fn spec(&self) -> &StreamSpec {
+        &self.ctx.spec
+    }
+
+    /// Whether the writer is gone, so the stream is over.
+    pub fn ended(&self) -> bool {
+        self.ended
+    }
+
+    /// When the recovery machine next has something to do without input.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.recovery.next_deadline()
+    }
+
+    /// A replay slot came for this stream (its DEALER opens in the next turn).
+    pub fn granted(&mut self) {
+        self.granted = self.replay.granted();
+    }
+
+    /// One turn: reads a bounded burst from each socket, runs the recovery machine's timers
+    /// and actions, publishes once. `true` while a socket still holds input (`ZMQ_EVENTS`,
+    /// read after the turn's last send and receive, as `ZMQ_FD`'s edge trigger requires).
+    pub fn handle(&mut self) -> Result<bool, zmq::Error> {
         let now = Instant::now();
-        if mon_ready {
-            self.read_monitor(now)?;
+        if let Some(seq) = self.granted.take() {
+            self.open_dealer(seq)?;
         }
-        if sub_ready {
-            self.read_live(now)?;
-        }
-        if dealer_ready {
-            self.read_snapshot(now)?;
-        }
+        self.read_monitor(now)?;
+        self.read_live(now)?;
+        self.read_snapshot(now)?;
         self.recovery.on_tick(now, &mut self.actions);
         self.run_actions(now)?;
         self.publish();
         self.publish_status();
-        Ok(())
+        let readable = |s: &Socket| s.get_events().map(|e| e.contains(zmq::POLLIN));
+        let dealer = match &self.dealer {
+            Some(d) => readable(d)?,
+            None => false,
+        };
+        Ok(dealer || readable(&self.sub)? || readable(&self.monitor)?)
     }
 
     fn read_monitor(&mut self, now: Instant) -> Result<(), zmq::Error> {
@@ -356,7 +336,10 @@ impl Worker {
             }
             Action::Invalidate { fault } => self.invalidate(fault),
             Action::RequestSnapshot { start_seq } => self.request_snapshot(start_seq)?,
-            Action::CloseSnapshot => self.dealer = None,
+            Action::CloseSnapshot => {
+                self.close_dealer();
+                self.replay.done();
+            }
             Action::Reset { partial } => self.reset(partial),
             Action::Recover { seq, batch } => self.recover(seq, &batch, now),
             Action::Resume => self.resume(),
@@ -364,40 +347,8 @@ impl Worker {
         Ok(())
     }
 
-    /// A fresh DEALER per request: an old one may still hold stale replies.
-    fn request_snapshot(&mut self, start_seq: u64) -> Result<(), zmq::Error> {
-        let spec = &self.ctx.spec;
-        faults::check(FaultPoint::SnapshotRequest, &spec.instance_name, spec.dp_rank)?;
-        let dealer = self.ctx.zmq.socket(zmq::DEALER)?;
-        dealer.set_linger(0)?;
-        dealer.set_maxmsgsize(max_frame(&self.ctx.limits))?;
-        dealer.connect(&self.ctx.spec.replay_endpoint)?;
-        dealer.send_multipart([&b""[..], &start_seq.to_be_bytes()[..]], zmq::DONTWAIT).or_else(
-            |e| {
-                // No peer yet: the request is lost and the replay timeout retries it.
-                if e == zmq::Error::EAGAIN {
-                    Ok(())
-                } else {
-                    Err(e)
-                }
-            },
-        )?;
-        self.dealer = Some(dealer);
-        self.requests += 1;
-        Ok(())
-    }
-
-    /// Until the recovery machine's next deadline (snapshot timeout, back-off, resync), at
-    /// least 1 ms; with none due, no timeout (-1): a stop wakes the thread through its
-    /// listener.
-    fn poll_timeout_ms(&self) -> i64 {
-        match self.recovery.next_deadline() {
-            Some(at) => at.saturating_duration_since(Instant::now()).as_millis().max(1) as i64,
-            None => -1,
-        }
-    }
-
-    fn publish_status(&mut self) {
+    /// Publishes the status for the streams report.
+    pub fn publish_status(&mut self) {
         self.status.phase = self.recovery.phase();
         if self.status.phase == StreamPhase::Live {
             self.warn_on_invalidate = true;

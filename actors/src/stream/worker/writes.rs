@@ -1,31 +1,24 @@
 //! The worker's writes to its stream's state in the shared index: live batches, snapshot
-//! installs and invalidations, made visible to queries together by one publish per poll.
+//! installs and invalidations, made visible to queries together by one publish per turn.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use kvdir::index::{ApplyStats, IndexError, SharedSnapshot, StreamWriter};
 use kvdir::stream::StreamFault;
 use kvdir::wire::Batch;
 
 use super::Worker;
-use crate::faults;
 
 impl Worker {
     /// Runs `f` on the stream's writer; a writer that is gone (the stream is being stopped)
-    /// stops this thread.
+    /// ends the stream.
     fn write<T>(&mut self, f: impl FnOnce(&mut StreamWriter) -> T) -> Option<T> {
-        // An injected stall (tests only): this thread stops writing, as a slow one would.
-        while faults::stream_held(&self.ctx.spec.instance_name, self.ctx.spec.dp_rank)
-            && !self.ctx.stop.is_set()
-        {
-            std::thread::sleep(Duration::from_millis(5));
-        }
         let out = self.ctx.shared.with_writer(f);
         match out {
             Some(_) => self.dirty = true,
             None => {
-                self.ctx.stop.set();
+                self.ended = true;
                 self.actions.clear();
             }
         }
@@ -124,7 +117,7 @@ impl Worker {
         tracing::info!(%stream, dp, state, next_seq = ?next, blocks, "synchronized by history replay");
     }
 
-    /// Stops giving credit, visible at the end of this poll.
+    /// Stops giving credit, visible at the end of this turn.
     pub(super) fn invalidate(&mut self, fault: StreamFault) {
         let (stream, dp) = (&self.ctx.spec.instance_name, self.ctx.spec.dp_rank);
         let (reason, text) = (fault.label(), fault.to_string());
@@ -138,7 +131,7 @@ impl Worker {
         self.write(|w| w.invalidate(text));
     }
 
-    /// Makes everything this poll changed visible to queries at once.
+    /// Makes everything this turn changed visible to queries at once.
     pub(super) fn publish(&mut self) {
         if std::mem::take(&mut self.dirty) {
             self.ctx.shared.with_writer(StreamWriter::publish);

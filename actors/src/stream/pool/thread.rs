@@ -1,0 +1,228 @@
+//! One I/O thread: waits in `epoll` (through `mio`) on the `ZMQ_FD` of its streams' sockets,
+//! its waker and its earliest recovery deadline, then serves only the streams that need it.
+//!
+//! libzmq's `ZMQ_FD` is edge-triggered and only says that `ZMQ_EVENTS` may have changed, so a
+//! stream whose fd fired joins the thread's ready list, and after serving it (every receive and
+//! send of that turn done) the worker reads `ZMQ_EVENTS` of its sockets: while one is readable
+//! the stream stays in the list. A turn serves each ready stream once, with a bounded burst
+//! (`MAX_BURST` messages per socket), so a busy or replaying stream cannot starve the others;
+//! the thread sleeps only once the list is empty. The work per wake-up is proportional to the
+//! streams that are ready or due, never to all of the thread's streams.
+
+use std::collections::{HashMap, VecDeque};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mio::Token;
+
+use super::replays::{ReplaySlot, Waiter};
+use super::timers::Timers;
+use super::{Command, Exited, NewStream, PoolShared, ThreadRef};
+use crate::faults;
+use crate::stream::sockets::describe;
+use crate::stream::worker::Worker;
+use crate::sync::lock;
+
+/// The token of a thread's waker (stream tokens are stream ids).
+pub(super) const WAKER: Token = Token(usize::MAX);
+/// What a panic while serving a stream is reported as.
+const PANICKED: &str = "the stream thread panicked";
+/// How often a stream held by fault injection is looked at again.
+const HELD_RETRY: Duration = Duration::from_millis(5);
+
+/// A stream served by this thread.
+struct Entry {
+    worker: Worker,
+    exited: Exited,
+    /// Whether it is in the ready list.
+    queued: bool,
+    /// Its entry in the timers, if any (other entries for it are stale).
+    timer: Option<Instant>,
+}
+
+/// An I/O thread's state.
+pub(super) struct PoolThread {
+    index: usize,
+    poll: mio::Poll,
+    registry: Arc<mio::Registry>,
+    shared: Arc<PoolShared>,
+    streams: HashMap<u64, Entry>,
+    ready: VecDeque<u64>,
+    timers: Timers,
+}
+
+impl PoolThread {
+    /// Thread `index` of the pool, waiting on `poll`.
+    pub(super) fn new(
+        index: usize,
+        poll: mio::Poll,
+        shared: Arc<PoolShared>,
+    ) -> std::io::Result<PoolThread> {
+        let registry = Arc::new(poll.registry().try_clone()?);
+        let (streams, ready, timers) = (HashMap::new(), VecDeque::new(), Timers::default());
+        Ok(PoolThread { index, poll, registry, shared, streams, ready, timers })
+    }
+
+    fn me(&self) -> &ThreadRef {
+        &self.shared.threads[self.index]
+    }
+
+    /// Serves streams until told to end; then closes every stream's sockets.
+    pub(super) fn run(mut self) {
+        let mut events = mio::Events::with_capacity(1024);
+        loop {
+            let timeout = if self.ready.is_empty() {
+                self.timers.next().map(|at| at.saturating_duration_since(Instant::now()))
+            } else {
+                Some(Duration::ZERO)
+            };
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    tracing::error!(thread = %self.me().name, error = %e, "epoll failed");
+                }
+                continue;
+            }
+            let mut commands = false;
+            for ev in events.iter() {
+                match ev.token() {
+                    WAKER => commands = true,
+                    Token(id) => self.mark_ready(id as u64),
+                }
+            }
+            if commands && !self.commands() {
+                break;
+            }
+            self.due_timers(Instant::now());
+            self.turn();
+        }
+        let n = self.streams.len();
+        self.streams.clear();
+        self.me().streams.fetch_sub(n, Ordering::Relaxed);
+    }
+
+    /// Runs the posted commands; `false` once told to end.
+    fn commands(&mut self) -> bool {
+        let posted = std::mem::take(&mut *lock(&self.me().commands));
+        for c in posted {
+            match c {
+                Command::Add(id, stream) => self.add(id, *stream),
+                Command::Remove(id) => {
+                    if self.streams.remove(&id).is_some() {
+                        self.me().streams.fetch_sub(1, Ordering::Relaxed);
+                    }
+                }
+                Command::Granted(id) => match self.streams.get_mut(&id) {
+                    Some(e) => {
+                        e.worker.granted();
+                        self.mark_ready(id);
+                    }
+                    // The stream left meanwhile: the slot goes to the next waiter.
+                    None => self.shared.release(),
+                },
+                Command::End => return false,
+            }
+        }
+        true
+    }
+
+    fn add(&mut self, id: u64, stream: NewStream) {
+        let NewStream { ctx, exited } = stream;
+        let me = Waiter { thread: self.index, stream: id };
+        let slot = ReplaySlot::new(Arc::clone(&self.shared), me);
+        let registry = Arc::clone(&self.registry);
+        let opened = catch_unwind(AssertUnwindSafe(|| Worker::open(ctx, id, registry, slot)));
+        let worker = match opened {
+            Ok(Ok(w)) => w,
+            Ok(Err(e)) => return self.failed(exited, describe(e)),
+            Err(_) => return self.failed(exited, PANICKED.to_string()),
+        };
+        self.streams.insert(id, Entry { worker, exited, queued: false, timer: None });
+        self.mark_ready(id);
+    }
+
+    /// A stream failed (it is no longer in the map): its actor restarts it.
+    fn failed(&self, exited: Exited, reason: String) {
+        self.me().streams.fetch_sub(1, Ordering::Relaxed);
+        exited(reason);
+    }
+
+    fn mark_ready(&mut self, id: u64) {
+        if let Some(e) = self.streams.get_mut(&id) {
+            if !e.queued {
+                e.queued = true;
+                self.ready.push_back(id);
+            }
+        }
+    }
+
+    fn due_timers(&mut self, now: Instant) {
+        while let Some((at, id)) = self.timers.pop_due(now) {
+            if let Some(e) = self.streams.get_mut(&id).filter(|e| e.timer == Some(at)) {
+                e.timer = None;
+                self.mark_ready(id);
+            }
+        }
+        if self.timers.len() > 4 * self.streams.len() + 64 {
+            let streams = &self.streams;
+            self.timers.retain(|at, id| streams.get(&id).is_some_and(|e| e.timer == Some(at)));
+        }
+    }
+
+    /// Serves each stream ready at the start of the turn once.
+    fn turn(&mut self) {
+        for _ in 0..self.ready.len() {
+            let Some(id) = self.ready.pop_front() else { break };
+            let Some(e) = self.streams.get_mut(&id) else { continue };
+            e.queued = false;
+            let spec = e.worker.spec();
+            if faults::stream_held(&spec.instance_name, spec.dp_rank) {
+                // Injected stall (tests): this stream waits, the thread's others do not.
+                let at = Instant::now() + HELD_RETRY;
+                e.timer = Some(at);
+                self.timers.push(at, id);
+                continue;
+            }
+            match catch_unwind(AssertUnwindSafe(|| e.worker.handle())) {
+                Ok(Ok(_)) if e.worker.ended() => {
+                    // The writer is gone: the stream is being stopped.
+                    self.streams.remove(&id);
+                    self.me().streams.fetch_sub(1, Ordering::Relaxed);
+                }
+                Ok(Ok(more)) => {
+                    if more {
+                        self.mark_ready(id);
+                    }
+                    self.schedule(id);
+                }
+                Ok(Err(err)) => {
+                    e.worker.publish_status();
+                    self.fail(id, describe(err));
+                }
+                Err(_) => self.fail(id, PANICKED.to_string()),
+            }
+        }
+    }
+
+    fn fail(&mut self, id: u64, reason: String) {
+        if let Some(e) = self.streams.remove(&id) {
+            drop(e.worker);
+            self.failed(e.exited, reason);
+        }
+    }
+
+    /// Keeps the stream's recovery deadline in the timers (at least 1 ms ahead, so a deadline
+    /// that `on_tick` just missed is looked at again, not spun on).
+    fn schedule(&mut self, id: u64) {
+        let Some(e) = self.streams.get_mut(&id) else { return };
+        let soonest = Instant::now() + Duration::from_millis(1);
+        let key = e.worker.next_deadline().map(|at| at.max(soonest));
+        if key != e.timer {
+            e.timer = key;
+            if let Some(at) = key {
+                self.timers.push(at, id);
+            }
+        }
+    }
+}

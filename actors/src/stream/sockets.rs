@@ -1,0 +1,135 @@
+//! The ZeroMQ context of the streams, sized for `max_streams`, and the process's open-file
+//! limit.
+//!
+//! libzmq allows 1,023 sockets per context unless `ZMQ_MAX_SOCKETS` is set before the first
+//! socket, and the `zmq` crate offers no setter, so [`ZmqContext`] makes the context itself
+//! (through `zmq-sys`) and hands out ordinary [`zmq::Socket`]s that keep it alive. A stream
+//! costs about four sockets (SUB, monitor pair, DEALER while replaying) and four file
+//! descriptors (the SUB's mailbox and TCP connection, two for the monitor), two more while a
+//! replay DEALER is open. [`raise_fd_limit`] lifts the soft `RLIMIT_NOFILE` to the hard one at
+//! start; [`describe`] turns `EMFILE` into a message naming the limit and the fix.
+//!
+//! The only unsafe code of the service: four libzmq calls (context new, set, term; socket),
+//! each with its contract stated where it is made.
+
+#![allow(unsafe_code)]
+
+use std::ops::Deref;
+use std::os::raw::c_void;
+use std::sync::Arc;
+
+use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+
+/// Sockets per stream the context is sized for (SUB, the monitor pair, a spare).
+const SOCKETS_PER_STREAM: usize = 4;
+/// Sockets beyond the streams' (the bind endpoint, tests, restarts overlapping).
+const SPARE_SOCKETS: usize = 1024;
+
+struct RawContext(*mut c_void);
+
+// SAFETY: a libzmq context is thread safe (zmq_ctx_new(3)).
+unsafe impl Send for RawContext {}
+unsafe impl Sync for RawContext {}
+
+impl Drop for RawContext {
+    fn drop(&mut self) {
+        // Every socket holds a reference, so none is open any more; EINTR is retried.
+        // SAFETY: the last reference to a live context ends it, once.
+        while unsafe { zmq_sys::zmq_ctx_term(self.0) } == -1 {
+            if errno() != zmq::Error::EINTR {
+                break;
+            }
+        }
+    }
+}
+
+/// The streams' ZeroMQ context (cheap to clone; the last clone and socket end it).
+#[derive(Clone)]
+pub struct ZmqContext(Arc<RawContext>);
+
+/// A socket of a [`ZmqContext`]; closed before the context it keeps alive.
+pub struct Socket {
+    socket: zmq::Socket,
+    _context: Arc<RawContext>,
+}
+
+impl Deref for Socket {
+    type Target = zmq::Socket;
+    fn deref(&self) -> &zmq::Socket {
+        &self.socket
+    }
+}
+
+impl ZmqContext {
+    /// A context allowing the sockets of `max_streams` streams and `max_replays` replay
+    /// DEALERs, plus a margin.
+    pub fn new(max_streams: usize, max_replays: usize) -> ZmqContext {
+        // SAFETY: no precondition; a null result is checked.
+        let ctx = unsafe { zmq_sys::zmq_ctx_new() };
+        assert!(!ctx.is_null(), "libzmq cannot create a context (out of memory)");
+        let sockets = max_streams
+            .saturating_mul(SOCKETS_PER_STREAM)
+            .saturating_add(max_replays)
+            .saturating_add(SPARE_SOCKETS)
+            .min(i32::MAX as usize) as i32;
+        let option = zmq_sys::ZMQ_MAX_SOCKETS as i32;
+        // SAFETY: `ctx` is a live context with no socket yet, as ZMQ_MAX_SOCKETS requires.
+        if unsafe { zmq_sys::zmq_ctx_set(ctx, option, sockets) } != 0 {
+            tracing::warn!(sockets, "libzmq refused ZMQ_MAX_SOCKETS; it allows 1023 sockets");
+        }
+        ZmqContext(Arc::new(RawContext(ctx)))
+    }
+
+    /// A new socket of `kind`.
+    pub fn socket(&self, kind: zmq::SocketType) -> Result<Socket, zmq::Error> {
+        // `SocketType`'s discriminants are libzmq's socket type numbers (PAIR 0 .. STREAM 11).
+        // SAFETY: the context is alive (this handle holds it) and not terminated.
+        let raw = unsafe { zmq_sys::zmq_socket(self.0 .0, kind as i32) };
+        if raw.is_null() {
+            return Err(errno());
+        }
+        // SAFETY: `raw` is a socket libzmq just made, owned by nothing else; the `Socket`
+        // closes it when dropped, before its reference to the context goes.
+        let socket = unsafe { zmq::Socket::from_raw(raw) };
+        Ok(Socket { socket, _context: Arc::clone(&self.0) })
+    }
+}
+
+/// libzmq's error of the calling thread.
+fn errno() -> zmq::Error {
+    // SAFETY: reads a thread-local value.
+    zmq::Error::from_raw(unsafe { zmq_sys::zmq_errno() })
+}
+
+/// The soft and hard `RLIMIT_NOFILE` (`None`: unlimited).
+pub fn fd_limit() -> (Option<u64>, Option<u64>) {
+    let lim = getrlimit(Resource::Nofile);
+    (lim.current, lim.maximum)
+}
+
+/// Raises the soft open-file limit to the hard one (no privilege needed); the soft limit in
+/// force afterwards.
+pub fn raise_fd_limit() -> Option<u64> {
+    let lim = getrlimit(Resource::Nofile);
+    if lim.current.is_some() && lim.current != lim.maximum {
+        let raised = Rlimit { current: lim.maximum, maximum: lim.maximum };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!(limit = ?lim, error = %e, "cannot raise the open-file limit");
+            return lim.current;
+        }
+    }
+    lim.maximum
+}
+
+/// A stream's failure as reported: `EMFILE` names the limits and the fix.
+pub fn describe(e: zmq::Error) -> String {
+    if e != zmq::Error::EMFILE {
+        return e.to_string();
+    }
+    let limit = fd_limit().0.map_or("unlimited".to_string(), |soft| soft.to_string());
+    format!(
+        "{e}: the open-file limit ({limit}) or the ZeroMQ socket limit is reached; each stream \
+         needs about 4 file descriptors (6 while replaying): raise the limit (ulimit -n) or run \
+         fewer streams (max_streams)"
+    )
+}

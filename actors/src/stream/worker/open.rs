@@ -1,0 +1,111 @@
+//! Opening a worker's sockets: the SUB socket and its monitor, the fresh DEALER of each replay
+//! request (once the stream holds a replay slot), and their `ZMQ_FD`s in the thread's `epoll`.
+
+use mio::unix::SourceFd;
+use mio::{Interest, Registry, Token};
+
+use kvdir::config::Limits;
+
+use super::{Socket, Worker, WorkerCtx, SUB_HWM};
+use crate::faults::{self, FaultPoint};
+
+fn max_frame(limits: &Limits) -> i64 {
+    // A hard ceiling above the configured limit: payloads between the two get a readable
+    // "exceeds max_message_bytes" error from the decoder; beyond it libzmq drops the peer.
+    (limits.max_message_bytes as i64).saturating_mul(2).saturating_add(64 << 10)
+}
+
+/// ZMTP heartbeats: a PING every third of `timeout` (at least 100 ms); no traffic from the
+/// publisher for `timeout` closes the connection, which the socket monitor reports as a
+/// disconnect. libzmq publishers answer PINGs without any option set. Zero turns them off.
+fn set_heartbeats(sub: &Socket, timeout: std::time::Duration) -> Result<(), zmq::Error> {
+    let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    if timeout_ms == 0 {
+        return Ok(());
+    }
+    sub.set_heartbeat_ivl((timeout_ms / 3).max(100))?;
+    sub.set_heartbeat_timeout(timeout_ms)?;
+    // Asks the publisher to drop this connection too if kvdir goes silent that long.
+    sub.set_heartbeat_ttl(timeout_ms.clamp(100, 6_553_599))
+}
+
+/// The SUB socket, subscribed and connecting, and the monitor that reports its handshakes
+/// and disconnects.
+pub(super) fn open_sub(ctx: &WorkerCtx, id: u64) -> Result<(Socket, Socket), zmq::Error> {
+    let sub = ctx.zmq.socket(zmq::SUB)?;
+    sub.set_linger(0)?;
+    sub.set_rcvhwm(SUB_HWM)?;
+    sub.set_maxmsgsize(max_frame(&ctx.limits))?;
+    sub.set_reconnect_ivl(100)?;
+    sub.set_reconnect_ivl_max(2000)?;
+    set_heartbeats(&sub, ctx.limits.publisher_timeout)?;
+    let mon_addr = format!("inproc://kvdir-monitor-{id}");
+    // HANDSHAKE_SUCCEEDED, not CONNECTED: a TCP connect only reaches the nearest hop (a proxy
+    // or a listen backlog). After the ZMTP handshake the subscription is on its way to the
+    // publisher itself, so a snapshot taken from then on is not followed by events the
+    // publisher drops for want of a subscriber.
+    let events =
+        zmq::SocketEvent::HANDSHAKE_SUCCEEDED as i32 | zmq::SocketEvent::DISCONNECTED as i32;
+    sub.monitor(&mon_addr, events)?;
+    let monitor = ctx.zmq.socket(zmq::PAIR)?;
+    monitor.set_linger(0)?;
+    monitor.connect(&mon_addr)?;
+    sub.set_subscribe(ctx.spec.topic.as_bytes())?;
+    sub.connect(&ctx.spec.endpoint)?;
+    Ok((sub, monitor))
+}
+
+/// Registers a socket's `ZMQ_FD` (edge-triggered) with the thread's `epoll`.
+pub(super) fn register(registry: &Registry, s: &Socket, token: Token) -> Result<(), zmq::Error> {
+    let fd = s.get_fd()?;
+    registry.register(&mut SourceFd(&fd), token, Interest::READABLE).map_err(io_error)
+}
+
+/// An `epoll` error as the stream's failure (EIO, 5, when the OS gave no number).
+fn io_error(e: std::io::Error) -> zmq::Error {
+    zmq::Error::from_raw(e.raw_os_error().unwrap_or(5))
+}
+
+impl Worker {
+    /// A replay from `start_seq`, once the stream holds a replay slot.
+    pub(super) fn request_snapshot(&mut self, start_seq: u64) -> Result<(), zmq::Error> {
+        match self.replay.want(start_seq) {
+            Some(seq) => self.open_dealer(seq),
+            None => Ok(()), // queued: `granted` brings the slot
+        }
+    }
+
+    /// A fresh DEALER per request: an old one may still hold stale replies.
+    pub(super) fn open_dealer(&mut self, start_seq: u64) -> Result<(), zmq::Error> {
+        let spec = &self.ctx.spec;
+        faults::check(FaultPoint::SnapshotRequest, &spec.instance_name, spec.dp_rank)?;
+        self.close_dealer();
+        let dealer = self.ctx.zmq.socket(zmq::DEALER)?;
+        dealer.set_linger(0)?;
+        dealer.set_maxmsgsize(max_frame(&self.ctx.limits))?;
+        dealer.connect(&self.ctx.spec.replay_endpoint)?;
+        dealer.send_multipart([&b""[..], &start_seq.to_be_bytes()[..]], zmq::DONTWAIT).or_else(
+            |e| {
+                // No peer yet: the request is lost and the replay timeout retries it.
+                if e == zmq::Error::EAGAIN {
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            },
+        )?;
+        register(&self.registry, &dealer, self.token)?;
+        self.dealer = Some(dealer);
+        self.requests += 1;
+        Ok(())
+    }
+
+    /// Closes the DEALER, taken out of `epoll` first (its descriptor may be reused at once).
+    pub(super) fn close_dealer(&mut self) {
+        if let Some(d) = self.dealer.take() {
+            if let Ok(fd) = d.get_fd() {
+                let _ = self.registry.deregister(&mut SourceFd(&fd));
+            }
+        }
+    }
+}
