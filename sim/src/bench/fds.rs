@@ -1,0 +1,110 @@
+//! File descriptors of a run: the load tool raises its soft open-file limit to the hard one
+//! ([`raise_limit`]), counts what the fleet needs ([`needed`]) and fails early, naming the
+//! limit and the fix, when the run cannot fit ([`check`]).
+//!
+//! libzmq costs per simulated rank: the PUB's mailbox (an eventfd), its TCP listener and
+//! kvdir's connection to it, the ROUTER's mailbox and listener: 5. In bind-endpoint mode
+//! (`--events_bind`) the PUB connects to kvdir instead, so it has no listener: 4. Every replay
+//! request kvdir makes holds one more connection while it lasts (at the initial sync, up to
+//! one per stream at once), and every ZeroMQ context and the rest of the tool a few more.
+//! docs/design.md ("The load tool at 4,096 streams") explains why the bench does not share
+//! sockets between ranks to go lower.
+
+use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+
+use super::flags::BenchOptions;
+use super::BenchError;
+use crate::pool::RANKS_PER_CONTEXT;
+
+/// Descriptors per ZeroMQ context (its I/O thread's epoll and mailbox, the reaper's, the
+/// context's own), with room to spare.
+const PER_CONTEXT: u64 = 8;
+/// The tool's other descriptors: HTTP clients, etcd, kvdir's pipes and log, epoll sets.
+const BASE: u64 = 256;
+/// Replay connections budgeted at once (the initial sync can open one per stream).
+const REPLAY_RESERVE: u64 = 1024;
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit; returns the soft limit now (`None`:
+/// unlimited or unknown).
+pub fn raise_limit() -> Option<u64> {
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current != limit.maximum {
+        let raised = Rlimit { current: limit.maximum, maximum: limit.maximum };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!(error = %e, "cannot raise the open-file limit to the hard limit");
+        }
+    }
+    getrlimit(Resource::Nofile).current
+}
+
+/// Descriptors one simulated rank holds.
+pub fn per_rank(o: &BenchOptions) -> u64 {
+    if o.events_bind.is_some() {
+        4
+    } else {
+        5
+    }
+}
+
+/// Descriptors the run needs at most, replay connections of the initial sync included.
+pub fn needed(o: &BenchOptions) -> u64 {
+    let streams = u64::from(o.engines) * u64::from(o.dp_size);
+    let contexts = streams.div_ceil(RANKS_PER_CONTEXT as u64);
+    let clients = u64::from(o.query_clients + o.route_clients);
+    streams * per_rank(o) + contexts * PER_CONTEXT + BASE + clients + streams.min(REPLAY_RESERVE)
+}
+
+/// Raises the limit and checks that the run fits under it; returns the limit.
+pub fn check(o: &BenchOptions) -> Result<Option<u64>, BenchError> {
+    let limit = raise_limit();
+    let need = needed(o);
+    match limit {
+        Some(limit) if need > limit => Err(BenchError::Flags(vec![too_many(o, need, limit)])),
+        _ => Ok(limit),
+    }
+}
+
+fn too_many(o: &BenchOptions, need: u64, limit: u64) -> String {
+    let streams = u64::from(o.engines) * u64::from(o.dp_size);
+    let fix = match o.events_bind {
+        None => {
+            "pass --events_bind P (kvdir binds, engines connect: 4 per rank), run fewer \
+                 streams, or raise the hard limit (ulimit -Hn, as root)"
+        }
+        Some(_) => "run fewer streams, or raise the hard limit (ulimit -Hn, as root)",
+    };
+    format!(
+        "--engines {} x --dp_size {} = {streams} streams need about {need} file descriptors in \
+         this process ({} per rank, plus up to {} replay connections at the initial sync and \
+         the rest), above its open-file limit of {limit} (RLIMIT_NOFILE, soft raised to hard); \
+         {fix}",
+        o.engines,
+        o.dp_size,
+        per_rank(o),
+        streams.min(REPLAY_RESERVE)
+    )
+}
+
+/// Descriptors this process has open now (`/proc/self/fd`).
+pub fn open_fds() -> Option<usize> {
+    std::fs::read_dir("/proc/self/fd").ok().map(Iterator::count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fleet_over_the_limit_fails_naming_the_limit_and_the_fix() {
+        let o = BenchOptions { engines: 1024, dp_size: 4, ..BenchOptions::default() };
+        let need = needed(&o);
+        assert!(need > 4096 * 5, "{need}");
+        let msg = too_many(&o, need, 20_000);
+        assert!(msg.contains("4096 streams need about") && msg.contains("limit of 20000"), "{msg}");
+        assert!(msg.contains("pass --events_bind P"), "{msg}");
+        let connect = BenchOptions { events_bind: Some(5557), ..o };
+        assert!(needed(&connect) < 20_000, "4,096 connecting ranks fit under 20,000");
+        assert!(raise_limit().is_none_or(|l| l > 0));
+        assert!(open_fds().is_some_and(|n| n > 0));
+    }
+}
