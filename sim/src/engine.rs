@@ -44,6 +44,15 @@ impl Ranks {
         R: Send + 'static,
         F: FnOnce(&mut RankState) -> Result<R, SimError> + Send + 'static,
     {
+        self.submit(rank, f)?.wait()
+    }
+
+    /// Queues `f` on the rank's thread; its result comes through the returned [`Pending`].
+    fn submit<R, F>(&self, rank: u32, f: F) -> Result<Pending<R>, SimError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut RankState) -> Result<R, SimError> + Send + 'static,
+    {
         let link = self
             .links
             .get(rank as usize)
@@ -58,7 +67,7 @@ impl Ranks {
         if !pool::run(link, job) {
             return Err(SimError::RankStopped { rank });
         }
-        answer.recv().map_err(|_| SimError::RankStopped { rank })?
+        Ok(Pending { rank, answer })
     }
 
     /// Closes every link, then drops the ranks on their threads (after the jobs queued before)
@@ -69,6 +78,21 @@ impl Ranks {
             .iter()
             .map(|link| link.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take());
         links.collect::<Vec<_>>().into_iter().flatten().for_each(pool::remove);
+    }
+}
+
+/// The answer to come of a queued call ([`SimEngine::process_queued`]).
+#[derive(Debug)]
+pub struct Pending<R> {
+    rank: u32,
+    answer: mpsc::Receiver<Result<R, SimError>>,
+}
+
+impl<R> Pending<R> {
+    /// Waits until the call has run; then its effect is done, as for the waiting methods.
+    pub fn wait(self) -> Result<R, SimError> {
+        let rank = self.rank;
+        self.answer.recv().map_err(|_| SimError::RankStopped { rank })?
     }
 }
 
@@ -159,6 +183,19 @@ impl SimEngine {
     /// sequence number, or `None` when nothing changed.
     pub fn process(&self, rank: u32, tokens: &[i32]) -> Result<Option<u64>, SimError> {
         self.process_salted(rank, tokens, None)
+    }
+
+    /// [`SimEngine::process`] without waiting: the request is queued on the rank's thread and
+    /// [`Pending::wait`] returns its answer once its batch has been handed to the PUB socket.
+    /// Requests to one rank run in the order they were queued. A load tool queues a burst of
+    /// requests and then waits for all of them, so one thread wake-up serves many.
+    pub fn process_queued(
+        &self,
+        rank: u32,
+        tokens: &[i32],
+    ) -> Result<Pending<Option<u64>>, SimError> {
+        let tokens = tokens.to_vec();
+        self.ranks.submit(rank, move |r| r.process(&tokens, None))
     }
 
     /// [`SimEngine::process`] of a request with vLLM's `cache_salt`: its blocks are keyed

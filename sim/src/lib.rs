@@ -47,7 +47,7 @@ pub mod workload;
 
 pub use cache::{block_hash, block_hashes, salted_block_hashes, CacheEvent, CacheModel};
 pub use config::{Dialect, EngineConfig, HashMode, RankEndpoints, DEFAULT_BUFFER_STEPS};
-pub use engine::{Published, SimEngine};
+pub use engine::{Pending, Published, SimEngine};
 pub use error::SimError;
 pub use etcd::{Registration, RegistrationOptions};
 pub use fault::{malformed_payload, Fault, SnapshotMode};

@@ -7,9 +7,10 @@
 //! requests event-driven: every rank's ROUTER is registered, edge-triggered, in the thread's
 //! epoll set by its `ZMQ_FD`, and the thread sleeps until a ROUTER or its job waker signals.
 //! libzmq's rules for `ZMQ_FD` apply: the fd only says that the socket's state may have
-//! changed, and any operation on the socket may consume that signal, so after serving a rank
-//! (and after every job, which may have sent or re-bound) the thread drains the ROUTER and
-//! re-checks `ZMQ_EVENTS` until it shows no input. An idle rank costs nothing.
+//! changed, and any operation on the socket may consume that signal, so whenever the thread
+//! serves a rank it drains the ROUTER and re-checks `ZMQ_EVENTS` until it shows no input. Jobs
+//! only use the PUB; a restart's new ROUTER is registered and drained at once. An idle rank
+//! costs nothing.
 //!
 //! Contexts: libzmq's context holds at most 1023 sockets (`ZMQ_MAX_SOCKETS`, which the `zmq`
 //! crate cannot raise), so ranks take a context with room for [`RANKS_PER_CONTEXT`] ranks;
@@ -17,10 +18,11 @@
 
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TryRecvError};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
+use std::time::Duration;
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
@@ -73,12 +75,18 @@ enum Message {
 struct Worker {
     inbox: Sender<Message>,
     waker: Waker,
+    /// Set by the thread before it sleeps in epoll; a sender that clears it wakes the thread.
+    /// A burst of jobs then costs one wake-up, not one each.
+    asleep: Arc<AtomicBool>,
 }
 
 impl Worker {
-    /// Queues `message` and wakes the thread; false when the thread is gone.
+    /// Queues `message` and wakes the thread if it sleeps; false when the thread is gone.
     fn send(&self, message: Message) -> bool {
-        self.inbox.send(message).is_ok() && self.waker.wake().is_ok()
+        if self.inbox.send(message).is_err() {
+            return false;
+        }
+        !self.asleep.swap(false, Ordering::SeqCst) || self.waker.wake().is_ok()
     }
 }
 
@@ -110,11 +118,13 @@ fn start_pool(threads: usize) -> Result<Pool, SimError> {
         let waker = Waker::new(poll.registry(), WAKE)
             .map_err(|source| SimError::Spawn { rank: t as u32, source })?;
         let (inbox, messages) = mpsc::channel();
+        let asleep = Arc::new(AtomicBool::new(false));
+        let thread = RankThread { poll, ranks: HashMap::new(), messages, asleep: asleep.clone() };
         thread::Builder::new()
             .name(format!("sim-ranks-{t}"))
-            .spawn(move || RankThread { poll, ranks: HashMap::new(), messages }.run())
+            .spawn(move || thread.run())
             .map_err(|source| SimError::Spawn { rank: t as u32, source })?;
-        workers.push(Worker { inbox, waker });
+        workers.push(Worker { inbox, waker, asleep });
     }
     Ok(Pool { workers, next_key: AtomicUsize::new(0) })
 }
@@ -154,30 +164,51 @@ struct RankThread {
     poll: Poll,
     ranks: HashMap<usize, RankState>,
     messages: Receiver<Message>,
+    asleep: Arc<AtomicBool>,
 }
 
 impl RankThread {
+    /// Handles queued messages, sleeps in epoll until a ROUTER or the waker signals (only
+    /// peeks when it just handled messages, so ROUTERs are served under a stream of jobs too),
+    /// serves the ROUTERs that signalled, and again.
     fn run(mut self) {
         let mut events = Events::with_capacity(EVENTS);
         loop {
-            if let Err(e) = self.poll.poll(&mut events, None) {
+            // Announce the sleep before the last look at the queue: a message queued after
+            // the look sees the announcement and wakes the thread.
+            self.asleep.store(true, Ordering::SeqCst);
+            let Some(handled) = self.handle_queued() else { return };
+            let timeout = (handled > 0).then_some(Duration::ZERO);
+            if timeout.is_some() {
+                self.asleep.store(false, Ordering::SeqCst);
+            }
+            if let Err(e) = self.poll.poll(&mut events, timeout) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     warn!(error = %e, "rank thread: epoll failed");
                 }
                 continue;
             }
+            self.asleep.store(false, Ordering::SeqCst);
             for event in events.iter().filter(|e| e.token() != WAKE) {
                 // A stale registration (a closed socket's fd) may name a rank that is gone.
                 if let Some(state) = self.ranks.get_mut(&event.token().0) {
                     serve(state);
                 }
             }
-            loop {
-                match self.messages.try_recv() {
-                    Ok(message) => self.handle(message),
-                    Err(TryRecvError::Empty) => break,
-                    Err(TryRecvError::Disconnected) => return,
+        }
+    }
+
+    /// Handles every queued message; how many, or `None` once the pool is gone.
+    fn handle_queued(&mut self) -> Option<usize> {
+        let mut handled = 0;
+        loop {
+            match self.messages.try_recv() {
+                Ok(message) => {
+                    self.handle(message);
+                    handled += 1;
                 }
+                Err(TryRecvError::Empty) => return Some(handled),
+                Err(TryRecvError::Disconnected) => return None,
             }
         }
     }
@@ -198,7 +229,7 @@ impl RankThread {
     }
 
     /// Runs `job`; a job that panics takes its rank down (later calls get `RankStopped`), not
-    /// the thread. A restart re-bound the ROUTER: its new fd is watched.
+    /// the thread.
     fn run_job(&mut self, key: usize, job: Job) {
         let Some(state) = self.ranks.get_mut(&key) else { return };
         let before = state.incarnation();
@@ -207,10 +238,10 @@ impl RankThread {
             self.ranks.remove(&key);
             return;
         }
+        // Jobs use the PUB, not the ROUTER, so its fd's signal is intact; a restart made a new
+        // ROUTER, whose fd must be watched.
         if state.incarnation() != before {
             self.watch(key);
-        } else {
-            serve(state);
         }
     }
 
