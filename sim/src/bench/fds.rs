@@ -2,13 +2,16 @@
 //! ([`raise_limit`]), counts what the fleet needs ([`needed`]) and fails early, naming the
 //! limit and the fix, when the run cannot fit ([`check`]).
 //!
-//! libzmq costs per simulated rank: the PUB's mailbox (an eventfd), its TCP listener and
-//! kvdir's connection to it, the ROUTER's mailbox and listener: 5. In bind-endpoint mode
-//! (`--events_bind`) the PUB connects to kvdir instead, so it has no listener: 4. Every replay
-//! request kvdir makes holds one more connection while it lasts (at the initial sync, up to
-//! one per stream at once), and every ZeroMQ context and the rest of the tool a few more.
-//! docs/design.md ("The load tool at 4,096 streams") explains why the bench does not share
-//! sockets between ranks to go lower.
+//! libzmq costs per simulated rank: the PUB's and the ROUTER's mailboxes ([`mailbox_fds`]
+//! each: 1 eventfd, or a socketpair of 2 when libzmq was built without eventfd, see
+//! `.cargo/config.toml`), the PUB's TCP listener and kvdir's connection to it, the ROUTER's
+//! listener: 5 with eventfd. In bind-endpoint mode (`--events_bind`) the PUB connects to kvdir
+//! instead, so it has no listener: 4. Every replay request kvdir makes holds one more
+//! connection while it lasts (at the initial sync, up to one per stream at once), and every
+//! ZeroMQ context and the rest of the tool a few more. docs/design.md ("The load tool's file
+//! descriptors") explains why the bench does not share sockets between ranks to go lower.
+
+use std::sync::OnceLock;
 
 use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
 
@@ -21,6 +24,8 @@ use crate::pool::RANKS_PER_CONTEXT;
 const PER_CONTEXT: u64 = 8;
 /// The tool's other descriptors: HTTP clients, etcd, kvdir's pipes and log, epoll sets.
 const BASE: u64 = 256;
+/// Sockets opened to measure [`mailbox_fds`].
+const PROBE_SOCKETS: usize = 32;
 /// Replay connections budgeted at once (the initial sync can open one per stream).
 const REPLAY_RESERVE: u64 = 1024;
 
@@ -37,13 +42,28 @@ pub fn raise_limit() -> Option<u64> {
     getrlimit(Resource::Nofile).current
 }
 
-/// Descriptors one simulated rank holds.
+/// Descriptors one ZeroMQ socket's mailbox holds in this build: 1 (eventfd) or 2 (a
+/// socketpair), measured once over [`PROBE_SOCKETS`] sockets (so that descriptors other threads
+/// open meanwhile hardly count).
+pub fn mailbox_fds() -> u64 {
+    static MEASURED: OnceLock<u64> = OnceLock::new();
+    *MEASURED.get_or_init(|| {
+        let ctx = zmq::Context::new();
+        // The first socket also starts the context's own mailboxes.
+        let Ok(_first) = ctx.socket(zmq::PUB) else { return 2 };
+        let before = open_fds().unwrap_or(0);
+        let sockets: Vec<_> =
+            (0..PROBE_SOCKETS).filter_map(|_| ctx.socket(zmq::PUB).ok()).collect();
+        let opened = open_fds().unwrap_or(0).saturating_sub(before) as f64;
+        (opened / sockets.len().max(1) as f64).round().clamp(1.0, 2.0) as u64
+    })
+}
+
+/// Descriptors one simulated rank holds: two mailboxes, the ROUTER's listener and the event
+/// connection, and the PUB's listener unless it connects to kvdir.
 pub fn per_rank(o: &BenchOptions) -> u64 {
-    if o.events_bind.is_some() {
-        4
-    } else {
-        5
-    }
+    let listener = u64::from(o.events_bind.is_none());
+    2 * mailbox_fds() + 2 + listener
 }
 
 /// Descriptors the run needs at most, replay connections of the initial sync included.
@@ -102,7 +122,9 @@ mod tests {
         let msg = too_many(&o, need, 20_000);
         assert!(msg.contains("4096 streams need about") && msg.contains("limit of 20000"), "{msg}");
         assert!(msg.contains("pass --events_bind P"), "{msg}");
-        let connect = BenchOptions { events_bind: Some(5557), ..o };
+        let connect = BenchOptions { events_bind: Some(5557), ..o.clone() };
+        assert_eq!(per_rank(&connect) + 1, per_rank(&o), "a connecting PUB has no listener");
+        assert_eq!(mailbox_fds(), 1, "libzmq is built with eventfd (.cargo/config.toml)");
         assert!(needed(&connect) < 20_000, "4,096 connecting ranks fit under 20,000");
         assert!(raise_limit().is_none_or(|l| l > 0));
         assert!(open_fds().is_some_and(|n| n > 0));
