@@ -86,13 +86,18 @@ pub fn check(o: &BenchOptions) -> Result<Option<u64>, BenchError> {
 
 fn too_many(o: &BenchOptions, need: u64, limit: u64) -> String {
     let streams = u64::from(o.engines) * u64::from(o.dp_size);
-    let fix = match o.events_bind {
-        None => {
-            "pass --events_bind P (kvdir binds, engines connect: 4 per rank), run fewer \
-                 streams, or raise the hard limit (ulimit -Hn, as root)"
-        }
-        Some(_) => "run fewer streams, or raise the hard limit (ulimit -Hn, as root)",
+    let mut fix = match o.events_bind {
+        None => "pass --events_bind P (kvdir binds, engines connect: one descriptor less per \
+                 rank), run fewer streams, or raise the hard limit (ulimit -Hn, as root)"
+            .to_string(),
+        Some(_) => "run fewer streams, or raise the hard limit (ulimit -Hn, as root)".to_string(),
     };
+    if mailbox_fds() > 1 {
+        fix.push_str(
+            "; this libzmq uses 2 descriptors per socket: build it with ZMQ_HAVE_EVENTFD \
+             (.cargo/config.toml) for 1",
+        );
+    }
     format!(
         "--engines {} x --dp_size {} = {streams} streams need about {need} file descriptors in \
          this process ({} per rank, plus up to {} replay connections at the initial sync and \

@@ -51,6 +51,9 @@ Engines:
   --host_blocks N          Host blocks per rank (0 = no Host tier)                [1024]
   --http_port P            HTTP port of engine 0 with --etcd_addr; engine k uses P + k*dp_size,
                            events P+10000+.., snapshots P+30000+.. (0 = pick free ports) [0]
+  --event_port_offset N    with --etcd_addr: events of engine k rank r on P + k*dp_size +
+                           N + r (discovery's event_port_offset)                [10000]
+  --replay_port_offset N   the same for snapshot ports (replay_port_offset)       [30000]
   --heartbeat_ms N         heartbeat interval with --etcd_addr (0 = none)         [500]
   --events_bind P          kvdir binds ports P..P+dp_size-1 and every engine's rank r connects
                            its PUB to P+r with its own topic (kv_events_bind); needs a kvdir
@@ -110,6 +113,8 @@ pub struct BenchOptions {
     /// Bind-endpoint mode: kvdir binds this port (and the next `dp_size - 1`), engines
     /// connect; `None`: kvdir connects to the engines.
     pub events_bind: Option<u16>,
+    /// Discovery's `(event_port_offset, replay_port_offset)` in etcd mode.
+    pub port_offsets: (u16, u16),
     /// Rank threads of the simulator; `None`: the cores.
     pub rank_threads: Option<usize>,
     /// The idle window before the load (zero skips it).
@@ -162,6 +167,7 @@ impl Default for BenchOptions {
             http_port: 0,
             heartbeat: Some(Duration::from_millis(500)),
             events_bind: None,
+            port_offsets: (10_000, 30_000),
             rank_threads: None,
             idle: Duration::from_secs(2),
             duration: Duration::from_secs(10),
@@ -266,6 +272,8 @@ impl BenchOptions {
             }
             "events_bind" => self.events_bind = Some(number(name, value)?),
             "rank_threads" => self.rank_threads = Some(number(name, value)?),
+            "event_port_offset" => self.port_offsets.0 = number(name, value)?,
+            "replay_port_offset" => self.port_offsets.1 = number(name, value)?,
             "idle_seconds" => self.idle = seconds(name, value, 0.0)?,
             "duration_seconds" => self.duration = seconds(name, value, 0.1)?,
             "baseline_seconds" => self.baseline = seconds(name, value, 0.0)?,

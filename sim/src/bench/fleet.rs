@@ -5,8 +5,10 @@
 //! Static mode binds every rank on ephemeral 127.0.0.1 ports and names engine `k`
 //! `bench-<k>`. Etcd mode needs the discovery port rule (protocol.md section 5): engine `k`
 //! gets the HTTP port `base + k * dp_size` and binds events on `+10000 + r`, snapshots on
-//! `+30000 + r`; `base` is `--http_port`, or the first block of free ports found by probing
-//! (with 4,096 streams the last snapshot port is `base + 34095`, so bases stay below 31,440).
+//! `+30000 + r` (`--event_port_offset`, `--replay_port_offset`, written into the discovery
+//! config); `base` is `--http_port`, or the first block of free ports found by probing. With
+//! 4,096 streams the default offsets put the snapshot ports in the kernel's ephemeral range,
+//! where a free block of 4,096 is rare: give lower offsets and `--http_port`.
 //! The engines' HTTP ports are only names unless they serve OpenAI (`kvdir-bench chat`):
 //! 1,024 idle HTTP servers would be 1,024 threads.
 //!
@@ -16,6 +18,7 @@
 //! `engines` list. Both end in `@`, so no engine's topic is a prefix of another's.
 
 use std::net::TcpListener;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
@@ -26,9 +29,6 @@ use crate::{
     SimError,
 };
 
-/// Discovery's default offsets (kvdir's `discovery.event_port_offset` / `replay_port_offset`).
-const EVENT_OFFSET: u32 = 10_000;
-const REPLAY_OFFSET: u32 = 30_000;
 /// Probed HTTP bases: `FIRST_BASE + i * BASE_STEP` for `i` in `0..BASES`.
 const FIRST_BASE: u32 = 20_000;
 const BASE_STEP: u32 = 200;
@@ -156,6 +156,8 @@ impl Fleet {
                 "block_size": o.block_size,
                 "topic": o.topic,
                 "refresh_interval_ms": 200,
+                "event_port_offset": o.port_offsets.0,
+                "replay_port_offset": o.port_offsets.1,
             }}),
             (Mode::Static, None) => cli::static_streams_config(&self.engines),
             (Mode::Static, Some(_)) => json!({
@@ -187,7 +189,8 @@ impl Fleet {
             namespace: namespace.clone(),
             backend_type: Some("xllm".to_string()),
             heartbeat_to: o.heartbeat.map(|_| kvdir_addr.to_string()),
-            heartbeat_interval: o.heartbeat.unwrap_or_default(),
+            // Unused without heartbeats, but still validated.
+            heartbeat_interval: o.heartbeat.unwrap_or(Duration::from_millis(500)),
             internal_token: o.internal_api_token.clone(),
             write_loadmetrics: true,
             ttl_s: LEASE_TTL_S,
@@ -263,6 +266,8 @@ fn engine_config(
         openai: openai.cloned(),
         serve_http: openai.is_some(),
         events_connect: o.events_bind.map(|p| format!("tcp://127.0.0.1:{p}")),
+        event_port_offset: o.port_offsets.0,
+        replay_port_offset: o.port_offsets.1,
         ..EngineConfig::default()
     }
 }
@@ -302,14 +307,15 @@ fn start_engines(
 /// other than the bases `tried` already.
 fn http_base(o: &BenchOptions, tried: &[u32], serving: bool) -> Result<u32, BenchError> {
     let streams = o.engines * o.dp_size;
+    let (event_offset, replay_offset) = (u32::from(o.port_offsets.0), u32::from(o.port_offsets.1));
     if o.http_port != 0 {
-        let last = u32::from(o.http_port) + REPLAY_OFFSET + streams - 1;
+        let last = u32::from(o.http_port) + replay_offset + streams - 1;
         if last > u32::from(u16::MAX) {
             return Err(BenchError::Flags(vec![format!(
                 "--http_port = {} needs snapshot ports up to {last}, above 65535; \
                  pick a port below {}",
                 o.http_port,
-                u32::from(u16::MAX) + 1 - REPLAY_OFFSET - streams
+                u32::from(u16::MAX) + 1 - replay_offset - streams
             )]));
         }
         return Ok(u32::from(o.http_port));
@@ -320,16 +326,17 @@ fn http_base(o: &BenchOptions, tried: &[u32], serving: bool) -> Result<u32, Benc
     let (bound_http, bound_events) = (serving, o.events_bind.is_none());
     for base in bases.filter(|b| !tried.contains(b)) {
         let http = (0..o.engines).filter(|_| bound_http).map(|k| base + k * o.dp_size);
-        let events = (0..streams).filter(|_| bound_events).map(|i| base + EVENT_OFFSET + i);
-        let replay = (0..streams).map(|i| base + REPLAY_OFFSET + i);
-        let last = base + REPLAY_OFFSET + streams - 1;
+        let events = (0..streams).filter(|_| bound_events).map(|i| base + event_offset + i);
+        let replay = (0..streams).map(|i| base + replay_offset + i);
+        let last = base + replay_offset.max(event_offset) + streams - 1;
         if last <= u32::from(u16::MAX) && http.chain(events).chain(replay).all(port_is_free) {
             return Ok(base);
         }
     }
     Err(BenchError::Flags(vec![format!(
-        "no free block of ports found for {streams} streams from {FIRST_BASE}; \
-         pass --http_port P with free ports P.., P+10000.., P+30000.."
+        "no free block of ports found for {streams} streams from {FIRST_BASE}; pass \
+         --http_port P with free ports P+{event_offset}.. and P+{replay_offset}.. (move them with \
+         --event_port_offset and --replay_port_offset, below the ephemeral range from 32768)"
     )]))
 }
 
