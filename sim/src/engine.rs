@@ -11,8 +11,11 @@
 //! it stops; `restart` of a rank leaves it up. In the vLLM dialect it also serves
 //! `GET /metrics`, whose `process_start_time_seconds` every restart moves forward.
 
+use std::net::TcpListener;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::{Duration, Instant};
 
 use kvdir::wire::Tier;
 use tracing::info;
@@ -366,11 +369,32 @@ impl SimEngine {
 }
 
 impl Drop for SimEngine {
-    /// Stops the ranks (their sockets are closed when `drop` returns), then the HTTP server
-    /// (which frees its port before `drop` returns).
+    /// Stops the ranks (their sockets are closed and their ports free when `drop` returns),
+    /// then the HTTP server (which frees its port before `drop` returns).
     fn drop(&mut self) {
         self.ranks.close();
+        wait_released(&self.endpoints, self.config.events_connect.is_some());
         self.http = None;
+    }
+}
+
+/// Longest wait for libzmq to release a stopped engine's ports.
+const RELEASE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Waits until every port the ranks bound can be bound again (at most [`RELEASE_DEADLINE`] in
+/// all). The contexts are shared and outlive the engine, so closing a socket releases its port
+/// asynchronously, on libzmq's I/O thread; a test that starts a new engine on the same ports
+/// right after `stop` relies on this.
+fn wait_released(endpoints: &[RankEndpoints], connects: bool) {
+    let deadline = Instant::now() + RELEASE_DEADLINE;
+    let bound = endpoints.iter().flat_map(|ep| {
+        let event = (!connects).then_some(ep.event.as_str());
+        event.into_iter().chain([ep.replay.as_str()])
+    });
+    for port in bound.filter_map(|ep| ep.rsplit_once(':')?.1.parse::<u16>().ok()) {
+        while TcpListener::bind(("127.0.0.1", port)).is_err() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(1));
+        }
     }
 }
 
