@@ -17,6 +17,10 @@
 //! register): without `--etcd_addr` nothing is written to etcd; with it the engines are
 //! registered as by hand, with backend type `vllm`. Its static streams carry
 //! `"replay": "history"`.
+//!
+//! `--events_connect tcp://H:P` makes every rank's PUB connect to `H:(P + r)` instead of
+//! binding (a kvdir `kv_events_bind` endpoint); `{name}` in `--topic` becomes each engine's
+//! name, so engines sharing the endpoint publish with topics of their own.
 
 use kvdir::wire::record::{BatchForm, EventForm};
 use serde_json::{json, Value};
@@ -98,6 +102,8 @@ pub struct CliOptions {
     pub dialect: Dialect,
     /// vLLM dialect: batches kept per rank for replay.
     pub buffer_steps: usize,
+    /// Connect every rank's PUB to this endpoint (plus the rank) instead of binding.
+    pub events_connect: Option<String>,
 }
 
 impl Default for CliOptions {
@@ -128,6 +134,7 @@ impl Default for CliOptions {
             text: TextOptions::default(),
             dialect: Dialect::Xllm,
             buffer_steps: crate::DEFAULT_BUFFER_STEPS,
+            events_connect: None,
         }
     }
 }
@@ -183,6 +190,7 @@ impl CliOptions {
                 _ => return Err(format!("--instance_type = {value} is not 0, 1, 2 or 3")),
             },
             "buffer_steps" => self.buffer_steps = number(name, value)?,
+            "events_connect" => self.events_connect = Some(value.to_string()),
             "dialect" => {
                 let dialects = [("xllm", Dialect::Xllm), ("vllm", Dialect::Vllm)];
                 self.dialect = choice(name, value, &dialects)?
@@ -325,13 +333,15 @@ impl CliOptions {
         event_port: u16,
         replay_port: u16,
     ) -> EngineConfig {
+        let name = format!("{}-{k}", self.name);
         EngineConfig {
-            name: format!("{}-{k}", self.name),
-            event_port,
+            topic: self.topic.replace("{name}", &name),
+            name,
+            // A connecting PUB binds no port.
+            event_port: if self.events_connect.is_some() { 0 } else { event_port },
             replay_port,
             dp_size: self.dp_size,
             block_size: self.block_size,
-            topic: self.topic.clone(),
             device_capacity_blocks: self.device_blocks,
             host_capacity_blocks: self.host_blocks,
             hash_mode: self.hash_mode,
@@ -340,6 +350,7 @@ impl CliOptions {
             http_port,
             dialect: self.dialect,
             buffer_steps: self.buffer_steps,
+            events_connect: self.events_connect.clone(),
             ..EngineConfig::default()
         }
     }

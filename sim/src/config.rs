@@ -16,6 +16,10 @@
 //! the ports are derived the way kvdir discovery expects (protocol.md section 5): rank `r` binds
 //! `http_port + event_port_offset + r` and `http_port + replay_port_offset + r`.
 //! [`EngineConfig::resolved`] applies the rule; [`crate::SimEngine`] runs with the resolved config.
+//!
+//! Connect mode: with [`EngineConfig::events_connect`] `tcp://H:P`, rank `r`'s PUB binds
+//! nothing and connects to `tcp://H:(P + r)` instead (vLLM's publisher with a non-wildcard
+//! endpoint: kvdir binds, engines connect); the replay ports follow the rules above.
 
 pub use kvdir::config::Dialect;
 use kvdir::wire::record::{BatchForm, EventForm, WireHash};
@@ -90,6 +94,13 @@ pub struct EngineConfig {
     /// `Vllm` only: how many of the latest batches each rank keeps for replay (vLLM's
     /// `buffer_steps`, 10,000 by default).
     pub buffer_steps: usize,
+    /// Connect mode: rank `r`'s PUB connects to this `tcp://host:port` plus `r` instead of
+    /// binding (`event_port` must then be 0). `None` binds.
+    pub events_connect: Option<String>,
+    /// Whether `http_port` is served. `false` keeps the port as the instance's name and the
+    /// base of the discovery port rule without starting a server (and its thread); needs
+    /// `openai = None`.
+    pub serve_http: bool,
 }
 
 /// vLLM's default replay buffer, in batches.
@@ -115,6 +126,8 @@ impl Default for EngineConfig {
             openai: None,
             dialect: Dialect::Xllm,
             buffer_steps: DEFAULT_BUFFER_STEPS,
+            events_connect: None,
+            serve_http: true,
         }
     }
 }
@@ -159,7 +172,13 @@ impl EngineConfig {
                         .to_string(),
                 );
             }
+            if !self.serve_http {
+                problems.push("openai is set but serve_http = false; serve the HTTP port".into());
+            }
             problems.extend(openai.problems());
+        }
+        if let Some(endpoint) = &self.events_connect {
+            self.check_connect(endpoint, &mut problems);
         }
         if problems.is_empty() {
             Ok(())
@@ -173,13 +192,41 @@ impl EngineConfig {
         self.http_port != 0 && self.event_port == 0 && self.replay_port == 0
     }
 
-    /// Base (event, replay) ports of rank 0, widened so overflow can be reported.
+    /// Base (event, replay) ports of rank 0, widened so overflow can be reported; a
+    /// connecting PUB binds no event port (0).
     fn base_ports(&self) -> (u32, u32) {
-        if self.derives_ports() {
+        let (event, replay) = if self.derives_ports() {
             let http = u32::from(self.http_port);
             (http + u32::from(self.event_port_offset), http + u32::from(self.replay_port_offset))
         } else {
             (u32::from(self.event_port), u32::from(self.replay_port))
+        };
+        (if self.events_connect.is_some() { 0 } else { event }, replay)
+    }
+
+    /// `events_connect` is `tcp://host:port` with room for every rank, and no event port.
+    fn check_connect(&self, endpoint: &str, problems: &mut Vec<String>) {
+        let port = connect_port(endpoint);
+        match port {
+            None => problems.push(format!(
+                "events_connect = {endpoint:?} is not tcp://host:port; give the subscriber's \
+                 endpoint for rank 0"
+            )),
+            Some(p) if p + self.dp_size.max(1) - 1 > u32::from(u16::MAX) => {
+                problems.push(format!(
+                    "events_connect = {endpoint:?} with dp_size = {} needs port {}, above 65535",
+                    self.dp_size,
+                    p + self.dp_size.max(1) - 1
+                ));
+            }
+            Some(_) => {}
+        }
+        if self.event_port != 0 {
+            problems.push(format!(
+                "event_port = {} and events_connect = {endpoint:?}: a connecting PUB binds no \
+                 port; set event_port = 0",
+                self.event_port
+            ));
         }
     }
 
@@ -251,10 +298,37 @@ impl EngineConfig {
         bind_address(self.event_port, rank)
     }
 
+    /// Where rank `rank`'s PUB binds, or (connect mode) connects.
+    pub(crate) fn event_side(&self, rank: u32) -> EventSide {
+        match (&self.events_connect, self.events_connect.as_deref().and_then(connect_port)) {
+            (Some(endpoint), Some(port)) => {
+                let host = &endpoint[..endpoint.rfind(':').unwrap_or(endpoint.len())];
+                EventSide::Connect(format!("{host}:{}", port + rank))
+            }
+            _ => EventSide::Bind(self.event_bind_address(rank)),
+        }
+    }
+
     /// The address rank `rank` binds for the ROUTER socket.
     pub(crate) fn replay_bind_address(&self, rank: u32) -> String {
         bind_address(self.replay_port, rank)
     }
+}
+
+/// How a rank's PUB socket meets its subscriber.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum EventSide {
+    /// Bind this address (`*` for an ephemeral port).
+    Bind(String),
+    /// Connect to this endpoint.
+    Connect(String),
+}
+
+/// The port of `tcp://host:port` (host non-empty).
+fn connect_port(endpoint: &str) -> Option<u32> {
+    let (host, port) = endpoint.strip_prefix("tcp://")?.rsplit_once(':')?;
+    let port: u16 = port.parse().ok()?;
+    (!host.is_empty() && port != 0).then_some(u32::from(port))
 }
 
 fn bind_address(port: u16, rank: u32) -> String {
@@ -266,91 +340,4 @@ fn bind_address(port: u16, rank: u32) -> String {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn default_is_valid_and_ephemeral() {
-        let c = EngineConfig::default();
-        assert!(c.validate().is_ok());
-        assert_eq!(c.event_bind_address(3), "tcp://127.0.0.1:*");
-    }
-
-    #[test]
-    fn every_problem_is_reported_with_its_value() {
-        let c = EngineConfig {
-            name: String::new(),
-            dp_size: 0,
-            block_size: 0,
-            device_capacity_blocks: 0,
-            ..EngineConfig::default()
-        };
-        let c = EngineConfig { dialect: Dialect::Sglang, buffer_steps: 0, ..c };
-        let msg = c.validate().unwrap_err().to_string();
-        let needles = ["name is empty", "dp_size = 0", "block_size = 0", "device_capacity_blocks"];
-        for needle in needles.into_iter().chain(["sglang is not simulated", "buffer_steps = 0"]) {
-            assert!(msg.contains(needle), "{msg}");
-        }
-    }
-
-    #[test]
-    fn port_overflow_and_overlap_are_rejected() {
-        let c = EngineConfig { event_port: 65535, dp_size: 2, ..EngineConfig::default() };
-        assert!(c.validate().unwrap_err().to_string().contains("needs port 65536"));
-        let c = EngineConfig {
-            event_port: 18000,
-            replay_port: 18001,
-            dp_size: 2,
-            ..EngineConfig::default()
-        };
-        assert!(c.validate().unwrap_err().to_string().contains("overlap"));
-        let c = EngineConfig {
-            event_port: 18000,
-            replay_port: 18002,
-            dp_size: 2,
-            ..EngineConfig::default()
-        };
-        assert!(c.validate().is_ok());
-        assert_eq!(c.replay_bind_address(1), "tcp://127.0.0.1:18003");
-    }
-
-    #[test]
-    fn http_port_derives_zmq_ports_by_the_discovery_rule() {
-        let c = EngineConfig { http_port: 8000, dp_size: 2, ..EngineConfig::default() };
-        assert!(c.validate().is_ok());
-        let r = c.resolved();
-        assert_eq!((r.event_port, r.replay_port), (18000, 38000));
-        assert_eq!(r.replay_bind_address(1), "tcp://127.0.0.1:38001");
-        assert_eq!(c.instance_name(), "127.0.0.1:8000");
-        let explicit = EngineConfig { event_port: 20000, ..c.clone() };
-        assert_eq!(explicit.resolved().event_port, 20000);
-        assert_eq!(explicit.resolved().replay_port, 0);
-        let c = EngineConfig { http_port: 40000, ..EngineConfig::default() };
-        assert!(c.validate().unwrap_err().to_string().contains("needs port 70000"));
-        let c = EngineConfig { http_port: 8000, event_port_offset: 0, ..EngineConfig::default() };
-        assert!(c.validate().unwrap_err().to_string().contains("http_port = 8000 lies inside"));
-        let same =
-            EngineConfig { http_port: 8000, replay_port_offset: 10000, ..EngineConfig::default() };
-        assert!(same.validate().unwrap_err().to_string().contains("overlap"));
-        assert_eq!(EngineConfig::default().instance_name(), "sim-0");
-    }
-
-    #[test]
-    fn bin32_hashes_are_32_bytes_and_deterministic() {
-        let WireHash::Bin(a) = HashMode::Bin32.to_wire(7) else { panic!("not bin") };
-        assert_eq!(a.len(), 32);
-        assert_eq!(HashMode::Bin32.to_wire(7), WireHash::Bin(a));
-        assert_ne!(HashMode::Bin32.to_wire(7), HashMode::Bin32.to_wire(8));
-        assert_eq!(HashMode::U64.to_wire(7), WireHash::Uint(7));
-    }
-
-    #[test]
-    fn no_engine_reuses_the_last_prompt_token() {
-        let vllm =
-            EngineConfig { block_size: 4, dialect: Dialect::Vllm, ..EngineConfig::default() };
-        assert_eq!([12, 13, 1, 0].map(|len| vllm.reused_tokens(len, 12)), [8, 12, 0, 0]);
-        assert_eq!(vllm.reused_tokens(100, 12), 12, "never more than is cached");
-        let xllm = EngineConfig { block_size: 4, ..EngineConfig::default() };
-        assert_eq!(xllm.reused_tokens(12, 12), 8);
-    }
-}
+mod tests;

@@ -1,18 +1,21 @@
-//! [`SimEngine`]: a simulated engine with one thread per DP rank.
+//! [`SimEngine`]: a simulated engine whose DP ranks live on the process's shared rank threads
+//! ([`crate::pool`]), so a thousand engines do not mean a thousand threads.
 //!
 //! Every method sends a job to the rank's thread and waits for the answer, so when a method
 //! returns its effect is done: a batch from `process()` has been handed to the PUB socket, a
 //! fault is in force, a restart has re-bound. Tests rely on this instead of sleeping.
 //! `SimEngine` is `Send + Sync`; calls for one rank are served in order.
 //!
-//! With `http_port != 0` the engine also serves `GET /health` (and, with a text model, the
+//! With `http_port != 0` (and `serve_http`) the engine also serves `GET /health` (and, with a text model, the
 //! OpenAI endpoints of [`crate::openai`]) on 127.0.0.1:`http_port` from its own thread, until
 //! it stops; `restart` of a rank leaves it up. In the vLLM dialect it also serves
 //! `GET /metrics`, whose `process_start_time_seconds` every restart moves forward.
 
-use std::sync::mpsc::{self, Sender};
+use std::net::TcpListener;
+use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-use std::thread::{self, JoinHandle};
+use std::thread;
+use std::time::{Duration, Instant};
 
 use kvdir::wire::Tier;
 use tracing::info;
@@ -20,15 +23,15 @@ use tracing::info;
 use crate::fault::Fault;
 use crate::openai::server::{EngineServer, ServerState};
 use crate::openai::{InFlight, RequestLoad};
+use crate::pool::{self, RankLink};
 use crate::process::ProcessStart;
 use crate::rank::{Job, RankState, Sockets};
 use crate::{EngineConfig, RankEndpoints, SimError};
 
-/// The job channels of every rank, shared by the engine's API and its HTTP server. Closing
-/// them (when the engine drops) ends the rank threads; a later call gets
-/// [`SimError::RankStopped`].
+/// Where every rank lives, shared by the engine's API and its HTTP server. Closing the links
+/// (when the engine drops) makes a later call fail with [`SimError::RankStopped`].
 pub(crate) struct Ranks {
-    links: Vec<Mutex<Option<Sender<Job>>>>,
+    links: Vec<Mutex<Option<RankLink>>>,
     dp_size: u32,
 }
 
@@ -44,41 +47,55 @@ impl Ranks {
         R: Send + 'static,
         F: FnOnce(&mut RankState) -> Result<R, SimError> + Send + 'static,
     {
+        self.submit(rank, f)?.wait()
+    }
+
+    /// Queues `f` on the rank's thread; its result comes through the returned [`Pending`].
+    fn submit<R, F>(&self, rank: u32, f: F) -> Result<Pending<R>, SimError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut RankState) -> Result<R, SimError> + Send + 'static,
+    {
         let link = self
             .links
             .get(rank as usize)
             .ok_or(SimError::NoSuchRank { rank, dp_size: self.dp_size })?;
-        let jobs = link.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        let jobs = jobs.ok_or(SimError::RankStopped { rank })?;
+        let link = *link.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let link = link.ok_or(SimError::RankStopped { rank })?;
         let (reply, answer) = mpsc::sync_channel(1);
         let job: Job = Box::new(move |state| {
             // The caller waits on `answer`; it cannot have gone away.
             let _ = reply.send(f(state));
         });
-        jobs.send(job).map_err(|_| SimError::RankStopped { rank })?;
-        drop(jobs);
-        answer.recv().map_err(|_| SimError::RankStopped { rank })?
+        if !pool::run(link, job) {
+            return Err(SimError::RankStopped { rank });
+        }
+        Ok(Pending { rank, answer })
     }
 
-    /// Drops every job sender; each rank thread ends after its current job.
+    /// Closes every link, then drops the ranks on their threads (after the jobs queued before)
+    /// and returns once their sockets are closed.
     fn close(&self) {
-        for link in &self.links {
-            *link.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = None;
-        }
+        let links = self
+            .links
+            .iter()
+            .map(|link| link.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take());
+        links.collect::<Vec<_>>().into_iter().flatten().for_each(pool::remove);
     }
 }
 
-struct RankHandle {
-    thread: Option<JoinHandle<()>>,
-    endpoints: RankEndpoints,
+/// The answer to come of a queued call ([`SimEngine::process_queued`]).
+#[derive(Debug)]
+pub struct Pending<R> {
+    rank: u32,
+    answer: mpsc::Receiver<Result<R, SimError>>,
 }
 
-impl RankHandle {
-    fn join(&mut self) {
-        if let Some(thread) = self.thread.take() {
-            // A panicked rank thread has nothing left to clean up.
-            let _ = thread.join();
-        }
+impl<R> Pending<R> {
+    /// Waits until the call has run; then its effect is done, as for the waiting methods.
+    pub fn wait(self) -> Result<R, SimError> {
+        let rank = self.rank;
+        self.answer.recv().map_err(|_| SimError::RankStopped { rank })?
     }
 }
 
@@ -98,7 +115,7 @@ pub struct Published {
 pub struct SimEngine {
     config: Arc<EngineConfig>,
     ranks: Arc<Ranks>,
-    threads: Vec<RankHandle>,
+    endpoints: Vec<RankEndpoints>,
     load: Arc<RequestLoad>,
     started: Arc<ProcessStart>,
     /// Stopped after the ranks (see `Drop`), so `/health` answers while they stop.
@@ -116,23 +133,25 @@ impl std::fmt::Debug for SimEngine {
 
 impl SimEngine {
     /// Validates `config`, applies the discovery port rule ([`EngineConfig::resolved`]), binds
-    /// every rank's sockets, starts the rank threads and, with an `http_port`, the HTTP server
-    /// (`/health`, and the OpenAI endpoints of [`crate::openai`]).
+    /// every rank's sockets, hands the ranks to the rank threads and, with an `http_port` and
+    /// `serve_http`, starts the HTTP server (`/health`, and the OpenAI endpoints of
+    /// [`crate::openai`]).
     pub fn start(config: EngineConfig) -> Result<SimEngine, SimError> {
         config.validate()?;
         let config = Arc::new(config.resolved());
-        let ctx = zmq::Context::new();
         let started = Arc::new(ProcessStart::now());
-        let (mut links, mut threads) = (Vec::new(), Vec::new());
+        let mut ranks = Ranks { links: Vec::new(), dp_size: config.dp_size };
+        let mut endpoints = Vec::new();
         for rank in 0..config.dp_size {
-            let (jobs, handle) = start_rank(&config, &ctx, rank, &started)?;
-            links.push(Mutex::new(Some(jobs)));
-            threads.push(handle);
+            // On an error, the ranks started so far stop when `ranks` drops.
+            let (link, bound) = start_rank(&config, rank, &started)?;
+            ranks.links.push(Mutex::new(Some(link)));
+            endpoints.push(bound);
         }
-        let ranks = Arc::new(Ranks { links, dp_size: config.dp_size });
+        let ranks = Arc::new(ranks);
         let load = Arc::new(RequestLoad::new(config.dp_size));
-        let mut engine = SimEngine { config, ranks, threads, load, started, http: None };
-        if engine.config.http_port != 0 {
+        let mut engine = SimEngine { config, ranks, endpoints, load, started, http: None };
+        if engine.config.http_port != 0 && engine.config.serve_http {
             let state = ServerState {
                 config: Arc::clone(&engine.config),
                 ranks: Arc::clone(&engine.ranks),
@@ -147,7 +166,7 @@ impl SimEngine {
 
     /// The actual, connectable endpoints of every rank, in rank order.
     pub fn endpoints(&self) -> Vec<RankEndpoints> {
-        self.threads.iter().map(|r| r.endpoints.clone()).collect()
+        self.endpoints.clone()
     }
 
     /// The configuration the engine runs with (ports already derived by the discovery rule).
@@ -167,6 +186,19 @@ impl SimEngine {
     /// sequence number, or `None` when nothing changed.
     pub fn process(&self, rank: u32, tokens: &[i32]) -> Result<Option<u64>, SimError> {
         self.process_salted(rank, tokens, None)
+    }
+
+    /// [`SimEngine::process`] without waiting: the request is queued on the rank's thread and
+    /// [`Pending::wait`] returns its answer once its batch has been handed to the PUB socket.
+    /// Requests to one rank run in the order they were queued. A load tool queues a burst of
+    /// requests and then waits for all of them, so one thread wake-up serves many.
+    pub fn process_queued(
+        &self,
+        rank: u32,
+        tokens: &[i32],
+    ) -> Result<Pending<Option<u64>>, SimError> {
+        let tokens = tokens.to_vec();
+        self.ranks.submit(rank, move |r| r.process(&tokens, None))
     }
 
     /// [`SimEngine::process`] of a request with vLLM's `cache_salt`: its blocks are keyed
@@ -323,7 +355,7 @@ impl SimEngine {
         Arc::clone(&self.load)
     }
 
-    /// Stops every rank thread and closes the sockets. Dropping the engine does the same.
+    /// Stops every rank and closes its sockets. Dropping the engine does the same.
     pub fn stop(self) {}
 
     /// Runs `f` on the rank's thread and waits for its result.
@@ -337,29 +369,51 @@ impl SimEngine {
 }
 
 impl Drop for SimEngine {
-    /// Closes every job channel first so the ranks stop in parallel, joins them, then stops
-    /// the HTTP server (which frees its port before `drop` returns).
+    /// Stops the ranks (their sockets are closed and their ports free when `drop` returns),
+    /// then the HTTP server (which frees its port before `drop` returns).
     fn drop(&mut self) {
         self.ranks.close();
-        self.threads.iter_mut().for_each(RankHandle::join);
+        wait_released(&self.endpoints, self.config.events_connect.is_some());
         self.http = None;
     }
 }
 
+/// Longest wait for libzmq to release a stopped engine's ports.
+const RELEASE_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Waits until every port the ranks bound can be bound again (at most [`RELEASE_DEADLINE`] in
+/// all). The contexts are shared and outlive the engine, so closing a socket releases its port
+/// asynchronously, on libzmq's I/O thread; a test that starts a new engine on the same ports
+/// right after `stop` relies on this.
+fn wait_released(endpoints: &[RankEndpoints], connects: bool) {
+    let deadline = Instant::now() + RELEASE_DEADLINE;
+    let bound = endpoints.iter().flat_map(|ep| {
+        let event = (!connects).then_some(ep.event.as_str());
+        event.into_iter().chain([ep.replay.as_str()])
+    });
+    for port in bound.filter_map(|ep| ep.rsplit_once(':')?.1.parse::<u16>().ok()) {
+        while TcpListener::bind(("127.0.0.1", port)).is_err() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+impl Drop for Ranks {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+/// Binds the rank's sockets in a shared context and hands the rank to a rank thread.
 fn start_rank(
     config: &Arc<EngineConfig>,
-    ctx: &zmq::Context,
     rank: u32,
     started: &Arc<ProcessStart>,
-) -> Result<(Sender<Job>, RankHandle), SimError> {
-    let (event, replay) = (config.event_bind_address(rank), config.replay_bind_address(rank));
-    let bound = Sockets::bind(ctx, rank, &event, &replay)?;
+) -> Result<(RankLink, RankEndpoints), SimError> {
+    let (event, replay) = (config.event_side(rank), config.replay_bind_address(rank));
+    let context = pool::context();
+    let bound = Sockets::bind(&context.0, rank, &event, &replay)?;
     let endpoints = bound.1.clone();
-    let state = RankState::new(rank, Arc::clone(config), ctx.clone(), bound, Arc::clone(started));
-    let (jobs, inbox) = mpsc::channel::<Job>();
-    let thread = thread::Builder::new()
-        .name(format!("sim-{}-r{rank}", config.name))
-        .spawn(move || state.run(inbox))
-        .map_err(|source| SimError::Spawn { rank, source })?;
-    Ok((jobs, RankHandle { thread: Some(thread), endpoints }))
+    let state = RankState::new(rank, Arc::clone(config), context, bound, Arc::clone(started));
+    Ok((pool::add(state)?, endpoints))
 }

@@ -28,6 +28,14 @@ pub enum SimError {
         /// The ZeroMQ error.
         source: zmq::Error,
     },
+    /// A connecting PUB socket could not connect.
+    #[error("cannot connect the event socket to {endpoint}: {source}; give tcp://host:port")]
+    Connect {
+        /// The endpoint that failed.
+        endpoint: String,
+        /// The ZeroMQ error.
+        source: zmq::Error,
+    },
     /// Another ZeroMQ operation failed.
     #[error("rank {rank}: zmq {op} failed: {source}")]
     Zmq {
@@ -38,8 +46,8 @@ pub enum SimError {
         /// The ZeroMQ error.
         source: zmq::Error,
     },
-    /// A rank thread could not be spawned.
-    #[error("rank {rank}: cannot spawn the rank thread: {source}")]
+    /// A rank thread (or its epoll set) could not be started.
+    #[error("rank thread {rank}: cannot start it: {source}")]
     Spawn {
         /// The rank.
         rank: u32,

@@ -9,10 +9,11 @@
 //!   leaf-first eviction) that turns requests into the events an engine would publish. Pure, no
 //!   sockets.
 //! - [`fault`]: [`Fault`] and [`SnapshotMode`], the misbehaviours tests can switch on.
-//! - [`engine`]: [`SimEngine`], one rank thread per DP rank that owns a PUB and a ROUTER socket
-//!   (answering xLLM snapshots, or in the vLLM dialect replaying its buffered history);
-//!   the public API sends a job to the rank thread and waits for its answer, so a call returns
-//!   only after its batch has been handed to the PUB socket.
+//! - [`engine`]: [`SimEngine`]; each DP rank owns a PUB and a ROUTER socket (answering xLLM
+//!   snapshots, or in the vLLM dialect replaying its buffered history) and lives on one of the
+//!   process's few shared rank threads ([`pool`], event-driven over epoll); the public API
+//!   sends a job to the rank's thread and waits for its answer, so a call returns only after
+//!   its batch has been handed to the PUB socket.
 //! - [`workload`]: a seeded synthetic workload (shared system prompts, multi-turn sessions).
 //! - [`openai`]: the engine's business HTTP port (actix-web): `GET /health` and, with a text
 //!   model ([`OpenAiConfig`]), OpenAI-compatible chat and completions that tokenize, hit and
@@ -39,15 +40,17 @@ pub mod etcd;
 pub mod fault;
 pub mod http;
 pub mod openai;
+pub mod pool;
 mod process;
 mod rank;
 pub mod workload;
 
 pub use cache::{block_hash, block_hashes, salted_block_hashes, CacheEvent, CacheModel};
 pub use config::{Dialect, EngineConfig, HashMode, RankEndpoints, DEFAULT_BUFFER_STEPS};
-pub use engine::{Published, SimEngine};
+pub use engine::{Pending, Published, SimEngine};
 pub use error::SimError;
 pub use etcd::{Registration, RegistrationOptions};
 pub use fault::{malformed_payload, Fault, SnapshotMode};
 pub use openai::server::{CACHED_TOKENS_HEADER, DP_RANK_HEADER};
 pub use openai::{ApiError, InFlight, OpenAiConfig};
+pub use pool::{rank_threads, set_rank_threads};

@@ -1,17 +1,18 @@
-//! One DP rank of a simulated engine: the thread that owns the rank's PUB and ROUTER sockets
-//! (ZeroMQ sockets are not `Sync`), its cache model, its sequence counter and its faults.
+//! One DP rank of a simulated engine: the state a rank thread of [`crate::pool`] owns for it:
+//! the rank's PUB and ROUTER sockets (ZeroMQ sockets are not `Sync`), its cache model, its
+//! sequence counter and its faults.
 //!
-//! The thread runs jobs sent by [`crate::SimEngine`] (each job answers on its own channel) and
-//! between jobs serves replay requests: xLLM snapshots (`snapshot`) or, in the vLLM dialect,
-//! the buffered history of batches (`history`). Because one thread both publishes and answers
-//! replays, a reply always reflects exactly the batches published before it. The loop
-//! waits on the job channel with a short timeout, then drains the ROUTER without blocking: jobs
-//! start at once, snapshot requests wait at most [`POLL_INTERVAL`] while the rank is busy and
-//! [`IDLE_POLL_INTERVAL`] once it has been idle for [`IDLE_AFTER`] (128 idle ranks polling
-//! every 2 ms cost a third of a core).
+//! The thread runs jobs sent by [`crate::SimEngine`] (each job answers on its own channel) and,
+//! whenever the ROUTER signals, serves replay requests: xLLM snapshots (`snapshot`) or, in the
+//! vLLM dialect, the buffered history of batches (`history`). Because one thread both
+//! publishes and answers replays for a rank, a reply always reflects exactly the batches
+//! published before it.
+//!
+//! The PUB binds the rank's event port, or with [`EngineConfig::events_connect`] connects to
+//! the subscriber's port for the rank (vLLM's publisher with a non-wildcard endpoint).
 
 use std::collections::VecDeque;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::os::fd::RawFd;
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -21,6 +22,7 @@ use kvdir::wire::{encode_batch, encode_live, Tier};
 use tracing::debug;
 
 use crate::cache::{CacheConfig, CacheEvent, CacheModel};
+use crate::config::EventSide;
 use crate::engine::Published;
 use crate::fault::{Fault, FaultState};
 use crate::process::ProcessStart;
@@ -32,12 +34,6 @@ mod snapshot;
 /// Work for a rank thread; it answers through a channel captured by the closure.
 pub(crate) type Job = Box<dyn FnOnce(&mut RankState) + Send>;
 
-/// Longest wait between snapshot polls while the rank is busy.
-const POLL_INTERVAL: Duration = Duration::from_millis(2);
-/// Longest wait between snapshot polls once the rank is idle.
-const IDLE_POLL_INTERVAL: Duration = Duration::from_millis(20);
-/// How long without a job or a snapshot request makes a rank idle.
-const IDLE_AFTER: Duration = Duration::from_millis(200);
 /// How long a restart keeps retrying to re-bind ports the closed sockets still hold.
 const REBIND_DEADLINE: Duration = Duration::from_secs(5);
 /// PUB high-water mark: well above libzmq's 1000 so bursts from tests and benches are not
@@ -51,27 +47,46 @@ pub(crate) struct Sockets {
 }
 
 impl Sockets {
-    /// Binds the PUB at `event` and the ROUTER at `replay`; returns the connectable endpoints.
+    /// Binds (or connects) the PUB at `event` and binds the ROUTER at `replay`; returns the
+    /// connectable endpoints (for a connecting PUB, the endpoint it connects to).
     pub(crate) fn bind(
         ctx: &zmq::Context,
         rank: u32,
-        event: &str,
+        event: &EventSide,
         replay: &str,
     ) -> Result<(Sockets, RankEndpoints), SimError> {
         let publisher = open(ctx, zmq::PUB, rank)?;
         publisher.set_sndhwm(SEND_HWM).map_err(zmq_err(rank, "set_sndhwm"))?;
-        let event = bind(&publisher, rank, event)?;
+        let event = match event {
+            EventSide::Bind(address) => bind(&publisher, rank, address)?,
+            EventSide::Connect(address) => {
+                publisher
+                    .connect(address)
+                    .map_err(|source| SimError::Connect { endpoint: address.clone(), source })?;
+                address.clone()
+            }
+        };
         let router = open(ctx, zmq::ROUTER, rank)?;
         let replay = bind(&router, rank, replay)?;
         Ok((Sockets { publisher, router }, RankEndpoints { event, replay }))
     }
 
-    /// Binds again at the endpoints of a previous incarnation. Closing a ZeroMQ socket releases
-    /// its port asynchronously, so "address in use" is retried until [`REBIND_DEADLINE`].
-    fn rebind(ctx: &zmq::Context, rank: u32, at: &RankEndpoints) -> Result<Sockets, SimError> {
+    /// Binds again at the endpoints of a previous incarnation (a connecting PUB connects
+    /// again). Closing a ZeroMQ socket releases its port asynchronously, so "address in use"
+    /// is retried until [`REBIND_DEADLINE`].
+    fn rebind(
+        ctx: &zmq::Context,
+        rank: u32,
+        config: &EngineConfig,
+        at: &RankEndpoints,
+    ) -> Result<Sockets, SimError> {
         let deadline = Instant::now() + REBIND_DEADLINE;
+        let event = match config.events_connect {
+            Some(_) => EventSide::Connect(at.event.clone()),
+            None => EventSide::Bind(at.event.clone()),
+        };
         loop {
-            match Sockets::bind(ctx, rank, &at.event, &at.replay) {
+            match Sockets::bind(ctx, rank, &event, &at.replay) {
                 Ok((sockets, _)) => return Ok(sockets),
                 Err(SimError::Bind { source: zmq::Error::EADDRINUSE, .. })
                     if Instant::now() < deadline =>
@@ -112,8 +127,12 @@ pub(crate) struct RankState {
     rank: u32,
     config: Arc<EngineConfig>,
     ctx: zmq::Context,
+    /// Holds the rank's room in its context ([`crate::pool::context`]).
+    _room: Arc<()>,
     endpoints: RankEndpoints,
     sockets: Option<Sockets>,
+    /// Counts the sockets' incarnations: a restart's new ROUTER may reuse the old fd number.
+    incarnation: u64,
     cache: CacheModel,
     next_seq: u64,
     faults: FaultState,
@@ -128,7 +147,7 @@ impl RankState {
     pub(crate) fn new(
         rank: u32,
         config: Arc<EngineConfig>,
-        ctx: zmq::Context,
+        (ctx, room): (zmq::Context, Arc<()>),
         (sockets, endpoints): (Sockets, RankEndpoints),
         started: Arc<ProcessStart>,
     ) -> Self {
@@ -138,8 +157,10 @@ impl RankState {
             rank,
             config,
             ctx,
+            _room: room,
             endpoints,
             sockets: Some(sockets),
+            incarnation: 0,
             cache,
             next_seq: 0,
             faults,
@@ -149,25 +170,31 @@ impl RankState {
         }
     }
 
-    /// The thread body: runs jobs until the engine drops the sending side, serving snapshot
-    /// requests in between. Sockets close (LINGER 0) when the state is dropped.
-    pub(crate) fn run(mut self, jobs: Receiver<Job>) {
-        let mut active = Instant::now();
-        loop {
-            let idle = active.elapsed() >= IDLE_AFTER;
-            match jobs.recv_timeout(if idle { IDLE_POLL_INTERVAL } else { POLL_INTERVAL }) {
-                Ok(job) => {
-                    job(&mut self);
-                    active = Instant::now();
-                }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break,
-            }
-            if self.serve_replays() {
-                active = Instant::now();
-            }
-        }
-        debug!(engine = %self.config.name, rank = self.rank, "rank thread stopped");
+    /// The rank number.
+    pub(crate) fn rank(&self) -> u32 {
+        self.rank
+    }
+
+    /// The engine's name, for logs.
+    pub(crate) fn engine(&self) -> &str {
+        &self.config.name
+    }
+
+    /// Which incarnation of the sockets the rank has (a restart makes a new one).
+    pub(crate) fn incarnation(&self) -> u64 {
+        self.incarnation
+    }
+
+    /// The ROUTER's `ZMQ_FD`, which signals (edge-triggered) when its state may have changed;
+    /// `None` without sockets.
+    pub(crate) fn router_fd(&self) -> Option<RawFd> {
+        self.sockets.as_ref().and_then(|s| s.router.get_fd().ok())
+    }
+
+    /// Whether the ROUTER has input (`ZMQ_EVENTS`, which also re-arms its fd).
+    pub(crate) fn router_readable(&self) -> bool {
+        let events = self.sockets.as_ref().and_then(|s| s.router.get_events().ok());
+        events.is_some_and(|e| e.contains(zmq::POLLIN))
     }
 
     pub(crate) fn process(
@@ -227,11 +254,13 @@ impl RankState {
     /// are harness settings and are kept.
     pub(crate) fn restart(&mut self) -> Result<(), SimError> {
         self.sockets = None;
+        self.incarnation += 1;
         self.cache = CacheModel::new(cache_config(&self.config));
         self.next_seq = 0;
         self.history.clear();
         self.started.restart();
-        self.sockets = Some(Sockets::rebind(&self.ctx, self.rank, &self.endpoints)?);
+        let rebound = Sockets::rebind(&self.ctx, self.rank, &self.config, &self.endpoints)?;
+        self.sockets = Some(rebound);
         debug!(engine = %self.config.name, rank = self.rank, "rank restarted");
         Ok(())
     }

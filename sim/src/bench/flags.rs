@@ -13,6 +13,9 @@ use std::time::Duration;
 use super::BenchError;
 use crate::cli::{flag_pairs, number};
 
+/// Most streams one run drives: kvdir's `max_streams` ceiling.
+pub const MAX_STREAMS: u64 = 65_536;
+
 /// `kvdir-bench --help`.
 pub const HELP: &str = "\
 kvdir-bench: drive a running kvdir with simulated engines and HTTP clients, print a report
@@ -41,14 +44,21 @@ Target:
 
 Engines:
   --engines N              simulated engines                                      [4]
-  --dp_size N              DP ranks per engine (streams = engines x dp_size <= 128) [2]
+  --dp_size N              DP ranks per engine (streams = engines x dp_size <= 65536) [2]
   --block_size N           tokens per block; must equal kvdir's block_size        [128]
   --topic T                topic of live messages; must equal kvdir's topic       [xllm-kv]
   --device_blocks N        Device blocks per rank                                 [1024]
   --host_blocks N          Host blocks per rank (0 = no Host tier)                [1024]
   --http_port P            HTTP port of engine 0 with --etcd_addr; engine k uses P + k*dp_size,
                            events P+10000+.., snapshots P+30000+.. (0 = pick free ports) [0]
+  --event_port_offset N    with --etcd_addr: events of engine k rank r on P + k*dp_size +
+                           N + r (discovery's event_port_offset)                [10000]
+  --replay_port_offset N   the same for snapshot ports (replay_port_offset)       [30000]
   --heartbeat_ms N         heartbeat interval with --etcd_addr (0 = none)         [500]
+  --events_bind P          kvdir binds ports P..P+dp_size-1 and every engine's rank r connects
+                           its PUB to P+r with its own topic (kv_events_bind); needs a kvdir
+                           with that key [off: kvdir connects to every rank's PUB]
+  --rank_threads N         threads serving every simulated rank       [the cores]
 
 Load:
   --duration_seconds S     length of the measured load                            [10]
@@ -61,6 +71,8 @@ Load:
   --client_rate R          requests per second per client (0 = back to back)      [0]
   --baseline_seconds S     then the same clients without ingest, for ratios (0 = skip) [3]
   --sync_timeout_seconds S longest wait for kvdir to synchronize or catch up      [60]
+  --idle_seconds S         before the load, kvdir's CPU and threads with every stream
+                           connected and nothing published (0 = skip)            [2]
   --json                   print the report as JSON
   --help                   this text
 ";
@@ -98,6 +110,15 @@ pub struct BenchOptions {
     pub http_port: u16,
     /// Heartbeat interval in etcd mode; `None` sends none.
     pub heartbeat: Option<Duration>,
+    /// Bind-endpoint mode: kvdir binds this port (and the next `dp_size - 1`), engines
+    /// connect; `None`: kvdir connects to the engines.
+    pub events_bind: Option<u16>,
+    /// Discovery's `(event_port_offset, replay_port_offset)` in etcd mode.
+    pub port_offsets: (u16, u16),
+    /// Rank threads of the simulator; `None`: the cores.
+    pub rank_threads: Option<usize>,
+    /// The idle window before the load (zero skips it).
+    pub idle: Duration,
     /// Measured load.
     pub duration: Duration,
     /// Engine requests per second over all ranks; `None` = as fast as possible.
@@ -145,6 +166,10 @@ impl Default for BenchOptions {
             host_blocks: 1024,
             http_port: 0,
             heartbeat: Some(Duration::from_millis(500)),
+            events_bind: None,
+            port_offsets: (10_000, 30_000),
+            rank_threads: None,
+            idle: Duration::from_secs(2),
             duration: Duration::from_secs(10),
             rate: None,
             drivers: 2,
@@ -245,6 +270,11 @@ impl BenchOptions {
                 let ms: u64 = number(name, value)?;
                 self.heartbeat = (ms > 0).then(|| Duration::from_millis(ms));
             }
+            "events_bind" => self.events_bind = Some(number(name, value)?),
+            "rank_threads" => self.rank_threads = Some(number(name, value)?),
+            "event_port_offset" => self.port_offsets.0 = number(name, value)?,
+            "replay_port_offset" => self.port_offsets.1 = number(name, value)?,
+            "idle_seconds" => self.idle = seconds(name, value, 0.0)?,
             "duration_seconds" => self.duration = seconds(name, value, 0.1)?,
             "baseline_seconds" => self.baseline = seconds(name, value, 0.0)?,
             "sync_timeout_seconds" => self.sync_timeout = seconds(name, value, 1.0)?,
@@ -315,10 +345,24 @@ impl BenchOptions {
             (self.block_size >= 1, "--block_size = 0 is below the minimum 1".into()),
             (self.device_blocks >= 1, "--device_blocks = 0 is below the minimum 1".into()),
             (
-                streams <= 128,
+                streams <= MAX_STREAMS,
                 format!(
-                    "--engines x --dp_size = {streams} streams; kvdir subscribes to at most 128 \
-                     (max_streams), so lower one of them"
+                    "--engines x --dp_size = {streams} streams; kvdir subscribes to at most \
+                     {MAX_STREAMS} (max_streams), so lower one of them"
+                ),
+            ),
+            (self.rank_threads != Some(0), "--rank_threads = 0 is below the minimum 1".into()),
+            (
+                self.events_bind.is_none_or(|p| {
+                    p != 0 && u32::from(p) + self.dp_size.saturating_sub(1) <= u32::from(u16::MAX)
+                }),
+                format!(
+                    "--events_bind = {} with --dp_size = {} needs ports up to {}; give a port \
+                     in 1..={}",
+                    self.events_bind.unwrap_or(0),
+                    self.dp_size,
+                    u32::from(self.events_bind.unwrap_or(0)) + self.dp_size.saturating_sub(1),
+                    u32::from(u16::MAX) + 1 - self.dp_size.max(1)
                 ),
             ),
             (

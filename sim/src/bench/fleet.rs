@@ -5,28 +5,45 @@
 //! Static mode binds every rank on ephemeral 127.0.0.1 ports and names engine `k`
 //! `bench-<k>`. Etcd mode needs the discovery port rule (protocol.md section 5): engine `k`
 //! gets the HTTP port `base + k * dp_size` and binds events on `+10000 + r`, snapshots on
-//! `+30000 + r`; `base` is `--http_port`, or the first block of free ports found by probing.
+//! `+30000 + r` (`--event_port_offset`, `--replay_port_offset`, written into the discovery
+//! config); `base` is `--http_port`, or the first block of free ports found by probing. With
+//! 4,096 streams the default offsets put the snapshot ports in the kernel's ephemeral range,
+//! where a free block of 4,096 is rare: give lower offsets and `--http_port`.
+//! The engines' HTTP ports are only names unless they serve OpenAI (`kvdir-bench chat`):
+//! 1,024 idle HTTP servers would be 1,024 threads.
+//!
+//! With `--events_bind P` kvdir binds `P..P+dp_size-1` (`kv_events_bind`) and rank `r` of every
+//! engine connects its PUB to `P + r`, publishing with its engine's topic: [`TOPIC_ETCD`] with
+//! the instance's `host:port` in etcd mode, [`TOPIC_LISTED`] with its name for the static
+//! `engines` list. Both end in `@`, so no engine's topic is a prefix of another's.
 
 use std::net::TcpListener;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 
 use super::flags::{BenchOptions, Mode};
-use super::BenchError;
+use super::{fds, BenchError};
 use crate::{
     cli, EngineConfig, OpenAiConfig, Published, Registration, RegistrationOptions, SimEngine,
     SimError,
 };
 
-/// Discovery's default offsets (kvdir's `discovery.event_port_offset` / `replay_port_offset`).
-const EVENT_OFFSET: u32 = 10_000;
-const REPLAY_OFFSET: u32 = 30_000;
 /// Probed HTTP bases: `FIRST_BASE + i * BASE_STEP` for `i` in `0..BASES`.
 const FIRST_BASE: u32 = 20_000;
 const BASE_STEP: u32 = 200;
 const BASES: u32 = 50;
 /// Bases probed again when a probed one was taken before the engines bound it.
 const BIND_RETRIES: usize = 5;
+/// The `kv_events_bind` topic pattern of discovered engines (`--events_bind`, etcd mode).
+pub const TOPIC_ETCD: &str = "kv@{host}:{port}@{model}";
+/// The `kv_events_bind` topic pattern of listed engines (`--events_bind`, static mode).
+pub const TOPIC_LISTED: &str = "kv@{name}@{model}";
+/// Lease TTL of the registrations: kept alive every third of it, so 1,024 engines cost about
+/// 300 keepalive rounds a second rather than 1,000.
+const LEASE_TTL_S: i64 = 10;
+/// kvdir's `max_streams` default, written when the fleet is smaller.
+const DEFAULT_MAX_STREAMS: usize = 128;
 
 /// One stream of the fleet as kvdir names it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -48,6 +65,8 @@ pub struct Fleet {
     /// Engines in order.
     pub engines: Vec<SimEngine>,
     registrations: Vec<Registration>,
+    /// The tool's open-file limit after [`fds::check`] raised it (`None`: unlimited).
+    pub fd_limit: Option<u64>,
 }
 
 impl Fleet {
@@ -61,11 +80,21 @@ impl Fleet {
         o: &BenchOptions,
         openai: Option<&OpenAiConfig>,
     ) -> Result<Fleet, BenchError> {
+        let fd_limit = fds::check(o)?;
+        if let Some(threads) = o.rank_threads {
+            if !crate::set_rank_threads(threads) {
+                tracing::warn!(
+                    threads,
+                    running = crate::rank_threads(),
+                    "rank threads already running"
+                );
+            }
+        }
         let mut tried = Vec::new();
         loop {
             let base = match o.mode {
                 Mode::Static => None,
-                Mode::Etcd { .. } => Some(http_base(o, &tried)?),
+                Mode::Etcd { .. } => Some(http_base(o, &tried, openai.is_some())?),
             };
             match start_engines(o, openai, base) {
                 // A probed base can be taken between the probe and the binds: its event and
@@ -77,7 +106,10 @@ impl Fleet {
                     tracing::debug!(%endpoint, "a probed port was taken before the bind; probing");
                     tried.extend(base);
                 }
-                started => return Ok(Fleet { engines: started?, registrations: Vec::new() }),
+                started => {
+                    let (engines, registrations) = (started?, Vec::new());
+                    return Ok(Fleet { engines, registrations, fd_limit });
+                }
             }
         }
     }
@@ -115,17 +147,38 @@ impl Fleet {
         Ok(sum)
     }
 
-    /// The kvdir config file for these engines: `discovery` in etcd mode, else `streams`.
+    /// The kvdir config file for these engines: `discovery` in etcd mode, else `streams` (or,
+    /// with `--events_bind`, the `engines` list); `max_streams` fits the fleet.
     pub fn kvdir_config(&self, o: &BenchOptions) -> Value {
-        match o.mode {
-            Mode::Etcd { .. } => json!({ "discovery": {
+        let mut config = match (&o.mode, o.events_bind) {
+            (Mode::Etcd { .. }, _) => json!({ "discovery": {
                 "enabled": true,
                 "block_size": o.block_size,
                 "topic": o.topic,
                 "refresh_interval_ms": 200,
+                "event_port_offset": o.port_offsets.0,
+                "replay_port_offset": o.port_offsets.1,
             }}),
-            Mode::Static => cli::static_streams_config(&self.engines),
+            (Mode::Static, None) => cli::static_streams_config(&self.engines),
+            (Mode::Static, Some(_)) => json!({
+                "engines": self.engines.iter().enumerate().map(|(k, e)| listed(k, e)).collect::<Vec<_>>(),
+                // The listed engines serve no HTTP: poll them as rarely as kvdir allows.
+                "engine_poll_interval_ms": 60_000,
+            }),
+        };
+        config["max_streams"] = json!(self.streams().len().max(DEFAULT_MAX_STREAMS));
+        if let Some(port) = o.events_bind {
+            if let Some(discovery) = config.get_mut("discovery") {
+                discovery["events"] = json!("bind");
+            }
+            let topic = if matches!(o.mode, Mode::Etcd { .. }) { TOPIC_ETCD } else { TOPIC_LISTED };
+            config["kv_events_bind"] = json!({
+                "endpoint": format!("tcp://127.0.0.1:{port}"),
+                "ranks": o.dp_size,
+                "topic": topic,
+            });
         }
+        config
     }
 
     /// In etcd mode, registers every engine (LOADMETRICS, heartbeats to `kvdir_addr`).
@@ -136,9 +189,11 @@ impl Fleet {
             namespace: namespace.clone(),
             backend_type: Some("xllm".to_string()),
             heartbeat_to: o.heartbeat.map(|_| kvdir_addr.to_string()),
-            heartbeat_interval: o.heartbeat.unwrap_or_default(),
+            // Unused without heartbeats, but still validated.
+            heartbeat_interval: o.heartbeat.unwrap_or(Duration::from_millis(500)),
             internal_token: o.internal_api_token.clone(),
             write_loadmetrics: true,
+            ttl_s: LEASE_TTL_S,
             ..RegistrationOptions::default()
         };
         for engine in &self.engines {
@@ -180,17 +235,58 @@ impl Fleet {
     }
 }
 
-fn engine_config(o: &BenchOptions, k: u32, http_port: u16) -> EngineConfig {
+/// Engine `k`'s config; with `--events_bind`, its PUBs connect to kvdir with the engine's
+/// topic, and its HTTP port is served only for `openai`.
+fn engine_config(
+    o: &BenchOptions,
+    k: u32,
+    http_port: u16,
+    openai: Option<&OpenAiConfig>,
+) -> EngineConfig {
+    let name = format!("bench-{k}");
+    let topic = match o.events_bind {
+        None => o.topic.clone(),
+        Some(_) => {
+            let model = openai.map_or("", |m| m.served_model_name.as_str());
+            match http_port {
+                0 => TOPIC_LISTED.replace("{name}", &name),
+                p => TOPIC_ETCD.replace("{host}", "127.0.0.1").replace("{port}", &p.to_string()),
+            }
+            .replace("{model}", model)
+        }
+    };
     EngineConfig {
-        name: format!("bench-{k}"),
+        name,
         dp_size: o.dp_size,
         block_size: o.block_size,
-        topic: o.topic.clone(),
+        topic,
         device_capacity_blocks: o.device_blocks,
         host_capacity_blocks: o.host_blocks,
         http_port,
+        openai: openai.cloned(),
+        serve_http: openai.is_some(),
+        events_connect: o.events_bind.map(|p| format!("tcp://127.0.0.1:{p}")),
+        event_port_offset: o.port_offsets.0,
+        replay_port_offset: o.port_offsets.1,
         ..EngineConfig::default()
     }
+}
+
+/// Engine `k` in the static `engines` list of bind-endpoint mode: its PUBs connect to kvdir,
+/// its replay ports are listed. It serves no HTTP; the URL, on a loopback address of its own
+/// where nothing listens, only satisfies the list's format.
+fn listed(k: usize, engine: &SimEngine) -> Value {
+    let c = engine.config();
+    let replay: Vec<String> = engine.endpoints().into_iter().map(|ep| ep.replay).collect();
+    json!({
+        "name": c.name,
+        "url": format!("http://127.1.{}.{}:9", k / 256, k % 256),
+        "dialect": c.dialect.as_str(),
+        "events": "bind",
+        "replay": replay,
+        "dp_size": c.dp_size,
+        "block_size": c.block_size,
+    })
 }
 
 /// The engines, on the ports of `base` in etcd mode (ephemeral ports in static mode).
@@ -202,40 +298,45 @@ fn start_engines(
     let mut engines = Vec::with_capacity(o.engines as usize);
     for k in 0..o.engines {
         let http_port = base.map_or(0, |b| (b + k * o.dp_size) as u16);
-        let config = EngineConfig { openai: openai.cloned(), ..engine_config(o, k, http_port) };
-        engines.push(SimEngine::start(config)?);
+        engines.push(SimEngine::start(engine_config(o, k, http_port, openai))?);
     }
     Ok(engines)
 }
 
 /// The HTTP port of engine 0 in etcd mode: `--http_port`, or a base whose ports are all free,
 /// other than the bases `tried` already.
-fn http_base(o: &BenchOptions, tried: &[u32]) -> Result<u32, BenchError> {
+fn http_base(o: &BenchOptions, tried: &[u32], serving: bool) -> Result<u32, BenchError> {
     let streams = o.engines * o.dp_size;
+    let (event_offset, replay_offset) = (u32::from(o.port_offsets.0), u32::from(o.port_offsets.1));
     if o.http_port != 0 {
-        let last = u32::from(o.http_port) + REPLAY_OFFSET + streams - 1;
+        let last = u32::from(o.http_port) + replay_offset + streams - 1;
         if last > u32::from(u16::MAX) {
             return Err(BenchError::Flags(vec![format!(
                 "--http_port = {} needs snapshot ports up to {last}, above 65535; \
                  pick a port below {}",
                 o.http_port,
-                u32::from(u16::MAX) + 1 - REPLAY_OFFSET - streams
+                u32::from(u16::MAX) + 1 - replay_offset - streams
             )]));
         }
         return Ok(u32::from(o.http_port));
     }
     let start = std::process::id() % BASES;
     let bases = (0..BASES).map(|i| FIRST_BASE + ((start + i) % BASES) * BASE_STEP);
+    // Only bound ports need to be free: HTTP when served, events unless engines connect.
+    let (bound_http, bound_events) = (serving, o.events_bind.is_none());
     for base in bases.filter(|b| !tried.contains(b)) {
-        let http = (0..o.engines).map(|k| base + k * o.dp_size);
-        let zmq = (0..streams).flat_map(|i| [base + EVENT_OFFSET + i, base + REPLAY_OFFSET + i]);
-        if http.chain(zmq).all(port_is_free) {
+        let http = (0..o.engines).filter(|_| bound_http).map(|k| base + k * o.dp_size);
+        let events = (0..streams).filter(|_| bound_events).map(|i| base + event_offset + i);
+        let replay = (0..streams).map(|i| base + replay_offset + i);
+        let last = base + replay_offset.max(event_offset) + streams - 1;
+        if last <= u32::from(u16::MAX) && http.chain(events).chain(replay).all(port_is_free) {
             return Ok(base);
         }
     }
     Err(BenchError::Flags(vec![format!(
-        "no free block of ports found for {streams} streams from {FIRST_BASE}; \
-         pass --http_port P with free ports P.., P+10000.., P+30000.."
+        "no free block of ports found for {streams} streams from {FIRST_BASE}; pass \
+         --http_port P with free ports P+{event_offset}.. and P+{replay_offset}.. (move them with \
+         --event_port_offset and --replay_port_offset, below the ephemeral range from 32768)"
     )]))
 }
 
@@ -252,9 +353,9 @@ mod tests {
     fn a_base_tried_already_is_not_probed_again() {
         let args = ["--etcd_addr=127.0.0.1:1", "--engines=2", "--dp_size=2"];
         let Ok(BenchCommand::Run(o)) = parse_args(args.map(String::from)) else { panic!() };
-        let first = http_base(&o, &[]).expect("a free block of ports");
-        let second = http_base(&o, &[first]).expect("another free block");
+        let first = http_base(&o, &[], true).expect("a free block of ports");
+        let second = http_base(&o, &[first], true).expect("another free block");
         assert_ne!(first, second);
-        assert!(![first, second].contains(&http_base(&o, &[first, second]).unwrap()));
+        assert!(![first, second].contains(&http_base(&o, &[first, second], true).unwrap()));
     }
 }

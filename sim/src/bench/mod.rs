@@ -6,14 +6,15 @@
 //! 2. tells kvdir about them: registers them in etcd, or writes the static `streams` config,
 //!    and with `--spawn_kvdir` starts kvdir itself ([`kvdir`]);
 //! 3. polls kvdir until every stream is synchronized ([`probe`]), and in etcd mode until every
-//!    instance has a load report;
+//!    instance has a load report; then measures kvdir idle for `--idle_seconds` ([`scale`]);
 //! 4. for `--duration_seconds`: the drivers publish ([`drive`]) while the clients send queries
 //!    and routes ([`clients`], over the keep-alive client in [`http`]);
 //! 5. polls until kvdir has applied every published batch (or the deadline), reads its RSS;
 //! 6. runs the same clients `--baseline_seconds` without ingest, for ratios in the same run.
 //!
 //! Modules: [`flags`] (options, `--help`), [`fleet`], [`kvdir`], [`probe`], [`drive`],
-//! [`clients`], [`http`], [`handler`] (kvdir's own latency histograms), [`report`]; [`replay`]
+//! [`clients`], [`http`], [`handler`] (kvdir's own latency histograms), [`report`], [`scale`]
+//! (idle CPU, threads, the tool's own cost) and [`fds`] (the open-file budget); [`replay`]
 //! is the `kvdir-bench replay` subcommand, which replays a request trace through the same
 //! fleet, kvdir and probe; [`chat`] is `kvdir-bench chat`, the OpenAI front door under a chat
 //! load. The one error type is [`BenchError`].
@@ -30,6 +31,7 @@ use crate::{Published, SimError};
 pub mod chat;
 pub mod clients;
 pub mod drive;
+pub mod fds;
 pub mod flags;
 pub mod fleet;
 pub mod handler;
@@ -38,6 +40,7 @@ pub mod kvdir;
 pub mod probe;
 pub mod replay;
 pub mod report;
+pub mod scale;
 
 pub use clients::{Kind, KindStats};
 pub use flags::{parse_args, BenchCommand, BenchOptions, Mode, HELP};
@@ -49,6 +52,7 @@ use handler::{HandlerLatency, Snapshot};
 use http::Conn;
 use kvdir::{cpu_seconds, Kvdir, Rss};
 use probe::{Probe, StreamView, COUNTERS};
+use scale::Scale;
 
 /// Upper bound of one probe request.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -109,6 +113,7 @@ impl BenchError {
 pub fn run(o: &BenchOptions) -> Result<Report, BenchError> {
     let loadavg_start = loadavg();
     let mut fleet = Fleet::start(o)?;
+    let kvdir_start = Instant::now();
     let mut kvdir = Kvdir::start(o, &fleet.kvdir_config(o))?;
     if let (Some(path), None) = (&o.write_config, &o.spawn_kvdir) {
         eprintln!(
@@ -118,7 +123,7 @@ pub fn run(o: &BenchOptions) -> Result<Report, BenchError> {
             kvdir.addr
         );
     }
-    match measure(o, &mut fleet, &kvdir) {
+    match measure(o, &mut fleet, &kvdir, kvdir_start) {
         Ok(mut report) => {
             report.loadavg.0 = loadavg_start;
             Ok(report)
@@ -127,12 +132,24 @@ pub fn run(o: &BenchOptions) -> Result<Report, BenchError> {
     }
 }
 
-/// Steps 3 to 6 of a run, against a kvdir that knows the fleet.
-fn measure(o: &BenchOptions, fleet: &mut Fleet, kvdir: &Kvdir) -> Result<Report, BenchError> {
+/// Steps 3 to 6 of a run, against a kvdir that knows the fleet (started at `kvdir_start`).
+fn measure(
+    o: &BenchOptions,
+    fleet: &mut Fleet,
+    kvdir: &Kvdir,
+    kvdir_start: Instant,
+) -> Result<Report, BenchError> {
     fleet.register(o, &kvdir.addr)?;
     let conn = Conn::new(&kvdir.addr, o.internal_api_token.clone(), PROBE_TIMEOUT);
     let mut probe = Probe::new(conn, fleet.streams());
     let sync = probe.wait_synchronized(o.route_clients > 0, o.sync_timeout)?;
+    let mut scale = Scale {
+        start_to_sync: kvdir_start.elapsed(),
+        bench: Scale::own(fleet.fd_limit),
+        kvdir_threads: (kvdir.pid.and_then(scale::threads), None),
+        ..Scale::default()
+    };
+    scale.idle_cpu = scale::idle_cpu(kvdir.pid, o.idle);
     let before = probe.views()?;
     let rss_before = Rss::read(kvdir.pid, probe.conn());
     let prompts = drive::prompts(o, fleet.streams().len());
@@ -145,15 +162,18 @@ fn measure(o: &BenchOptions, fleet: &mut Fleet, kvdir: &Kvdir) -> Result<Report,
     let published_before = fleet.published()?;
     let handler_before = handler_snapshot(&mut probe);
     let cpu_before = kvdir.pid.and_then(cpu_seconds);
+    let own_before = cpu_seconds(std::process::id());
     let start = Instant::now();
     let (requests, load) =
         with_clients(&plan, &prompts, || drive::run(fleet, o, start + o.duration))?;
     let requests = requests?;
     let publish_wall = start.elapsed();
+    scale.bench_cpu = cpu_seconds(std::process::id()).zip(own_before).map(|(a, b)| a - b);
     let published = minus(fleet.published()?, published_before);
     let (after, lagging) = probe.wait_caught_up(&fleet.last_sequences()?, o.sync_timeout)?;
     let applied = applied(&fleet.streams(), &before, &after, lagging, start, publish_wall);
     let cpu = kvdir.pid.and_then(cpu_seconds).zip(cpu_before).map(|(a, b)| a - b);
+    scale.kvdir_threads.1 = kvdir.pid.and_then(scale::threads);
     let rss_after = Rss::read(kvdir.pid, probe.conn());
     let handler_after = handler_snapshot(&mut probe);
     let (baseline, handler_baseline) = match o.baseline.is_zero() {
@@ -179,6 +199,7 @@ fn measure(o: &BenchOptions, fleet: &mut Fleet, kvdir: &Kvdir) -> Result<Report,
         kvdir_cpu: cpu,
         heartbeats: fleet.heartbeats(),
         loadavg: (String::new(), loadavg()),
+        scale,
     })
 }
 

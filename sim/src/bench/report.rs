@@ -15,6 +15,7 @@ use serde_json::{json, Value};
 use super::clients::KindStats;
 use super::handler::HandlerLatency;
 use super::kvdir::Rss;
+use super::scale::Scale;
 use crate::Published;
 
 /// What kvdir applied during the load.
@@ -85,6 +86,8 @@ pub struct Report {
     pub heartbeats: Option<(u64, u64)>,
     /// `/proc/loadavg` at the start and the end.
     pub loadavg: (String, String),
+    /// Idle CPU, threads, time to synchronize, the tool's own cost.
+    pub scale: Scale,
 }
 
 fn per_second(n: u64, wall: Duration) -> f64 {
@@ -194,6 +197,7 @@ impl Report {
                 cpu * 1e6 / self.applied.batches.max(1) as f64
             );
         }
+        self.scale.text(&mut t, &self.applied, self.publish_wall);
         if let Some((answered, bad)) = self.heartbeats {
             let _ = writeln!(
                 t,
@@ -310,6 +314,7 @@ impl Report {
             "rss_after": rss_json(&self.rss_after),
             "kvdir_cpu_seconds": self.kvdir_cpu,
             "heartbeats": self.heartbeats.map(|(answered, bad)| json!({"answered": answered, "last_not_ok": bad})),
+            "scale": self.scale.json(a, self.publish_wall, self.kvdir_cpu),
         })
     }
 }

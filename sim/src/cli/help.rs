@@ -27,8 +27,11 @@ USAGE: kvdir-sim [--flag=value | --flag value]...
   --instance_type T     0 DEFAULT | 1 PREFILL | 2 DECODE | 3 MIX             [0]
   --heartbeat_to H:P    POST heartbeats to this kvdir (needs --etcd_addr)
   --internal_api_token T  X-Internal-Token of heartbeats
+  --events_connect tcp://H:P  connect every rank's PUB to H:P+r instead of binding
+                        (kvdir's kv_events_bind endpoint); --event_port is ignored
   --block_size N        tokens per block                                     [128]
-  --topic T             topic frame of live messages                         [xllm-kv]
+  --topic T             topic frame of live messages; {name} becomes the engine's
+                        name (distinct topics for engines sharing --events_connect) [xllm-kv]
   --device_blocks N     Device tier capacity per rank, blocks                [1024]
   --host_blocks N       Host tier capacity per rank, blocks (0 = no Host)    [0]
   --hash_mode M         u64 | bin32                                          [u64]

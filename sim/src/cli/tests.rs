@@ -179,3 +179,19 @@ fn dialect_flags_make_vllm_engines_that_do_not_register() {
     assert_eq!(CliOptions::default().dialect, Dialect::Xllm);
     assert!(HELP.contains("--dialect") && HELP.contains("--buffer_steps"));
 }
+
+#[test]
+fn events_connect_makes_every_engine_connect_with_a_topic_of_its_own() {
+    let CliCommand::Run(o) =
+        parse(&["--engines=2", "--events_connect=tcp://127.0.0.1:5557", "--topic=kv@{name}@"])
+            .unwrap()
+    else {
+        panic!("not run")
+    };
+    let configs = o.engine_configs().unwrap();
+    assert_eq!(configs[1].events_connect.as_deref(), Some("tcp://127.0.0.1:5557"));
+    assert_eq!((configs[0].topic.as_str(), configs[1].topic.as_str()), ("kv@sim-0@", "kv@sim-1@"));
+    assert_eq!((configs[1].event_port, configs[1].replay_port), (0, 38001));
+    let bad = CliOptions { events_connect: Some("5557".into()), ..CliOptions::default() };
+    assert!(bad.engine_configs().unwrap_err().to_string().contains("is not tcp://host:port"));
+}

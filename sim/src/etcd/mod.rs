@@ -7,18 +7,18 @@
 //! - With `write_loadmetrics`, `<prefix>XLLM:LOADMETRICS:<name>` (no lease) holds the load set
 //!   by [`Registration::set_load`], whose `waiting_requests_num` also counts the engine's OpenAI
 //!   requests waiting or prefilling (rewritten at keepalives when it changed).
-//! - With `heartbeat_to`, a thread POSTs `/v1/internal/heartbeat` every `heartbeat_interval`.
+//! - With `heartbeat_to`, a task POSTs `/v1/internal/heartbeat` every `heartbeat_interval`.
 //!
-//! The etcd client is async; it runs on a private current-thread tokio runtime in a dedicated
-//! thread (see `worker`), so every method here is synchronous. Every etcd call is bounded by
-//! [`ETCD_OP_TIMEOUT`].
+//! The etcd client is async. Every registration of the process is a task on one shared
+//! current-thread tokio runtime in one thread (see `worker`), with one etcd client per
+//! endpoint, so 1,024 registered engines are not 1,024 threads or connections; every method
+//! here is synchronous. Every etcd call is bounded by [`ETCD_OP_TIMEOUT`].
 
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self as std_mpsc, SyncSender};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use kvdir::registry::namespace_prefix;
@@ -227,7 +227,6 @@ pub struct Registration {
     incarnation_id: String,
     shared: Arc<Shared>,
     commands: Option<UnboundedSender<Command>>,
-    worker: Option<JoinHandle<()>>,
     heartbeat: Option<Heartbeat>,
 }
 
@@ -266,19 +265,18 @@ impl Registration {
             ttl_s: opts.ttl_s,
             shared: Arc::clone(&shared),
         };
-        let (commands, worker) = worker::spawn(setup, &name)?;
+        let commands = worker::spawn(setup)?;
         let mut registration = Registration {
             name: name.clone(),
             key,
             incarnation_id: incarnation_id.clone(),
             shared: Arc::clone(&shared),
             commands: Some(commands),
-            worker: Some(worker),
             heartbeat: None,
         };
         if let Some(to) = &opts.heartbeat_to {
             let target = heartbeat::Target::new(to, &name, &incarnation_id, &opts);
-            registration.heartbeat = Some(Heartbeat::spawn(target, shared, &name)?);
+            registration.heartbeat = Some(Heartbeat::spawn(target, shared)?);
         }
         Ok(registration)
     }
@@ -361,7 +359,7 @@ impl Registration {
         SimError::RegistrationStopped { name: self.name.clone() }
     }
 
-    /// Stops heartbeats, revokes the lease and joins the worker. Idempotent.
+    /// Stops heartbeats, revokes the lease and ends the worker task. Idempotent.
     fn shutdown(&mut self) -> Result<(), SimError> {
         self.heartbeat = None;
         let Some(commands) = self.commands.take() else { return Ok(()) };
@@ -371,10 +369,6 @@ impl Registration {
             Err(_) => Err(self.stopped()),
         };
         drop(commands);
-        if let Some(worker) = self.worker.take() {
-            // A panicked worker has nothing left to clean up.
-            let _ = worker.join();
-        }
         result
     }
 }

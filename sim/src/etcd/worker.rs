@@ -1,5 +1,6 @@
-//! The etcd side of a [`super::Registration`]: one thread running a current-thread tokio runtime
-//! with one task that owns the client and the lease.
+//! The etcd side of a [`super::Registration`]: a task that owns the lease, on the one shared
+//! current-thread tokio runtime of the process ([`runtime`], thread `sim-etcd`), using the
+//! process's client for its etcd endpoint.
 //!
 //! The task waits for either the next keepalive tick (every `ttl / 3`) or a command. A tick
 //! refreshes the lease (one `/v3/lease/keepalive` call) and then makes sure the key exists: a
@@ -8,13 +9,15 @@
 //! task ends on [`Command::Stop`] or when the registration's command channel closes, revoking
 //! the lease either way.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::mpsc::{self as std_mpsc, SyncSender};
-use std::sync::Arc;
-use std::thread::{self, JoinHandle};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::thread;
 use std::time::Duration;
 
 use kvdir_etcd::{Client, EtcdError};
+use tokio::runtime::Handle;
 use tokio::sync::mpsc::{self, UnboundedReceiver, UnboundedSender};
 use tokio::time::{timeout, MissedTickBehavior};
 use tracing::{debug, warn};
@@ -44,42 +47,46 @@ pub(crate) struct Setup {
     pub(crate) shared: Arc<Shared>,
 }
 
-/// Starts the worker thread; returns once the key is written (or registering failed).
-pub(crate) fn spawn(
-    setup: Setup,
-    name: &str,
-) -> Result<(UnboundedSender<Command>, JoinHandle<()>), SimError> {
+/// The runtime every registration and heartbeat of the process runs on, started on first use
+/// in its own thread.
+pub(crate) fn runtime() -> Result<&'static Handle, SimError> {
+    static RUNTIME: OnceLock<Handle> = OnceLock::new();
+    static STARTING: Mutex<()> = Mutex::new(());
+    let _one_at_a_time = STARTING.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(handle) = RUNTIME.get() {
+        return Ok(handle);
+    }
+    let failed = |e: &dyn std::fmt::Display| etcd_err("-", "starting the etcd runtime", e);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
+    let runtime = runtime.map_err(|e| failed(&e))?;
+    let handle = runtime.handle().clone();
+    thread::Builder::new()
+        .name("sim-etcd".to_string())
+        .spawn(move || runtime.block_on(std::future::pending::<()>()))
+        .map_err(|e| failed(&e))?;
+    Ok(RUNTIME.get_or_init(|| handle))
+}
+
+/// The process's client for `endpoint` (one connection pool per etcd).
+fn client(endpoint: &str) -> Result<Client, SimError> {
+    static CLIENTS: Mutex<Option<HashMap<String, Client>>> = Mutex::new(None);
+    let mut clients = CLIENTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let clients = clients.get_or_insert_with(HashMap::new);
+    if let Some(client) = clients.get(endpoint) {
+        return Ok(client.clone());
+    }
+    let client =
+        Client::new(endpoint, ETCD_OP_TIMEOUT).map_err(|e| etcd_err(endpoint, "connect", e))?;
+    clients.insert(endpoint.to_string(), client.clone());
+    Ok(client)
+}
+
+/// Starts the worker task; returns once the key is written (or registering failed).
+pub(crate) fn spawn(setup: Setup) -> Result<UnboundedSender<Command>, SimError> {
     let (commands, inbox) = mpsc::unbounded_channel();
     let (ready, started) = std_mpsc::sync_channel(1);
     let endpoint = setup.endpoint.clone();
-    let thread = thread::Builder::new()
-        .name(format!("sim-{name}-etcd"))
-        .spawn(move || run_thread(setup, inbox, ready))
-        .map_err(|e| etcd_err(&endpoint, "spawning the worker thread", e))?;
-    match started.recv() {
-        Ok(Ok(())) => Ok((commands, thread)),
-        Ok(Err(e)) => {
-            let _ = thread.join();
-            Err(e)
-        }
-        Err(_) => {
-            let _ = thread.join();
-            Err(etcd_err(&endpoint, "starting the worker", "the worker thread panicked"))
-        }
-    }
-}
-
-fn run_thread(
-    setup: Setup,
-    inbox: UnboundedReceiver<Command>,
-    ready: SyncSender<Result<(), SimError>>,
-) {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
-    let runtime = match runtime {
-        Ok(runtime) => runtime,
-        Err(e) => return reply(ready, Err(etcd_err(&setup.endpoint, "building a runtime", e))),
-    };
-    runtime.block_on(async move {
+    runtime()?.spawn(async move {
         let mut worker = match Worker::connect(setup) {
             Ok(worker) => worker,
             Err(e) => return reply(ready, Err(e)),
@@ -90,6 +97,10 @@ fn run_thread(
         reply(ready, Ok(()));
         worker.run(inbox).await;
     });
+    match started.recv() {
+        Ok(result) => result.map(|()| commands),
+        Err(_) => Err(etcd_err(&endpoint, "starting the worker", "the worker task panicked")),
+    }
 }
 
 fn etcd_err(endpoint: &str, op: &'static str, detail: impl std::fmt::Display) -> SimError {
@@ -120,8 +131,7 @@ struct Worker {
 
 impl Worker {
     fn connect(setup: Setup) -> Result<Worker, SimError> {
-        let client = Client::new(&setup.endpoint, ETCD_OP_TIMEOUT)
-            .map_err(|e| etcd_err(&setup.endpoint, "connect", e))?;
+        let client = client(&setup.endpoint)?;
         Ok(Worker { client, setup, lease: None, paused: false, written_load: None })
     }
 

@@ -17,7 +17,7 @@ use crate::Dialect;
 impl RankState {
     /// Answers every pending replay request without blocking, as a snapshot or (vLLM) from
     /// the history; whether there was any.
-    pub(super) fn serve_replays(&mut self) -> bool {
+    pub(crate) fn serve_replays(&mut self) -> bool {
         let mut served = false;
         loop {
             let Some(sockets) = self.sockets.as_ref() else { return served };

@@ -58,8 +58,12 @@ fn combinations_that_cannot_work_say_what_to_do() {
     let msg = problems(&["--write_config=/tmp/k.json", "--route_clients=2", "--etcd_namespace=x"]);
     assert!(msg.contains("--route_clients = 2 needs --etcd_addr"), "{msg}");
     assert!(msg.contains("--etcd_namespace needs --etcd_addr"), "{msg}");
-    let msg = problems(&["--spawn_kvdir=k", "--engines=33", "--dp_size=4"]);
-    assert!(msg.contains("132 streams; kvdir subscribes to at most 128"), "{msg}");
+    let msg = problems(&["--spawn_kvdir=k", "--engines=16385", "--dp_size=4"]);
+    assert!(msg.contains("65540 streams; kvdir subscribes to at most 65536"), "{msg}");
+    assert_eq!(run(&["--spawn_kvdir=k", "--engines=1024", "--dp_size=4"]).engines, 1024);
+    let msg = problems(&["--spawn_kvdir=k", "--events_bind=65535", "--rank_threads=0"]);
+    assert!(msg.contains("--events_bind = 65535 with --dp_size = 2 needs ports up to 65536"));
+    assert!(msg.contains("--rank_threads = 0"), "{msg}");
     let msg = problems(&["--spawn_kvdir=k", "--kvdir_addr=127.0.0.1:1"]);
     assert!(msg.contains("both name the kvdir"), "{msg}");
     let msg = problems(&["--spawn_kvdir=k", "--query_clients=0"]);
