@@ -168,8 +168,10 @@ impl Fleet {
         };
         config["max_streams"] = json!(self.streams().len().max(DEFAULT_MAX_STREAMS));
         if let Some(port) = o.events_bind {
-            if let Some(discovery) = config.get_mut("discovery") {
-                discovery["events"] = json!("bind");
+            if let Some(discovery) = config.get_mut("discovery").and_then(Value::as_object_mut) {
+                // Each instance's topic comes from kv_events_bind.topic.
+                discovery.remove("topic");
+                discovery.insert("events".to_string(), json!("bind"));
             }
             let topic = if matches!(o.mode, Mode::Etcd { .. }) { TOPIC_ETCD } else { TOPIC_LISTED };
             config["kv_events_bind"] = json!({
@@ -357,5 +359,28 @@ mod tests {
         let second = http_base(&o, &[first], true).expect("another free block");
         assert_ne!(first, second);
         assert!(![first, second].contains(&http_base(&o, &[first, second], true).unwrap()));
+    }
+
+    /// Every config the tool can write is one kvdir accepts (kvdir's own parser).
+    #[test]
+    fn kvdir_accepts_every_generated_config() {
+        let modes: [&[&str]; 4] = [
+            &[],
+            &["--events_bind=7600"],
+            &["--etcd_addr=127.0.0.1:1"],
+            &["--etcd_addr=127.0.0.1:1", "--events_bind=7600"],
+        ];
+        for extra in modes {
+            let mut args = vec!["--spawn_kvdir=k", "--engines=2", "--dp_size=2"];
+            args.extend_from_slice(extra);
+            let Ok(BenchCommand::Run(o)) = parse_args(args.iter().map(|a| a.to_string())) else {
+                panic!("{args:?} should parse")
+            };
+            let fleet = Fleet::start(&o).expect("engines on free ports");
+            let text = fleet.kvdir_config(&o).to_string();
+            if let Err(e) = kvdir::config::parse_config_file(&text) {
+                panic!("kvdir rejects the config for {extra:?}: {e}\n{text}");
+            }
+        }
     }
 }
