@@ -97,6 +97,8 @@ pub struct Registry {
     pending_loads: HashMap<String, LoadMetrics>,
     /// The last probe ticket handed out.
     probes: u64,
+    /// Bumped whenever what discovery plans from changes (see [`Registry::changes`]).
+    changes: u64,
 }
 
 impl Registry {
@@ -110,6 +112,13 @@ impl Registry {
         self.instances.get(name)
     }
 
+    /// A count that moves whenever an instance appears, goes, is registered again or changes
+    /// state: everything discovery's plan reads. Loads and heartbeats that change no state
+    /// leave it, so an unchanged count means an unchanged plan.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
     /// A registration was written.
     pub fn put(&mut self, record: InstanceRecord, now: Instant) -> PutOutcome {
         let fresh = |record, load: Option<LoadMetrics>| Instance {
@@ -121,6 +130,7 @@ impl Registry {
             load,
             probe: None,
         };
+        self.changes += 1;
         match self.instances.get_mut(&record.name) {
             None => {
                 let load = self.pending_loads.remove(&record.name);
@@ -163,6 +173,7 @@ impl Registry {
         if let Some(i) = self.instances.get_mut(name).filter(|i| i.probe == Some(ticket)) {
             let state = if healthy { InstanceState::LeaseLost } else { InstanceState::Suspect };
             (i.state, i.since, i.probe) = (state, now, None);
+            self.changes += 1;
         }
     }
 
@@ -188,6 +199,7 @@ impl Registry {
         i.load_reports += 1;
         if i.state == InstanceState::Suspect {
             (i.state, i.since) = (InstanceState::LeaseLost, now);
+            self.changes += 1;
         }
         Ok(())
     }
@@ -222,6 +234,7 @@ impl Registry {
                 let last = i.last_heartbeat.map_or(i.since, |h| h.max(i.since));
                 if now.saturating_duration_since(last) >= LEASE_LOST_GRACE {
                     (i.state, i.since) = (InstanceState::Suspect, now);
+                    self.changes += 1;
                 }
             }
         }
@@ -236,6 +249,7 @@ impl Registry {
             .collect();
         for name in &expired {
             self.instances.remove(name);
+            self.changes += 1;
         }
         expired
     }

@@ -127,6 +127,36 @@ fn lease_loss_grace_suspect_and_removal() {
     assert!(reg.get("h:1").is_none());
 }
 
+/// The count discovery skips a refresh by moves with every change a plan reads, and only
+/// with those: loads and heartbeats that change no state leave it.
+#[test]
+fn changes_count_what_plans_read() {
+    let t = Instant::now();
+    let mut reg = Registry::default();
+    let mut last = reg.changes();
+    let mut moved = |reg: &Registry| std::mem::replace(&mut last, reg.changes()) != reg.changes();
+    reg.put(record("h:1", 1, 1, Some("a")), t);
+    assert!(moved(&reg), "a new instance");
+    reg.load("h:1", LOAD);
+    reg.heartbeat("h:1", Some("a"), LOAD, t).unwrap();
+    reg.tick(t + Duration::from_secs(1));
+    assert!(!moved(&reg), "loads, heartbeats and ticks that change no state");
+    let ticket = reg.deleted("h:1").unwrap();
+    reg.probed("h:1", ticket, true, t);
+    assert!(moved(&reg), "ACTIVE to LEASE_LOST");
+    reg.tick(t + Duration::from_secs(6));
+    assert!(moved(&reg), "LEASE_LOST to SUSPECT");
+    reg.heartbeat("h:1", Some("a"), LOAD, t + Duration::from_secs(7)).unwrap();
+    assert!(moved(&reg), "SUSPECT to LEASE_LOST");
+    reg.put(record("h:1", 1, 1, Some("a")), t);
+    assert!(moved(&reg), "registered again");
+    let ticket = reg.deleted("h:1").unwrap();
+    reg.probed("h:1", ticket, false, t);
+    assert!(moved(&reg), "ACTIVE to SUSPECT");
+    reg.tick(t + Duration::from_secs(60));
+    assert!(moved(&reg) && reg.get("h:1").is_none(), "removed");
+}
+
 #[test]
 fn heartbeats_for_unknown_or_stale_instances_are_refused() {
     let t = Instant::now();

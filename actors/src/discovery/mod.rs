@@ -10,11 +10,13 @@
 //! cold, vanished ones stop, and a changed endpoint, DP topology or process identity restarts a
 //! stream with an empty index, so a replacement gets no credit before its own snapshot.
 
+mod apply;
 mod engines;
 mod etcd_watch;
 mod messages;
 mod report;
 
+use apply::{apply_plans, Applied, Plans};
 use messages::Probed;
 pub use messages::{
     Change, EngineReport, EtcdChanged, EtcdDown, EtcdListed, GetInstances, Heartbeat,
@@ -28,11 +30,11 @@ use actix::prelude::*;
 use kvdir::config::{DiscoveryConfig, EngineSpec, Limits};
 use kvdir::registry::{
     namespace_prefix, parse_instance, parse_key, parse_load, plan, Engines, Exclusion,
-    HeartbeatError, Instance, PlannedStream, Registry, RegistryKey,
+    HeartbeatError, Instance, Registry, RegistryKey,
 };
 
-use crate::router::{InstanceInfo, SetCandidates, SetLoad, StreamKey};
-use crate::stream::{StreamSet, StreamSource};
+use crate::router::{InstanceInfo, SetCandidates, SetLoad};
+use crate::stream::StreamSet;
 
 /// How often the registry's timeouts are applied when no discovery config sets a refresh.
 const REGISTRY_TICK: std::time::Duration = std::time::Duration::from_secs(1);
@@ -53,6 +55,8 @@ pub struct DiscoveryActor {
     listings: u64,
     listed_keys: usize,
     reconciling: bool,
+    /// The last plan applied in full (a refresh with the same plan does nothing).
+    applied: Option<Applied>,
     /// Engines listed by address, and which of them came from `POST /register`.
     engines: Engines,
     registered_engines: BTreeSet<String>,
@@ -86,6 +90,7 @@ impl DiscoveryActor {
             listings: 0,
             listed_keys: 0,
             reconciling: false,
+            applied: None,
             engines: Engines::default(),
             registered_engines: BTreeSet::new(),
             poll_interval: Duration::from_secs(1),
@@ -221,6 +226,10 @@ impl DiscoveryActor {
         if self.reconciling {
             return;
         }
+        let (registry, engines) = (self.registry.changes(), self.engines.planned());
+        if self.applied.as_ref().is_some_and(|a| a.holds(registry, &engines, &self.set)) {
+            return; // nothing a plan reads changed, and the last plan runs in full
+        }
         let mut discovered = match &self.cfg {
             Some(cfg) => plan(self.registry.instances(), cfg, self.max_streams),
             None => kvdir::registry::Plan::default(),
@@ -234,19 +243,15 @@ impl DiscoveryActor {
             }
         }
         self.excluded = discovered.excluded;
+        let plans = Plans { discovery: discovered.streams, engines, registry };
         self.reconciling = true;
-        let (set, engines) = (self.set.clone(), self.engines.planned());
-        let discovery = self.cfg.is_some();
-        ctx.spawn(
-            async move {
-                if discovery {
-                    apply_plan(&set, discovered.streams, StreamSource::Discovery).await;
-                }
-                apply_plan(&set, engines, StreamSource::Engine).await;
-            }
-            .into_actor(self)
-            .map(|_, a, _| a.reconciling = false),
-        );
+        let set = self.set.clone();
+        ctx.spawn(async move { apply_plans(&set, plans).await }.into_actor(self).map(
+            |applied, a, _| {
+                a.reconciling = false;
+                a.applied = applied;
+            },
+        ));
     }
 }
 
@@ -258,35 +263,6 @@ enum Touched {
     Load(String),
     /// Anything else: send the whole snapshot.
     All,
-}
-
-/// Starts, stops and restarts the streams from `source` so they equal `desired`.
-async fn apply_plan(set: &StreamSet, desired: Vec<PlannedStream>, source: StreamSource) {
-    let want: BTreeMap<StreamKey, PlannedStream> = desired
-        .into_iter()
-        .map(|p| {
-            (StreamKey { instance_name: p.spec.instance_name.clone(), dp_rank: p.spec.dp_rank }, p)
-        })
-        .collect();
-    // Streams from other sources (`POST /register`, static) are not this plan's to stop.
-    for key in set.keys_from(source) {
-        let keep = match (set.get(&key), want.get(&key)) {
-            (Some(run), Some(p)) => p.is_running_as(&run.spec, run.identity.as_ref()),
-            _ => false,
-        };
-        if !keep {
-            tracing::info!(instance = %key.instance_name, dp = key.dp_rank, "stopping stream");
-            set.stop(&key).await;
-        }
-    }
-    for (key, p) in want {
-        if set.get(&key).is_none() {
-            tracing::info!(instance = %key.instance_name, dp = key.dp_rank, endpoint = %p.spec.endpoint, "starting stream");
-            if let Err(e) = set.start(p.spec, Some(p.identity), source) {
-                tracing::error!(instance = %key.instance_name, dp = key.dp_rank, error = %e, "cannot start stream");
-            }
-        }
-    }
 }
 
 impl Actor for DiscoveryActor {

@@ -9,6 +9,7 @@
 //! supervisor ends once no address is left.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use actix::prelude::*;
@@ -130,6 +131,8 @@ pub struct StreamSet {
     registering: Arc<std::sync::Mutex<()>>,
     /// The route table of the bind endpoint, when kvdir binds one.
     bind: Option<BindRoutes>,
+    /// Streams started or stopped so far (see [`StreamSet::changes`]).
+    changes: Arc<AtomicU64>,
 }
 
 impl StreamSet {
@@ -146,8 +149,19 @@ impl StreamSet {
         let pool = IoPool::start(pool::thread_count(limits.io_threads), replays)?;
         tracing::debug!(open_files = ?fds, io_threads = pool.stats().io_threads.len(), "stream pool");
         let (map, indexes, registering) = Default::default();
-        let bind = None;
-        Ok(StreamSet { router, indexes, arbiters, zmq, limits, map, pool, registering, bind })
+        let (bind, changes) = (None, Arc::default());
+        Ok(StreamSet {
+            router,
+            indexes,
+            arbiters,
+            zmq,
+            limits,
+            map,
+            pool,
+            registering,
+            bind,
+            changes,
+        })
     }
 
     /// Streams of the bind endpoint are routed by `routes` (the bind receiver's table).
@@ -330,7 +344,13 @@ impl StreamSet {
         });
         let run = RunningStream { spec, identity, source, tenant, stream, counters, index };
         write(&self.map).insert(key, run);
+        self.changes.fetch_add(1, Ordering::Release);
         Ok(())
+    }
+
+    /// How many times a stream started or stopped: unchanged means the same streams run.
+    pub fn changes(&self) -> u64 {
+        self.changes.load(Ordering::Acquire)
     }
 
     /// Stops a stream: when this returns, its entry and bits have left query answers.
@@ -349,6 +369,7 @@ impl StreamSet {
         // Only now, with its bits gone from the shared index, does the stream leave the map:
         // a report that no longer lists it never meets a query answer that still does.
         write(&self.map).remove(key);
+        self.changes.fetch_add(1, Ordering::Release);
     }
 }
 
