@@ -20,4 +20,6 @@ pub use state::{
 };
 
 #[cfg(test)]
+mod plan_tests;
+#[cfg(test)]
 mod tests;
