@@ -9,7 +9,8 @@ kvdir's predicted cached tokens on the engine it chose (`x-kvdir-cached-tokens`,
 - on an exact stream the numbers agree, except (printed as explained) an under-credit that
   follows a duplicate-store removal, and a difference in blocks that the engine's own events
   show changing while the request was in flight: stored blocks published only after kvdir
-  routed it (vLLM publishes from a background thread), or blocks evicted after kvdir routed it
+  routed it (vLLM publishes from a background thread, sometimes just after the answer: the
+  engine's events are read for up to EXPLAIN_WAIT_S more), or blocks evicted after kvdir routed it
   (a concurrent burst on a small cache); kvdir was right about the events it had;
 - on a partial stream an under-credit is allowed (it credits only blocks it saw stored).
 Named checks (stream start-up, salt, duplicate store, restart) count like requests. It ends with
@@ -28,6 +29,9 @@ import time
 import vllm_events as ve
 from vllm_chat import (BLOCK, CREDITED, SYNCED, WORDS, Conversation, Engine, Kvdir, Results,
                        http, in_flight, judge, predicted_tokens, stream_state)
+
+# How long after an answer the engine's events may still explain a difference (s).
+EXPLAIN_WAIT_S = 0.5
 
 
 class Driver:
@@ -81,8 +85,12 @@ class Driver:
             state = stream_state(hdrs, reports.get(engine.name))
             predicted = predicted_tokens(hdrs, usage["prompt_tokens"])
             if predicted != actual and state == "exact" and not explained and not conv.salt:
-                explained = self.in_flight(engine, sent_at[engine.name], messages,
-                                           min(predicted, actual), max(predicted, actual))
+                # vLLM may publish a step's events just after the HTTP answer: they too came
+                # after kvdir routed, so the tap gets EXPLAIN_WAIT_S to show them.
+                low, high = min(predicted, actual), max(predicted, actual)
+                explained = engine.tap.wait(
+                    lambda _: self.in_flight(engine, sent_at[engine.name], messages, low, high),
+                    EXPLAIN_WAIT_S) or ""
             ok, verdict = judge(predicted, actual, state, explained)
             if not ok and predicted is not None and not conv.salt:
                 verdict += "; " + self.diagnose(engine, sent_at[engine.name], messages,
