@@ -56,8 +56,8 @@ Engines:
   --replay_port_offset N   the same for snapshot ports (replay_port_offset)       [30000]
   --heartbeat_ms N         heartbeat interval with --etcd_addr (0 = none)         [500]
   --events_bind P          kvdir binds ports P..P+dp_size-1 and every engine's rank r connects
-                           its PUB to P+r with its own topic (kv_events_bind); needs a kvdir
-                           with that key [off: kvdir connects to every rank's PUB]
+                           its PUB to P+r with its own topic (kv_events_bind); needs
+                           --etcd_addr [off: kvdir connects to every rank's PUB]
   --rank_threads N         threads serving every simulated rank       [the cores]
 
 Load:
@@ -394,6 +394,13 @@ impl BenchOptions {
             (
                 etcd || !namespace,
                 "--etcd_namespace needs --etcd_addr; drop it or add --etcd_addr".into(),
+            ),
+            (
+                etcd || self.events_bind.is_none(),
+                "--events_bind needs --etcd_addr: kvdir learns of bound engines from etcd \
+                 (engines listed by address would need the HTTP /health and /metrics the \
+                 simulated engines do not serve here); add --etcd_addr"
+                    .into(),
             ),
             (
                 etcd || self.http_port == 0,

@@ -12,10 +12,9 @@
 //! The engines' HTTP ports are only names unless they serve OpenAI (`kvdir-bench chat`):
 //! 1,024 idle HTTP servers would be 1,024 threads.
 //!
-//! With `--events_bind P` kvdir binds `P..P+dp_size-1` (`kv_events_bind`) and rank `r` of every
-//! engine connects its PUB to `P + r`, publishing with its engine's topic: [`TOPIC_ETCD`] with
-//! the instance's `host:port` in etcd mode, [`TOPIC_LISTED`] with its name for the static
-//! `engines` list. Both end in `@`, so no engine's topic is a prefix of another's.
+//! With `--events_bind P` (etcd mode only) kvdir binds `P..P+dp_size-1` (`kv_events_bind`)
+//! and rank `r` of every engine connects its PUB to `P + r`, publishing with its engine's
+//! topic, [`TOPIC_ETCD`] with the instance's `host:port`.
 
 use std::net::TcpListener;
 use std::time::Duration;
@@ -37,8 +36,6 @@ const BASES: u32 = 50;
 const BIND_RETRIES: usize = 5;
 /// The `kv_events_bind` topic pattern of discovered engines (`--events_bind`, etcd mode).
 pub const TOPIC_ETCD: &str = "kv@{host}:{port}@{model}";
-/// The `kv_events_bind` topic pattern of listed engines (`--events_bind`, static mode).
-pub const TOPIC_LISTED: &str = "kv@{name}@{model}";
 /// Lease TTL of the registrations: kept alive every third of it, so 1,024 engines cost about
 /// 300 keepalive rounds a second rather than 1,000.
 const LEASE_TTL_S: i64 = 10;
@@ -147,11 +144,11 @@ impl Fleet {
         Ok(sum)
     }
 
-    /// The kvdir config file for these engines: `discovery` in etcd mode, else `streams` (or,
-    /// with `--events_bind`, the `engines` list); `max_streams` fits the fleet.
+    /// The kvdir config file for these engines: `discovery` in etcd mode (with
+    /// `kv_events_bind` for `--events_bind`), else `streams`; `max_streams` fits the fleet.
     pub fn kvdir_config(&self, o: &BenchOptions) -> Value {
-        let mut config = match (&o.mode, o.events_bind) {
-            (Mode::Etcd { .. }, _) => json!({ "discovery": {
+        let mut config = match &o.mode {
+            Mode::Etcd { .. } => json!({ "discovery": {
                 "enabled": true,
                 "block_size": o.block_size,
                 "topic": o.topic,
@@ -159,12 +156,8 @@ impl Fleet {
                 "event_port_offset": o.port_offsets.0,
                 "replay_port_offset": o.port_offsets.1,
             }}),
-            (Mode::Static, None) => cli::static_streams_config(&self.engines),
-            (Mode::Static, Some(_)) => json!({
-                "engines": self.engines.iter().enumerate().map(|(k, e)| listed(k, e)).collect::<Vec<_>>(),
-                // The listed engines serve no HTTP: poll them as rarely as kvdir allows.
-                "engine_poll_interval_ms": 60_000,
-            }),
+            // The flags allow --events_bind only with etcd.
+            Mode::Static => cli::static_streams_config(&self.engines),
         };
         config["max_streams"] = json!(self.streams().len().max(DEFAULT_MAX_STREAMS));
         if let Some(port) = o.events_bind {
@@ -173,11 +166,10 @@ impl Fleet {
                 discovery.remove("topic");
                 discovery.insert("events".to_string(), json!("bind"));
             }
-            let topic = if matches!(o.mode, Mode::Etcd { .. }) { TOPIC_ETCD } else { TOPIC_LISTED };
             config["kv_events_bind"] = json!({
                 "endpoint": format!("tcp://127.0.0.1:{port}"),
                 "ranks": o.dp_size,
-                "topic": topic,
+                "topic": TOPIC_ETCD,
             });
         }
         config
@@ -250,11 +242,10 @@ fn engine_config(
         None => o.topic.clone(),
         Some(_) => {
             let model = openai.map_or("", |m| m.served_model_name.as_str());
-            match http_port {
-                0 => TOPIC_LISTED.replace("{name}", &name),
-                p => TOPIC_ETCD.replace("{host}", "127.0.0.1").replace("{port}", &p.to_string()),
-            }
-            .replace("{model}", model)
+            TOPIC_ETCD
+                .replace("{host}", "127.0.0.1")
+                .replace("{port}", &http_port.to_string())
+                .replace("{model}", model)
         }
     };
     EngineConfig {
@@ -272,23 +263,6 @@ fn engine_config(
         replay_port_offset: o.port_offsets.1,
         ..EngineConfig::default()
     }
-}
-
-/// Engine `k` in the static `engines` list of bind-endpoint mode: its PUBs connect to kvdir,
-/// its replay ports are listed. It serves no HTTP; the URL, on a loopback address of its own
-/// where nothing listens, only satisfies the list's format.
-fn listed(k: usize, engine: &SimEngine) -> Value {
-    let c = engine.config();
-    let replay: Vec<String> = engine.endpoints().into_iter().map(|ep| ep.replay).collect();
-    json!({
-        "name": c.name,
-        "url": format!("http://127.1.{}.{}:9", k / 256, k % 256),
-        "dialect": c.dialect.as_str(),
-        "events": "bind",
-        "replay": replay,
-        "dp_size": c.dp_size,
-        "block_size": c.block_size,
-    })
 }
 
 /// The engines, on the ports of `base` in etcd mode (ephemeral ports in static mode).
@@ -364,12 +338,8 @@ mod tests {
     /// Every config the tool can write is one kvdir accepts (kvdir's own parser).
     #[test]
     fn kvdir_accepts_every_generated_config() {
-        let modes: [&[&str]; 4] = [
-            &[],
-            &["--events_bind=7600"],
-            &["--etcd_addr=127.0.0.1:1"],
-            &["--etcd_addr=127.0.0.1:1", "--events_bind=7600"],
-        ];
+        let modes: [&[&str]; 3] =
+            [&[], &["--etcd_addr=127.0.0.1:1"], &["--etcd_addr=127.0.0.1:1", "--events_bind=7600"]];
         for extra in modes {
             let mut args = vec!["--spawn_kvdir=k", "--engines=2", "--dp_size=2"];
             args.extend_from_slice(extra);

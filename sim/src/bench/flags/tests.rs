@@ -63,6 +63,7 @@ fn combinations_that_cannot_work_say_what_to_do() {
     assert_eq!(run(&["--spawn_kvdir=k", "--engines=1024", "--dp_size=4"]).engines, 1024);
     let msg = problems(&["--spawn_kvdir=k", "--events_bind=65535", "--rank_threads=0"]);
     assert!(msg.contains("--events_bind = 65535 with --dp_size = 2 needs ports up to 65536"));
+    assert!(msg.contains("--events_bind needs --etcd_addr"), "{msg}");
     assert!(msg.contains("--rank_threads = 0"), "{msg}");
     let msg = problems(&["--spawn_kvdir=k", "--kvdir_addr=127.0.0.1:1"]);
     assert!(msg.contains("both name the kvdir"), "{msg}");
