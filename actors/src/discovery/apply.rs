@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 
+use kvdir::config::is_bound;
 use kvdir::registry::PlannedStream;
 
 use crate::router::StreamKey;
@@ -73,7 +74,10 @@ async fn apply_plan(set: &StreamSet, desired: Vec<PlannedStream>, source: Stream
     let mut complete = true;
     for (key, p) in want {
         if set.get(&key).is_none() {
-            tracing::info!(instance = %key.instance_name, dp = key.dp_rank, endpoint = %p.spec.endpoint, "starting stream");
+            // A bound stream's endpoint is the in-process fan-out; operators know it by its key.
+            let endpoint =
+                if is_bound(&p.spec.endpoint) { "kv_events_bind" } else { &p.spec.endpoint };
+            tracing::info!(instance = %key.instance_name, dp = key.dp_rank, %endpoint, "starting stream");
             if let Err(e) = set.start(p.spec, Some(p.identity), source) {
                 tracing::error!(instance = %key.instance_name, dp = key.dp_rank, error = %e, "cannot start stream");
                 complete = false;
