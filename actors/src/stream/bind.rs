@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use kvdir::config::{keyed_topic, BindConfig, Limits, BIND_ENDPOINT};
 use serde::Serialize;
 
-use super::sockets::{Socket, ZmqContext};
+use super::sockets::{max_frame, Socket, ZmqContext};
 use crate::sync::{lock, read, write};
 
 /// Receive (bound ports) and send (in-process) high-water marks, in messages.
@@ -154,7 +154,7 @@ impl BindReceiver {
         let publ = zmq.socket(zmq::PUB).map_err(|e| fail(BIND_ENDPOINT, e))?;
         publ.set_linger(0).and_then(|()| publ.set_sndhwm(HWM)).map_err(|e| fail("", e))?;
         publ.bind(BIND_ENDPOINT).map_err(|e| fail(BIND_ENDPOINT, e))?;
-        let max = (limits.max_message_bytes as i64).saturating_mul(2).saturating_add(64 << 10);
+        let max = max_frame(limits);
         let mut subs = Vec::new();
         for ep in routes.config().endpoints() {
             let sub = zmq.socket(zmq::SUB).map_err(|e| fail(&ep, e))?;

@@ -321,7 +321,13 @@ impl StreamSet {
         let mut worker_spec = spec.clone();
         if is_bound(&spec.endpoint) {
             self.check_bound(&spec)?;
-            let routes = self.bind.as_ref().ok_or_else(|| StartStreamError::Bind(String::new()))?;
+            let routes = self.bind.as_ref().ok_or_else(|| {
+                StartStreamError::Bind(format!(
+                    "instance {:?} publishes to kv_events_bind, but kvdir binds no endpoint; \
+                     set kv_events_bind in the config or --kv_events_bind",
+                    spec.instance_name
+                ))
+            })?;
             worker_spec.topic =
                 routes.add(&spec.topic, spec.dp_rank).map_err(StartStreamError::Bind)?;
         }
@@ -355,17 +361,13 @@ impl StreamSet {
 
     /// Stops a stream: when this returns, its entry and bits have left query answers.
     pub async fn stop(&self, key: &StreamKey) {
-        let handles =
-            read(&self.map).get(key).map(|running| (running.stream.clone(), running.index.clone()));
-        let Some((stream, index)) = handles else { return };
+        let Some(run) = self.get(key) else { return };
         // From now on its engine's messages are unknown.
-        if let Some(run) = self.get(key) {
-            self.unroute(&run.spec);
-        }
-        stream.do_send(Shutdown);
+        self.unroute(&run.spec);
+        run.stream.do_send(Shutdown);
         // Drops the writer (waiting for a write in progress); a closed mailbox means the
         // actor, and with it the writer, is gone already.
-        let _ = index.send(Shutdown).await;
+        let _ = run.index.send(Shutdown).await;
         // Only now, with its bits gone from the shared index, does the stream leave the map:
         // a report that no longer lists it never meets a query answer that still does.
         write(&self.map).remove(key);

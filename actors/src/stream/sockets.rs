@@ -101,6 +101,13 @@ fn errno() -> zmq::Error {
     zmq::Error::from_raw(unsafe { zmq_sys::zmq_errno() })
 }
 
+/// `ZMQ_MAXMSGSIZE` of every socket receiving engine messages: a hard ceiling above the
+/// configured limit. Payloads between the two get a readable "exceeds max_message_bytes" error
+/// from the decoder; beyond it libzmq drops the peer.
+pub fn max_frame(limits: &kvdir::config::Limits) -> i64 {
+    (limits.max_message_bytes as i64).saturating_mul(2).saturating_add(64 << 10)
+}
+
 /// The soft and hard `RLIMIT_NOFILE` (`None`: unlimited).
 pub fn fd_limit() -> (Option<u64>, Option<u64>) {
     let lim = getrlimit(Resource::Nofile);

@@ -4,16 +4,9 @@
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 
-use kvdir::config::Limits;
-
 use super::{Socket, Worker, WorkerCtx, SUB_HWM};
 use crate::faults::{self, FaultPoint};
-
-fn max_frame(limits: &Limits) -> i64 {
-    // A hard ceiling above the configured limit: payloads between the two get a readable
-    // "exceeds max_message_bytes" error from the decoder; beyond it libzmq drops the peer.
-    (limits.max_message_bytes as i64).saturating_mul(2).saturating_add(64 << 10)
-}
+use crate::stream::sockets::max_frame;
 
 /// ZMTP heartbeats: a PING every third of `timeout` (at least 100 ms); no traffic from the
 /// publisher for `timeout` closes the connection, which the socket monitor reports as a
