@@ -15,6 +15,7 @@
 //! - [`indexer`]: the KV indexer API of Mooncake RFC #1403: register bodies and the RFC answer.
 //! - [`metrics`]: a lock-free latency histogram and the Prometheus text format.
 //! - [`backoff`]: the doubling retry delay every retry loop uses.
+//! - [`overload`]: the front door's overload admission: a bounded FIFO of held requests.
 //!
 //! The contract is `docs/protocol.md`; the layout is in the README, the design notes in `docs/design.md`.
 
@@ -24,6 +25,7 @@ pub mod config;
 pub mod index;
 pub mod indexer;
 pub mod metrics;
+pub mod overload;
 pub mod prometheus;
 pub mod query;
 pub mod registry;

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 
 use super::ConfigError;
 use crate::car::{Policy, RouteParams};
+use crate::overload::OverloadParams;
 
 /// Usage text for `--help`.
 pub const USAGE: &str = "\
@@ -51,6 +52,11 @@ FLAGS (--flag=value or --flag value):
     --upstream_connect_timeout_ms MS  connecting to an engine [default: 3000]
     --upstream_timeout_ms MS       waiting for an engine's response head, and the longest
                                    silence between two chunks of its body [default: 300000]
+    --overload_ttft_ms MS          hold a front door request while every engine's estimated
+                                   time to first token is above MS; 0 turns it off [default: 0]
+    --overload_queue N             requests held at most; past it they get 429 [default: 256]
+    --overload_max_wait_ms MS      the longest a request is held, then it is sent anyway
+                                   [default: 30000]
     --check_config                 validate flags and the config file, then exit
     --demo                         run with in-process simulated engines (the default with no flags)
     --demo_seconds N               stop the demo after N seconds [default: run until Ctrl-C]
@@ -126,6 +132,8 @@ pub struct FrontDoorFlags {
     pub upstream_connect_timeout_ms: u64,
     /// Response-head timeout and longest silence between body chunks.
     pub upstream_timeout_ms: u64,
+    /// Overload admission (`--overload_*`).
+    pub overload: OverloadParams,
 }
 
 impl Default for FrontDoorFlags {
@@ -138,6 +146,7 @@ impl Default for FrontDoorFlags {
             api_key: None,
             upstream_connect_timeout_ms: 3000,
             upstream_timeout_ms: 300_000,
+            overload: OverloadParams::default(),
         }
     }
 }
@@ -250,6 +259,11 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
             flags.front.upstream_connect_timeout_ms = number(name, v, 1, 600_000)?;
         }
         "upstream_timeout_ms" => flags.front.upstream_timeout_ms = number(name, v, 1, 86_400_000)?,
+        "overload_ttft_ms" => flags.front.overload.ttft_bound_ms = number(name, v, 0, 3_600_000)?,
+        "overload_queue" => flags.front.overload.queue = number(name, v, 0, 1 << 20)?,
+        "overload_max_wait_ms" => {
+            flags.front.overload.max_wait_ms = number(name, v, 1, 3_600_000)?;
+        }
         "block_size" => flags.warnings.push(format!(
             "--block_size={v} does not configure the directory and is ignored (kept for \
              xllm-service command lines); set block_size in the kv_events_config_file: \

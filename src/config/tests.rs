@@ -181,6 +181,24 @@ fn predict_on_route_flags_are_validated_and_zero_turns_it_off() {
 }
 
 #[test]
+fn overload_flags_are_validated_and_off_by_default() {
+    let off = Flags::default().front.overload;
+    assert_eq!((off.enabled(), off.queue, off.max_wait_ms), (false, 256, 30_000));
+    let args = ["--overload_ttft_ms=2000", "--overload_queue", "0", "--overload_max_wait_ms=500"];
+    let Command::Run(f) = parse_flags(&args).unwrap() else { panic!("run expected") };
+    let o = f.front.overload;
+    assert_eq!((o.enabled(), o.ttft_bound_ms, o.queue, o.max_wait_ms), (true, 2000, 0, 500));
+    let err = parse_flags(&["--overload_ttft_ms=-1", "--overload_max_wait_ms=0"]).unwrap_err();
+    assert_eq!(
+        err.problems,
+        [
+            "--overload_ttft_ms=\"-1\" is not an integer in 0..=3600000",
+            "--overload_max_wait_ms=\"0\" is not an integer in 1..=3600000",
+        ]
+    );
+}
+
+#[test]
 fn endpoints_must_be_connectable_tcp() {
     assert!(check_endpoint("tcp://127.0.0.1:18000").is_ok());
     assert!(check_endpoint("tcp://engine-a.local:1").is_ok());
