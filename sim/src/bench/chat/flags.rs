@@ -30,6 +30,10 @@ USAGE: kvdir-bench chat --etcd_addr H:P --spawn_kvdir PATH [--flag=value]...
   --clients C              client threads, each with its own keep-alive client [4]
   --requests K             requests in all (the run stops at K or the duration) [200]
   --duration_seconds S     longest run of the clients                          [60]
+  --rate R                 open loop: request k is due at k/R s (R per second); a client sends
+                           it when due, or late when all are busy, and its latency and TTFT
+                           count from when it was due [0 = closed loop: each client sends its
+                           next request when the last one ends]
   --system_prompts S       distinct system prompts (requests take them in turn) [4]
   --prompt_tokens N        approximate prompt size; the system prompt is sized to fit [1000]
   --system_prompt_tokens N approximate system prompt size (instead of --prompt_tokens)
@@ -71,6 +75,8 @@ pub struct ChatOptions {
     pub requests: u64,
     /// Longest run of the clients.
     pub duration: Duration,
+    /// Open-loop arrivals per second; 0: closed loop.
+    pub rate: f64,
     /// Distinct system prompts.
     pub system_prompts: usize,
     /// Approximate system prompt size, tokens.
@@ -117,6 +123,7 @@ impl Default for ChatOptions {
             clients: 4,
             requests: 200,
             duration: Duration::from_secs(60),
+            rate: 0.0,
             system_prompts: 4,
             system_prompt_tokens: 1000 - USER_TURN_TOKENS,
             stream: false,
@@ -210,6 +217,10 @@ impl ChatOptions {
                     self.duration = Duration::from_secs_f64(s)
                 }
                 _ => return Err(format!("--{name} = {value:?} is not seconds in 0.1..=3600")),
+            },
+            "rate" => match value.parse::<f64>() {
+                Ok(r) if r.is_finite() && (0.0..=100_000.0).contains(&r) => self.rate = r,
+                _ => return Err(format!("--{name} = {value:?} is not requests/s in 0..=100000")),
             },
             "system_prompts" => self.system_prompts = number(name, value)?,
             "stream" => self.stream = switch(name, value)?,

@@ -158,14 +158,15 @@ pub fn run_clients(
         return super::siblings::run_groups(o, work, targets);
     }
     let next = AtomicU64::new(0);
-    let deadline = Instant::now() + o.duration;
+    let start = Instant::now();
+    let pace = Pace { start, deadline: start + o.duration, rate: o.rate };
     let client = http_client()?;
     thread::scope(|scope| {
         let handles: Vec<_> = (0..o.clients)
             .map(|_| {
                 let client = client.clone();
                 let (next, limit) = (&next, o.requests);
-                scope.spawn(move || client_loop(&client, work, targets, (next, limit), deadline))
+                scope.spawn(move || client_loop(&client, work, targets, (next, limit), pace))
             })
             .collect();
         let mut stats = ChatStats::default();
@@ -188,22 +189,44 @@ pub(super) fn http_client() -> Result<Client, BenchError> {
         .map_err(|e| BenchError::Kvdir(format!("cannot build the HTTP client: {e}")))
 }
 
+/// When the clients send: closed loop (`rate` 0), or request `k` due at `start + k / rate`.
+#[derive(Debug, Clone, Copy)]
+struct Pace {
+    start: Instant,
+    deadline: Instant,
+    rate: f64,
+}
+
+impl Pace {
+    /// Waits until request `k` is due; when it was due (now, in a closed loop).
+    fn due(&self, k: u64) -> Instant {
+        if self.rate <= 0.0 {
+            return Instant::now();
+        }
+        let due = self.start + Duration::from_secs_f64(k as f64 / self.rate);
+        thread::sleep(due.saturating_duration_since(Instant::now()));
+        due
+    }
+}
+
 fn client_loop(
     client: &Client,
     work: &Workload,
     targets: &Targets,
     (next, limit): (&AtomicU64, u64),
-    deadline: Instant,
+    pace: Pace,
 ) -> ChatStats {
     let mut stats = ChatStats::default();
     let start = Instant::now();
     loop {
         let k = next.fetch_add(1, Ordering::Relaxed);
-        if k >= limit || Instant::now() >= deadline {
+        if k >= limit || Instant::now() >= pace.deadline {
             break;
         }
         let addr = &targets.addrs[(k % targets.addrs.len() as u64) as usize];
-        let t0 = Instant::now();
+        // Open loop: timed from when the request was due, so a late send counts (no
+        // coordinated omission).
+        let t0 = pace.due(k);
         match one(client, addr, work.body(k), work.stream) {
             Ok(a) => {
                 stats.latencies.push(t0.elapsed());

@@ -141,9 +141,13 @@ fn new_report(o: &ChatOptions, path: String, stats: ChatStats) -> ChatReport {
         1 => String::new(),
         k => format!(", {k} siblings per prompt sent at once"),
     };
+    let rate = match o.rate > 0.0 {
+        true => format!(", open loop at {} requests/s", o.rate),
+        false => String::new(),
+    };
     let setup = format!(
         "{} engines x {} DP, block {}, prefill {} µs/token, decode {} µs/token x {} tokens; {} \
-         clients, {} requests max, {} system prompts{siblings}, {}; {path}{policy}",
+         clients{rate}, {} requests max, {} system prompts{siblings}, {}; {path}{policy}",
         o.engines,
         o.dp_size,
         o.block_size,
