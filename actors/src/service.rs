@@ -247,8 +247,10 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
             "CAR without a KV directory: every hit ratio is 0 and routing follows queues only"
         );
     }
-    let router =
-        RouterActor::start_in_arbiter(&Arbiter::new().handle(), move |_| RouterActor::new(params));
+    let overload = flags.front.overload;
+    let router = RouterActor::start_in_arbiter(&Arbiter::new().handle(), move |_| {
+        RouterActor::new(params).with_overload(overload)
+    });
     let mut arbiters: Vec<Arbiter> = (0..INDEX_ARBITERS).map(|_| Arbiter::new()).collect();
     let mut set = StreamSet::new(
         router.clone(),
@@ -302,6 +304,10 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
     let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(routes))
         .workers(2)
         .disable_signals()
+        // A client that closes its connection ends its handler at once (a held request leaves
+        // the overload queue, an unanswered one is cancelled at its engine) instead of when
+        // the answer is written.
+        .h1_allow_half_closed(false)
         .on_connect(no_delay)
         .bind(&addr)
         .map_err(|source| StartError::Bind { addr: addr.clone(), source })?;

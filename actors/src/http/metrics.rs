@@ -74,6 +74,8 @@ pub struct ServiceSample<'a> {
     pub front: &'a FrontMetrics,
     /// Predict-on-route's counters and the predictions kept now.
     pub predictions: (PredictCounters, usize),
+    /// Overload admission's counters and settings.
+    pub overload: (kvdir::overload::OverloadCounters, kvdir::overload::OverloadParams),
     /// The process's resident set size.
     pub rss: Option<u64>,
     /// The bind endpoint's counters, when kvdir binds one.
@@ -88,6 +90,7 @@ pub fn render(streams: &[StreamSample], service: &ServiceSample) -> String {
     render_service(&mut e, streams, service.metrics, service.rss);
     render_pool(&mut e, &service.pool);
     service.front.render(&mut e);
+    super::frontdoor::render_overload(&mut e, service.overload);
     render_predictions(&mut e, service.predictions);
     if let Some(bind) = &service.bind {
         render_bind(&mut e, bind);

@@ -31,7 +31,7 @@ use thiserror::Error;
 
 use crate::discovery::{DiscoveryActor, GetInstances, Heartbeat};
 use crate::indexes::Indexes;
-use crate::router::{GetPredictCounters, GetRecentRoutes, RouteRequest, RouterActor};
+use crate::router::{GetOverload, GetPredictCounters, GetRecentRoutes, RouteRequest, RouterActor};
 use crate::stream::{GetStreamReport, StreamCounters, StreamReport};
 use crate::stream::{StartStreamError, StreamMap, StreamSet};
 use frontdoor::{FrontDoor, FrontError};
@@ -163,11 +163,16 @@ impl ResponseError for FrontError {
             FrontError::Upstream(_) => StatusCode::BAD_GATEWAY,
             FrontError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             FrontError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            FrontError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
     fn error_response(&self) -> HttpResponse {
-        HttpResponse::build(self.status_code()).json(self.body())
+        let mut response = HttpResponse::build(self.status_code());
+        if let Some(seconds) = self.retry_after_s() {
+            response.insert_header(("retry-after", seconds.to_string()));
+        }
+        response.json(self.body())
     }
 }
 
@@ -341,10 +346,12 @@ async fn prometheus(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
         })
         .collect();
     let predictions = state.router.send(GetPredictCounters).await?;
+    let overload = state.router.send(GetOverload).await?;
     let service = metrics::ServiceSample {
         metrics: &state.metrics,
         front: &state.front.metrics,
         predictions,
+        overload,
         rss: metrics::resident_bytes(),
         bind: state.set.bind().map(|b| b.report()),
         pool: state.set.pool().stats(),

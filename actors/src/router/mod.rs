@@ -3,7 +3,7 @@
 //!
 //! Messages: [`SetCandidates`] (every instance) and [`SetLoad`] (one instance's heartbeat) from
 //! discovery, [`RouteRequest`], [`GetRecentRoutes`], [`GetPredictCounters`], and for the front
-//! door [`RequestProgress`].
+//! door [`RequestProgress`] and overload admission's (`overload.rs`).
 //! The handler reads the indexes itself ([`crate::indexes::Indexes::read`], no mailbox); this
 //! actor keeps only what must be serialized: the instance snapshot, the tie rotation, the
 //! front door's requests in flight ([`InFlight`], added to each instance's reported queue until
@@ -11,6 +11,7 @@
 //! ([`Predictions`], predict-on-route, see `predict.rs`) and the last decisions
 //! ([`RecentRoutes`], the last 20, token counts only) for the status page.
 
+mod overload;
 mod predict;
 
 use std::collections::HashMap;
@@ -25,6 +26,7 @@ use kvdir::car::{
 use kvdir::registry::{Identity, InstanceState, LoadMetrics};
 
 use crate::indexes::StreamHit;
+pub use overload::{Admission, AdmitForward, Forwarded, GetOverload, WithdrawHeld};
 
 /// A stream's identity: instance and DP rank.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -129,6 +131,8 @@ pub struct RouterActor {
     recent: RecentRoutes,
     inflight: InFlight,
     predictions: Predictions,
+    /// Overload admission: held requests (`overload.rs`).
+    gate: overload::Gate,
 }
 
 impl Actor for RouterActor {
@@ -138,25 +142,27 @@ impl Actor for RouterActor {
 impl Handler<SetCandidates> for RouterActor {
     type Result = ();
 
-    fn handle(&mut self, msg: SetCandidates, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: SetCandidates, ctx: &mut Context<Self>) {
         self.instances = msg.0;
         self.positions.clear();
         for (i, info) in self.instances.iter().enumerate() {
             self.positions.insert(info.candidate.name.clone(), i);
         }
+        self.release_held(ctx);
     }
 }
 
 impl Handler<SetLoad> for RouterActor {
     type Result = ();
 
-    fn handle(&mut self, msg: SetLoad, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: SetLoad, ctx: &mut Context<Self>) {
         // Discovery sends every instance in a snapshot before any heartbeat of it, so a miss
         // is an instance removed since; its next snapshot has left it out.
         let Some(&i) = self.positions.get(&msg.name) else { return };
         let info = &mut self.instances[i];
         (info.candidate.load, info.candidate.state) = (msg.load, msg.state);
         info.load_reports = msg.load_reports;
+        self.release_held(ctx);
     }
 }
 
@@ -184,11 +190,12 @@ impl Handler<RouteForward> for RouterActor {
 impl Handler<RequestProgress> for RouterActor {
     type Result = ();
 
-    fn handle(&mut self, msg: RequestProgress, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: RequestProgress, ctx: &mut Context<Self>) {
         match msg {
             RequestProgress::FirstByte(instance, id) => self.inflight.first_byte(&instance, id),
             RequestProgress::Finished(instance, id) => self.inflight.finish(&instance, id),
         }
+        self.release_held(ctx);
     }
 }
 
@@ -218,6 +225,11 @@ impl RouterActor {
     pub fn new(params: RouteParams) -> Self {
         let predictions = Predictions::new(params.predict_ttl_ms, Predictions::DEFAULT_CAPACITY);
         RouterActor { params, predictions, ..RouterActor::default() }
+    }
+
+    /// This router with overload admission (`--overload_*`).
+    pub fn with_overload(self, params: kvdir::overload::OverloadParams) -> Self {
+        RouterActor { gate: overload::Gate::new(params), ..self }
     }
 
     /// Whether routed requests' keys are predicted (CAR with `--car_predict_ttl_ms` > 0).

