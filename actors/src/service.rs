@@ -242,9 +242,11 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
     let mut params = flags.route.clone();
     // The registry may be given engines later (`POST /register`), with credit.
     params.directory_enabled = !specs.is_empty() || discovery.is_some() || registry;
-    if !params.directory_enabled && params.policy == kvdir::car::Policy::Car {
+    use kvdir::car::Policy;
+    if !params.directory_enabled && matches!(params.policy, Policy::Car | Policy::Ttft) {
         tracing::warn!(
-            "CAR without a KV directory: every hit ratio is 0 and routing follows queues only"
+            policy = ?params.policy,
+            "no KV directory: every hit ratio is 0 and routing follows queues only"
         );
     }
     let overload = flags.front.overload;

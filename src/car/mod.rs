@@ -23,15 +23,19 @@
 //! [`RecentRoutes`] keeps the last few decisions (token counts only) for the status page.
 
 mod inflight;
+mod ledger;
 mod policy;
 mod predict;
 mod recent;
+mod ttft;
 mod types;
 
 pub use inflight::{prompt_id, InFlight, PromptId, RequestId};
+pub use ledger::{QueuedWork, RoutedWork, WorkLedger};
 pub use policy::{kv_hit_ratio, route, Rotation, RouteError};
 pub use predict::{predicted_hit_ratio, PredictCounters, Predictions};
 pub use recent::{RecentRoutes, RecentRoutesReport, RouteRecord};
+pub use ttft::{estimate, RateSource, TtftParams, TtftTerms};
 pub use types::{
     reusable_limit, CacheState, Candidate, CandidateReport, DpHit, Policy, RouteParams, Routed,
     Side,

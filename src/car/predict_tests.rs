@@ -103,6 +103,7 @@ fn cand(name: &str, waiting: u64, ranks: &[(u64, u64)]) -> Candidate {
                 predicted_hit_tokens: predicted,
             })
             .collect(),
+        queued: crate::car::QueuedWork::default(),
     }
 }
 

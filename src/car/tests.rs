@@ -26,6 +26,7 @@ fn cand(name: &str, kind: InstanceType, waiting: u64, hits: &[(u64, u64)]) -> Ca
                 predicted_hit_tokens: 0,
             })
             .collect(),
+        queued: QueuedWork::default(),
     }
 }
 

@@ -30,7 +30,7 @@ FLAGS (--flag=value or --flag value):
     --etcd_addr HOST:PORT          etcd of the instance registry (routing, discovery);
                                    empty: no etcd, only listed engines [default: 127.0.0.1:2379]
     --etcd_namespace NS            key prefix /NS/ of the instance registry [default: none]
-    --load_balance_policy P        RR, SLO_AWARE or CAR [default: CAR]
+    --load_balance_policy P        RR, SLO_AWARE, CAR or TTFT [default: CAR]
     --car_prefill_lambda X         CAR weight of cache reuse against queue length, 0..=1 [default: 0.5]
     --car_host_hit_weight X        CAR weight of Host-only hits against Device hits, 0..=1 [default: 0.5]
     --car_predict_ttl_ms MS        predict-on-route: a routed request's blocks count as expected
@@ -38,6 +38,11 @@ FLAGS (--flag=value or --flag value):
                                    them; 0 turns it off [default: 2000]
     --car_predict_weight X         CAR weight of expected (predicted) blocks against exact
                                    hits, 0..=1 [default: 0.5]
+    --ttft_prefill_tokens_per_s X  TTFT: prefill rate of one DP rank until one is learned
+                                   from the front door's observed TTFTs [default: 10000]
+    --ttft_overhead_ms MS          TTFT: fixed cost of every request [default: 5]
+    --ttft_decode_ms MS            TTFT: decode term of an instance with a full KV cache,
+                                   scaled by gpu_cache_usage_perc [default: 10]
     --target_ttft MS               SLO_AWARE time-to-first-token target [default: 1000]
     --target_tpot MS               SLO_AWARE time-per-output-token target [default: 50]
     --tokenizer_path PATH          the served model's tokenizer.json, or its directory (with
@@ -214,6 +219,14 @@ fn fraction(name: &str, v: &str, max: f64) -> Result<f64, String> {
     }
 }
 
+/// A positive, finite rate.
+fn rate(name: &str, v: &str) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 1.0 => Ok(x),
+        _ => Err(format!("--{name}={v:?} is not a rate of at least 1 token per second")),
+    }
+}
+
 /// An optional path: empty means none.
 fn path(v: &str) -> Option<PathBuf> {
     (!v.is_empty()).then(|| PathBuf::from(v))
@@ -245,6 +258,9 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
         "car_host_hit_weight" => flags.route.host_weight = fraction(name, v, 1.0)?,
         "car_predict_ttl_ms" => flags.route.predict_ttl_ms = number(name, v, 0, 600_000)?,
         "car_predict_weight" => flags.route.predict_weight = fraction(name, v, 1.0)?,
+        "ttft_prefill_tokens_per_s" => flags.route.ttft.tokens_per_s = rate(name, v)?,
+        "ttft_overhead_ms" => flags.route.ttft.overhead_ms = fraction(name, v, f64::MAX)?,
+        "ttft_decode_ms" => flags.route.ttft.decode_ms = fraction(name, v, f64::MAX)?,
         "target_ttft" => flags.route.target_ttft_ms = fraction(name, v, f64::MAX)?,
         "target_tpot" => flags.route.target_tpot_ms = fraction(name, v, f64::MAX)?,
         "tokenizer_path" => flags.front.tokenizer_path = path(v),

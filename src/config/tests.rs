@@ -143,7 +143,7 @@ fn flags_accept_both_forms_and_report_all_errors() {
         err.problems,
         [
             "--car_prefill_lambda=\"1.5\" is outside the allowed range 0..=1",
-            "--load_balance_policy=\"FASTEST\" is not one of RR, SLO_AWARE, CAR",
+            "--load_balance_policy=\"FASTEST\" is not one of RR, SLO_AWARE, CAR, TTFT",
             "--target_ttft=\"-1\" is not a non-negative number of milliseconds",
         ]
     );
@@ -194,6 +194,26 @@ fn overload_flags_are_validated_and_off_by_default() {
         [
             "--overload_ttft_ms=\"-1\" is not an integer in 0..=3600000",
             "--overload_max_wait_ms=\"0\" is not an integer in 1..=3600000",
+        ]
+    );
+}
+
+#[test]
+fn the_ttft_policy_and_its_settings_are_validated() {
+    let args = ["--load_balance_policy=TTFT", "--ttft_prefill_tokens_per_s", "8000"];
+    let Command::Run(f) = parse_flags(&args).unwrap() else { panic!("run expected") };
+    assert_eq!((f.route.policy, f.route.ttft.tokens_per_s), (crate::car::Policy::Ttft, 8000.0));
+    let args = ["--ttft_overhead_ms=2.5", "--ttft_decode_ms=0"];
+    let Command::Run(f) = parse_flags(&args).unwrap() else { panic!("run expected") };
+    assert_eq!((f.route.ttft.overhead_ms, f.route.ttft.decode_ms), (2.5, 0.0));
+    let bad = ["--ttft_prefill_tokens_per_s=0", "--ttft_overhead_ms=-1", "--ttft_decode_ms=x"];
+    let err = parse_flags(&bad).unwrap_err();
+    assert_eq!(
+        err.problems,
+        [
+            "--ttft_prefill_tokens_per_s=\"0\" is not a rate of at least 1 token per second",
+            "--ttft_overhead_ms=\"-1\" is not a non-negative number of milliseconds",
+            "--ttft_decode_ms=\"x\" is not a non-negative number of milliseconds",
         ]
     );
 }

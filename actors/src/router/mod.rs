@@ -9,10 +9,13 @@
 //! front door's requests in flight ([`InFlight`], added to each instance's reported queue until
 //! its next load report), the content keys it expects on instances it recently chose
 //! ([`Predictions`], predict-on-route, see `predict.rs`) and the last decisions
-//! ([`RecentRoutes`], the last 20, token counts only) for the status page.
+//! ([`RecentRoutes`], the last 20, token counts only) for the status page, and the prefill
+//! work routed to each instance and not done yet ([`WorkLedger`], the TTFT estimate's queue,
+//! see `work.rs`).
 
 mod overload;
 mod predict;
+mod work;
 
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -21,7 +24,7 @@ use actix::prelude::*;
 use kvdir::car::{
     reusable_limit, route, Candidate, DpHit, InFlight, Policy, PredictCounters, Predictions,
     PromptId, RecentRoutes, RecentRoutesReport, RequestId, Rotation, RouteError, RouteParams,
-    Routed,
+    Routed, WorkLedger,
 };
 use kvdir::registry::{Identity, InstanceState, LoadMetrics};
 
@@ -131,6 +134,8 @@ pub struct RouterActor {
     recent: RecentRoutes,
     inflight: InFlight,
     predictions: Predictions,
+    /// Prefill work routed and not done yet, per instance (the TTFT estimate's queue).
+    ledger: WorkLedger,
     /// Overload admission: held requests (`overload.rs`).
     gate: overload::Gate,
 }
@@ -148,6 +153,7 @@ impl Handler<SetCandidates> for RouterActor {
         for (i, info) in self.instances.iter().enumerate() {
             self.positions.insert(info.candidate.name.clone(), i);
         }
+        work::snapshot(&mut self.ledger, &self.instances);
         self.release_held(ctx);
     }
 }
@@ -162,6 +168,7 @@ impl Handler<SetLoad> for RouterActor {
         let info = &mut self.instances[i];
         (info.candidate.load, info.candidate.state) = (msg.load, msg.state);
         info.load_reports = msg.load_reports;
+        work::report(&mut self.ledger, info);
         self.release_held(ctx);
     }
 }
@@ -170,7 +177,10 @@ impl Handler<RouteRequest> for RouterActor {
     type Result = Result<Routed, RouteError>;
 
     fn handle(&mut self, msg: RouteRequest, _: &mut Context<Self>) -> Self::Result {
-        self.decide(&msg.hits, msg.input_tokens, &[], None)
+        let routed = self.decide(&msg.hits, msg.input_tokens, &[], None)?;
+        let reports = self.reports(&routed.prefill);
+        work::record(&mut self.ledger, &routed, reports, None);
+        Ok(routed)
     }
 }
 
@@ -183,6 +193,7 @@ impl Handler<RouteForward> for RouterActor {
         let reports = info.map_or(0, |i| i.load_reports);
         let url = base_url(&routed.prefill, info.and_then(|i| i.url.as_deref()));
         let id = self.inflight.start(&routed.prefill, reports, Some(msg.prompt));
+        work::record(&mut self.ledger, &routed, reports, Some(id));
         Ok((routed, id, url))
     }
 }
@@ -192,8 +203,14 @@ impl Handler<RequestProgress> for RouterActor {
 
     fn handle(&mut self, msg: RequestProgress, ctx: &mut Context<Self>) {
         match msg {
-            RequestProgress::FirstByte(instance, id) => self.inflight.first_byte(&instance, id),
-            RequestProgress::Finished(instance, id) => self.inflight.finish(&instance, id),
+            RequestProgress::FirstByte(instance, id) => {
+                self.inflight.first_byte(&instance, id);
+                self.ledger.first_byte(&instance, id, predict::now_ms());
+            }
+            RequestProgress::Finished(instance, id) => {
+                self.inflight.finish(&instance, id);
+                self.ledger.forget(&instance, id);
+            }
         }
         self.release_held(ctx);
     }
@@ -232,9 +249,15 @@ impl RouterActor {
         RouterActor { gate: overload::Gate::new(params), ..self }
     }
 
-    /// Whether routed requests' keys are predicted (CAR with `--car_predict_ttl_ms` > 0).
+    /// Whether routed requests' keys are predicted (CAR or TTFT with `--car_predict_ttl_ms`
+    /// > 0).
     fn predicting(&self) -> bool {
-        self.predictions.enabled() && self.params.policy == Policy::Car
+        self.predictions.enabled() && matches!(self.params.policy, Policy::Car | Policy::Ttft)
+    }
+
+    /// Load reports received from `instance`'s process so far (0 when unknown).
+    fn reports(&self, instance: &str) -> u64 {
+        self.positions.get(instance).map_or(0, |&i| self.instances[i].load_reports)
     }
 
     /// Routes over the candidates not in `exclude` and records the decision (and, when
@@ -285,6 +308,7 @@ impl RouterActor {
             .iter()
             .map(|info| {
                 let mut c = info.candidate.clone();
+                c.queued = self.ledger.queued(&c.name);
                 if let Some(load) = &mut c.load {
                     let (name, reports) = (&c.name, info.load_reports);
                     let counted = self.inflight.reported_siblings(name, reports, prompt);
