@@ -1,8 +1,10 @@
 //! The front door end to end: kvdir discovers three simulated engines in a real etcd, each an
 //! OpenAI-compatible server over its prefix cache; chat requests go client -> kvdir -> engine
-//! -> KV events -> kvdir's directory -> the next route.
+//! -> KV events -> kvdir's directory -> the next route. Overload admission: `overload.rs`.
 
 mod common;
+#[path = "frontdoor_engines_e2e/overload.rs"]
+mod overload;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

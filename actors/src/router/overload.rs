@@ -13,7 +13,7 @@
 //! Messages: [`AdmitForward`], [`WithdrawHeld`], [`GetOverload`].
 
 use actix::prelude::*;
-use kvdir::car::{Candidate, RequestId, RouteError, Routed};
+use kvdir::car::{route, RequestId, RouteError, Routed};
 use kvdir::overload::{
     AdmissionQueue, Arrival, HeldId, OverloadCounters, OverloadParams, Refusal, Release,
 };
@@ -152,22 +152,17 @@ impl RouterActor {
         }));
     }
 
-    /// The lowest estimated time to first token of `msg` over the candidates it may go to;
-    /// `None` when none can take it (routing then answers why).
+    /// The lowest estimated time to first token of `msg` over the candidates it may go to:
+    /// the TTFT policy's estimate (`estimated_ttft_ms` of every eligible prefill candidate,
+    /// computed under every policy), from a decision on a copy of the tie rotation that is
+    /// neither recorded nor counted. `None` when no candidate can take it (routing then
+    /// answers why).
     fn lowest_estimate(&self, msg: &RouteForward) -> Option<f64> {
         let prompt = Some(msg.prompt).filter(|_| self.predicting());
-        let now = predict::now_ms();
-        let cands = self.candidates(&msg.hits, msg.input_tokens, prompt, now);
-        cands
-            .iter()
-            .filter(|c| !msg.exclude.contains(&c.name))
-            .filter_map(|c| estimate_ms(c, msg.input_tokens))
-            .reduce(f64::min)
+        let mut cands = self.candidates(&msg.hits, msg.input_tokens, prompt, predict::now_ms());
+        cands.retain(|c| !msg.exclude.contains(&c.name));
+        let mut rotation = self.rotation;
+        let routed = route(&cands, msg.input_tokens, &self.params, &mut rotation).ok()?;
+        routed.candidates.iter().filter_map(|c| c.estimated_ttft_ms).reduce(f64::min)
     }
-}
-
-/// One candidate's estimated time to first token for a prompt of `input_tokens`, in ms.
-fn estimate_ms(c: &Candidate, input_tokens: usize) -> Option<f64> {
-    let _ = (c, input_tokens);
-    None
 }
