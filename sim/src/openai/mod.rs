@@ -15,7 +15,9 @@
 //!    `x-sim-dp-rank` response header;
 //! 3. sleep `prefill_us_per_token` per uncached prompt token (async), then process the prompt
 //!    into that rank's cache, which publishes its KV events exactly like
-//!    [`crate::SimEngine::process`];
+//!    [`crate::SimEngine::process`]; with `serial_prefill` a rank prefills one request at a
+//!    time, in arrival order (a GPU's prefill throughput is bounded: past it requests queue),
+//!    else every request prefills at once;
 //! 4. produce `max_tokens` output tokens (a fixed answer text, tokenized by the model),
 //!    sleeping `decode_us_per_token` before each; with `stream: true` each token is one SSE
 //!    chunk as soon as it exists, and a client that disconnects stops the generation.
@@ -60,6 +62,8 @@ pub struct OpenAiConfig {
     pub prefill_us_per_token: u64,
     /// Simulated decode cost per output token, microseconds.
     pub decode_us_per_token: u64,
+    /// One prefill at a time per DP rank, first come first served (the others wait for it).
+    pub serial_prefill: bool,
     /// `max_tokens` of a request that gives none.
     pub max_tokens: u32,
     /// Largest request body accepted; a larger one gets 413.
@@ -75,6 +79,7 @@ impl OpenAiConfig {
             served_model_name: served_model_name.to_string(),
             prefill_us_per_token: 20,
             decode_us_per_token: 1000,
+            serial_prefill: false,
             max_tokens: 16,
             max_request_bytes: 4 << 20,
         }
@@ -109,6 +114,7 @@ impl PartialEq for OpenAiConfig {
             && self.served_model_name == other.served_model_name
             && self.prefill_us_per_token == other.prefill_us_per_token
             && self.decode_us_per_token == other.decode_us_per_token
+            && self.serial_prefill == other.serial_prefill
             && self.max_tokens == other.max_tokens
             && self.max_request_bytes == other.max_request_bytes
     }

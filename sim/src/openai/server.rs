@@ -45,6 +45,9 @@ pub(crate) struct ServerState {
 struct Served {
     engine: ServerState,
     pieces: Arc<Vec<String>>,
+    /// One lock per DP rank, held through a prefill when `serial_prefill` (tokio's mutex is
+    /// fair: first come, first served).
+    lanes: Vec<tokio::sync::Mutex<()>>,
 }
 
 impl Served {
@@ -68,7 +71,8 @@ impl EngineServer {
         let http_err = |source| SimError::Http { port, source };
         let listener = TcpListener::bind(("127.0.0.1", port)).map_err(http_err)?;
         let pieces = engine.config.openai.as_ref().map(|o| generate::answer_pieces(&o.model));
-        let served = Served { engine, pieces: Arc::new(pieces.unwrap_or_default()) };
+        let lanes = (0..engine.ranks.dp_size()).map(|_| tokio::sync::Mutex::new(())).collect();
+        let served = Served { engine, pieces: Arc::new(pieces.unwrap_or_default()), lanes };
         let name = format!("sim-{}-http", served.engine.config.name);
         let (ready, started) = mpsc::sync_channel(1);
         let thread = thread::Builder::new()
@@ -263,6 +267,11 @@ async fn prefill(
 ) -> Result<(), ApiError> {
     let uncached = (tokens.len() as u64).saturating_sub(cached);
     let cost = Duration::from_micros(openai.prefill_us_per_token.saturating_mul(uncached));
+    let lane = served.lanes.get(rank as usize).filter(|_| openai.serial_prefill);
+    let _turn = match lane {
+        Some(lane) => Some(lane.lock().await),
+        None => None,
+    };
     tokio::time::sleep(cost).await;
     let data = served.clone();
     let process =

@@ -43,6 +43,8 @@ USAGE: kvdir-bench chat --etcd_addr H:P --spawn_kvdir PATH [--flag=value]...
                            share of siblings on their group's most used instance [1 = off]
   --prefill_us_per_token U engines' cost per uncached prompt token, µs           [20]
   --decode_us_per_token U  engines' cost per output token, µs                   [1000]
+  --serial_prefill         each engine rank prefills one request at a time, first come first
+                           served, so requests queue past its prefill rate [off: all at once]
   --max_tokens N           output tokens per request                           [16]
   --policy P               CAR, RR or SLO_AWARE, for the spawned kvdir         [CAR]
   --served_model_name M    the model name of engines and front door            [kvdir-demo]
@@ -91,6 +93,8 @@ pub struct ChatOptions {
     pub prefill_us_per_token: u64,
     /// Engines' decode cost per output token, µs.
     pub decode_us_per_token: u64,
+    /// One prefill at a time per engine rank.
+    pub serial_prefill: bool,
     /// Output tokens per request.
     pub max_tokens: u32,
     /// kvdir's policy.
@@ -131,6 +135,7 @@ impl Default for ChatOptions {
             direct: false,
             prefill_us_per_token: 20,
             decode_us_per_token: 1000,
+            serial_prefill: false,
             max_tokens: 16,
             policy: Policy::Car,
             served_model_name: "kvdir-demo".to_string(),
@@ -160,7 +165,7 @@ where
     I: IntoIterator<Item = String>,
 {
     let mut problems = Vec::new();
-    let switches = ["json", "allow_remote", "stream", "direct"];
+    let switches = ["json", "allow_remote", "stream", "direct", "serial_prefill"];
     let Some(pairs) = flag_pairs(args, &switches, &mut problems) else {
         return Ok(ChatCommand::Help);
     };
@@ -231,6 +236,7 @@ impl ChatOptions {
             "direct" => self.direct = switch(name, value)?,
             "prefill_us_per_token" => self.prefill_us_per_token = number(name, value)?,
             "decode_us_per_token" => self.decode_us_per_token = number(name, value)?,
+            "serial_prefill" => self.serial_prefill = switch(name, value)?,
             "max_tokens" => self.max_tokens = number(name, value)?,
             "policy" => self.policy = choice(name, value, &POLICIES)?,
             "served_model_name" => self.served_model_name = value.to_string(),

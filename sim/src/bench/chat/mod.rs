@@ -64,6 +64,7 @@ pub fn run(o: &ChatOptions) -> Result<ChatReport, BenchError> {
     let openai = OpenAiConfig {
         prefill_us_per_token: o.prefill_us_per_token,
         decode_us_per_token: o.decode_us_per_token,
+        serial_prefill: o.serial_prefill,
         max_tokens: o.max_tokens,
         ..OpenAiConfig::new(Arc::clone(&model), &o.served_model_name)
     };
@@ -145,8 +146,9 @@ fn new_report(o: &ChatOptions, path: String, stats: ChatStats) -> ChatReport {
         true => format!(", open loop at {} requests/s", o.rate),
         false => String::new(),
     };
+    let serial = if o.serial_prefill { " (serial)" } else { "" };
     let setup = format!(
-        "{} engines x {} DP, block {}, prefill {} µs/token, decode {} µs/token x {} tokens; {} \
+        "{} engines x {} DP, block {}, prefill {} µs/token{serial}, decode {} µs/token x {} tokens; {} \
          clients{rate}, {} requests max, {} system prompts{siblings}, {}; {path}{policy}",
         o.engines,
         o.dp_size,

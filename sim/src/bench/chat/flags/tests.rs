@@ -93,11 +93,12 @@ fn siblings_are_a_count() {
 }
 
 #[test]
-fn rate_is_requests_per_second_and_zero_is_the_closed_loop() {
+fn rate_is_requests_per_second_zero_is_the_closed_loop_and_prefill_may_be_serial() {
     assert_eq!(run_options(&REQUIRED).rate, 0.0);
     let mut args = REQUIRED.to_vec();
-    args.push("--rate=12.5");
-    assert_eq!(run_options(&args).rate, 12.5);
+    args.extend(["--rate=12.5", "--serial_prefill"]);
+    let o = run_options(&args);
+    assert_eq!((o.rate, o.serial_prefill), (12.5, true));
     args.push("--rate=-1");
     let err = parse(&args).unwrap_err().to_string();
     assert!(err.contains("--rate = \"-1\" is not requests/s in 0..=100000"), "{err}");
