@@ -1,7 +1,7 @@
 //! Candidate filtering and the four policies. Everything here is a pure function of its
 //! inputs plus a [`Rotation`] that the caller keeps between calls (for RR and for ties).
 
-use super::ttft::{estimate, TtftTerms};
+use super::ttft::{add_later, estimate, TtftTerms};
 use super::types::{Candidate, CandidateReport, Policy, RouteParams, Routed, Side};
 use crate::registry::{InstanceState, InstanceType};
 
@@ -153,7 +153,7 @@ fn score_side(
     let ratios = ratio(kv_hit_ratio);
     let predicted = ratio(super::predicted_hit_ratio);
     let reuse = |k: usize| ratios[k] + p.predict_weight * predicted[k];
-    let ttft: Vec<Option<TtftTerms>> = list
+    let mut ttft: Vec<Option<TtftTerms>> = list
         .iter()
         .enumerate()
         .map(|(k, &i)| {
@@ -161,6 +161,7 @@ fn score_side(
             (side == Side::Prefill).then(|| estimate(c, &c.queued, input_tokens, reuse(k), &p.ttft))
         })
         .collect();
+    add_later(&mut ttft, p.ttft.later_weight);
     let scores = list
         .iter()
         .enumerate()
@@ -172,7 +173,7 @@ fn score_side(
             (Policy::Car | Policy::Ttft, Side::Decode) => {
                 Some(cands[i].load.map_or(0.0, |l| l.gpu_cache_usage_perc) + costs[k])
             }
-            (Policy::Ttft, Side::Prefill) => ttft[k].map(|t| t.estimate_ms),
+            (Policy::Ttft, Side::Prefill) => ttft[k].map(|t| t.score()),
             (Policy::SloAware, Side::Prefill) => predicted_ttft(&cands[i], input_tokens),
             (Policy::SloAware, Side::Decode) => predicted_tpot(&cands[i], input_tokens),
         })
@@ -307,7 +308,7 @@ fn explain(
         r.reason = match (r.chosen, policy, scores[k], best) {
             (true, Policy::Rr, _, _) => "next in round-robin order".into(),
             (true, Policy::Ttft, Some(_), _) if r.side == Side::Prefill => {
-                "lowest estimated time to first token".into()
+                "lowest estimated time to first token plus delay to later requests".into()
             }
             (true, _, Some(_), _) => "lowest score".into(),
             (true, _, None, _) => "no candidate has a score; rotated".into(),
@@ -316,7 +317,7 @@ fn explain(
                 "tied; another took its turn".into()
             }
             (false, Policy::Ttft, Some(s), Some(b)) if r.side == Side::Prefill => {
-                format!("estimated TTFT {s:.1} ms is above the chosen {b:.1} ms")
+                format!("score {s:.1} ms (estimate plus later) is above the chosen {b:.1} ms")
             }
             (false, _, Some(s), Some(b)) => format!("score {s:.4} is above the chosen {b:.4}"),
             (false, Policy::SloAware, None, _) => "no profiling data".into(),

@@ -1,12 +1,16 @@
 //! The TTFT policy's estimate ([`estimate`]): each prefill candidate's time to first token,
 //! from the work queued ahead of the request ([`super::WorkLedger`]), the request's own
-//! uncached tokens there, the instance's prefill rate and two fixed terms. Smallest wins.
+//! uncached tokens there, the instance's prefill rate and two fixed terms. The policy's score
+//! adds the delay the request's own prefill adds to later requests ([`add_later`]); smallest
+//! wins.
 //!
 //! ```text
 //! own_uncached = input_tokens * (1 - clamp(kv_hit_ratio + predict_weight * predicted_hit_ratio, 0, 1))
 //! estimate_ms  = 1000 * (queued_tokens / dp_size + own_uncached) / prefill_tokens_per_s
 //!                + overhead_ms_per_request * (queued_requests / dp_size + 1)
 //!                + decode_ms_at_full_kv * gpu_cache_usage_perc
+//! later_ms     = later_weight * own_prefill_ms * mean over candidates of queued_requests / dp_size
+//! score        = estimate_ms + later_ms
 //! ```
 //! - `queued_tokens`, `queued_requests`: kvdir's own routed requests not done yet, each with
 //!   its uncached tokens at routing, plus the requests the instance reports beyond them at a
@@ -33,11 +37,14 @@ pub struct TtftParams {
     pub overhead_ms: f64,
     /// `--ttft_decode_ms`: the decode term of an instance whose KV cache is full.
     pub decode_ms: f64,
+    /// `--ttft_later_weight`: weight of the delay the request's own prefill adds to the
+    /// requests expected to queue behind it ([`add_later`]); 0 chooses on the estimate alone.
+    pub later_weight: f64,
 }
 
 impl Default for TtftParams {
     fn default() -> Self {
-        TtftParams { tokens_per_s: 10_000.0, overhead_ms: 5.0, decode_ms: 10.0 }
+        TtftParams { tokens_per_s: 10_000.0, overhead_ms: 5.0, decode_ms: 10.0, later_weight: 10.0 }
     }
 }
 
@@ -72,6 +79,11 @@ pub struct TtftTerms {
     pub decode_ms: f64,
     /// The estimate: prefill time of the queue and of its own tokens, plus both terms.
     pub estimate_ms: f64,
+    /// Requests expected to queue behind it: the mean queued requests per rank over the
+    /// prefill candidates.
+    pub behind_requests: f64,
+    /// The delay its own prefill adds to them, times `--ttft_later_weight`.
+    pub later_ms: f64,
 }
 
 impl TtftTerms {
@@ -117,6 +129,35 @@ pub fn estimate(
         overhead_ms,
         decode_ms,
         estimate_ms: prefill_ms + overhead_ms + decode_ms,
+        behind_requests: 0.0,
+        later_ms: 0.0,
+    }
+}
+
+impl TtftTerms {
+    /// The TTFT policy's score: the estimate plus the delay to later requests.
+    pub fn score(&self) -> f64 {
+        self.estimate_ms + self.later_ms
+    }
+
+    /// Its own prefill time, ms.
+    pub fn own_prefill_ms(&self) -> f64 {
+        1000.0 * self.own_uncached_tokens / self.prefill_tokens_per_s.max(1e-9)
+    }
+}
+
+/// Sets each estimate's delay to later requests: `weight * own_prefill_ms * behind`, where
+/// `behind` is the mean over the candidates of their queued requests per rank. Under load a
+/// request's prefill delays every request that queues behind it (about the mean queue length,
+/// as in a FIFO queue, `rho / (1 - rho)`), so a cache miss costs more than its own time; an
+/// idle fleet adds nothing.
+pub fn add_later(estimates: &mut [Option<TtftTerms>], weight: f64) {
+    let per_rank = |t: &TtftTerms| t.queued_requests as f64 / f64::from(t.dp_size.max(1));
+    let queues: Vec<f64> = estimates.iter().flatten().map(per_rank).collect();
+    let behind = queues.iter().sum::<f64>() / queues.len().max(1) as f64;
+    for t in estimates.iter_mut().flatten() {
+        t.behind_requests = behind;
+        t.later_ms = weight * t.own_prefill_ms() * behind;
     }
 }
 
@@ -152,8 +193,14 @@ mod tests {
         }
     }
 
+    /// Routes a 10,000-token request with TTFT, choosing on the estimate alone.
     fn ttft(cands: &[Candidate]) -> Routed {
-        let p = RouteParams { policy: Policy::Ttft, ..RouteParams::default() };
+        ttft_with(cands, 0.0)
+    }
+
+    fn ttft_with(cands: &[Candidate], later_weight: f64) -> Routed {
+        let ttft = TtftParams { later_weight, ..TtftParams::default() };
+        let p = RouteParams { policy: Policy::Ttft, ttft, ..RouteParams::default() };
         route(cands, 10_000, &p, &mut Rotation::default()).unwrap()
     }
 
@@ -163,7 +210,7 @@ mod tests {
 
     #[test]
     fn the_estimate_follows_the_formula() {
-        let p = TtftParams { tokens_per_s: 1000.0, overhead_ms: 5.0, decode_ms: 20.0 };
+        let p = TtftParams { tokens_per_s: 1000.0, decode_ms: 20.0, ..TtftParams::default() };
         let c = cand("a", 0, 2, (4000.0, 4), 0.5);
         let t = estimate(&c, &c.queued, 1000, 0.25, &p);
         assert_eq!(t.own_uncached_tokens, 750.0, "a quarter of 1000 tokens is credited");
@@ -193,12 +240,34 @@ mod tests {
         let chosen = r.candidates.iter().find(|c| c.chosen).unwrap();
         assert_eq!(chosen.estimated_ttft_ms, Some(510.0));
         assert_eq!(chosen.score, Some(510.0));
-        assert_eq!(chosen.reason, "lowest estimated time to first token");
+        assert_eq!(
+            chosen.reason,
+            "lowest estimated time to first token plus delay to later requests"
+        );
         // 9000 queued tokens: 11,000 to wait for on a.
         let r = ttft(&[cand("a", 8000, 1, (9000.0, 1), 0.0), cand("b", 0, 1, (0.0, 0), 0.0)]);
         assert_eq!(r.prefill, "b");
         let a = r.candidates.iter().find(|c| c.name == "a").unwrap();
-        assert_eq!(a.reason, "estimated TTFT 1110.0 ms is above the chosen 1005.0 ms");
+        assert_eq!(a.reason, "score 1110.0 ms (estimate plus later) is above the chosen 1005.0 ms");
+    }
+
+    #[test]
+    fn under_load_a_miss_also_counts_the_delay_it_adds_to_the_requests_behind_it() {
+        // The same choice as above, but with 2 requests queued on average per candidate.
+        let cands = [cand("a", 8000, 1, (9000.0, 3), 0.0), cand("b", 0, 1, (0.0, 1), 0.0)];
+        assert_eq!(ttft(&cands).prefill, "b", "on the estimate alone b is sooner");
+        let r = ttft_with(&cands, 0.5);
+        let (a, b) = (terms(&r, "a"), terms(&r, "b"));
+        assert_eq!((a.behind_requests, b.behind_requests), (2.0, 2.0));
+        assert_eq!(a.later_ms, 0.5 * 200.0 * 2.0, "its 2000 tokens delay two requests");
+        assert_eq!(b.later_ms, 0.5 * 1000.0 * 2.0);
+        assert_eq!(r.prefill, "a", "a's miss of 2000 tokens costs the fleet less: {r:?}");
+        let score = |name: &str| r.candidates.iter().find(|c| c.name == name).unwrap().score;
+        assert_eq!(score("a"), Some(a.estimate_ms + 200.0));
+        assert_eq!(r.candidates[0].estimated_ttft_ms, Some(a.estimate_ms), "the estimate alone");
+        // An idle fleet: nothing behind, nothing added.
+        let idle = ttft_with(&[cand("a", 0, 2, (0.0, 0), 0.0)], 5.0);
+        assert_eq!(terms(&idle, "a").later_ms, 0.0);
     }
 
     #[test]

@@ -43,6 +43,8 @@ FLAGS (--flag=value or --flag value):
     --ttft_overhead_ms MS          TTFT: fixed cost of every request [default: 5]
     --ttft_decode_ms MS            TTFT: decode term of an instance with a full KV cache,
                                    scaled by gpu_cache_usage_perc [default: 10]
+    --ttft_later_weight X          TTFT: weight of the delay a request's own prefill adds to
+                                   the requests expected behind it [default: 10]
     --target_ttft MS               SLO_AWARE time-to-first-token target [default: 1000]
     --target_tpot MS               SLO_AWARE time-per-output-token target [default: 50]
     --tokenizer_path PATH          the served model's tokenizer.json, or its directory (with
@@ -219,6 +221,14 @@ fn fraction(name: &str, v: &str, max: f64) -> Result<f64, String> {
     }
 }
 
+/// A finite weight of at least 0.
+fn weight(name: &str, v: &str) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        _ => Err(format!("--{name}={v:?} is not a finite number of at least 0")),
+    }
+}
+
 /// A positive, finite rate.
 fn rate(name: &str, v: &str) -> Result<f64, String> {
     match v.parse::<f64>() {
@@ -261,6 +271,7 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
         "ttft_prefill_tokens_per_s" => flags.route.ttft.tokens_per_s = rate(name, v)?,
         "ttft_overhead_ms" => flags.route.ttft.overhead_ms = fraction(name, v, f64::MAX)?,
         "ttft_decode_ms" => flags.route.ttft.decode_ms = fraction(name, v, f64::MAX)?,
+        "ttft_later_weight" => flags.route.ttft.later_weight = weight(name, v)?,
         "target_ttft" => flags.route.target_ttft_ms = fraction(name, v, f64::MAX)?,
         "target_tpot" => flags.route.target_tpot_ms = fraction(name, v, f64::MAX)?,
         "tokenizer_path" => flags.front.tokenizer_path = path(v),
