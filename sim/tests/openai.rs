@@ -139,6 +139,38 @@ fn time_to_answer_pays_the_prefill_of_uncached_tokens_only() {
 }
 
 #[test]
+fn with_serial_prefill_a_rank_prefills_one_request_at_a_time() {
+    let per_token = Duration::from_millis(2);
+    let config = OpenAiConfig {
+        prefill_us_per_token: per_token.as_micros() as u64,
+        serial_prefill: true,
+        ..openai()
+    };
+    let engine = serving(1, config);
+    // Three different prompts at once on one rank: the last answer waits for all three
+    // prefills (each request pays for at least its own, and they do not overlap).
+    let start = Instant::now();
+    let answers: Vec<(Duration, u64)> = std::thread::scope(|scope| {
+        let threads: Vec<_> = (0..3)
+            .map(|i| {
+                let engine = &engine;
+                scope.spawn(move || {
+                    let body = chat(&format!("{i} {}", system_prompt(2)), "Hi", json!({}));
+                    let answer = post(engine, "/v1/chat/completions", &body.to_string());
+                    assert_eq!(answer.status, 200, "{}", answer.body);
+                    let prompt = answer.body["usage"]["prompt_tokens"].as_u64().unwrap();
+                    (start.elapsed(), prompt - cached(&answer))
+                })
+            })
+            .collect();
+        threads.into_iter().map(|t| t.join().unwrap()).collect()
+    });
+    let last = answers.iter().map(|a| a.0).max().unwrap();
+    let uncached: u64 = answers.iter().map(|a| a.1).sum();
+    assert!(last >= per_token * uncached as u32, "{last:?} for {uncached} tokens in turn");
+}
+
+#[test]
 fn a_restarted_rank_serves_on_with_an_empty_cache_and_sequence_zero() {
     let engine = serving(1, openai());
     let body = chat(&system_prompt(2), "Before and after.", json!({})).to_string();
