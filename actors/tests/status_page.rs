@@ -191,6 +191,9 @@ fn check_filled_page(dom: &str, instances: &[(String, u32)]) -> Result<Vec<Row>,
     if !dom.contains(r#"id="status" data-state="live""#) {
         return Err("status is not live".into());
     }
+    if !dom.contains("Overload admission: off (--overload_ttft_ms).") {
+        return Err("the overload line is missing".into());
+    }
     let mut shown = Vec::new();
     for (name, dp_size) in instances.iter().map(|(n, d)| (n.as_str(), *d)) {
         if !dom.contains(&format!(r#"<div class="instance" data-instance="{name}">"#)) {

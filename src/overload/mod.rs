@@ -99,6 +99,17 @@ pub struct OverloadCounters {
     pub queue_length: usize,
 }
 
+/// The settings and the counters, as `/v1/internal/route/recent` shows them (`overload`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct OverloadReport {
+    /// The settings.
+    #[serde(flatten)]
+    pub params: OverloadParams,
+    /// The counters and the queue's length now.
+    #[serde(flatten)]
+    pub counters: OverloadCounters,
+}
+
 #[derive(Debug)]
 struct Entry<T> {
     id: HeldId,
@@ -211,6 +222,11 @@ impl<T> AdmissionQueue<T> {
     /// The counters, with the queue's length now.
     pub fn counters(&self) -> OverloadCounters {
         OverloadCounters { queue_length: self.held.len(), ..self.counters }
+    }
+
+    /// The settings and the counters.
+    pub fn report(&self) -> OverloadReport {
+        OverloadReport { params: self.params, counters: self.counters() }
     }
 }
 

@@ -75,7 +75,7 @@ pub struct ServiceSample<'a> {
     /// Predict-on-route's counters and the predictions kept now.
     pub predictions: (PredictCounters, usize),
     /// Overload admission's counters and settings.
-    pub overload: (kvdir::overload::OverloadCounters, kvdir::overload::OverloadParams),
+    pub overload: kvdir::overload::OverloadReport,
     /// The process's resident set size.
     pub rss: Option<u64>,
     /// The bind endpoint's counters, when kvdir binds one.

@@ -303,7 +303,11 @@ async fn recent_routes(
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
-    Ok(HttpResponse::Ok().json(state.router.send(GetRecentRoutes).await?))
+    let recent = state.router.send(GetRecentRoutes).await?;
+    let overload = state.router.send(GetOverload).await?;
+    let mut body = serde_json::to_value(recent).unwrap_or_default();
+    body["overload"] = serde_json::to_value(overload).unwrap_or_default();
+    Ok(HttpResponse::Ok().json(body))
 }
 
 /// Every running stream's report with its counters, ordered by instance and rank.

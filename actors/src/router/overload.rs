@@ -15,7 +15,7 @@
 use actix::prelude::*;
 use kvdir::car::{route, RequestId, RouteError, Routed};
 use kvdir::overload::{
-    AdmissionQueue, Arrival, HeldId, OverloadCounters, OverloadParams, Refusal, Release,
+    AdmissionQueue, Arrival, HeldId, OverloadParams, OverloadReport, Refusal, Release,
 };
 use tokio::sync::oneshot;
 
@@ -71,7 +71,7 @@ pub struct WithdrawHeld(pub HeldId);
 
 /// The admission counters and settings.
 #[derive(Message)]
-#[rtype(result = "(OverloadCounters, OverloadParams)")]
+#[rtype(result = "OverloadReport")]
 pub struct GetOverload;
 
 impl Handler<AdmitForward> for RouterActor {
@@ -110,7 +110,7 @@ impl Handler<GetOverload> for RouterActor {
     type Result = MessageResult<GetOverload>;
 
     fn handle(&mut self, _: GetOverload, _: &mut Context<Self>) -> Self::Result {
-        MessageResult((self.gate.queue.counters(), self.gate.queue.params()))
+        MessageResult(self.gate.queue.report())
     }
 }
 

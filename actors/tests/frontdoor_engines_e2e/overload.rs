@@ -80,6 +80,9 @@ fn a_request_waits_while_the_engine_is_behind_then_is_served_and_past_the_queue_
     leaving.write_all(head.as_bytes()).unwrap();
     leaving.write_all(body.as_bytes()).unwrap();
     metric_reaches(&svc, "kvdir_frontend_overload_queue_length", 2.0);
+    let recent = http(svc.http_addr(), "GET", "/v1/internal/route/recent", &[], b"").json();
+    let overload = &recent["overload"];
+    assert_eq!((&overload["queue_length"], &overload["ttft_bound_ms"]), (&json!(2), &json!(3000)));
 
     // The queue is full: refused at once, with when to come back and what to change.
     let r = client()

@@ -7,7 +7,7 @@
 use actix::Addr;
 use actix_web::web;
 use kvdir::metrics::{Exposition, Kind};
-use kvdir::overload::{HeldId, OverloadCounters, OverloadParams, Refusal};
+use kvdir::overload::{HeldId, OverloadReport, Refusal};
 
 use super::FrontError;
 use crate::http::AppState;
@@ -69,7 +69,8 @@ pub fn refusal_message(r: &Refusal) -> String {
 }
 
 /// Appends the `kvdir_frontend_overload_*` families.
-pub fn render(e: &mut Exposition, (c, params): (OverloadCounters, OverloadParams)) {
+pub fn render(e: &mut Exposition, report: OverloadReport) {
+    let (c, params) = (report.counters, report.params);
     let name = "kvdir_frontend_overload_held_total";
     let help = "Front door requests held on arrival: every engine's estimated TTFT above \
                 --overload_ttft_ms.";
