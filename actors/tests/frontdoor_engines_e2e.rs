@@ -80,7 +80,7 @@ fn kvdir_with(
     let (_tmp, dir) = model_dir();
     let front = FrontDoorFlags { tokenizer_path: Some(dir), ..front };
     let mut flags = Flags { front, ..Flags::default() };
-    flags.route.policy = policy;
+    (flags.route.policy, flags.front.policy) = (policy, policy);
     discovery_service(etcd, ns, json!({}), flags)
 }
 
@@ -333,7 +333,11 @@ fn siblings_of_one_new_prompt_stay_together_with_prediction_and_spread_without_i
     let predicting = kvdir(&etcd.endpoint, &ns, Policy::Car);
     let (_tmp, dir) = model_dir();
     let mut flags = Flags {
-        front: FrontDoorFlags { tokenizer_path: Some(dir), ..Default::default() },
+        front: FrontDoorFlags {
+            tokenizer_path: Some(dir),
+            policy: Policy::Car,
+            ..Default::default()
+        },
         ..Flags::default()
     };
     flags.route.predict_ttl_ms = 0;
