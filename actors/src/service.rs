@@ -240,6 +240,7 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
     } = dir;
     let limits = &limits;
     let mut params = flags.route.clone();
+    let front_policy = flags.front.policy;
     // The registry may be given engines later (`POST /register`), with credit.
     params.directory_enabled = !specs.is_empty() || discovery.is_some() || registry;
     use kvdir::car::Policy;
@@ -251,7 +252,7 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
     }
     let overload = flags.front.overload;
     let router = RouterActor::start_in_arbiter(&Arbiter::new().handle(), move |_| {
-        RouterActor::new(params).with_overload(overload)
+        RouterActor::new(params, front_policy).with_overload(overload)
     });
     let mut arbiters: Vec<Arbiter> = (0..INDEX_ARBITERS).map(|_| Arbiter::new()).collect();
     let mut set = StreamSet::new(

@@ -30,7 +30,10 @@ FLAGS (--flag=value or --flag value):
     --etcd_addr HOST:PORT          etcd of the instance registry (routing, discovery);
                                    empty: no etcd, only listed engines [default: 127.0.0.1:2379]
     --etcd_namespace NS            key prefix /NS/ of the instance registry [default: none]
-    --load_balance_policy P        RR, SLO_AWARE, CAR or TTFT [default: CAR]
+    --load_balance_policy P        RR, SLO_AWARE, CAR or TTFT, for /v1/internal/route and,
+                                   without --frontend_policy, the front door [default: CAR]
+    --frontend_policy P            the front door's policy [default: TTFT, or
+                                   --load_balance_policy when only that is given]
     --car_prefill_lambda X         CAR weight of cache reuse against queue length, 0..=1 [default: 0.5]
     --car_host_hit_weight X        CAR weight of Host-only hits against Device hits, 0..=1 [default: 0.5]
     --car_predict_ttl_ms MS        predict-on-route: a routed request's blocks count as expected
@@ -139,6 +142,9 @@ pub struct FrontDoorFlags {
     pub upstream_connect_timeout_ms: u64,
     /// Response-head timeout and longest silence between body chunks.
     pub upstream_timeout_ms: u64,
+    /// The policy the front door routes with (`--frontend_policy`; else
+    /// `--load_balance_policy` when only that is given; else TTFT).
+    pub policy: Policy,
     /// Overload admission (`--overload_*`).
     pub overload: OverloadParams,
 }
@@ -153,6 +159,7 @@ impl Default for FrontDoorFlags {
             api_key: None,
             upstream_connect_timeout_ms: 3000,
             upstream_timeout_ms: 300_000,
+            policy: Policy::Ttft,
             overload: OverloadParams::default(),
         }
     }
@@ -262,6 +269,11 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
         "etcd_addr" => flags.etcd_addr = v.to_string(),
         "etcd_namespace" => flags.etcd_namespace = v.to_string(),
         "load_balance_policy" => flags.route.policy = v.parse::<Policy>()?,
+        "frontend_policy" => {
+            flags.front.policy = v
+                .parse::<Policy>()
+                .map_err(|e| e.replace("--load_balance_policy", "--frontend_policy"))?;
+        }
         "log_format" => flags.log_format = v.parse()?,
         "demo_seconds" => flags.demo_seconds = Some(number(name, v, 1, 86_400)?),
         "car_prefill_lambda" => flags.route.lambda = fraction(name, v, 1.0)?,
@@ -309,6 +321,7 @@ pub fn parse_flags<S: AsRef<str>>(args: &[S]) -> Result<Command, ConfigError> {
     let mut flags = Flags::default();
     let mut errors = Vec::new();
     let mut it = args.iter().map(AsRef::as_ref).peekable();
+    let mut seen: Vec<&str> = Vec::new();
     while let Some(arg) = it.next() {
         let Some(body) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) else {
             errors.push(format!("unexpected argument {arg:?}; flags look like --name=value"));
@@ -318,6 +331,7 @@ pub fn parse_flags<S: AsRef<str>>(args: &[S]) -> Result<Command, ConfigError> {
             Some((n, v)) => (n, Some(v)),
             None => (body, None),
         };
+        seen.push(name);
         match (name, inline) {
             ("help" | "h", None) => return Ok(Command::Help),
             ("version" | "V", None) => return Ok(Command::Version),
@@ -335,6 +349,10 @@ pub fn parse_flags<S: AsRef<str>>(args: &[S]) -> Result<Command, ConfigError> {
     }
     if args.is_empty() {
         flags.demo = true;
+    }
+    // The front door follows --load_balance_policy unless it has a policy of its own.
+    if seen.contains(&"load_balance_policy") && !seen.contains(&"frontend_policy") {
+        flags.front.policy = flags.route.policy;
     }
     if errors.is_empty() {
         Ok(Command::Run(Box::new(flags)))

@@ -219,6 +219,21 @@ fn the_ttft_policy_and_its_settings_are_validated() {
 }
 
 #[test]
+fn the_front_door_follows_load_balance_policy_unless_it_has_its_own() {
+    let front = |args: &[&str]| match parse_flags(args).unwrap() {
+        Command::Run(f) => (f.route.policy, f.front.policy),
+        other => panic!("{other:?}"),
+    };
+    use crate::car::Policy::{Car, Rr, Ttft};
+    assert_eq!(front(&["--demo"]), (Car, Ttft), "the defaults: CAR for the internal API");
+    assert_eq!(front(&["--load_balance_policy=RR"]), (Rr, Rr));
+    assert_eq!(front(&["--frontend_policy=CAR", "--load_balance_policy=RR"]), (Rr, Car));
+    assert_eq!(front(&["--load_balance_policy=CAR", "--frontend_policy", "TTFT"]), (Car, Ttft));
+    let err = parse_flags(&["--frontend_policy=FAST"]).unwrap_err();
+    assert_eq!(err.problems, ["--frontend_policy=\"FAST\" is not one of RR, SLO_AWARE, CAR, TTFT"]);
+}
+
+#[test]
 fn endpoints_must_be_connectable_tcp() {
     assert!(check_endpoint("tcp://127.0.0.1:18000").is_ok());
     assert!(check_endpoint("tcp://engine-a.local:1").is_ok());

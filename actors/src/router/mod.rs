@@ -129,7 +129,10 @@ pub struct RouterActor {
     instances: Vec<InstanceInfo>,
     /// Position of each instance in `instances`, by name.
     positions: HashMap<String, usize>,
+    /// `/v1/internal/route`'s settings (`--load_balance_policy`).
     params: RouteParams,
+    /// The front door's: the same with its own policy (`--frontend_policy`).
+    front: RouteParams,
     rotation: Rotation,
     recent: RecentRoutes,
     inflight: InFlight,
@@ -238,10 +241,11 @@ impl Handler<GetRecentRoutes> for RouterActor {
 }
 
 impl RouterActor {
-    /// A router deciding with `params`.
-    pub fn new(params: RouteParams) -> Self {
+    /// A router deciding with `params`, and with `front_policy` for the front door.
+    pub fn new(params: RouteParams, front_policy: Policy) -> Self {
         let predictions = Predictions::new(params.predict_ttl_ms, Predictions::DEFAULT_CAPACITY);
-        RouterActor { params, predictions, ..RouterActor::default() }
+        let front = RouteParams { policy: front_policy, ..params.clone() };
+        RouterActor { params, front, predictions, ..RouterActor::default() }
     }
 
     /// This router with overload admission (`--overload_*`).
@@ -249,10 +253,10 @@ impl RouterActor {
         RouterActor { gate: overload::Gate::new(params), ..self }
     }
 
-    /// Whether routed requests' keys are predicted (CAR or TTFT with `--car_predict_ttl_ms`
-    /// > 0).
-    fn predicting(&self) -> bool {
-        self.predictions.enabled() && matches!(self.params.policy, Policy::Car | Policy::Ttft)
+    /// Whether routed requests' keys are predicted under `policy` (CAR or TTFT with
+    /// `--car_predict_ttl_ms` > 0).
+    fn predicting(&self, policy: Policy) -> bool {
+        self.predictions.enabled() && matches!(policy, Policy::Car | Policy::Ttft)
     }
 
     /// Load reports received from `instance`'s process so far (0 when unknown).
@@ -261,7 +265,8 @@ impl RouterActor {
     }
 
     /// Routes over the candidates not in `exclude` and records the decision (and, when
-    /// predicting, the chosen instance's expected keys).
+    /// predicting, the chosen instance's expected keys). A request with a `prompt` id is the
+    /// front door's and is routed with its policy.
     fn decide(
         &mut self,
         hits: &[StreamHit],
@@ -270,14 +275,18 @@ impl RouterActor {
         prompt: Option<PromptId>,
     ) -> Result<Routed, RouteError> {
         let now_ms = predict::now_ms();
-        let predicting = self.predicting();
+        let params = match prompt {
+            Some(_) => self.front.clone(),
+            None => self.params.clone(),
+        };
+        let predicting = self.predicting(params.policy);
         if predicting {
             predict::confirm(&mut self.predictions, hits);
         }
         let prompt = prompt.filter(|_| predicting);
         let mut cands = self.candidates(hits, input_tokens, prompt, now_ms);
         cands.retain(|c| !exclude.contains(&c.name));
-        let routed = route(&cands, input_tokens, &self.params, &mut self.rotation);
+        let routed = route(&cands, input_tokens, &params, &mut self.rotation);
         if let (true, Ok(r)) = (predicting, &routed) {
             predict::record(&mut self.predictions, now_ms, &r.prefill, hits);
         }

@@ -154,15 +154,15 @@ impl RouterActor {
 
     /// The lowest estimated time to first token of `msg` over the candidates it may go to:
     /// the TTFT policy's estimate (`estimated_ttft_ms` of every eligible prefill candidate,
-    /// computed under every policy), from a decision on a copy of the tie rotation that is
-    /// neither recorded nor counted. `None` when no candidate can take it (routing then
+    /// computed under every policy), from a decision with the front door's settings on a copy
+    /// of the tie rotation that is neither recorded nor counted. `None` when no candidate can take it (routing then
     /// answers why).
     fn lowest_estimate(&self, msg: &RouteForward) -> Option<f64> {
-        let prompt = Some(msg.prompt).filter(|_| self.predicting());
+        let prompt = Some(msg.prompt).filter(|_| self.predicting(self.front.policy));
         let mut cands = self.candidates(&msg.hits, msg.input_tokens, prompt, predict::now_ms());
         cands.retain(|c| !msg.exclude.contains(&c.name));
         let mut rotation = self.rotation;
-        let routed = route(&cands, msg.input_tokens, &self.params, &mut rotation).ok()?;
+        let routed = route(&cands, msg.input_tokens, &self.front, &mut rotation).ok()?;
         routed.candidates.iter().filter_map(|c| c.estimated_ttft_ms).reduce(f64::min)
     }
 }
