@@ -9,9 +9,13 @@
 //! front door's requests in flight ([`InFlight`], added to each instance's reported queue until
 //! its next load report), the content keys it expects on instances it recently chose
 //! ([`Predictions`], predict-on-route, see `predict.rs`) and the last decisions
-//! ([`RecentRoutes`], the last 20, token counts only) for the status page.
+//! ([`RecentRoutes`], the last 20, token counts only) for the status page. Engines without KV
+//! events are credited from its decisions ([`Approximate`], `approx.rs`).
 
+mod approx;
 mod predict;
+
+pub use approx::{Approximate, UseIndexes};
 
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -129,6 +133,8 @@ pub struct RouterActor {
     recent: RecentRoutes,
     inflight: InFlight,
     predictions: Predictions,
+    /// The indexes whose approximate engines this router credits ([`UseIndexes`]).
+    approx: Option<std::sync::Arc<crate::indexes::Indexes>>,
 }
 
 impl Actor for RouterActor {
@@ -246,6 +252,9 @@ impl RouterActor {
         if let (true, Ok(r)) = (predicting, &routed) {
             predict::record(&mut self.predictions, now_ms, &r.prefill, hits);
         }
+        if let Ok(r) = &routed {
+            approx::record(self.approx.as_deref(), now_ms, &r.prefill, hits);
+        }
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         self.recent.record(now, input_tokens, &routed);
         routed
@@ -296,6 +305,7 @@ impl RouterActor {
                             device_hit_tokens: h.matched.device_hit_tokens,
                             host_only_hit_tokens: h.matched.host_only_hit_tokens,
                             predicted_hit_tokens: 0,
+                            approximate: h.matched.approximate,
                         }
                         .within(limit);
                         let exact = hit.device_hit_tokens + hit.host_only_hit_tokens;
