@@ -487,12 +487,22 @@ fn a_listed_engine_without_events_is_credited_approximately_until_its_ttl() {
         assert_eq!(m.device_hit_tokens, want, "{m:?}");
     }
 
+    // A load report taken while the first chat ran is replaced by an idle one (CAR at the
+    // default lambda would leave a busier engine).
+    eventually("every engine reporting an empty queue", || {
+        let inst = http(svc.http_addr(), "GET", "/v1/internal/instances", &[], b"").json();
+        let list = inst["instances"].as_array().cloned().unwrap_or_default();
+        match list.iter().all(|i| i["waiting_requests_num"] == 0) {
+            true => Ok(()),
+            false => Err(inst.to_string()),
+        }
+    });
     // The second chat with that system prompt goes back to it, and the engine confirms the
     // credit: it reuses what kvdir assumed.
     let second = conversation(&system, "And the capital of Spain?");
     let r = chat(&svc, &second, false);
     assert_eq!(r.status().as_u16(), 200);
-    assert_eq!(header(&r, "x-kvdir-instance"), holder, "routed to the engine that served it");
+    assert_eq!(header(&r, "x-kvdir-instance"), holder, "back to the engine that served it");
     assert_eq!(header(&r, "x-kvdir-stream-state"), "approximate");
     let assumed = header(&r, "x-kvdir-cached-tokens");
     let body: Value = r.json().unwrap();
