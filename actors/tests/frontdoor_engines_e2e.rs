@@ -459,7 +459,8 @@ fn a_listed_engine_without_events_is_credited_approximately_until_its_ttl() {
     eventually("both engines known by their process, approximate, with a load", || {
         let inst = http(svc.http_addr(), "GET", "/v1/internal/instances", &[], b"").json();
         let list = inst["instances"].as_array().cloned().unwrap_or_default();
-        let ready = |i: &Value| i["approximate_blocks"].is_u64() && i["waiting_requests_num"].is_u64();
+        let ready =
+            |i: &Value| i["approximate_blocks"].is_u64() && i["waiting_requests_num"].is_u64();
         match list.iter().filter(|i| i["approximate"] == true && ready(i)).count() {
             2 => Ok(()),
             _ => Err(inst.to_string()),

@@ -269,7 +269,7 @@ mod tests {
 
     #[test]
     fn car_takes_approximate_credit_as_the_engines_hit_ratio_and_says_so() {
-        use super::super::{route, CacheState, RouteParams, Rotation};
+        use super::super::{route, CacheState, Rotation, RouteParams};
         let cands = [candidate("exact", 40, false), candidate("approx", 80, true)];
         let r = route(&cands, 100, &RouteParams::default(), &mut Rotation::default()).unwrap();
         assert_eq!(r.prefill, "approx", "its credit is its hit ratio");

@@ -443,4 +443,3 @@ fn an_engine_without_events_is_approximate_with_its_settings_checked() {
     assert!(err.contains("discovery.events = \"off\": expected \"bind\""), "{err}");
     assert!(err.contains("\"none\" (instances publish no KV events: approximate credit)"), "{err}");
 }
-

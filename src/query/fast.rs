@@ -395,7 +395,11 @@ mod tests {
             (any::<Option<String>>(), any::<bool>()),
         )
             .prop_map(
-                |((instance_name, dp_rank, (synchronized, partial), sequence), n, (error, approximate))| {
+                |(
+                    (instance_name, dp_rank, (synchronized, partial), sequence),
+                    n,
+                    (error, approximate),
+                )| {
                     StreamMatch {
                         instance_name,
                         dp_rank,

@@ -115,7 +115,8 @@ impl Approximate {
                 ..StreamStatus::default()
             });
             for label in labels {
-                let slot = SlotRead { slot: u8::MAX, label: Arc::new(label), status: status.clone() };
+                let slot =
+                    SlotRead { slot: u8::MAX, label: Arc::new(label), status: status.clone() };
                 out.push(make(slot, (tokens, 0), &k, e.block_size));
             }
         }
