@@ -9,7 +9,8 @@
 //!   its keys recorded there (keys chain, so a recorded block implies its parents).
 //! - **Expiry and capacity.** An entry lives `ttl_ms` from the latest request that used it, and
 //!   an engine holds at most `blocks_per_engine` entries: recording past that drops the least
-//!   recently used first, as the engine's own LRU would. The store of each engine is
+//!   recently used first, as the engine's own LRU would, and of one prompt its last blocks
+//!   first (engines evict a prefix's tail before its head), so what survives is a prefix. The store of each engine is
 //!   predict-on-route's ([`Predictions`]), whose TTL and bound are exactly these rules.
 //! - **Never past the engine.** [`ApproxCache::set_engines`] names the approximate engines
 //!   with their process identity: an engine that left, or whose process changed (a restart),
@@ -125,7 +126,11 @@ impl ApproxCache {
     /// `name` is not an approximate engine.
     pub fn record(&mut self, now_ms: u64, name: &str, keys: &[ContentKey]) {
         if let Some(e) = self.engines.get_mut(name) {
-            e.store.record(now_ms, name, keys);
+            // Last block first: a prompt's tail is the least recently used of its blocks, so
+            // eviction takes tails before prefixes, as engines evict (vLLM frees a request's
+            // blocks tail first; SGLang's radix tree evicts leaves).
+            let tail_first: Vec<ContentKey> = keys.iter().rev().copied().collect();
+            e.store.record(now_ms, name, &tail_first);
         }
     }
 
@@ -214,6 +219,16 @@ mod tests {
         }
         assert_eq!((c.blocks("b").unwrap().0, c.cached_blocks(1_000, "b", &keys(400, 8))), (8, 8));
         assert_eq!(c.blocks("b").unwrap().1.evicted, 0, "refreshes evict nothing");
+    }
+
+    #[test]
+    fn eviction_takes_a_prompts_tail_before_its_prefix() {
+        let mut c = cache(1_000_000, 6);
+        let (a, b) = (keys(100, 4), keys(200, 4));
+        c.record(1, "a", &a);
+        c.record(2, "a", &b); // 8 blocks for 6 places: a's last two go
+        assert_eq!(c.cached_blocks(3, "a", &a), 2, "a's first two blocks remain, a prefix");
+        assert_eq!(c.cached_blocks(3, "a", &b), 4);
     }
 
     #[test]
