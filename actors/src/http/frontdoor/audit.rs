@@ -16,8 +16,8 @@ use std::time::Instant;
 
 use actix_web::web::Bytes;
 use futures_util::stream::{BoxStream, Stream, StreamExt};
+use kvdir::audit::WarningKind;
 use kvdir::audit::{ask_for_usage, Audit, AuditReport, Outcome, Pass, Reported, UsageTap};
-use kvdir::audit::{AuditCounts, WarningKind};
 use kvdir::metrics::{Exposition, Kind};
 
 use super::request::OpenAiRequest;
@@ -49,28 +49,24 @@ impl CacheAudit {
     /// Appends the audit's families to `e`.
     pub fn render(&self, e: &mut Exposition) {
         let reports = self.reports();
-        let per_outcome: [(&str, &str, fn(&AuditCounts, Outcome) -> u64); 2] = [
-            (
-                "kvdir_frontend_cache_audit_requests_total",
-                "Front door answers by instance and how the engine's cached tokens compared \
-                 with kvdir's credit.",
-                |c, o| c.get(o).0,
-            ),
-            (
-                "kvdir_frontend_cache_audit_tokens_total",
-                "Front door cached tokens by instance: exact = reused as credited, under = \
-                 reused beyond kvdir's credit, over = credited and not reused.",
-                |c, o| c.get(o).1,
-            ),
-        ];
-        for (i, (name, help, value)) in per_outcome.into_iter().enumerate() {
-            e.family(name, Kind::Counter, help);
-            for (instance, r) in &reports {
-                // Tokens have no `not_reported` series.
-                for outcome in Outcome::ALL.iter().take(if i == 0 { 4 } else { 3 }) {
-                    let labels = [("instance", instance.as_str()), ("outcome", outcome.as_str())];
-                    e.sample(name, &labels, value(&r.counts, *outcome) as f64);
-                }
+        let name = "kvdir_frontend_cache_audit_requests_total";
+        let help = "Front door answers by instance and how the engine's cached tokens compared \
+                    with kvdir's credit.";
+        e.family(name, Kind::Counter, help);
+        for (instance, r) in &reports {
+            for outcome in Outcome::ALL {
+                let labels = [("instance", instance.as_str()), ("outcome", outcome.as_str())];
+                e.sample(name, &labels, r.counts.get(outcome).0 as f64);
+            }
+        }
+        let name = "kvdir_frontend_cache_audit_tokens_total";
+        let help = "Front door cached tokens by instance: exact = reused as credited, under = \
+                    reused beyond kvdir's credit, over = credited and not reused.";
+        e.family(name, Kind::Counter, help);
+        for (instance, r) in &reports {
+            for outcome in [Outcome::Exact, Outcome::Under, Outcome::Over] {
+                let labels = [("instance", instance.as_str()), ("outcome", outcome.as_str())];
+                e.sample(name, &labels, r.counts.get(outcome).1 as f64);
             }
         }
         let name = "kvdir_frontend_cache_audit_warning";
