@@ -1,6 +1,6 @@
 //! The cache-truth audit: for every request the front door forwards, the prompt tokens kvdir
-//! credited the chosen instance with (its exact credit, [`crate::car::CandidateReport::cached_tokens`])
-//! against what the engine says it reused (`usage.prompt_tokens_details.cached_tokens`, read by
+//! credited the chosen instance with (its exact credit,
+//! [`crate::car::CandidateReport::cached_tokens`]) against what the engine says it reused (`usage.prompt_tokens_details.cached_tokens`, read by
 //! [`UsageTap`]).
 //!
 //! Each answer has one [`Outcome`]: `exact` (the same), `under` (the engine reused more than

@@ -1,6 +1,7 @@
-//! Route and forward: the chosen instance gets the client's original body at the same path
-//! (`http://<instance name = host:port>/v1/...`, or a listed engine's `url` + `/v1/...`); its answer streams back chunk by chunk as it
-//! arrives, never buffered whole.
+//! Route and forward: the chosen instance gets the client's original body (with
+//! `stream_options.include_usage` added for the audit when a streaming client left it out) at
+//! the same path (`http://<instance name = host:port>/v1/...`, or a listed engine's `url` +
+//! `/v1/...`); its answer streams back chunk by chunk as it arrives, never buffered whole.
 //!
 //! - A failure before the engine answered (nothing reached the client yet) is retried once on
 //!   the next-best instance; the failed one is left out of that second decision. Waiting longer

@@ -1,6 +1,7 @@
 //! The parts of an OpenAI request the front door reads: the model, the prompt (chat
-//! `messages` and `tools`, or a completion `prompt`) and `stream`. The body itself is forwarded
-//! untouched; this only decides what to tokenize.
+//! `messages` and `tools`, or a completion `prompt`), `stream` and `stream_options`. The body
+//! itself is forwarded untouched (but for the audit's `include_usage`); this only decides what to
+//! tokenize and whether the answer carries usage.
 
 use serde_json::Value;
 
