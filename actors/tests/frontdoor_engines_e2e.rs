@@ -1,7 +1,10 @@
 //! The front door end to end: kvdir discovers three simulated engines in a real etcd, each an
 //! OpenAI-compatible server over its prefix cache; chat requests go client -> kvdir -> engine
-//! -> KV events -> kvdir's directory -> the next route.
+//! -> KV events -> kvdir's directory -> the next route. The cache-truth audit's tests are in
+//! [`audit`].
 
+#[path = "frontdoor_engines_e2e/audit.rs"]
+mod audit;
 mod common;
 
 use std::io::{BufRead, BufReader};
