@@ -33,6 +33,8 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+use crate::car::CacheState;
+
 /// How one answer's reported cached tokens compare with kvdir's credit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -155,8 +157,27 @@ impl WarningKind {
         }
     }
 
-    /// The likely causes and the settings to check.
-    pub fn cause(self) -> &'static str {
+    /// The likely causes and the settings to check, for an instance credited from its KV events,
+    /// or from kvdir's own routing when `approximate` (an engine without KV events).
+    pub fn cause(self, approximate: bool) -> &'static str {
+        match (self, approximate) {
+            (WarningKind::ZeroReuse | WarningKind::StaleCredit, true) => {
+                "kvdir credits this engine approximately (it publishes no KV events) and assumes \
+                 it keeps more than it does: set approximate_blocks_per_engine to at most the \
+                 engine's cache size in blocks, lower approximate_ttl_ms, or give the engine a \
+                 KV event endpoint for exact credit"
+            }
+            (WarningKind::MissedCredit, true) => {
+                "kvdir credits this engine approximately (it publishes no KV events) and sees \
+                 only what it routed there itself: other routers or clients also send it \
+                 prompts, or it keeps blocks longer than approximate_ttl_ms; raise \
+                 approximate_ttl_ms, or give the engine a KV event endpoint for exact credit"
+            }
+            (kind, _) => kind.exact_cause(),
+        }
+    }
+
+    fn exact_cause(self) -> &'static str {
         match self {
             WarningKind::ZeroReuse => {
                 "its cache does not hold what its KV events announce: check that kvdir's \
@@ -248,11 +269,15 @@ struct InstanceAudit {
     window: VecDeque<(u64, u64)>,
     /// Whether the latest complete answer reported nothing.
     last_absent: bool,
+    /// Whether the latest answer's credit was approximate (an engine without KV events).
+    approximate: bool,
     logged: BTreeMap<WarningKind, Instant>,
 }
 
 impl InstanceAudit {
-    fn record(&mut self, rules: &AuditRules, credited: u64, reported: Reported) {
+    fn record(&mut self, rules: &AuditRules, credit: (u64, CacheState), reported: Reported) {
+        let credited = credit.0;
+        self.approximate = credit.1 == CacheState::Approximate;
         self.counts.add(credited, reported);
         self.last_absent = reported == Reported::Absent;
         if let Reported::Tokens(r) = reported {
@@ -296,8 +321,8 @@ impl InstanceAudit {
             return None;
         };
         let message = match kind {
-            WarningKind::NotReported => kind.cause().to_string(),
-            _ => format!("{seen}; {}", kind.cause()),
+            WarningKind::NotReported => kind.cause(self.approximate).to_string(),
+            _ => format!("{seen}; {}", kind.cause(self.approximate)),
         };
         Some(Warning { kind, message })
     }
@@ -329,12 +354,13 @@ impl Audit {
         Audit { rules, instances: BTreeMap::new() }
     }
 
-    /// Records one complete answer of `instance`, credited `credited` tokens, that reported
-    /// `reported`; the warning to log now, if one applies and is due.
+    /// Records one complete answer of `instance`, credited `credit` (its tokens and how kvdir
+    /// knew them, [`CacheState`]), that reported `reported`; the warning to log now, if one
+    /// applies and is due.
     pub fn record(
         &mut self,
         instance: &str,
-        credited: u64,
+        credit: (u64, CacheState),
         reported: Reported,
         now: Instant,
     ) -> Option<Warning> {
@@ -343,7 +369,7 @@ impl Audit {
             Some(a) => a,
             None => self.instances.entry(instance.to_string()).or_default(),
         };
-        audit.record(rules, credited, reported);
+        audit.record(rules, credit, reported);
         let warning = audit.warning(rules)?;
         audit.due(rules, warning.kind, now).then_some(warning)
     }

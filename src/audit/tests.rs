@@ -3,6 +3,7 @@
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::car::CacheState::{Approximate, Exact};
 
 fn tokens(n: u64) -> Reported {
     Reported::Tokens(n)
@@ -15,9 +16,9 @@ fn each_answer_counts_once_with_the_tokens_of_its_difference() {
     for (credited, reported) in
         [(0, tokens(0)), (32, tokens(32)), (16, tokens(48)), (64, tokens(16))]
     {
-        audit.record("a", credited, reported, now);
+        audit.record("a", (credited, Exact), reported, now);
     }
-    audit.record("a", 16, Reported::Absent, now);
+    audit.record("a", (16, Exact), Reported::Absent, now);
     let r = audit.report("a");
     let expected = AuditCounts {
         exact: 2,
@@ -40,7 +41,7 @@ fn a_healthy_engine_raises_nothing() {
     for i in 0..500 {
         // Mostly exact, now and then under (events that arrived late): no rule applies.
         let reported = if i % 10 == 0 { i + 16 } else { i };
-        assert_eq!(audit.record("a", i, tokens(reported), now), None);
+        assert_eq!(audit.record("a", (i, Exact), tokens(reported), now), None);
     }
     let r = audit.report("a");
     assert_eq!((r.warning_kind, r.warning), (None, None));
@@ -53,10 +54,10 @@ fn zero_reuse_where_kvdir_credited_hits_warns_with_the_settings_to_check() {
     let now = Instant::now();
     let mut logged = Vec::new();
     for _ in 0..4 {
-        logged.extend(audit.record("a", 64, tokens(0), now));
+        logged.extend(audit.record("a", (64, Exact), tokens(0), now));
     }
     assert!(logged.is_empty(), "four answers are not yet repeatedly: {logged:?}");
-    let w = audit.record("a", 64, tokens(0), now).expect("the fifth warns");
+    let w = audit.record("a", (64, Exact), tokens(0), now).expect("the fifth warns");
     assert_eq!(w.kind, WarningKind::ZeroReuse);
     for setting in
         ["block_size", "PYTHONHASHSEED", "hash_seed", "event endpoint", "5 of the last 5"]
@@ -65,14 +66,32 @@ fn zero_reuse_where_kvdir_credited_hits_warns_with_the_settings_to_check() {
     }
     assert_eq!(audit.report("a").warning_kind, Some(WarningKind::ZeroReuse));
     // Rate-limited: not again within `repeat`, again after it.
-    assert_eq!(audit.record("a", 64, tokens(0), now + Duration::from_secs(59)), None);
-    let later = audit.record("a", 64, tokens(0), now + Duration::from_secs(61));
+    assert_eq!(audit.record("a", (64, Exact), tokens(0), now + Duration::from_secs(59)), None);
+    let later = audit.record("a", (64, Exact), tokens(0), now + Duration::from_secs(61));
     assert_eq!(later.map(|w| w.kind), Some(WarningKind::ZeroReuse));
     // Answers kvdir did not credit do not make it "repeatedly".
     let mut fresh = Audit::default();
     for _ in 0..50 {
-        assert_eq!(fresh.record("b", 0, tokens(0), now), None);
+        assert_eq!(fresh.record("b", (0, Exact), tokens(0), now), None);
     }
+}
+
+#[test]
+fn an_engine_credited_approximately_is_pointed_at_the_approximate_settings_not_its_events() {
+    let mut audit = Audit::default();
+    let now = Instant::now();
+    let warned: Vec<Warning> =
+        (0..5).filter_map(|_| audit.record("a", (64, Approximate), tokens(0), now)).collect();
+    let w = &warned[0];
+    assert_eq!(w.kind, WarningKind::ZeroReuse);
+    for setting in ["approximate_blocks_per_engine", "approximate_ttl_ms", "no KV events"] {
+        assert!(w.message.contains(setting), "{setting} missing: {}", w.message);
+    }
+    assert!(!w.message.contains("PYTHONHASHSEED"), "no event settings: {}", w.message);
+    let missed = (0..20).filter_map(|_| audit.record("b", (0, Approximate), tokens(48), now));
+    let m = missed.last().expect("missed credit warns");
+    assert_eq!(m.kind, WarningKind::MissedCredit);
+    assert!(m.message.contains("raise approximate_ttl_ms"), "{}", m.message);
 }
 
 #[test]
@@ -83,19 +102,19 @@ fn stale_credit_above_the_share_after_the_minimum_sample_warns() {
     // Two over-predictions in the first ten: a small sample, no warning.
     for i in 0..10 {
         let reported = if i < 2 { 8 } else { 32 };
-        assert_eq!(audit.record("a", 32, tokens(reported), now), None);
+        assert_eq!(audit.record("a", (32, Exact), tokens(reported), now), None);
     }
     let mut first = None;
     for i in 10..rules.min_sample {
         let reported = if i < 13 { 8 } else { 32 };
-        first = first.or(audit.record("a", 32, tokens(reported), now));
+        first = first.or(audit.record("a", (32, Exact), tokens(reported), now));
     }
     let w = first.expect("5 of 20 over is above 10 %");
     assert_eq!(w.kind, WarningKind::StaleCredit);
     assert!(w.message.contains("5 of the last 20") && w.message.contains("removals"), "{w:?}");
     // The window forgets: a recovered engine clears the warning.
     for _ in 0..rules.window {
-        audit.record("a", 32, tokens(32), now);
+        audit.record("a", (32, Exact), tokens(32), now);
     }
     assert_eq!(audit.report("a").warning, None);
     assert_eq!(audit.report("a").counts.over, 5, "the counts since start stay");
@@ -106,7 +125,7 @@ fn missed_credit_on_most_answers_warns_and_names_the_stream_state() {
     let mut audit = Audit::default();
     let now = Instant::now();
     let warned: Vec<Warning> =
-        (0..20).filter_map(|_| audit.record("a", 0, tokens(48), now)).collect();
+        (0..20).filter_map(|_| audit.record("a", (0, Exact), tokens(48), now)).collect();
     assert_eq!(warned.len(), 1, "{warned:?}");
     assert_eq!(warned[0].kind, WarningKind::MissedCredit);
     assert!(warned[0].message.contains("unsynchronized"), "{}", warned[0].message);
@@ -116,11 +135,11 @@ fn missed_credit_on_most_answers_warns_and_names_the_stream_state() {
 fn an_engine_without_cached_tokens_gets_one_hint_naming_the_flag() {
     let mut audit = Audit::default();
     let now = Instant::now();
-    let hint = audit.record("a", 16, Reported::Absent, now).expect("a hint");
+    let hint = audit.record("a", (16, Exact), Reported::Absent, now).expect("a hint");
     assert_eq!(hint.kind, WarningKind::NotReported);
     assert!(hint.message.contains("--enable-prompt-tokens-details"), "{}", hint.message);
     let later = now + Duration::from_secs(3600);
-    assert_eq!(audit.record("a", 16, Reported::Absent, later), None, "once per instance");
+    assert_eq!(audit.record("a", (16, Exact), Reported::Absent, later), None, "once per instance");
     assert_eq!(audit.report("a").warning_kind, Some(WarningKind::NotReported));
     assert_eq!(audit.report("a").counts.not_reported, 2);
 }

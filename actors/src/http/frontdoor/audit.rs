@@ -17,6 +17,7 @@ use std::time::Instant;
 use actix_web::web::Bytes;
 use futures_util::stream::{BoxStream, Stream, StreamExt};
 use kvdir::audit::WarningKind;
+use kvdir::car::CacheState;
 use kvdir::audit::{ask_for_usage, Audit, AuditReport, Outcome, Pass, Reported, UsageTap};
 use kvdir::metrics::{Exposition, Kind};
 
@@ -30,10 +31,10 @@ pub struct CacheAudit {
 
 impl CacheAudit {
     /// Records one complete answer; logs the warning the rules call for, if due.
-    pub fn record(&self, instance: &str, credited: u64, reported: Reported) {
+    pub fn record(&self, instance: &str, credit: (u64, CacheState), reported: Reported) {
         let warning = {
             let mut audit = self.audit.lock().unwrap_or_else(|e| e.into_inner());
-            audit.record(instance, credited, reported, Instant::now())
+            audit.record(instance, credit, reported, Instant::now())
         };
         if let Some(w) = warning {
             tracing::warn!(instance, kind = w.kind.as_str(), "cache audit: {}", w.message);
@@ -112,10 +113,10 @@ pub struct Audited {
     pub sse: bool,
     /// What to strip.
     pub plan: UsagePlan,
-    /// The chosen instance and the tokens kvdir credited it with.
+    /// The chosen instance and the tokens kvdir credited it with, and how it knew them.
     pub instance: String,
     /// kvdir's exact credit on that instance.
-    pub credited: u64,
+    pub credit: (u64, CacheState),
     /// Where to record.
     pub audit: Arc<CacheAudit>,
 }
@@ -163,7 +164,7 @@ impl Stream for Tapped {
                 None => {
                     let Some(usage) = self.usage.take() else { return Poll::Ready(None) };
                     let (flush, reported) = usage.finish();
-                    self.a.audit.record(&self.a.instance, self.a.credited, reported);
+                    self.a.audit.record(&self.a.instance, self.a.credit, reported);
                     return Poll::Ready((!flush.is_empty()).then(|| Ok(Bytes::from(flush))));
                 }
             }

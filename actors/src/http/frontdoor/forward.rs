@@ -144,7 +144,7 @@ fn relay(
         sse,
         plan: usage,
         instance: routed.prefill.clone(),
-        credited: cached,
+        credit: (cached, sync),
         audit: metrics.audit.clone(),
     });
     out.streaming(Relay { inner, progress, started, metrics })
