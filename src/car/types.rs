@@ -29,7 +29,8 @@ pub enum Policy {
     SloAware,
     /// Cache-aware routing, see the module docs.
     Car,
-    /// Work-based: the smallest estimated time to first token ([`super::ttft`]); decode side
+    /// Work-based: the smallest estimated time to first token plus the delay the request's
+    /// own prefill adds to the requests expected behind it ([`super::TtftTerms`]); decode side
     /// as CAR.
     Ttft,
 }
