@@ -225,6 +225,7 @@ impl Demo {
                 ttft_profile: Vec::new(),
                 tpot_profile: Vec::new(),
                 hits: Vec::new(),
+                queued: Default::default(),
             };
             let identity = self.identities[i].clone();
             infos.push(InstanceInfo {

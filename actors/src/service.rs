@@ -240,15 +240,19 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
     } = dir;
     let limits = &limits;
     let mut params = flags.route.clone();
+    let front_policy = flags.front.policy;
     // The registry may be given engines later (`POST /register`), with credit.
     params.directory_enabled = !specs.is_empty() || discovery.is_some() || registry;
-    if !params.directory_enabled && params.policy == kvdir::car::Policy::Car {
+    use kvdir::car::Policy;
+    if !params.directory_enabled && matches!(params.policy, Policy::Car | Policy::Ttft) {
         tracing::warn!(
-            "CAR without a KV directory: every hit ratio is 0 and routing follows queues only"
+            policy = ?params.policy,
+            "no KV directory: every hit ratio is 0 and routing follows queues only"
         );
     }
-    let router =
-        RouterActor::start_in_arbiter(&Arbiter::new().handle(), move |_| RouterActor::new(params));
+    let router = RouterActor::start_in_arbiter(&Arbiter::new().handle(), move |_| {
+        RouterActor::new(params, front_policy)
+    });
     let mut arbiters: Vec<Arbiter> = (0..INDEX_ARBITERS).map(|_| Arbiter::new()).collect();
     let mut set = StreamSet::new(
         router.clone(),

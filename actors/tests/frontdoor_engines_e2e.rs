@@ -83,7 +83,7 @@ fn kvdir_with(
     let (_tmp, dir) = model_dir();
     let front = FrontDoorFlags { tokenizer_path: Some(dir), ..front };
     let mut flags = Flags { front, ..Flags::default() };
-    flags.route.policy = policy;
+    (flags.route.policy, flags.front.policy) = (policy, policy);
     discovery_service(etcd, ns, json!({}), flags)
 }
 
@@ -336,7 +336,11 @@ fn siblings_of_one_new_prompt_stay_together_with_prediction_and_spread_without_i
     let predicting = kvdir(&etcd.endpoint, &ns, Policy::Car);
     let (_tmp, dir) = model_dir();
     let mut flags = Flags {
-        front: FrontDoorFlags { tokenizer_path: Some(dir), ..Default::default() },
+        front: FrontDoorFlags {
+            tokenizer_path: Some(dir),
+            policy: Policy::Car,
+            ..Default::default()
+        },
         ..Flags::default()
     };
     flags.route.predict_ttl_ms = 0;
@@ -531,4 +535,37 @@ fn a_listed_engine_without_events_is_credited_approximately_until_its_ttl() {
         }
     });
     drop(engines);
+}
+
+/// With default flags the front door routes with TTFT while `POST /v1/internal/route` keeps
+/// CAR, and the engine's first bytes teach kvdir its prefill rate: the engine prefills 1,000
+/// tokens per second (1 ms each), ten times slower than the configured 10,000; any delay on
+/// the way only makes the learned rate lower.
+#[test]
+fn the_front_door_routes_with_ttft_and_learns_the_engines_prefill_rate() {
+    let etcd = etcd_endpoint();
+    let ns = format!("fd-ttft-{}", std::process::id());
+    let (engine, _reg) = serving(&etcd.endpoint, &ns, &costs(1_000, 0, 1));
+    let (_tmp, dir) = model_dir();
+    let front = FrontDoorFlags { tokenizer_path: Some(dir), ..FrontDoorFlags::default() };
+    let svc =
+        discovery_service(&etcd.endpoint, &ns, json!({}), Flags { front, ..Flags::default() });
+    ready(&svc, 1);
+    let messages = conversation(&long_system_prompt(), "How long is the prefill?");
+    let tokens = tokens_of(&messages);
+    assert!(tokens.len() >= 256, "enough work to learn from: {} tokens", tokens.len());
+    let r = chat(&svc, &messages, false);
+    assert_eq!(r.status().as_u16(), 200);
+    assert_eq!(header(&r, "x-kvdir-policy"), "TTFT");
+    drop(r.text());
+    let learned = eventually("the route answer to show a learned rate", || {
+        let routed = route(&svc, &tokens)?;
+        let c = routed.candidates.iter().find(|c| c.name == engine.instance_name()).ok_or("?")?;
+        match (routed.policy, c.ttft) {
+            (Policy::Car, Some(t)) if t.rate_source == kvdir::car::RateSource::Learned => Ok(t),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    // 1,000 tokens per second, less the fixed terms of the estimate (at most 15 ms).
+    assert!(learned.prefill_tokens_per_s < 2_000.0, "{learned:?}");
 }

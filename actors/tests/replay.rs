@@ -1,7 +1,7 @@
 //! `kvdir-bench replay` (`kvdir_sim::bench::replay`) against the real `kvdir` binary, as a user
 //! runs it: a short prefix of the Mooncake conversation trace (in the repository under
-//! `sim/data/mooncake/`), engines registered in etcd, kvdir spawned and discovering them, CAR
-//! then RR, with one kvdir or two replicas; the test reads the JSON report. Needs `etcd` (test
+//! `sim/data/mooncake/`), engines registered in etcd, kvdir spawned and discovering them, CAR,
+//! TTFT then RR, with one kvdir or two replicas; the test reads the JSON report. Needs `etcd` (test
 //! support uses `KVDIR_TEST_ETCD` or starts a private one); everything binds 127.0.0.1.
 
 use std::sync::Mutex;
@@ -92,11 +92,12 @@ fn assert_bounds(json: &Value) {
 /// conversations on the engine that has their prefix (about 7 % of tokens hit), RR spreads them
 /// evenly (about 5 %).
 #[test]
-fn a_conversation_prefix_replays_with_car_then_rr_and_car_hits_more() {
+fn a_conversation_prefix_replays_with_car_ttft_then_rr_and_both_hit_more() {
     let _turn = PORTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
     let etcd = etcd_endpoint();
     let ns = format!("--etcd_namespace=replay-test-{}", std::process::id());
     let flags = ["--requests=500", "--engines=4", "--cache_blocks=1024", "--speed=0", "--json"];
+    let flags = [&flags[..], &["--policies=CAR,TTFT,RR"]].concat();
     let o = options(&etcd.endpoint, &[&flags[..], &[ns.as_str()]].concat());
     let report = replay::run(&o).expect("the replay completes");
     let json = report.json();
@@ -105,16 +106,17 @@ fn a_conversation_prefix_replays_with_car_then_rr_and_car_hits_more() {
     assert!(0.0 < bound && bound < 1.0, "{json:#}");
     let runs = json["runs"].as_array().expect("runs");
     let policies: Vec<&str> = runs.iter().map(|r| r["policy"].as_str().unwrap()).collect();
-    assert_eq!(policies, ["CAR", "RR"], "{json:#}");
+    assert_eq!(policies, ["CAR", "TTFT", "RR"], "{json:#}");
     runs.iter().for_each(|run| assert_sane(run, 500, 4, bound, 1));
     assert_bounds(&json);
-    let (car, rr) = (f(&runs[0]["hit_share"]), f(&runs[1]["hit_share"]));
-    assert!(car >= rr, "CAR {car} below RR {rr}: {json:#}");
+    let (car, ttft, rr) =
+        (f(&runs[0]["hit_share"]), f(&runs[1]["hit_share"]), f(&runs[2]["hit_share"]));
+    assert!(car >= rr && ttft >= rr, "CAR {car} or TTFT {ttft} below RR {rr}: {json:#}");
     assert!(f(&json["hit_share_over_rr"]) >= 1.0, "{json:#}");
     let predicted = &runs[0]["prediction"];
     assert_eq!(predicted["requests"], 500, "kvdir predicts a hit for every request: {json:#}");
     assert!((0.0..=1.0).contains(&f(&predicted["share"])), "{json:#}");
-    assert_eq!(report.runs[1].imbalance(), 1.0, "RR gives each engine 125: {json:#}");
+    assert_eq!(report.runs[2].imbalance(), 1.0, "RR gives each engine 125: {json:#}");
 }
 
 /// The same prefix (300 requests) with two kvdir replicas, each discovering the engines and

@@ -5,7 +5,7 @@
 mod common;
 
 use common::*;
-use kvdir::car::Routed;
+use kvdir::car::{Policy, RouteParams, Routed, TtftParams};
 use kvdir::config::Flags;
 use kvdir_actors::Service;
 use kvdir_sim::{Registration, SimEngine};
@@ -227,4 +227,87 @@ fn a_heartbeat_load_is_used_by_the_next_route() {
     let cost = |name: &str| r.candidates.iter().find(|c| c.name == name).unwrap().queue_cost;
     assert_eq!((cost(&a.1), cost(&b.1)), (Some(1.0), Some(0.0)), "{r:?}");
     assert_eq!(r.prefill, b.1, "{r:?}");
+}
+
+/// The TTFT policy, over real HTTP: a long cached prefix on an engine that is busy with one
+/// request beats an idle engine without it (CAR at 0.5 would call it the busiest), until six
+/// requests queued there cost more than the prefix saves. Every estimate follows its terms.
+/// (`--ttft_later_weight 0`: the choice is on the estimate alone; the unit tests cover the
+/// delay-to-later term.)
+#[test]
+fn ttft_sends_a_request_where_its_first_token_is_expected_soonest() {
+    let etcd = etcd_endpoint();
+    let ns = format!("e2e-ttft-{}", std::process::id());
+    let ttft = TtftParams { later_weight: 0.0, ..TtftParams::default() };
+    let params = RouteParams { policy: Policy::Ttft, ttft, ..RouteParams::default() };
+    let svc = discovery_service(
+        &etcd.endpoint,
+        &ns,
+        json!({}),
+        Flags { route: params, ..Flags::default() },
+    );
+    let (a, ra) = registered(&etcd.endpoint, &ns);
+    let (b, rb) = registered(&etcd.endpoint, &ns);
+    let (na, nb) = (a.instance_name(), b.instance_name());
+    let beat = |reg: &Registration, name: &str, waiting: u64| {
+        let body = json!({"name": name, "incarnation_id": reg.incarnation_id(),
+            "load_metrics": {"waiting_requests_num": waiting, "gpu_cache_usage_perc": 0.2}});
+        let hb = http(
+            svc.http_addr(),
+            "POST",
+            "/v1/internal/heartbeat",
+            &[],
+            body.to_string().as_bytes(),
+        );
+        assert_eq!(hb.status, 200, "{}", hb.body);
+    };
+    // 960 of the prompt's 1024 tokens are cached on A.
+    a.process(0, &prompt(5000, 60)).unwrap();
+    let p = prompt(5000, 64);
+    ra.set_load(0, 0.2);
+    rb.set_load(0, 0.2);
+    eventually("A's cache in the route's candidates", || {
+        let r = route(&svc, &prompt(9000, 1))?;
+        let hit = r.candidates.iter().find(|c| c.name == na).and_then(|c| c.dp_hits.first());
+        match (
+            r.candidates.len(),
+            query(&svc, &p).matches.iter().any(|m| m.device_hit_tokens == 960),
+        ) {
+            (2, true) if hit.is_some() => Ok(()),
+            other => Err(format!("{other:?} {r:?}")),
+        }
+    });
+    // Both idle: everything routed so far is done. Then four uncached 512-token prompts, two on
+    // each instance (each goes where less is queued).
+    beat(&ra, &na, 0);
+    beat(&rb, &nb, 0);
+    for k in 0..4 {
+        route(&svc, &prompt(20_000 + 1000 * k, 32)).unwrap();
+    }
+    for (busy, expected) in [(1, &na), (6, &nb)] {
+        beat(&ra, &na, busy);
+        beat(&rb, &nb, 0);
+        let r = route(&svc, &p).unwrap();
+        let terms =
+            |name: &str| r.candidates.iter().find(|c| c.name == name).unwrap().ttft.unwrap();
+        let (ta, tb) = (terms(&na), terms(&nb));
+        assert_eq!((ta.queued_requests, tb.queued_requests), (busy, 0), "{r:?}");
+        assert_eq!(tb.own_uncached_tokens, 1024.0, "{r:?}");
+        assert!(ta.own_uncached_tokens <= 64.0, "A has all but the last 64 tokens: {r:?}");
+        assert_eq!(&r.prefill, expected, "{busy} request(s) queued on A: {r:?}");
+        for c in r.candidates.iter() {
+            let t = c.ttft.unwrap();
+            let prefill = (t.queued_tokens + t.own_uncached_tokens) / t.prefill_tokens_per_s;
+            let expected = 1000.0 * prefill + 5.0 * (t.queued_requests as f64 + 1.0) + 2.0;
+            assert!((t.estimate_ms - expected).abs() < 1e-6, "{c:?}");
+            assert_eq!(c.estimated_ttft_ms, Some(t.estimate_ms));
+            assert_eq!((c.score, t.later_ms), (Some(t.estimate_ms), 0.0));
+        }
+        let best = r.candidates.iter().filter_map(|c| c.estimated_ttft_ms).fold(f64::MAX, f64::min);
+        let chosen = r.candidates.iter().find(|c| c.chosen).unwrap();
+        assert_eq!(
+            (chosen.estimated_ttft_ms, chosen.reason.as_str()),
+            (Some(best), "lowest estimated time to first token plus delay to later requests")
+        );
+    }
 }

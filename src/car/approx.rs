@@ -279,6 +279,7 @@ mod tests {
                 predicted_hit_tokens: 0,
                 approximate,
             }],
+            queued: Default::default(),
         }
     }
 

@@ -1,5 +1,6 @@
 //! Routing decisions (protocol.md section 7): candidate selection and the CAR, RR and SLO_AWARE
-//! policies, as pure functions over a snapshot of instances, loads and per-DP cache hits.
+//! policies, plus TTFT (estimated time to first token, [`estimate`], over the queued work of a
+//! [`WorkLedger`]), as pure functions over a snapshot of instances, loads and per-DP cache hits.
 //!
 //! CAR, for prefill-side (P) candidates, smallest wins:
 //! ```text
@@ -25,16 +26,20 @@
 
 mod approx;
 mod inflight;
+mod ledger;
 mod policy;
 mod predict;
 mod recent;
+mod ttft;
 mod types;
 
 pub use approx::{ApproxCache, ApproxEngine, ApproxSettings};
 pub use inflight::{prompt_id, InFlight, PromptId, RequestId};
+pub use ledger::{QueuedWork, RoutedWork, WorkLedger};
 pub use policy::{kv_hit_ratio, route, Rotation, RouteError};
 pub use predict::{predicted_hit_ratio, PredictCounters, Predictions};
 pub use recent::{RecentRoutes, RecentRoutesReport, RouteRecord};
+pub use ttft::{add_later, estimate, RateSource, TtftParams, TtftTerms};
 pub use types::{
     reusable_limit, CacheState, Candidate, CandidateReport, DpHit, Policy, RouteParams, Routed,
     Side,

@@ -1,6 +1,7 @@
-//! Candidate filtering and the three policies. Everything here is a pure function of its
+//! Candidate filtering and the four policies. Everything here is a pure function of its
 //! inputs plus a [`Rotation`] that the caller keeps between calls (for RR and for ties).
 
+use super::ttft::{add_later, estimate, TtftTerms};
 use super::types::{Candidate, CandidateReport, Policy, RouteParams, Routed, Side};
 use crate::registry::{InstanceState, InstanceType};
 
@@ -123,6 +124,17 @@ fn predicted_tpot(c: &Candidate, input_tokens: usize) -> Option<f64> {
     Some(nearest.2 * batch / nearest.1)
 }
 
+/// One side's scores and the terms behind them, in the order of its list.
+struct Scored {
+    scores: Vec<Option<f64>>,
+    /// CAR queue costs.
+    costs: Vec<f64>,
+    /// CAR hit ratios and predicted ratios (P only).
+    ratios: Option<[Vec<f64>; 2]>,
+    /// TTFT estimates (P only).
+    ttft: Vec<Option<TtftTerms>>,
+}
+
 /// Scores one side under the policy; `None` means "no score" (RR, missing profile).
 fn score_side(
     cands: &[Candidate],
@@ -130,7 +142,7 @@ fn score_side(
     side: Side,
     input_tokens: usize,
     p: &RouteParams,
-) -> (Vec<Option<f64>>, Vec<f64>, [Vec<f64>; 2]) {
+) -> Scored {
     let costs = queue_costs(cands, list);
     let ratio = |f: fn(&Candidate, usize, f64) -> f64| -> Vec<f64> {
         let on = p.directory_enabled;
@@ -140,23 +152,34 @@ fn score_side(
     };
     let ratios = ratio(kv_hit_ratio);
     let predicted = ratio(super::predicted_hit_ratio);
+    let reuse = |k: usize| ratios[k] + p.predict_weight * predicted[k];
+    let mut ttft: Vec<Option<TtftTerms>> = list
+        .iter()
+        .enumerate()
+        .map(|(k, &i)| {
+            let c = &cands[i];
+            (side == Side::Prefill).then(|| estimate(c, &c.queued, input_tokens, reuse(k), &p.ttft))
+        })
+        .collect();
+    add_later(&mut ttft, p.ttft.later_weight);
     let scores = list
         .iter()
         .enumerate()
         .map(|(k, &i)| match (p.policy, side) {
             (Policy::Rr, _) => None,
             (Policy::Car, Side::Prefill) => {
-                let reuse = ratios[k] + p.predict_weight * predicted[k];
-                Some(p.lambda * (1.0 - reuse) + (1.0 - p.lambda) * costs[k])
+                Some(p.lambda * (1.0 - reuse(k)) + (1.0 - p.lambda) * costs[k])
             }
-            (Policy::Car, Side::Decode) => {
+            (Policy::Car | Policy::Ttft, Side::Decode) => {
                 Some(cands[i].load.map_or(0.0, |l| l.gpu_cache_usage_perc) + costs[k])
             }
+            (Policy::Ttft, Side::Prefill) => ttft[k].map(|t| t.score()),
             (Policy::SloAware, Side::Prefill) => predicted_ttft(&cands[i], input_tokens),
             (Policy::SloAware, Side::Decode) => predicted_tpot(&cands[i], input_tokens),
         })
         .collect();
-    (scores, costs, [ratios, predicted])
+    let ratios = (side == Side::Prefill).then_some([ratios, predicted]);
+    Scored { scores, costs, ratios, ttft }
 }
 
 fn choose(list: &[usize], scores: &[Option<f64>], policy: Policy, counter: &mut u64) -> usize {
@@ -201,11 +224,11 @@ pub fn route(
             if why.is_empty() { "no instances are known".to_string() } else { why.join("; ") };
         return Err(RouteError::NoPrefill(why));
     }
-    let (p_scores, p_costs, p_ratios) = score_side(cands, &p_list, Side::Prefill, input_tokens, p);
-    let prefill = choose(&p_list, &p_scores, p.policy, &mut rot.prefill);
-    let (d_scores, d_costs, _) = score_side(cands, &d_list, Side::Decode, input_tokens, p);
+    let p_scored = score_side(cands, &p_list, Side::Prefill, input_tokens, p);
+    let prefill = choose(&p_list, &p_scored.scores, p.policy, &mut rot.prefill);
+    let d_scored = score_side(cands, &d_list, Side::Decode, input_tokens, p);
     let decode =
-        (!d_list.is_empty()).then(|| choose(&d_list, &d_scores, p.policy, &mut rot.decode));
+        (!d_list.is_empty()).then(|| choose(&d_list, &d_scored.scores, p.policy, &mut rot.decode));
     let mut reports: Vec<CandidateReport> = cands
         .iter()
         .zip(&reasons)
@@ -219,16 +242,18 @@ pub fn route(
             queue_cost: None,
             score: None,
             meets_slo: None,
+            estimated_ttft_ms: None,
+            ttft: None,
             chosen: false,
             reason: r.clone().unwrap_or_default(),
         })
         .collect();
     let scored = [
-        (&p_list, &p_scores, &p_costs, Some(&p_ratios), Some(prefill), p.target_ttft_ms),
-        (&d_list, &d_scores, &d_costs, None, decode, p.target_tpot_ms),
+        (&p_list, &p_scored, Some(prefill), p.target_ttft_ms),
+        (&d_list, &d_scored, decode, p.target_tpot_ms),
     ];
-    for (list, scores, costs, ratios, chosen, target) in scored {
-        explain(&mut reports, list, scores, costs, ratios, chosen, p.policy);
+    for (list, scored, chosen, target) in scored {
+        explain(&mut reports, list, scored, chosen, p.policy);
         if p.policy == Policy::SloAware {
             explain_slo(&mut reports, list, target);
         }
@@ -263,29 +288,36 @@ fn explain_slo(reports: &mut [CandidateReport], list: &[usize], target: f64) {
 fn explain(
     reports: &mut [CandidateReport],
     list: &[usize],
-    scores: &[Option<f64>],
-    costs: &[f64],
-    ratios: Option<&[Vec<f64>; 2]>,
+    scored: &Scored,
     chosen: Option<usize>,
     policy: Policy,
 ) {
+    let scores = &scored.scores;
     let best = chosen.and_then(|c| list.iter().position(|&i| i == c)).and_then(|k| scores[k]);
     for (k, &i) in list.iter().enumerate() {
         let r = &mut reports[i];
         r.score = scores[k];
-        r.kv_hit_ratio = ratios.map(|v| v[0][k]);
-        r.predicted_hit_ratio = ratios.map(|v| v[1][k]);
-        if policy == Policy::Car {
-            r.queue_cost = Some(costs[k]);
+        r.kv_hit_ratio = scored.ratios.as_ref().map(|v| v[0][k]);
+        r.predicted_hit_ratio = scored.ratios.as_ref().map(|v| v[1][k]);
+        r.ttft = scored.ttft[k];
+        r.estimated_ttft_ms = scored.ttft[k].map(|t| t.estimate_ms);
+        if policy == Policy::Car || (policy == Policy::Ttft && r.side == Side::Decode) {
+            r.queue_cost = Some(scored.costs[k]);
         }
         r.chosen = chosen == Some(i);
         r.reason = match (r.chosen, policy, scores[k], best) {
             (true, Policy::Rr, _, _) => "next in round-robin order".into(),
+            (true, Policy::Ttft, Some(_), _) if r.side == Side::Prefill => {
+                "lowest estimated time to first token plus delay to later requests".into()
+            }
             (true, _, Some(_), _) => "lowest score".into(),
             (true, _, None, _) => "no candidate has a score; rotated".into(),
             (false, Policy::Rr, _, _) => "not its turn in round-robin order".into(),
             (false, _, Some(s), Some(b)) if (s - b).abs() <= TIE => {
                 "tied; another took its turn".into()
+            }
+            (false, Policy::Ttft, Some(s), Some(b)) if r.side == Side::Prefill => {
+                format!("score {s:.1} ms (estimate plus later) is above the chosen {b:.1} ms")
             }
             (false, _, Some(s), Some(b)) => format!("score {s:.4} is above the chosen {b:.4}"),
             (false, Policy::SloAware, None, _) => "no profiling data".into(),

@@ -104,6 +104,7 @@ fn cand(name: &str, waiting: u64, ranks: &[(u64, u64)]) -> Candidate {
                 approximate: false,
             })
             .collect(),
+        queued: crate::car::QueuedWork::default(),
     }
 }
 

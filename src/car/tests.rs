@@ -27,6 +27,7 @@ fn cand(name: &str, kind: InstanceType, waiting: u64, hits: &[(u64, u64)]) -> Ca
                 approximate: false,
             })
             .collect(),
+        queued: QueuedWork::default(),
     }
 }
 

@@ -5,6 +5,8 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
+use super::ledger::QueuedWork;
+use super::ttft::{TtftParams, TtftTerms};
 use crate::registry::{InstanceState, InstanceType, LoadMetrics};
 
 /// A load-balancing policy.
@@ -27,6 +29,10 @@ pub enum Policy {
     SloAware,
     /// Cache-aware routing, see the module docs.
     Car,
+    /// Work-based: the smallest estimated time to first token plus the delay the request's
+    /// own prefill adds to the requests expected behind it ([`super::TtftTerms`]); decode side
+    /// as CAR.
+    Ttft,
 }
 
 impl FromStr for Policy {
@@ -37,7 +43,8 @@ impl FromStr for Policy {
             "RR" => Ok(Policy::Rr),
             "SLO_AWARE" => Ok(Policy::SloAware),
             "CAR" => Ok(Policy::Car),
-            _ => Err(format!("--load_balance_policy={s:?} is not one of RR, SLO_AWARE, CAR")),
+            "TTFT" => Ok(Policy::Ttft),
+            _ => Err(format!("--load_balance_policy={s:?} is not one of RR, SLO_AWARE, CAR, TTFT")),
         }
     }
 }
@@ -62,6 +69,8 @@ pub struct RouteParams {
     pub predict_ttl_ms: u64,
     /// `--car_predict_weight` in 0..=1: CAR weight of the predicted term against exact hits.
     pub predict_weight: f64,
+    /// The TTFT policy's settings.
+    pub ttft: TtftParams,
 }
 
 impl Default for RouteParams {
@@ -75,6 +84,7 @@ impl Default for RouteParams {
             directory_enabled: true,
             predict_ttl_ms: 2000,
             predict_weight: 0.5,
+            ttft: TtftParams::default(),
         }
     }
 }
@@ -195,6 +205,8 @@ pub struct Candidate {
     pub tpot_profile: Vec<(f64, f64, f64)>,
     /// Per-DP hits of the request (prefill side only).
     pub hits: Vec<DpHit>,
+    /// The work queued at it ([`super::WorkLedger`]), for the TTFT estimate.
+    pub queued: QueuedWork,
 }
 
 /// Which list a candidate is on.
@@ -235,6 +247,12 @@ pub struct CandidateReport {
     /// `--target_tpot` (D); absent without a prediction.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub meets_slo: Option<bool>,
+    /// Estimated time to first token, ms (P only, every policy; the TTFT policy's score).
+    #[serde(default)]
+    pub estimated_ttft_ms: Option<f64>,
+    /// The estimate's terms (P only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttft: Option<TtftTerms>,
     /// Whether it was chosen.
     pub chosen: bool,
     /// Why it was or was not chosen.

@@ -29,7 +29,10 @@ FLAGS (--flag=value or --flag value):
     --etcd_addr HOST:PORT          etcd of the instance registry (routing, discovery);
                                    empty: no etcd, only listed engines [default: 127.0.0.1:2379]
     --etcd_namespace NS            key prefix /NS/ of the instance registry [default: none]
-    --load_balance_policy P        RR, SLO_AWARE or CAR [default: CAR]
+    --load_balance_policy P        RR, SLO_AWARE, CAR or TTFT, for /v1/internal/route and,
+                                   without --frontend_policy, the front door [default: CAR]
+    --frontend_policy P            the front door's policy [default: TTFT, or
+                                   --load_balance_policy when only that is given]
     --car_prefill_lambda X         CAR weight of cache reuse against queue length, 0..=1 [default: 0.5]
     --car_host_hit_weight X        CAR weight of Host-only hits against Device hits, 0..=1 [default: 0.5]
     --car_predict_ttl_ms MS        predict-on-route: a routed request's blocks count as expected
@@ -37,6 +40,13 @@ FLAGS (--flag=value or --flag value):
                                    them; 0 turns it off [default: 2000]
     --car_predict_weight X         CAR weight of expected (predicted) blocks against exact
                                    hits, 0..=1 [default: 0.5]
+    --ttft_prefill_tokens_per_s X  TTFT: prefill rate of one DP rank until one is learned
+                                   from the front door's observed TTFTs [default: 10000]
+    --ttft_overhead_ms MS          TTFT: fixed cost of every request [default: 5]
+    --ttft_decode_ms MS            TTFT: decode term of an instance with a full KV cache,
+                                   scaled by gpu_cache_usage_perc [default: 10]
+    --ttft_later_weight X          TTFT: weight of the delay a request's own prefill adds to
+                                   the requests expected behind it [default: 10]
     --target_ttft MS               SLO_AWARE time-to-first-token target [default: 1000]
     --target_tpot MS               SLO_AWARE time-per-output-token target [default: 50]
     --tokenizer_path PATH          the served model's tokenizer.json, or its directory (with
@@ -126,6 +136,9 @@ pub struct FrontDoorFlags {
     pub upstream_connect_timeout_ms: u64,
     /// Response-head timeout and longest silence between body chunks.
     pub upstream_timeout_ms: u64,
+    /// The policy the front door routes with (`--frontend_policy`; else
+    /// `--load_balance_policy` when only that is given; else TTFT).
+    pub policy: Policy,
 }
 
 impl Default for FrontDoorFlags {
@@ -138,6 +151,7 @@ impl Default for FrontDoorFlags {
             api_key: None,
             upstream_connect_timeout_ms: 3000,
             upstream_timeout_ms: 300_000,
+            policy: Policy::Ttft,
         }
     }
 }
@@ -205,6 +219,22 @@ fn fraction(name: &str, v: &str, max: f64) -> Result<f64, String> {
     }
 }
 
+/// A finite weight of at least 0.
+fn weight(name: &str, v: &str) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        _ => Err(format!("--{name}={v:?} is not a finite number of at least 0")),
+    }
+}
+
+/// A positive, finite rate.
+fn rate(name: &str, v: &str) -> Result<f64, String> {
+    match v.parse::<f64>() {
+        Ok(x) if x.is_finite() && x >= 1.0 => Ok(x),
+        _ => Err(format!("--{name}={v:?} is not a rate of at least 1 token per second")),
+    }
+}
+
 /// An optional path: empty means none.
 fn path(v: &str) -> Option<PathBuf> {
     (!v.is_empty()).then(|| PathBuf::from(v))
@@ -230,12 +260,21 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
         "etcd_addr" => flags.etcd_addr = v.to_string(),
         "etcd_namespace" => flags.etcd_namespace = v.to_string(),
         "load_balance_policy" => flags.route.policy = v.parse::<Policy>()?,
+        "frontend_policy" => {
+            flags.front.policy = v
+                .parse::<Policy>()
+                .map_err(|e| e.replace("--load_balance_policy", "--frontend_policy"))?;
+        }
         "log_format" => flags.log_format = v.parse()?,
         "demo_seconds" => flags.demo_seconds = Some(number(name, v, 1, 86_400)?),
         "car_prefill_lambda" => flags.route.lambda = fraction(name, v, 1.0)?,
         "car_host_hit_weight" => flags.route.host_weight = fraction(name, v, 1.0)?,
         "car_predict_ttl_ms" => flags.route.predict_ttl_ms = number(name, v, 0, 600_000)?,
         "car_predict_weight" => flags.route.predict_weight = fraction(name, v, 1.0)?,
+        "ttft_prefill_tokens_per_s" => flags.route.ttft.tokens_per_s = rate(name, v)?,
+        "ttft_overhead_ms" => flags.route.ttft.overhead_ms = fraction(name, v, f64::MAX)?,
+        "ttft_decode_ms" => flags.route.ttft.decode_ms = fraction(name, v, f64::MAX)?,
+        "ttft_later_weight" => flags.route.ttft.later_weight = weight(name, v)?,
         "target_ttft" => flags.route.target_ttft_ms = fraction(name, v, f64::MAX)?,
         "target_tpot" => flags.route.target_tpot_ms = fraction(name, v, f64::MAX)?,
         "tokenizer_path" => flags.front.tokenizer_path = path(v),
@@ -268,6 +307,7 @@ pub fn parse_flags<S: AsRef<str>>(args: &[S]) -> Result<Command, ConfigError> {
     let mut flags = Flags::default();
     let mut errors = Vec::new();
     let mut it = args.iter().map(AsRef::as_ref).peekable();
+    let mut seen: Vec<&str> = Vec::new();
     while let Some(arg) = it.next() {
         let Some(body) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) else {
             errors.push(format!("unexpected argument {arg:?}; flags look like --name=value"));
@@ -277,6 +317,7 @@ pub fn parse_flags<S: AsRef<str>>(args: &[S]) -> Result<Command, ConfigError> {
             Some((n, v)) => (n, Some(v)),
             None => (body, None),
         };
+        seen.push(name);
         match (name, inline) {
             ("help" | "h", None) => return Ok(Command::Help),
             ("version" | "V", None) => return Ok(Command::Version),
@@ -294,6 +335,10 @@ pub fn parse_flags<S: AsRef<str>>(args: &[S]) -> Result<Command, ConfigError> {
     }
     if args.is_empty() {
         flags.demo = true;
+    }
+    // The front door follows --load_balance_policy unless it has a policy of its own.
+    if seen.contains(&"load_balance_policy") && !seen.contains(&"frontend_policy") {
+        flags.front.policy = flags.route.policy;
     }
     if errors.is_empty() {
         Ok(Command::Run(Box::new(flags)))

@@ -143,7 +143,7 @@ fn flags_accept_both_forms_and_report_all_errors() {
         err.problems,
         [
             "--car_prefill_lambda=\"1.5\" is outside the allowed range 0..=1",
-            "--load_balance_policy=\"FASTEST\" is not one of RR, SLO_AWARE, CAR",
+            "--load_balance_policy=\"FASTEST\" is not one of RR, SLO_AWARE, CAR, TTFT",
             "--target_ttft=\"-1\" is not a non-negative number of milliseconds",
         ]
     );
@@ -178,6 +178,41 @@ fn predict_on_route_flags_are_validated_and_zero_turns_it_off() {
             "--car_predict_weight=\"2\" is outside the allowed range 0..=1",
         ]
     );
+}
+
+#[test]
+fn the_ttft_policy_and_its_settings_are_validated() {
+    let args = ["--load_balance_policy=TTFT", "--ttft_prefill_tokens_per_s", "8000"];
+    let Command::Run(f) = parse_flags(&args).unwrap() else { panic!("run expected") };
+    assert_eq!((f.route.policy, f.route.ttft.tokens_per_s), (crate::car::Policy::Ttft, 8000.0));
+    let args = ["--ttft_overhead_ms=2.5", "--ttft_decode_ms=0"];
+    let Command::Run(f) = parse_flags(&args).unwrap() else { panic!("run expected") };
+    assert_eq!((f.route.ttft.overhead_ms, f.route.ttft.decode_ms), (2.5, 0.0));
+    let bad = ["--ttft_prefill_tokens_per_s=0", "--ttft_overhead_ms=-1", "--ttft_decode_ms=x"];
+    let err = parse_flags(&bad).unwrap_err();
+    assert_eq!(
+        err.problems,
+        [
+            "--ttft_prefill_tokens_per_s=\"0\" is not a rate of at least 1 token per second",
+            "--ttft_overhead_ms=\"-1\" is not a non-negative number of milliseconds",
+            "--ttft_decode_ms=\"x\" is not a non-negative number of milliseconds",
+        ]
+    );
+}
+
+#[test]
+fn the_front_door_follows_load_balance_policy_unless_it_has_its_own() {
+    let front = |args: &[&str]| match parse_flags(args).unwrap() {
+        Command::Run(f) => (f.route.policy, f.front.policy),
+        other => panic!("{other:?}"),
+    };
+    use crate::car::Policy::{Car, Rr, Ttft};
+    assert_eq!(front(&["--demo"]), (Car, Ttft), "the defaults: CAR for the internal API");
+    assert_eq!(front(&["--load_balance_policy=RR"]), (Rr, Rr));
+    assert_eq!(front(&["--frontend_policy=CAR", "--load_balance_policy=RR"]), (Rr, Car));
+    assert_eq!(front(&["--load_balance_policy=CAR", "--frontend_policy", "TTFT"]), (Car, Ttft));
+    let err = parse_flags(&["--frontend_policy=FAST"]).unwrap_err();
+    assert_eq!(err.problems, ["--frontend_policy=\"FAST\" is not one of RR, SLO_AWARE, CAR, TTFT"]);
 }
 
 #[test]

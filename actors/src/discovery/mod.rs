@@ -210,6 +210,7 @@ impl DiscoveryActor {
                     ttft_profile: i.record.ttft_profile.clone(),
                     tpot_profile: i.record.tpot_profile.clone(),
                     hits: Vec::new(),
+                    queued: Default::default(),
                 },
                 identity: i.record.identity.clone(),
                 load_reports: i.load_reports,

@@ -9,11 +9,14 @@
 //! front door's requests in flight ([`InFlight`], added to each instance's reported queue until
 //! its next load report), the content keys it expects on instances it recently chose
 //! ([`Predictions`], predict-on-route, see `predict.rs`) and the last decisions
-//! ([`RecentRoutes`], the last 20, token counts only) for the status page. Engines without KV
-//! events are credited from its decisions ([`Approximate`], `approx.rs`).
+//! ([`RecentRoutes`], the last 20, token counts only) for the status page, the prefill
+//! work routed to each instance and not done yet ([`WorkLedger`], the TTFT estimate's queue,
+//! see `work.rs`). Engines without KV events are credited from its decisions
+//! ([`Approximate`], `approx.rs`).
 
 mod approx;
 mod predict;
+mod work;
 
 pub use approx::{Approximate, UseIndexes};
 
@@ -24,7 +27,7 @@ use actix::prelude::*;
 use kvdir::car::{
     reusable_limit, route, Candidate, DpHit, InFlight, Policy, PredictCounters, Predictions,
     PromptId, RecentRoutes, RecentRoutesReport, RequestId, Rotation, RouteError, RouteParams,
-    Routed,
+    Routed, WorkLedger,
 };
 use kvdir::registry::{Identity, InstanceState, LoadMetrics};
 
@@ -128,13 +131,18 @@ pub struct RouterActor {
     instances: Vec<InstanceInfo>,
     /// Position of each instance in `instances`, by name.
     positions: HashMap<String, usize>,
+    /// `/v1/internal/route`'s settings (`--load_balance_policy`).
     params: RouteParams,
+    /// The front door's: the same with its own policy (`--frontend_policy`).
+    front: RouteParams,
     rotation: Rotation,
     recent: RecentRoutes,
     inflight: InFlight,
     predictions: Predictions,
     /// The indexes whose approximate engines this router credits ([`UseIndexes`]).
     approx: Option<std::sync::Arc<crate::indexes::Indexes>>,
+    /// Prefill work routed and not done yet, per instance (the TTFT estimate's queue).
+    ledger: WorkLedger,
 }
 
 impl Actor for RouterActor {
@@ -150,6 +158,7 @@ impl Handler<SetCandidates> for RouterActor {
         for (i, info) in self.instances.iter().enumerate() {
             self.positions.insert(info.candidate.name.clone(), i);
         }
+        work::snapshot(&mut self.ledger, &self.instances);
     }
 }
 
@@ -163,6 +172,7 @@ impl Handler<SetLoad> for RouterActor {
         let info = &mut self.instances[i];
         (info.candidate.load, info.candidate.state) = (msg.load, msg.state);
         info.load_reports = msg.load_reports;
+        work::report(&mut self.ledger, info);
     }
 }
 
@@ -170,7 +180,10 @@ impl Handler<RouteRequest> for RouterActor {
     type Result = Result<Routed, RouteError>;
 
     fn handle(&mut self, msg: RouteRequest, _: &mut Context<Self>) -> Self::Result {
-        self.decide(&msg.hits, msg.input_tokens, &[], None)
+        let routed = self.decide(&msg.hits, msg.input_tokens, &[], None)?;
+        let reports = self.reports(&routed.prefill);
+        work::record(&mut self.ledger, &routed, reports, None);
+        Ok(routed)
     }
 }
 
@@ -183,6 +196,7 @@ impl Handler<RouteForward> for RouterActor {
         let reports = info.map_or(0, |i| i.load_reports);
         let url = base_url(&routed.prefill, info.and_then(|i| i.url.as_deref()));
         let id = self.inflight.start(&routed.prefill, reports, Some(msg.prompt));
+        work::record(&mut self.ledger, &routed, reports, Some(id));
         Ok((routed, id, url))
     }
 }
@@ -192,8 +206,14 @@ impl Handler<RequestProgress> for RouterActor {
 
     fn handle(&mut self, msg: RequestProgress, _: &mut Context<Self>) {
         match msg {
-            RequestProgress::FirstByte(instance, id) => self.inflight.first_byte(&instance, id),
-            RequestProgress::Finished(instance, id) => self.inflight.finish(&instance, id),
+            RequestProgress::FirstByte(instance, id) => {
+                self.inflight.first_byte(&instance, id);
+                self.ledger.first_byte(&instance, id, predict::now_ms());
+            }
+            RequestProgress::Finished(instance, id) => {
+                self.inflight.finish(&instance, id);
+                self.ledger.forget(&instance, id);
+            }
         }
     }
 }
@@ -220,19 +240,27 @@ impl Handler<GetRecentRoutes> for RouterActor {
 }
 
 impl RouterActor {
-    /// A router deciding with `params`.
-    pub fn new(params: RouteParams) -> Self {
+    /// A router deciding with `params`, and with `front_policy` for the front door.
+    pub fn new(params: RouteParams, front_policy: Policy) -> Self {
         let predictions = Predictions::new(params.predict_ttl_ms, Predictions::DEFAULT_CAPACITY);
-        RouterActor { params, predictions, ..RouterActor::default() }
+        let front = RouteParams { policy: front_policy, ..params.clone() };
+        RouterActor { params, front, predictions, ..RouterActor::default() }
     }
 
-    /// Whether routed requests' keys are predicted (CAR with `--car_predict_ttl_ms` > 0).
-    fn predicting(&self) -> bool {
-        self.predictions.enabled() && self.params.policy == Policy::Car
+    /// Whether routed requests' keys are predicted under `policy` (CAR or TTFT with
+    /// `--car_predict_ttl_ms` > 0).
+    fn predicting(&self, policy: Policy) -> bool {
+        self.predictions.enabled() && matches!(policy, Policy::Car | Policy::Ttft)
+    }
+
+    /// Load reports received from `instance`'s process so far (0 when unknown).
+    fn reports(&self, instance: &str) -> u64 {
+        self.positions.get(instance).map_or(0, |&i| self.instances[i].load_reports)
     }
 
     /// Routes over the candidates not in `exclude` and records the decision (and, when
-    /// predicting, the chosen instance's expected keys).
+    /// predicting, the chosen instance's expected keys). A request with a `prompt` id is the
+    /// front door's and is routed with its policy.
     fn decide(
         &mut self,
         hits: &[StreamHit],
@@ -241,14 +269,18 @@ impl RouterActor {
         prompt: Option<PromptId>,
     ) -> Result<Routed, RouteError> {
         let now_ms = predict::now_ms();
-        let predicting = self.predicting();
+        let params = match prompt {
+            Some(_) => self.front.clone(),
+            None => self.params.clone(),
+        };
+        let predicting = self.predicting(params.policy);
         if predicting {
             predict::confirm(&mut self.predictions, hits);
         }
         let prompt = prompt.filter(|_| predicting);
         let mut cands = self.candidates(hits, input_tokens, prompt, now_ms);
         cands.retain(|c| !exclude.contains(&c.name));
-        let routed = route(&cands, input_tokens, &self.params, &mut self.rotation);
+        let routed = route(&cands, input_tokens, &params, &mut self.rotation);
         if let (true, Ok(r)) = (predicting, &routed) {
             predict::record(&mut self.predictions, now_ms, &r.prefill, hits);
         }
@@ -282,6 +314,7 @@ impl RouterActor {
             .iter()
             .map(|info| {
                 let mut c = info.candidate.clone();
+                c.queued = self.ledger.queued(&c.name);
                 if let Some(load) = &mut c.load {
                     let (name, reports) = (&c.name, info.load_reports);
                     let counted = self.inflight.reported_siblings(name, reports, prompt);

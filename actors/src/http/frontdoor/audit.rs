@@ -17,8 +17,8 @@ use std::time::Instant;
 use actix_web::web::Bytes;
 use futures_util::stream::{BoxStream, Stream, StreamExt};
 use kvdir::audit::WarningKind;
-use kvdir::car::CacheState;
 use kvdir::audit::{ask_for_usage, Audit, AuditReport, Outcome, Pass, Reported, UsageTap};
+use kvdir::car::CacheState;
 use kvdir::metrics::{Exposition, Kind};
 
 use super::request::OpenAiRequest;

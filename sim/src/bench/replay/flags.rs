@@ -31,8 +31,10 @@ USAGE: kvdir-bench replay --trace FILE --etcd_addr H:P --spawn_kvdir PATH [--fla
   --speed X                simulated seconds per wall second (0 = no pacing)   [30]
   --prefill_us_per_token U prefill cost of one uncached token, simulated µs   [50]
   --overhead_ms M          fixed cost of every request, simulated ms           [5]
-  --policy P               CAR, RR or SLO_AWARE, for the spawned kvdir         [CAR]
+  --policy P               CAR, RR, SLO_AWARE or TTFT, for the spawned kvdir   [CAR]
   --compare_rr B           also replay with RR when --policy is not RR         [true]
+  --policies LIST          runs in this order instead, each on fresh engines, e.g.
+                           CAR@0.5,CAR@0.8,TTFT,RR (CAR@L: --car_prefill_lambda=L)
   --car_prefill_lambda L   passed to kvdir (0..=1)                             [kvdir's]
   --car_host_hit_weight W  passed to kvdir (0..=1)                             [kvdir's]
   --events E               exact: kvdir follows the engines' KV events; none: it has no
@@ -68,6 +70,8 @@ pub struct ReplayOptions {
     pub policy: Policy,
     /// Whether to replay with RR afterwards.
     pub compare_rr: bool,
+    /// `--policies`: the runs, replacing `policy` and `compare_rr` when not empty.
+    pub runs: Vec<RunSpec>,
     /// kvdir flags for CAR.
     pub car_args: Vec<String>,
     /// `--events none`: kvdir gets no KV events and credits the engines approximately.
@@ -102,6 +106,7 @@ impl Default for ReplayOptions {
             cost: Cost { overhead: Duration::from_millis(5), per_token: Duration::from_micros(50) },
             policy: Policy::Car,
             compare_rr: true,
+            runs: Vec::new(),
             car_args: Vec::new(),
             approximate: false,
             etcd_addr: String::new(),
@@ -129,8 +134,52 @@ pub enum ReplayCommand {
 }
 
 /// The policies by name, for `--policy`.
-pub(crate) const POLICIES: [(&str, Policy); 3] =
-    [("CAR", Policy::Car), ("RR", Policy::Rr), ("SLO_AWARE", Policy::SloAware)];
+pub(crate) const POLICIES: [(&str, Policy); 4] = [
+    ("CAR", Policy::Car),
+    ("RR", Policy::Rr),
+    ("SLO_AWARE", Policy::SloAware),
+    ("TTFT", Policy::Ttft),
+];
+
+/// One run of the replay: a policy and, for CAR, its lambda (else kvdir's or
+/// `--car_prefill_lambda`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RunSpec {
+    /// The policy.
+    pub policy: Policy,
+    /// `--car_prefill_lambda` of this run.
+    pub lambda: Option<f64>,
+}
+
+impl RunSpec {
+    /// `CAR`, `CAR 0.8`, `TTFT`.
+    pub fn label(&self) -> String {
+        match self.lambda {
+            Some(l) => format!("{} {l}", policy_name(self.policy)),
+            None => policy_name(self.policy).to_string(),
+        }
+    }
+
+    /// Parses `POLICY` or `CAR@LAMBDA`.
+    fn parse(item: &str) -> Result<RunSpec, String> {
+        let (name, lambda) = match item.split_once('@') {
+            Some((name, l)) => (name, Some(l)),
+            None => (item, None),
+        };
+        let policy = choice("policies", name, &POLICIES)?;
+        let lambda = match (policy, lambda) {
+            (_, None) => None,
+            (Policy::Car, Some(l)) => match l.parse::<f64>() {
+                Ok(x) if (0.0..=1.0).contains(&x) => Some(x),
+                _ => return Err(format!("--policies: lambda {l:?} of {item} is not in 0..=1")),
+            },
+            (_, Some(_)) => {
+                return Err(format!("--policies: {item}: only CAR takes a lambda (CAR@0.8)"))
+            }
+        };
+        Ok(RunSpec { policy, lambda })
+    }
+}
 
 /// `--events`: whether kvdir credits the engines approximately.
 const EVENTS: [(&str, bool); 2] = [("exact", false), ("none", true)];
@@ -197,6 +246,10 @@ impl ReplayOptions {
             "overhead_ms" => self.cost.overhead = Duration::from_millis(number(name, value)?),
             "policy" => self.policy = choice(name, value, &POLICIES)?,
             "compare_rr" => self.compare_rr = value.parse().map_err(|_| bad(name))?,
+            "policies" => {
+                self.runs =
+                    value.split(',').map(|i| RunSpec::parse(i.trim())).collect::<Result<_, _>>()?
+            }
             "car_prefill_lambda" | "car_host_hit_weight" => {
                 self.car_args.push(fraction(name, value)?)
             }
@@ -246,21 +299,28 @@ impl ReplayOptions {
         }
     }
 
-    /// The policies to replay with, in order.
-    pub fn policies(&self) -> Vec<Policy> {
+    /// The runs to replay, in order: `--policies`, else `--policy` and, unless it is RR or
+    /// `--compare_rr false`, RR.
+    pub fn policies(&self) -> Vec<RunSpec> {
+        if !self.runs.is_empty() {
+            return self.runs.clone();
+        }
+        let run = |policy| RunSpec { policy, lambda: None };
         match self.compare_rr && self.policy != Policy::Rr {
-            true => vec![self.policy, Policy::Rr],
-            false => vec![self.policy],
+            true => vec![run(self.policy), run(Policy::Rr)],
+            false => vec![run(self.policy)],
         }
     }
 
-    /// The load tool's options for one run with `policy`: etcd mode, a private namespace per
-    /// run, 512-token blocks, no Host tier, the spawned kvdir with the policy and CAR knobs.
-    pub fn bench_options(&self, policy: Policy) -> BenchOptions {
-        let name = policy_name(policy);
+    /// The load tool's options for run number `index`, `run`: etcd mode, a private namespace
+    /// per run, 512-token blocks, no Host tier, the spawned kvdir with the policy and CAR knobs.
+    pub fn bench_options(&self, index: usize, run: RunSpec) -> BenchOptions {
+        let name = policy_name(run.policy);
         let mut kvdir_args = vec![format!("--load_balance_policy={name}")];
         kvdir_args.extend(self.car_args.iter().cloned());
+        kvdir_args.extend(run.lambda.map(|l| format!("--car_prefill_lambda={l}")));
         kvdir_args.extend(self.kvdir_args.iter().cloned());
+        let slug: String = run.label().to_ascii_lowercase().replace(' ', "");
         BenchOptions {
             engines: self.engines,
             dp_size: self.dp_size,
@@ -269,7 +329,7 @@ impl ReplayOptions {
             host_blocks: 0,
             mode: Mode::Etcd {
                 addr: self.etcd_addr.clone(),
-                namespace: format!("{}-{}", self.namespace, name.to_ascii_lowercase()),
+                namespace: format!("{}-{index}-{slug}", self.namespace),
             },
             spawn_kvdir: Some(self.spawn_kvdir.clone()),
             kvdir_args,
@@ -296,12 +356,36 @@ mod tests {
         let Ok(ReplayCommand::Run(o)) = parse(&args) else { panic!("valid") };
         assert_eq!((o.engines, o.dp_size, o.cache_blocks, o.policy), (8, 1, 2048, Policy::Car));
         assert_eq!(o.routers, 1);
-        assert_eq!(o.policies(), [Policy::Car, Policy::Rr]);
-        let b = o.bench_options(Policy::Rr);
+        let run = |policy| RunSpec { policy, lambda: None };
+        assert_eq!(o.policies(), [run(Policy::Car), run(Policy::Rr)]);
+        let b = o.bench_options(1, run(Policy::Rr));
         assert_eq!((b.block_size, b.device_blocks, b.host_blocks), (512, 2048, 0));
         assert_eq!(b.kvdir_args, ["--load_balance_policy=RR"]);
         let Mode::Etcd { namespace, .. } = b.mode else { panic!("etcd mode") };
-        assert!(namespace.ends_with("-rr"), "{namespace}");
+        assert!(namespace.ends_with("-1-rr"), "{namespace}");
+    }
+
+    #[test]
+    fn a_list_of_runs_sets_each_runs_policy_and_lambda() {
+        let args = ["--trace=t", "--etcd_addr=127.0.0.1:1", "--spawn_kvdir=k", "--policies"];
+        let Ok(ReplayCommand::Run(o)) = parse(&[&args[..], &["CAR@0.8, TTFT,RR"]].concat()) else {
+            panic!("valid")
+        };
+        let runs = o.policies();
+        let labels: Vec<String> = runs.iter().map(RunSpec::label).collect();
+        assert_eq!(labels, ["CAR 0.8", "TTFT", "RR"]);
+        let b = o.bench_options(0, runs[0]);
+        assert_eq!(b.kvdir_args, ["--load_balance_policy=CAR", "--car_prefill_lambda=0.8"]);
+        let Mode::Etcd { namespace, .. } = b.mode else { panic!("etcd mode") };
+        assert!(namespace.ends_with("-0-car0.8"), "{namespace}");
+        for (list, problem) in [
+            ("CAR@2", "lambda \"2\" of CAR@2 is not in 0..=1"),
+            ("TTFT@0.5", "TTFT@0.5: only CAR takes a lambda"),
+            ("FAST", "is not one of CAR, RR, SLO_AWARE, TTFT"),
+        ] {
+            let err = parse(&[&args[..], &[list]].concat()).unwrap_err().to_string();
+            assert!(err.contains(problem), "{problem} missing from {err}");
+        }
     }
 
     #[test]
@@ -320,7 +404,7 @@ mod tests {
             "--spawn_kvdir PATH is required",
             "--engines = 0",
             "--routers = 0 is not in 1..=8",
-            "--policy = \"FAST\" is not one of CAR, RR, SLO_AWARE",
+            "--policy = \"FAST\" is not one of CAR, RR, SLO_AWARE, TTFT",
             "--car_prefill_lambda = \"2\" is not a number in 0..=1",
             "--etcd_addr = 10.0.0.1:2379 is not on this host",
         ] {

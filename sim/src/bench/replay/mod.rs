@@ -1,8 +1,9 @@
 //! `kvdir-bench replay`: replays a request trace (Mooncake format, [`trace`]) through the real
 //! routing path and reports what routing did to prefix-cache hits and TTFT ([`ReplayReport`]).
 //!
-//! For each policy ([`ReplayOptions::policies`]: `--policy`, then RR for comparison) a run
-//! starts from nothing, through the load tool's modules:
+//! For each run ([`ReplayOptions::policies`]: `--policy`, then RR for comparison; or the
+//! `--policies` list, e.g. `CAR@0.5,CAR@0.8,TTFT,RR`) a run starts from nothing, through the
+//! load tool's modules:
 //! 1. `--engines` fresh [`crate::SimEngine`]s with 512-token blocks and no Host tier
 //!    ([`super::fleet`]), registered in etcd under a namespace private to the run;
 //! 2. `--routers` fresh kvdir replicas started with `--spawn_kvdir`, the policy and the CAR
@@ -33,8 +34,7 @@ pub mod report;
 pub mod step;
 pub mod trace;
 
-pub use flags::{parse_replay_args, ReplayCommand, ReplayOptions, REPLAY_HELP};
-use kvdir::car::Policy;
+pub use flags::{parse_replay_args, ReplayCommand, ReplayOptions, RunSpec, REPLAY_HELP};
 pub use report::{PolicyRun, ReplayReport, RunSetup};
 use step::Replayer;
 use trace::Trace;
@@ -50,8 +50,8 @@ pub fn run(o: &ReplayOptions) -> Result<ReplayReport, BenchError> {
     let trace = Trace::read(&o.trace, o.requests)?;
     check_wall(&trace, o.speed)?;
     let mut runs = Vec::new();
-    for policy in o.policies() {
-        runs.push(run_policy(o, &trace, policy)?);
+    for (index, spec) in o.policies().into_iter().enumerate() {
+        runs.push(run_policy(o, &trace, index, spec)?);
     }
     Ok(ReplayReport::new(o, &trace, runs))
 }
@@ -76,9 +76,14 @@ fn check_wall(trace: &Trace, speed: Option<f64>) -> Result<(), BenchError> {
     }
 }
 
-/// One run with `policy` on fresh engines and `--routers` fresh kvdir replicas.
-fn run_policy(o: &ReplayOptions, trace: &Trace, policy: Policy) -> Result<PolicyRun, BenchError> {
-    let b = o.bench_options(policy);
+/// Run number `index`, `spec`, on fresh engines and `--routers` fresh kvdir replicas.
+fn run_policy(
+    o: &ReplayOptions,
+    trace: &Trace,
+    index: usize,
+    spec: RunSpec,
+) -> Result<PolicyRun, BenchError> {
+    let b = o.bench_options(index, spec);
     let mut fleet = Fleet::start(&b)?;
     let mut config = fleet.kvdir_config(&b);
     if o.approximate {
@@ -89,7 +94,12 @@ fn run_policy(o: &ReplayOptions, trace: &Trace, policy: Policy) -> Result<Policy
         // On an error the replicas started so far are dropped, which kills them.
         kvdirs.push(Kvdir::start(&b, &config)?);
     }
-    let run = RunSetup { policy, engines: o.engines as usize, speed: o.speed };
+    let run = RunSetup {
+        policy: spec.policy,
+        label: spec.label(),
+        engines: o.engines as usize,
+        speed: o.speed,
+    };
     let result = replay_on(o, (&b, run), trace, &mut fleet, &kvdirs);
     result.map_err(|(router, e)| kvdirs[router].explain(e))
 }

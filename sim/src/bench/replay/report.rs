@@ -32,10 +32,12 @@ use super::trace::{Bound, Trace};
 use kvdir::car::Policy;
 
 /// What a run was.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct RunSetup {
     /// The policy kvdir ran with.
     pub policy: Policy,
+    /// Its name in the report, with its lambda when the run set one (`CAR 0.8`).
+    pub label: String,
     /// Engines in the fleet.
     pub engines: usize,
     /// The pacing, `None` without.
@@ -47,6 +49,8 @@ pub struct RunSetup {
 pub struct PolicyRun {
     /// The policy kvdir ran with.
     pub policy: Policy,
+    /// Its name in the report ([`RunSetup::label`]).
+    pub label: String,
     /// Routed (and executed) requests.
     pub routed: u64,
     /// Prompt tokens of the routed requests.
@@ -136,6 +140,7 @@ impl PolicyRun {
         ttfts.sort();
         PolicyRun {
             policy: run.policy,
+            label: run.label,
             routed: outcomes.len() as u64,
             input_tokens: outcomes.iter().map(|o| o.input_tokens).sum(),
             hit_tokens: outcomes.iter().map(|o| o.hit_tokens).sum(),
@@ -192,6 +197,7 @@ impl PolicyRun {
         let (busy_mean, busy_max) = self.busy_share();
         json!({
             "policy": policy_name(self.policy),
+            "label": self.label,
             "routed": self.routed,
             "route_errors": self.routes.errors,
             "input_tokens": self.input_tokens,
@@ -233,7 +239,7 @@ impl PolicyRun {
             "{:<9} routed {}  hit share {:.1} % ({:.0} % of the per-engine LRU bound)  TTFT p50 \
              {:.0} ms p99 {:.0} ms  busy {:.0} % (max {:.0} %)  imbalance {:.2}  predicted = \
              realized {}  route p50 {:.2} ms p99 {:.2} ms",
-            policy_name(self.policy),
+            self.label,
             self.routed,
             share * 100.0,
             share / per_engine_bound.max(1e-9) * 100.0,
@@ -279,7 +285,7 @@ impl PolicyRun {
             warnings.push("kvdir had not applied every batch at the end".to_string());
         }
         for w in warnings {
-            let _ = writeln!(t, "WARNING ({}): {w}", policy_name(self.policy));
+            let _ = writeln!(t, "WARNING ({}): {w}", self.label);
         }
     }
 }
@@ -401,7 +407,7 @@ impl ReplayReport {
         let per_engine = self.per_engine_lru.token_share;
         self.runs.iter().for_each(|r| r.text(per_engine, &mut t));
         if let Some(x) = self.over_rr() {
-            let _ = writeln!(t, "hit share {} / RR: {x:.2}x", policy_name(self.runs[0].policy));
+            let _ = writeln!(t, "hit share {} / RR: {x:.2}x", self.runs[0].label);
         }
         t
     }

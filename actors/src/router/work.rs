@@ -1,0 +1,41 @@
+//! Glue between the router and its [`WorkLedger`] (the TTFT policy's queued work, see
+//! `kvdir::car::WorkLedger`): load reports reconcile it, each decision adds the chosen prefill
+//! instance's share of work, and the front door's first bytes end requests and teach rates.
+//! Kept under every policy, so every answer carries each candidate's estimated TTFT.
+
+use kvdir::car::{RequestId, Routed, RoutedWork, WorkLedger};
+
+use super::{predict, InstanceInfo};
+
+/// Applies the load reports of `instances` (a snapshot) and forgets instances not in it.
+pub(crate) fn snapshot(ledger: &mut WorkLedger, instances: &[InstanceInfo]) {
+    for info in instances {
+        report(ledger, info);
+    }
+    ledger.retain(|name| instances.iter().any(|i| i.candidate.name == name));
+}
+
+/// Applies `info`'s latest load report, if it has one the ledger has not seen.
+pub(crate) fn report(ledger: &mut WorkLedger, info: &InstanceInfo) {
+    if let Some(load) = info.candidate.load {
+        ledger.report(&info.candidate.name, info.load_reports, load.waiting_requests_num);
+    }
+}
+
+/// Adds the decision's request to its prefill instance (whose load reports numbered
+/// `reports`), with the front door's id `key` when it forwards it.
+pub(crate) fn record(
+    ledger: &mut WorkLedger,
+    routed: &Routed,
+    reports: u64,
+    key: Option<RequestId>,
+) {
+    let chosen = routed.candidates.iter().find(|c| c.name == routed.prefill);
+    let Some(terms) = chosen.and_then(|c| c.ttft) else { return };
+    let work = RoutedWork {
+        uncached: terms.own_uncached_tokens,
+        ahead_tokens: terms.ahead_per_rank(),
+        fixed_ms: terms.fixed_ms(),
+    };
+    ledger.routed(&routed.prefill, reports, predict::now_ms(), work, key);
+}
