@@ -13,8 +13,10 @@ kvdir's predicted cached tokens on the engine it chose (`x-kvdir-cached-tokens`,
   engine's events are read for up to EXPLAIN_WAIT_S more), or blocks evicted after kvdir routed it
   (a concurrent burst on a small cache); kvdir was right about the events it had;
 - on a partial stream an under-credit is allowed (it credits only blocks it saw stored).
-Named checks (stream start-up, salt, duplicate store, restart) count like requests. It ends with
-`N passed, M failed`; the exit code is 0 only when M is 0.
+Named checks (stream start-up, salt, duplicate store, restart) count like requests. At the end,
+kvdir's own cache-truth audit (`cache_audit` in /v1/internal/instances: exact, under and over
+answers per instance) must count what this script counted, request by request, since kvdir's
+last start. It ends with `N passed, M failed`; the exit code is 0 only when M is 0.
 """
 
 import argparse
@@ -44,6 +46,8 @@ class Driver:
         self.engines = [Engine(spec, args.topic, args.bind) for spec in args.engine]
         self.kvdir = Kvdir(args.kvdir, self.engines)
         self.sent = 0
+        # {engine: {"exact", "under", "over"}} of the answers through kvdir since its start.
+        self.tally = {}
         self.settles = []  # seconds spent waiting for kvdir to apply what the engines published
         self.systems = [self.text(self.rng.randrange(200, 420), f"System {i}.") for i in range(6)]
         self.pool = [self.new_conversation() for _ in range(6)]
@@ -91,6 +95,13 @@ class Driver:
                 explained = engine.tap.wait(
                     lambda _: self.in_flight(engine, sent_at[engine.name], messages, low, high),
                     EXPLAIN_WAIT_S) or ""
+            if predicted is not None and "x-kvdir-cached-tokens" in hdrs:
+                credited = int(hdrs["x-kvdir-cached-tokens"])
+                outcome = ("exact" if credited == actual else
+                           "under" if credited < actual else "over")
+                with self.results.lock:
+                    counts = self.tally.setdefault(engine.name, {})
+                    counts[outcome] = counts.get(outcome, 0) + 1
             ok, verdict = judge(predicted, actual, state, explained)
             if not ok and predicted is not None and not conv.salt:
                 verdict += "; " + self.diagnose(engine, sent_at[engine.name], messages,
@@ -349,6 +360,7 @@ class Driver:
         while pid_alive(pid):
             time.sleep(0.05)
         started = time.time()
+        self.tally = {}  # a new kvdir audits from zero
         self.args.kvdir_pid = subprocess.Popen(["bash", self.args.kvdir_launcher]).pid
         print("     kvdir restarted while the engines run", flush=True)
         reached = self.wait_streams(started)
@@ -367,6 +379,30 @@ class Driver:
         exact, phase = self.wait_phase(engine, lambda p: p == "live", time.time() + 10)
         self.results.check(exact, f"{engine.name} exact again after its cache reset",
                            f"phase {phase}")
+
+    def check_audit(self, deadline_s=5.0):
+        """kvdir's cache audit per engine against this script's own comparison (kvdir records
+        an answer when it has relayed its end, so it is polled briefly)."""
+        if not self.kvdir.up:
+            return
+        keys = ("exact", "under", "over")
+        deadline = time.time() + deadline_s
+        while True:
+            status, _, body = http("GET", self.kvdir.url + "/v1/internal/instances")
+            listed = (body.get("cache_audit") or {}) if status == 200 else {}
+            seen = {e.name: {k: listed.get(e.name, {}).get(k, 0) for k in keys}
+                    for e in self.engines}
+            want = {e.name: {k: self.tally.get(e.name, {}).get(k, 0) for k in keys}
+                    for e in self.engines}
+            if seen == want or time.time() > deadline:
+                break
+            time.sleep(0.1)
+        for e in self.engines:
+            audit = listed.get(e.name, {})
+            detail = (f"kvdir {seen[e.name]}, script {want[e.name]}; not reported "
+                      f"{audit.get('not_reported')}, warning {audit.get('warning_kind')}")
+            self.results.check(seen[e.name] == want[e.name],
+                               f"{e.name} cache audit agrees with vLLM's answers", detail)
 
     def wait_phase(self, engine, want, deadline):
         """Polls the engine's stream until want(phase) or the deadline; returns whether it
@@ -402,6 +438,7 @@ class Driver:
                 self.regular()
         for e in self.engines:
             e.tap.close()
+        self.check_audit()
         if self.results.explained:
             print(f"explained under-credits ({len(self.results.explained)}):")
             for line in self.results.explained:

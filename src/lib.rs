@@ -15,10 +15,13 @@
 //! - [`indexer`]: the KV indexer API of Mooncake RFC #1403: register bodies and the RFC answer.
 //! - [`metrics`]: a lock-free latency histogram and the Prometheus text format.
 //! - [`backoff`]: the doubling retry delay every retry loop uses.
+//! - [`audit`]: the cache-truth audit: kvdir's credit against the cached tokens engines report,
+//!   per instance, with the warning rules; and reading `usage` from answers as they stream.
 //! - [`overload`]: the front door's overload admission: a bounded FIFO of held requests.
 //!
 //! The contract is `docs/protocol.md`; the layout is in the README, the design notes in `docs/design.md`.
 
+pub mod audit;
 pub mod backoff;
 pub mod car;
 pub mod config;

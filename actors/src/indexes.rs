@@ -10,6 +10,9 @@
 //! Invariants: an entry is listed exactly while its stream's slot is labelled in the published
 //! view, and its hits, status and identity come from that same published copy, so a reused slot
 //! never lends an old stream's bits or name to a new one; an unsynchronized stream gives zero.
+//!
+//! Engines without KV events have no stream: every read also lists them, one entry per DP
+//! rank marked `approximate`, from [`Approximate`] (see `router/approx.rs`).
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -22,6 +25,8 @@ use kvdir::index::{
 };
 use kvdir::query::{answer_json, MatchRef, QueryResponse, QueryScope, StreamMatch};
 use kvdir::registry::Identity;
+
+use crate::router::Approximate;
 
 /// Ids of indexes, unique in the process (several services may share a thread in tests).
 static NEXT_INDEX: AtomicU64 = AtomicU64::new(0);
@@ -42,6 +47,8 @@ struct Group {
 #[derive(Default)]
 pub struct Indexes {
     groups: RwLock<Vec<Group>>,
+    /// Engines without KV events and their approximate credit.
+    approximate: Approximate,
 }
 
 /// One stream's entry in an answer, with the process it was started for.
@@ -61,6 +68,16 @@ pub struct StreamHit {
 }
 
 impl Indexes {
+    /// No stream yet; engines without KV events get approximate credit with `settings`.
+    pub fn new(settings: kvdir::car::ApproxSettings) -> Self {
+        Indexes { groups: RwLock::default(), approximate: Approximate::new(settings) }
+    }
+
+    /// The engines without KV events and their approximate credit.
+    pub fn approximate(&self) -> &Approximate {
+        &self.approximate
+    }
+
     /// A new stream `label` in an index of its block size and seed, with room for
     /// [`MAX_STREAMS`] streams each: when every index of that block size and seed is full,
     /// another one is made (a query walks each), so `max_streams` may exceed one index's
@@ -144,10 +161,11 @@ impl Indexes {
         mut make: impl FnMut(SlotRead, (u64, u64), &Arc<[ContentKey]>, u32) -> T,
         key: impl Fn(&T) -> (&String, u32),
     ) -> Vec<T> {
-        let mut out: Vec<T> = Vec::with_capacity(MAX_STREAMS);
+        let mut out: Vec<T> = self.approximate.each(tokens, scope, &mut make);
+        // Approximate entries first: sorted below with the streams when there are any.
+        let mut read = usize::from(!out.is_empty());
         let mut slots: Vec<SlotRead> = Vec::new();
         let groups = self.groups.read().unwrap_or_else(|e| e.into_inner());
-        let mut read = 0;
         for g in groups.iter().filter(|g| scope.block_size.is_none_or(|b| b == g.block_size)) {
             read += 1;
             let (matches, keys) = HANDLES.with(|h| {
@@ -211,6 +229,7 @@ fn match_ref(s: &SlotRead, (device, host_only): (u64, u64)) -> MatchRef<'_> {
         device_blocks: s.status.device_blocks,
         host_blocks: s.status.host_blocks,
         error: s.status.error.as_deref(),
+        approximate: s.status.approximate,
     }
 }
 

@@ -185,3 +185,69 @@ fn an_engine_registered_over_http_is_listed_and_unlisted() {
     assert_eq!(r.json()["removed"].as_array().map(Vec::len), Some(2));
     assert!(instance(addr, &name).is_none(), "unlisted");
 }
+
+/// The instance's entries in a query for `tokens`: (rank, approximate, device hit tokens).
+fn entries(addr: &str, name: &str, tokens: &[i32]) -> Vec<(u64, bool, u64)> {
+    let body = json!({ "token_ids": tokens }).to_string();
+    let r = request(addr, "POST", "/v1/internal/kv-cache/query", None, Some(&body));
+    let matches = r.json()["matches"].as_array().cloned().unwrap_or_default();
+    let mine = matches.iter().filter(|m| m["instance_name"] == name);
+    mine.map(|m| {
+        let n = |k: &str| m[k].as_u64().unwrap_or(u64::MAX);
+        (n("dp_rank"), m["approximate"] == true, n("device_hit_tokens"))
+    })
+    .collect()
+}
+
+#[test]
+fn an_engine_registered_without_events_is_credited_approximately_for_its_process_only() {
+    let http = TestEngine::start();
+    let kv = spawn(&["--http_server_port=0", "--etcd_addr="], "kvdir listening on http://");
+    let addr = &kv.addr;
+    let body = json!({"url": format!("http://127.0.0.1:{}", http.port), "dialect": "vllm",
+        "dp_size": 2, "block_size": B});
+    let r = request(addr, "POST", "/register", None, Some(&body.to_string()));
+    assert_eq!((r.status, r.json()["dp_size"].as_u64()), (200, Some(2)), "{}", r.body);
+    let name = format!("127.0.0.1:{}", http.port);
+    let i = eventually("the engine known by its process, approximate", || {
+        let i = instance(addr, &name).ok_or("not listed")?;
+        (i["approximate_blocks"] == 0).then_some(i.clone()).ok_or(i.to_string())
+    });
+    assert_eq!((&i["approximate"], &i["streams"]), (&json!(true), &json!([])), "{i}");
+
+    // Routed there once: the prompt's four blocks are assumed cached on both ranks.
+    let tokens = prompt(7, 4);
+    let route = |tokens: &[i32]| {
+        let body = json!({ "token_ids": tokens }).to_string();
+        let r = request(addr, "POST", "/v1/internal/route", None, Some(&body)).json();
+        r["candidates"][0].clone()
+    };
+    let c = route(&tokens);
+    assert_eq!(
+        (&c["name"], &c["chosen"], &c["kv_hit_ratio"]),
+        (&json!(name), &json!(true), &json!(0.0))
+    );
+    let held = 4 * u64::from(B);
+    assert_eq!(entries(addr, &name, &tokens), [(0, true, held), (1, true, held)]);
+    let c = route(&tokens);
+    assert_eq!(c["kv_hit_ratio"], 0.75, "three blocks of four (never the last token's): {c}");
+    assert!(c["dp_hits"].as_array().unwrap().iter().all(|h| h["approximate"] == true), "{c}");
+
+    // Another process: its cache is empty, and so is its credit.
+    http.set(|s| s.start_time = Some(1_764_599_000.5));
+    eventually("the credit dropped with the old process", || {
+        let e = entries(addr, &name, &tokens);
+        (e == [(0, true, 0), (1, true, 0)]).then_some(()).ok_or(format!("{e:?}"))
+    });
+    route(&tokens);
+    assert_eq!(entries(addr, &name, &tokens), [(0, true, held), (1, true, held)]);
+
+    // Unregistered: no entry, no credit.
+    let gone = json!({ "instance_id": name }).to_string();
+    let r = request(addr, "POST", "/unregister", None, Some(&gone));
+    assert_eq!(r.status, 200, "{}", r.body);
+    eventually("no entry once unregistered", || {
+        let e = entries(addr, &name, &tokens);
+        e.is_empty().then_some(()).ok_or(format!("{e:?}"))
+    });
+}

@@ -137,3 +137,25 @@ fn two_kvdir_replicas_share_the_requests_and_are_reported_each() {
     assert_sane(&runs[0], 300, 4, f(&json["bound"]["token_share"]), 2);
     assert_bounds(&json);
 }
+
+/// The conversation prefix of the first test with `--events none`: kvdir discovers the engines
+/// with `"events": "none"`, follows no stream and credits each engine approximately with the
+/// prompts it routed there. CAR still keeps conversations together (more hits than RR), and
+/// kvdir's approximate credit is what the engines then reuse for most requests.
+#[test]
+fn without_kv_events_car_credits_its_own_routing_and_still_hits_more_than_rr() {
+    let _turn = PORTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let etcd = etcd_endpoint();
+    let ns = format!("--etcd_namespace=replay-approx-{}", std::process::id());
+    let flags = ["--requests=500", "--engines=4", "--cache_blocks=1024", "--speed=0", "--json"];
+    let o = options(&etcd.endpoint, &[&flags[..], &["--events=none", ns.as_str()]].concat());
+    assert!(o.approximate);
+    let json = replay::run(&o).expect("the replay completes").json();
+    let runs = json["runs"].as_array().expect("runs");
+    let bound = f(&json["bound"]["token_share"]);
+    runs.iter().for_each(|run| assert_sane(run, 500, 4, bound, 1));
+    let (car, rr) = (f(&runs[0]["hit_share"]), f(&runs[1]["hit_share"]));
+    assert!(car > rr, "CAR {car} not above RR {rr} on approximate credit: {json:#}");
+    let predicted = &runs[0]["prediction"];
+    assert!(f(&predicted["share"]) > 0.5, "assumed = reused for most requests: {json:#}");
+}

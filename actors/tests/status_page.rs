@@ -82,6 +82,42 @@ fn the_status_page_shows_live_streams_residency_and_decisions() {
         dump_until(&format!("{url}#token={TOKEN}"), |dom| check_filled_page(dom, &instances));
     let observed = recorder.stop();
     assert_matches_the_service(shown, &observed);
+    the_page_shows_the_cache_audit_of_a_front_door_answer(&addr);
+}
+
+/// One chat through the front door: the instance that served it shows the service's audit
+/// counts of that answer.
+fn the_page_shows_the_cache_audit_of_a_front_door_answer(addr: &str) {
+    let chat = r#"{"model": "kvdir-demo", "messages": [{"role": "user", "content": "Hi"}]}"#;
+    let reply = request(addr, "POST", "/v1/chat/completions", None, Some(chat));
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let deadline = Instant::now() + DEADLINE;
+    let (name, audit) = loop {
+        let listed = get_json(addr, "GET", "/v1/internal/instances");
+        let audits = listed["cache_audit"].as_object().cloned().unwrap_or_default();
+        if let Some((name, audit)) = audits.into_iter().next() {
+            break (name, audit);
+        }
+        assert!(Instant::now() < deadline, "no cache audit after a front door answer: {listed}");
+        std::thread::sleep(Duration::from_millis(50)); // poll interval, under the deadline
+    };
+    let counts = ["exact", "under", "over"].map(|k| audit[k].as_u64().unwrap_or(99));
+    assert_eq!(counts.iter().sum::<u64>(), 1, "one audited answer: {audit}");
+    let expected = format!(
+        r#"<div class="audit" data-exact="{}" data-under="{}" data-over="{}" data-not-reported="0""#,
+        counts[0], counts[1], counts[2]
+    );
+    let url = format!("http://{addr}/#token={TOKEN}");
+    dump_until(&url, |dom| {
+        let section =
+            element(dom, &format!(r#"<div class="instance" data-instance="{name}">"#), "<table")
+                .ok_or(format!("no section for {name}"))?;
+        if section.contains(&expected) && section.contains("cache audit") {
+            Ok(())
+        } else {
+            Err(format!("{name}'s section lacks {expected}: {section}"))
+        }
+    });
 }
 
 /// Each row shows the service's own (Device, Host) at the sequence the row shows; a sequence

@@ -52,5 +52,5 @@ pub use error::SimError;
 pub use etcd::{Registration, RegistrationOptions};
 pub use fault::{malformed_payload, Fault, SnapshotMode};
 pub use openai::server::{CACHED_TOKENS_HEADER, DP_RANK_HEADER};
-pub use openai::{ApiError, InFlight, OpenAiConfig};
+pub use openai::{ApiError, CachedReport, InFlight, OpenAiConfig};
 pub use pool::{rank_threads, set_rank_threads};

@@ -17,8 +17,9 @@
 //! engine process, which starts from nothing. The front door's requests also end at their first
 //! byte ([`WorkLedger::first_byte`]), which teaches the instance's prefill rate: the tokens that
 //! were ahead of the request plus its own, over its observed time to first token minus the
-//! fixed terms of its estimate (an EWMA per instance). Invariant: at most [`MAX_PER_INSTANCE`]
-//! requests per instance (the oldest are dropped as done).
+//! fixed terms of its estimate (an EWMA per instance). Invariants: at most [`MAX_PER_INSTANCE`]
+//! requests per instance (the oldest are dropped as done), and each instance keeps the sum of
+//! its requests' uncached tokens, so [`WorkLedger::queued`] costs the same at any queue length.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -69,11 +70,50 @@ struct Entry {
 #[derive(Debug, Default)]
 struct Instance {
     entries: VecDeque<Entry>,
+    /// The sum of the entries' uncached tokens, so reading it costs the same at any length.
+    tokens: f64,
     /// The load-report count last applied.
     reports: u64,
     /// Requests the last report counted beyond kvdir's own.
     foreign: u64,
     rate: Option<f64>,
+}
+
+impl Instance {
+    /// A new process of the instance: nothing queued, the learned rate kept.
+    fn restarted(&self) -> Instance {
+        Instance { rate: self.rate, ..Instance::default() }
+    }
+
+    fn push(&mut self, entry: Entry) {
+        if self.entries.len() == MAX_PER_INSTANCE {
+            self.drop_oldest(1);
+        }
+        self.tokens += entry.work.uncached;
+        self.entries.push_back(entry);
+    }
+
+    fn drop_oldest(&mut self, n: usize) {
+        for e in self.entries.drain(..n) {
+            self.tokens -= e.work.uncached;
+        }
+        self.resum();
+    }
+
+    fn take(&mut self, key: u64) -> Option<Entry> {
+        let at = self.entries.iter().position(|e| e.key == Some(key))?;
+        let entry = self.entries.remove(at)?;
+        self.tokens -= entry.work.uncached;
+        self.resum();
+        Some(entry)
+    }
+
+    /// Clears the rounding an emptied queue may have left in the sum.
+    fn resum(&mut self) {
+        if self.entries.is_empty() {
+            self.tokens = 0.0;
+        }
+    }
 }
 
 /// Per-instance work kvdir routed and not done yet.
@@ -92,9 +132,8 @@ impl WorkLedger {
     /// The work queued at `instance`.
     pub fn queued(&self, instance: &str) -> QueuedWork {
         let Some(i) = self.instances.get(instance) else { return QueuedWork::default() };
-        let own: f64 = i.entries.iter().map(|e| e.work.uncached).sum();
         QueuedWork {
-            tokens: own + i.foreign as f64 * self.typical.unwrap_or(0.0),
+            tokens: i.tokens.max(0.0) + i.foreign as f64 * self.typical.unwrap_or(0.0),
             requests: i.entries.len() as u64 + i.foreign,
             learned_rate: i.rate,
         }
@@ -118,12 +157,9 @@ impl WorkLedger {
         self.typical = Some(ewma(self.typical, work.uncached));
         let i = self.instances.entry(instance.to_string()).or_default();
         if reports < i.reports {
-            *i = Instance { rate: i.rate, ..Instance::default() };
+            *i = i.restarted();
         }
-        if i.entries.len() == MAX_PER_INSTANCE {
-            i.entries.pop_front();
-        }
-        i.entries.push_back(Entry { key, reports_at_route: reports, routed_ms: now_ms, work });
+        i.push(Entry { key, reports_at_route: reports, routed_ms: now_ms, work });
     }
 
     /// Load report number `reports` of `instance` says it has `waiting` requests.
@@ -131,14 +167,13 @@ impl WorkLedger {
         let i = self.instances.entry(instance.to_string()).or_default();
         if reports < i.reports {
             // A new process: nothing routed to the old one is queued at it.
-            *i = Instance { rate: i.rate, ..Instance::default() };
+            *i = i.restarted();
         } else if reports == i.reports {
             return;
         }
         i.reports = reports;
         let before = i.entries.iter().take_while(|e| e.reports_at_route < reports).count();
-        let done = before.saturating_sub(waiting as usize);
-        i.entries.drain(..done);
+        i.drop_oldest(before.saturating_sub(waiting as usize));
         i.foreign = waiting.saturating_sub(before as u64);
     }
 
@@ -146,8 +181,7 @@ impl WorkLedger {
     /// is done, and its time teaches the instance's rate.
     pub fn first_byte(&mut self, instance: &str, key: u64, now_ms: u64) {
         let Some(i) = self.instances.get_mut(instance) else { return };
-        let Some(at) = i.entries.iter().position(|e| e.key == Some(key)) else { return };
-        let Some(e) = i.entries.remove(at) else { return };
+        let Some(e) = i.take(key) else { return };
         let tokens = e.work.ahead_tokens + e.work.uncached;
         let seconds = (now_ms.saturating_sub(e.routed_ms) as f64 - e.work.fixed_ms) / 1000.0;
         if tokens >= MIN_LEARN_TOKENS && seconds > 0.0 {
@@ -159,7 +193,7 @@ impl WorkLedger {
     /// The front door's request `key` ended without a first byte (failed or cancelled).
     pub fn forget(&mut self, instance: &str, key: u64) {
         if let Some(i) = self.instances.get_mut(instance) {
-            i.entries.retain(|e| e.key != Some(key));
+            i.take(key);
         }
     }
 
@@ -269,6 +303,7 @@ mod tests {
         for _ in 0..MAX_PER_INSTANCE + 10 {
             l.routed("e", 0, 0, work(1.0), None);
         }
-        assert_eq!(l.queued("e").requests, MAX_PER_INSTANCE as u64);
+        let q = l.queued("e");
+        assert_eq!((q.requests, q.tokens), (MAX_PER_INSTANCE as u64, MAX_PER_INSTANCE as f64));
     }
 }

@@ -22,7 +22,9 @@
 //! [`Predictions`] holds the content keys of recently routed requests, expected on their
 //! instances until the engines' events confirm them or a short TTL passes.
 //! [`RecentRoutes`] keeps the last few decisions (token counts only) for the status page.
+//! [`ApproxCache`] credits engines without KV events from kvdir's own routing (approximate).
 
+mod approx;
 mod inflight;
 mod ledger;
 mod policy;
@@ -31,6 +33,7 @@ mod recent;
 mod ttft;
 mod types;
 
+pub use approx::{ApproxCache, ApproxEngine, ApproxSettings};
 pub use inflight::{prompt_id, InFlight, PromptId, RequestId};
 pub use ledger::{QueuedWork, RoutedWork, WorkLedger};
 pub use policy::{kv_hit_ratio, route, Rotation, RouteError};

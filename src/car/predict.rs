@@ -16,10 +16,13 @@
 //! - **Expiry.** A prediction lives `ttl_ms` from its latest recording; a read never sees an
 //!   expired one, and expired ones are purged from the front of the recording queue whenever
 //!   something is recorded.
-//! - **Bound.** At most `capacity` recordings are queued (one per key and instance); recording
-//!   past it drops the oldest first, live or not. Live predictions never outnumber queued
-//!   recordings, so memory stays under `capacity` times about 120 bytes (a queue item of 48
-//!   bytes, a map entry of 32 plus the hash table's control byte and slack).
+//! - **Bound.** At most `capacity` predictions (key and instance pairs) live; recording past it
+//!   drops the least recently recorded first. A refresh leaves a stale item in the recording
+//!   queue, skipped when it reaches the front; when stale items make the queue longer than
+//!   twice the capacity it is compacted (amortized O(1) per recording), so memory stays under
+//!   `capacity` times about 170 bytes (two queue items of 48 bytes, a map entry of 32 plus the
+//!   hash table's control byte and slack). Approximate credit ([`super::ApproxCache`]) keeps
+//!   one store per engine with the engine's capacity in blocks: the same LRU with a TTL.
 //! - **Credit.** [`Predictions::predicted_blocks`] is the length of the longest predicted
 //!   prefix of the request's keys: keys chain, so the instance is expected to hold every block
 //!   up to the last predicted one. The CAR term it feeds is [`predicted_hit_ratio`].
@@ -49,6 +52,8 @@ pub struct Predictions {
     by_instance: HashMap<Arc<str>, HashMap<u128, u64>>,
     /// Recordings in time order; an item whose expiry differs from its map entry's is stale.
     queue: VecDeque<Queued>,
+    /// Live predictions: the entries of `by_instance`.
+    live: usize,
     counters: PredictCounters,
 }
 
@@ -66,11 +71,11 @@ pub struct PredictCounters {
 }
 
 impl Predictions {
-    /// How many recordings are kept unless told otherwise (about 16 MB at most).
+    /// How many predictions are kept unless told otherwise (about 22 MB at most).
     pub const DEFAULT_CAPACITY: usize = 1 << 17;
 
     /// A store whose predictions live `ttl_ms` (0 turns prediction off) and that keeps at most
-    /// `capacity` recordings.
+    /// `capacity` of them.
     pub fn new(ttl_ms: u64, capacity: usize) -> Self {
         Predictions { ttl_ms, capacity, ..Predictions::default() }
     }
@@ -82,7 +87,7 @@ impl Predictions {
 
     /// Live and not yet purged predictions (key and instance pairs).
     pub fn len(&self) -> usize {
-        self.by_instance.values().map(HashMap::len).sum()
+        self.live
     }
 
     /// Whether no prediction is held.
@@ -111,16 +116,30 @@ impl Predictions {
             let key = k.to_u128();
             self.counters.recorded += 1;
             // The same key recorded again in the same millisecond needs no second item.
-            if map.insert(key, expires_ms) != Some(expires_ms) {
-                self.queue.push_back(Queued { expires_ms, instance: Arc::clone(&name), key });
+            match map.insert(key, expires_ms) {
+                Some(old) if old == expires_ms => continue,
+                Some(_) => {}
+                None => self.live += 1,
             }
+            self.queue.push_back(Queued { expires_ms, instance: Arc::clone(&name), key });
         }
-        while self.queue.len() > self.capacity {
-            let oldest = self.queue.pop_front().expect("longer than capacity");
+        while self.live > self.capacity {
+            let oldest = self.queue.pop_front().expect("a live prediction is queued");
             if self.drop_if_live(&oldest) {
                 self.counters.evicted += 1;
             }
         }
+        if self.queue.len() > 2 * self.capacity {
+            self.compact();
+        }
+    }
+
+    /// Drops the queue's stale items (refreshed or confirmed since), keeping the order.
+    fn compact(&mut self) {
+        let by_instance = &self.by_instance;
+        self.queue.retain(|q| {
+            by_instance.get(&q.instance).and_then(|m| m.get(&q.key)) == Some(&q.expires_ms)
+        });
     }
 
     /// Drops what expired by `now_ms`.
@@ -143,6 +162,7 @@ impl Predictions {
         if map.is_empty() {
             self.by_instance.remove(&item.instance);
         }
+        self.live -= 1;
         true
     }
 
@@ -158,6 +178,7 @@ impl Predictions {
         if map.is_empty() {
             self.by_instance.remove(instance);
         }
+        self.live -= confirmed;
         self.counters.confirmed += confirmed as u64;
         // Their queue items are stale now and are skipped when they reach the front.
         confirmed

@@ -101,6 +101,7 @@ fn cand(name: &str, waiting: u64, ranks: &[(u64, u64)]) -> Candidate {
                 device_hit_tokens: exact,
                 host_only_hit_tokens: 0,
                 predicted_hit_tokens: predicted,
+                approximate: false,
             })
             .collect(),
         queued: crate::car::QueuedWork::default(),

@@ -24,6 +24,7 @@ fn cand(name: &str, kind: InstanceType, waiting: u64, hits: &[(u64, u64)]) -> Ca
                 device_hit_tokens: d,
                 host_only_hit_tokens: h,
                 predicted_hit_tokens: 0,
+                approximate: false,
             })
             .collect(),
         queued: QueuedWork::default(),

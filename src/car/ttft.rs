@@ -187,6 +187,7 @@ mod tests {
                     device_hit_tokens: hit,
                     host_only_hit_tokens: 0,
                     predicted_hit_tokens: 0,
+                    approximate: false,
                 })
                 .collect(),
             queued: QueuedWork { tokens: queued.0, requests: queued.1, learned_rate: None },

@@ -29,7 +29,8 @@ pub enum Policy {
     SloAware,
     /// Cache-aware routing, see the module docs.
     Car,
-    /// Work-based: the smallest estimated time to first token ([`super::ttft`]); decode side
+    /// Work-based: the smallest estimated time to first token plus the delay the request's
+    /// own prefill adds to the requests expected behind it ([`super::TtftTerms`]); decode side
     /// as CAR.
     Ttft,
 }
@@ -108,6 +109,10 @@ pub struct DpHit {
     /// prefix to the instance (predict-on-route); never part of the exact hit.
     #[serde(default)]
     pub predicted_hit_tokens: u64,
+    /// The engine publishes no KV events: the hit is kvdir's assumption from its own routing
+    /// ([`super::ApproxCache`]), not what the engine reported.
+    #[serde(default)]
+    pub approximate: bool,
 }
 
 impl DpHit {
@@ -130,6 +135,9 @@ pub enum CacheState {
     Partial,
     /// Some rank gives no credit (not synchronized, another process, or no stream).
     Unsynchronized,
+    /// The engine publishes no KV events: its credit is kvdir's assumption from its own
+    /// routing ([`super::ApproxCache`]).
+    Approximate,
 }
 
 impl CacheState {
@@ -139,6 +147,7 @@ impl CacheState {
             CacheState::Exact => "exact",
             CacheState::Partial => "partial",
             CacheState::Unsynchronized => "unsynchronized",
+            CacheState::Approximate => "approximate",
         }
     }
 }
@@ -153,9 +162,11 @@ impl CandidateReport {
             return (0, CacheState::Unsynchronized);
         }
         let tokens = self.dp_hits.iter().map(|h| h.device_hit_tokens + h.host_only_hit_tokens);
-        let state = match self.dp_hits.iter().any(|h| h.partial) {
-            true => CacheState::Partial,
-            false => CacheState::Exact,
+        let any = |f: fn(&DpHit) -> bool| self.dp_hits.iter().any(f);
+        let state = match (any(|h| h.approximate), any(|h| h.partial)) {
+            (true, _) => CacheState::Approximate,
+            (false, true) => CacheState::Partial,
+            (false, false) => CacheState::Exact,
         };
         (tokens.min().unwrap_or(0), state)
     }
@@ -217,8 +228,9 @@ pub struct CandidateReport {
     pub role: String,
     /// The list it is on.
     pub side: Side,
-    /// CAR hit ratio (P only; reported under every policy, used by CAR). Exact: from the
-    /// engines' KV events only.
+    /// CAR hit ratio (P only; reported under every policy, used by CAR). From the engines' KV
+    /// events only, except for an engine without events, whose `dp_hits` say `approximate`:
+    /// there it is kvdir's approximate credit, all there is for that engine.
     pub kv_hit_ratio: Option<f64>,
     /// CAR predicted term (P only): the share of the prompt expected on the instance beyond
     /// `kv_hit_ratio` from its recent routes ([`super::predicted_hit_ratio`]); CAR weighs it by

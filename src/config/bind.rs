@@ -191,7 +191,8 @@ pub(crate) fn no_bind(path: &str) -> String {
 /// pattern; absent, kvdir connects to each instance.
 pub(crate) fn discovery_bind(f: &mut Fields<'_>, bind: Option<&BindConfig>) -> Option<BindConfig> {
     match f.string("events", "").as_str() {
-        "" => None,
+        // No events: approximate credit (`DiscoveryConfig::approximate`).
+        "" | "none" => None,
         "bind" if f.raw("topic").is_some() => {
             f.errors.push(
                 "discovery.topic: with \"events\": \"bind\" each instance's topic comes from \
@@ -208,7 +209,8 @@ pub(crate) fn discovery_bind(f: &mut Fields<'_>, bind: Option<&BindConfig>) -> O
         other => {
             f.errors.push(format!(
                 "discovery.events = {other:?}: expected \"bind\" (instances publish to \
-                 kv_events_bind), or leave it out (kvdir connects to each instance)"
+                 kv_events_bind), \"none\" (instances publish no KV events: approximate \
+                 credit), or leave it out (kvdir connects to each instance)"
             ));
             None
         }

@@ -4,7 +4,9 @@
 //! replay endpoints of every DP rank, the block size, the model and the topic.
 //!
 //! A single endpoint `tcp://host:port` names rank 0; rank r is `port + r`, as vLLM and SGLang
-//! number them. An explicit list names every rank.
+//! number them. An explicit list names every rank. An engine listed without `events` (and
+//! without `replay`) publishes no KV events: it gets no stream and approximate credit from
+//! kvdir's own routing (`kvdir::car::ApproxCache`), with `dp_size` ranks.
 
 use serde_json::Value;
 
@@ -33,10 +35,12 @@ pub struct EngineSpec {
     pub url: String,
     /// What kind of engine it is: its replay, metrics and process identity.
     pub dialect: Dialect,
-    /// The live event endpoint of each DP rank.
+    /// The live event endpoint of each DP rank; empty for an engine without KV events.
     pub events: Vec<String>,
-    /// The replay endpoint of each DP rank.
+    /// The replay endpoint of each DP rank; empty for an engine without KV events.
     pub replay: Vec<String>,
+    /// DP ranks.
+    pub ranks: u32,
     /// Tokens per block (vLLM `--block-size`, SGLang `--page-size`).
     pub block_size: u32,
     /// The served model name; empty: answers queries for any model.
@@ -48,7 +52,13 @@ pub struct EngineSpec {
 impl EngineSpec {
     /// DP ranks.
     pub fn dp_size(&self) -> u32 {
-        self.events.len() as u32
+        self.ranks
+    }
+
+    /// Whether the engine publishes no KV events (listed without `events`): no stream,
+    /// approximate credit.
+    pub fn is_approximate(&self) -> bool {
+        self.events.is_empty()
     }
 
     /// Whether the engine publishes to kvdir's bind endpoint (`"events": "bind"`).
@@ -115,11 +125,16 @@ pub(crate) fn parse_engine(
     let block_size = block_size(&mut f, path);
     let dp = (dp_size, explicit);
     let bound = f.raw("events").is_some_and(|e| e.as_str() == Some("bind"));
-    let events = match bound {
-        true => bound_events(&mut f, path, bind, dp),
-        false => endpoints(&mut f, path, "events", dp),
+    let approximate = f.raw("events").is_none();
+    let events = match (bound, approximate) {
+        (true, _) => bound_events(&mut f, path, bind, dp),
+        (false, true) => Some(Vec::new()),
+        (false, false) => endpoints(&mut f, path, "events", dp),
     };
-    let replay = endpoints(&mut f, path, "replay", dp);
+    let replay = match approximate {
+        true => no_replay(&mut f, path),
+        false => endpoints(&mut f, path, "replay", dp),
+    };
     if let (Some(e), Some(r)) = (&events, &replay) {
         if e.len() != r.len() {
             f.errors.push(format!(
@@ -141,7 +156,20 @@ pub(crate) fn parse_engine(
         topic = b.topic.render(&TopicVars { host, port, model: &model, name: &name });
     }
     let (url, dialect, events, replay) = (url?, dialect?, events?, replay?);
-    Some(EngineSpec { name, url, dialect, events, replay, block_size, model, topic })
+    let ranks = if approximate { dp_size } else { events.len() as u32 };
+    Some(EngineSpec { name, url, dialect, events, replay, ranks, block_size, model, topic })
+}
+
+/// An engine without `events` publishes no KV events, so it has no replay endpoint either.
+fn no_replay(f: &mut Fields<'_>, path: &str) -> Option<Vec<String>> {
+    if f.raw("replay").is_some() {
+        f.errors.push(format!(
+            "{path}.replay is given without events; give the engine's events endpoint too, or \
+             leave both out for an engine without KV events (approximate credit)"
+        ));
+        return None;
+    }
+    Some(Vec::new())
 }
 
 /// `"events": "bind"`: every rank publishes to the bind endpoint, which must exist and serve

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::car::ApproxSettings;
+
 use super::bind::{discovery_bind, parse_bind, BindConfig};
 use super::endpoint::{canonical_endpoint, check_endpoint};
 use super::engines::parse_engine;
@@ -31,6 +33,8 @@ const TOP: &[&str] = &[
     "publisher_timeout_ms",
     "io_threads",
     "max_concurrent_replays",
+    "approximate_ttl_ms",
+    "approximate_blocks_per_engine",
 ];
 const DISCOVERY: &[&str] = &[
     "enabled",
@@ -52,6 +56,9 @@ const STREAM: &[&str] = &[
     "model",
     "replay",
 ];
+
+/// Most blocks credited to one engine without KV events (about 2 GB of entries).
+const MAX_APPROXIMATE_BLOCKS: u64 = 1 << 24;
 
 /// Largest block size accepted; engines use 16..=512.
 const MAX_BLOCK_SIZE: u64 = 65_536;
@@ -254,6 +261,15 @@ fn parse_limits(f: &mut Fields<'_>) -> Limits {
             1,
             MAX_STREAMS,
         ) as usize,
+        approximate: ApproxSettings {
+            ttl_ms: f.int("approximate_ttl_ms", d.approximate.ttl_ms, 1, 86_400_000),
+            blocks_per_engine: f.int(
+                "approximate_blocks_per_engine",
+                d.approximate.blocks_per_engine as u64,
+                1,
+                MAX_APPROXIMATE_BLOCKS,
+            ) as usize,
+        },
     }
 }
 
@@ -264,8 +280,10 @@ fn parse_discovery(
 ) -> Option<DiscoveryConfig> {
     let mut f = Fields::new("discovery", v, DISCOVERY, errors)?;
     let bind = discovery_bind(&mut f, bind);
+    let approximate = f.raw("events").and_then(Value::as_str) == Some("none");
     Some(DiscoveryConfig {
         bind,
+        approximate,
         enabled: f.boolean("enabled", true),
         block_size: f.int("block_size", 128, 1, MAX_BLOCK_SIZE) as u32,
         topic: f.string("topic", ""),

@@ -81,6 +81,9 @@ pub struct Limits {
     pub io_threads: usize,
     /// Replay DEALERs open at once in the process; further replays wait their turn.
     pub max_concurrent_replays: usize,
+    /// Approximate credit of engines without KV events (`approximate_ttl_ms`,
+    /// `approximate_blocks_per_engine`).
+    pub approximate: crate::car::ApproxSettings,
 }
 
 impl Default for Limits {
@@ -95,6 +98,7 @@ impl Default for Limits {
             publisher_timeout: Duration::from_millis(3000),
             io_threads: 0,
             max_concurrent_replays: 256,
+            approximate: crate::car::ApproxSettings::default(),
         }
     }
 }
@@ -238,6 +242,10 @@ pub struct DiscoveryConfig {
     /// Set by `"events": "bind"`: discovered instances publish to the bind endpoint, each under
     /// the topic this pattern names.
     pub bind: Option<BindConfig>,
+    /// Set by `"events": "none"`: discovered instances publish no KV events, so they get no
+    /// streams and are credited approximately from kvdir's own routing
+    /// ([`crate::car::ApproxCache`]), with blocks of `block_size` tokens.
+    pub approximate: bool,
 }
 
 /// Where streams come from.

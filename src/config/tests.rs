@@ -358,7 +358,8 @@ fn engine_problems_are_named_all_at_once() {
     }
     assert_eq!(p.len(), expect.len(), "{p:#?}");
     let alone = problems(r#"{"engines": [{"url": "http://x", "dialect": "vllm"}]}"#);
-    assert_eq!(alone.len(), 4, "the engine's problems only: {alone:#?}");
+    // Without events (nor replay) the engine is credited approximately: not a problem.
+    assert_eq!(alone.len(), 2, "the engine's problems only: {alone:#?}");
     assert_eq!(
         problems(r#"{"engines": []}"#),
         ["engines: the list is empty; list at least one engine or leave it out"]
@@ -451,4 +452,47 @@ fn the_bind_flag_is_checked_and_binds_alone() {
     assert!(err.contains("--kv_events_bind=\"udp://x:1\": must start with tcp://"), "{err}");
     let c = parse_config_file_with_bind(r#"{"engines": [{"url": "http://h:1", "dialect": "vllm", "events": "bind", "dp_size": 1, "replay": "tcp://h:2", "block_size": 16, "model": "m"}]}"#, Some("tcp://*:5557")).unwrap();
     assert_eq!(c.engines[0].topic, "kv@h@m");
+}
+
+#[test]
+fn an_engine_without_events_is_approximate_with_its_settings_checked() {
+    let c = parse_config_file(
+        r#"{"engines": [{"url": "http://127.0.0.1:8100", "dialect": "vllm", "block_size": 16,
+            "dp_size": 2}], "approximate_ttl_ms": 5000, "approximate_blocks_per_engine": 4096}"#,
+    )
+    .unwrap();
+    let e = &c.engines[0];
+    assert!(e.is_approximate() && e.streams().is_empty(), "no stream: {e:?}");
+    assert_eq!(e.dp_size(), 2);
+    let a = c.limits.approximate;
+    assert_eq!((a.ttl_ms, a.blocks_per_engine), (5000, 4096));
+    let d = Limits::default().approximate;
+    assert_eq!((d.ttl_ms, d.blocks_per_engine), (120_000, 65_536), "the documented defaults");
+    let p = problems(
+        r#"{"engines": [{"url": "http://127.0.0.1:8100", "dialect": "vllm", "block_size": 16,
+            "replay": "tcp://127.0.0.1:5557"}], "approximate_ttl_ms": 0,
+            "approximate_blocks_per_engine": 0}"#,
+    );
+    let expect = [
+        "engines[0].replay is given without events; give the engine's events endpoint too, or \
+         leave both out for an engine without KV events (approximate credit)",
+        "approximate_ttl_ms = 0 is outside the allowed range 1..=86400000",
+        "approximate_blocks_per_engine = 0 is outside the allowed range 1..=16777216",
+    ];
+    for e in expect {
+        assert!(p.iter().any(|m| m == e), "missing {e:?} in {p:#?}");
+    }
+    assert_eq!(p.len(), expect.len(), "{p:#?}");
+    // Discovery: "events": "none" subscribes to nothing and credits approximately.
+    let d = |events: &str| {
+        let text = format!(r#"{{"discovery": {{"block_size": 512, "events": {events:?}}}}}"#);
+        parse_config_file(&text)
+    };
+    match d("none").unwrap().source {
+        Source::Discovery(d) => assert!(d.approximate && d.bind.is_none() && d.block_size == 512),
+        other => panic!("{other:?}"),
+    }
+    let err = d("off").unwrap_err().to_string();
+    assert!(err.contains("discovery.events = \"off\": expected \"bind\""), "{err}");
+    assert!(err.contains("\"none\" (instances publish no KV events: approximate credit)"), "{err}");
 }

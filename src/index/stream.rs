@@ -136,6 +136,7 @@ impl StreamIndex {
                 SyncState::Unsynchronized(e) => Some(e.clone()),
             },
             partial: self.partial,
+            approximate: false,
         }
     }
 

@@ -67,6 +67,9 @@ pub struct StreamStatus {
     /// learned from events seen, and skips stores whose parents it never saw, until the next
     /// `AllBlocksCleared` (or snapshot) makes it exact.
     pub partial: bool,
+    /// Not a stream: an engine without KV events, credited from kvdir's own routing
+    /// (`kvdir::car::ApproxCache`); its hits are assumptions.
+    pub approximate: bool,
 }
 
 /// The data behind one copy of the view.

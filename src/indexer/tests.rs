@@ -15,6 +15,7 @@ fn m(instance: &str, rank: u32, synced: bool, device: u64, host_only: u64) -> St
         device_blocks: 0,
         host_blocks: 0,
         error: None,
+        approximate: false,
     }
 }
 

@@ -228,7 +228,10 @@ fn stream_match(out: &mut Vec<u8>, m: MatchRef<'_>) {
         Some(e) => string(out, e),
         None => out.extend_from_slice(b"null"),
     }
-    out.push(b'}');
+    out.extend_from_slice(match m.approximate {
+        true => b",\"approximate\":true}",
+        false => b",\"approximate\":false}",
+    });
 }
 
 fn number(out: &mut Vec<u8>, v: u64) {
@@ -389,10 +392,14 @@ mod tests {
         (
             (any::<String>(), any::<u32>(), any::<(bool, bool)>(), any::<Option<u64>>()),
             (any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>(), any::<u64>()),
-            any::<Option<String>>(),
+            (any::<Option<String>>(), any::<bool>()),
         )
             .prop_map(
-                |((instance_name, dp_rank, (synchronized, partial), sequence), n, error)| {
+                |(
+                    (instance_name, dp_rank, (synchronized, partial), sequence),
+                    n,
+                    (error, approximate),
+                )| {
                     StreamMatch {
                         instance_name,
                         dp_rank,
@@ -405,6 +412,7 @@ mod tests {
                         device_blocks: n.3,
                         host_blocks: n.4,
                         error,
+                        approximate,
                     }
                 },
             )

@@ -236,6 +236,10 @@ pub struct StreamMatch {
     pub host_blocks: u64,
     /// Why the stream is unsynchronized.
     pub error: Option<String>,
+    /// No stream: the engine publishes no KV events, and these hits are kvdir's approximate
+    /// credit from its own routing (`kvdir::car::ApproxCache`).
+    #[serde(default)]
+    pub approximate: bool,
 }
 
 /// A query response.
@@ -281,6 +285,8 @@ pub struct MatchRef<'a> {
     pub host_blocks: u64,
     /// Why the stream is unsynchronized.
     pub error: Option<&'a str>,
+    /// Approximate credit of an engine without KV events.
+    pub approximate: bool,
 }
 
 impl StreamMatch {
@@ -298,6 +304,7 @@ impl StreamMatch {
             device_blocks: self.device_blocks,
             host_blocks: self.host_blocks,
             error: self.error.as_deref(),
+            approximate: self.approximate,
         }
     }
 }
@@ -316,6 +323,7 @@ impl From<MatchRef<'_>> for StreamMatch {
             device_blocks: m.device_blocks,
             host_blocks: m.host_blocks,
             error: m.error.map(str::to_owned),
+            approximate: m.approximate,
         }
     }
 }

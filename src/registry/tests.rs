@@ -22,6 +22,7 @@ pub(super) fn discovery() -> DiscoveryConfig {
         replay_port_offset: 30_000,
         refresh_interval: Duration::from_secs(1),
         bind: None,
+        approximate: false,
     }
 }
 

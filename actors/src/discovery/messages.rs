@@ -90,6 +90,12 @@ pub struct InstanceReport {
     pub streams: Vec<u32>,
     /// Why it has no streams.
     pub excluded: Option<String>,
+    /// The engine publishes no KV events: no streams, approximate credit from kvdir's own
+    /// routing.
+    pub approximate: bool,
+    /// For an approximate engine: the blocks credited to it now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approximate_blocks: Option<u64>,
     /// For an engine listed by address: what kvdir polls and what it read.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub engine: Option<EngineReport>,

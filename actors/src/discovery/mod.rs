@@ -11,6 +11,7 @@
 //! stream with an empty index, so a replacement gets no credit before its own snapshot.
 
 mod apply;
+mod approx;
 mod engines;
 mod etcd_watch;
 mod messages;
@@ -216,6 +217,7 @@ impl DiscoveryActor {
                 url: url.map(str::to_string),
             })
             .collect();
+        self.set.indexes().approximate().set_engines(self.approximate_engines());
         self.set.router().do_send(SetCandidates(infos));
     }
 
@@ -232,8 +234,9 @@ impl DiscoveryActor {
             return; // nothing a plan reads changed, and the last plan runs in full
         }
         let mut discovered = match &self.cfg {
-            Some(cfg) => plan(self.registry.instances(), cfg, self.max_streams),
-            None => kvdir::registry::Plan::default(),
+            // With "events": "none" the instances have nothing to subscribe to.
+            Some(cfg) if !cfg.approximate => plan(self.registry.instances(), cfg, self.max_streams),
+            _ => kvdir::registry::Plan::default(),
         };
         self.engines.exclude_from(&mut discovered);
         for (name, why) in &discovered.excluded {

@@ -26,6 +26,8 @@ impl DiscoveryActor {
             gpu_cache_usage_perc: i.load.map(|l| l.gpu_cache_usage_perc),
             streams: keys.iter().filter(|k| k.instance_name == r.name).map(|k| k.dp_rank).collect(),
             excluded: self.excluded.get(&r.name).map(ToString::to_string),
+            approximate: self.is_approximate(&r.name),
+            approximate_blocks: self.set.indexes().approximate().blocks(&r.name).map(|b| b as u64),
             engine: self.engines.get(&r.name).map(|e| self.engine_report(e)),
         }
     }

@@ -413,10 +413,13 @@ async fn heartbeat(
 
 async fn instances(req: HttpRequest, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     authorize(&req, &state)?;
-    match &state.discovery {
-        Some(d) => Ok(HttpResponse::Ok().json(d.send(GetInstances).await?)),
-        None => Ok(HttpResponse::Ok().json(serde_json::json!({
+    let mut body = match &state.discovery {
+        Some(d) => serde_json::to_value(d.send(GetInstances).await?).unwrap_or_default(),
+        None => serde_json::json!({
             "etcd_connected": false, "etcd_error": null, "etcd_listings": 0, "instances": []
-        }))),
-    }
+        }),
+    };
+    // Every instance the front door forwarded to, listed or not (the demo lists none).
+    body["cache_audit"] = serde_json::json!(state.front.metrics.audit.reports());
+    Ok(HttpResponse::Ok().json(body))
 }

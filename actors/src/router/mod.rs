@@ -9,13 +9,17 @@
 //! front door's requests in flight ([`InFlight`], added to each instance's reported queue until
 //! its next load report), the content keys it expects on instances it recently chose
 //! ([`Predictions`], predict-on-route, see `predict.rs`) and the last decisions
-//! ([`RecentRoutes`], the last 20, token counts only) for the status page, and the prefill
+//! ([`RecentRoutes`], the last 20, token counts only) for the status page, the prefill
 //! work routed to each instance and not done yet ([`WorkLedger`], the TTFT estimate's queue,
-//! see `work.rs`).
+//! see `work.rs`). Engines without KV events are credited from its decisions
+//! ([`Approximate`], `approx.rs`).
 
+mod approx;
 mod overload;
 mod predict;
 mod work;
+
+pub use approx::{Approximate, UseIndexes};
 
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -137,6 +141,8 @@ pub struct RouterActor {
     recent: RecentRoutes,
     inflight: InFlight,
     predictions: Predictions,
+    /// The indexes whose approximate engines this router credits ([`UseIndexes`]).
+    approx: Option<std::sync::Arc<crate::indexes::Indexes>>,
     /// Prefill work routed and not done yet, per instance (the TTFT estimate's queue).
     ledger: WorkLedger,
     /// Overload admission: held requests (`overload.rs`).
@@ -290,6 +296,9 @@ impl RouterActor {
         if let (true, Ok(r)) = (predicting, &routed) {
             predict::record(&mut self.predictions, now_ms, &r.prefill, hits);
         }
+        if let Ok(r) = &routed {
+            approx::record(self.approx.as_deref(), now_ms, &r.prefill, hits);
+        }
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         self.recent.record(now, input_tokens, &routed);
         routed
@@ -341,6 +350,7 @@ impl RouterActor {
                             device_hit_tokens: h.matched.device_hit_tokens,
                             host_only_hit_tokens: h.matched.host_only_hit_tokens,
                             predicted_hit_tokens: 0,
+                            approximate: h.matched.approximate,
                         }
                         .within(limit);
                         let exact = hit.device_hit_tokens + hit.host_only_hit_tokens;

@@ -148,7 +148,8 @@ impl StreamSet {
         let zmq = ZmqContext::new(limits.max_streams, replays);
         let pool = IoPool::start(pool::thread_count(limits.io_threads), replays)?;
         tracing::debug!(open_files = ?fds, io_threads = pool.stats().io_threads.len(), "stream pool");
-        let (map, indexes, registering) = Default::default();
+        let (map, registering) = Default::default();
+        let indexes = Arc::new(Indexes::new(limits.approximate));
         let (bind, changes) = (None, Arc::default());
         Ok(StreamSet {
             router,

@@ -122,13 +122,31 @@ impl Probe {
         loads: bool,
         timeout: Duration,
     ) -> Result<Duration, BenchError> {
+        self.wait_for(timeout, |p| {
+            let missing = p.unsynchronized()?;
+            match loads && missing.is_empty() {
+                true => p.without_load(),
+                false => Ok(missing),
+            }
+        })
+    }
+
+    /// Polls until every instance has a load report (engines without KV events, whose credit
+    /// is approximate, have no stream to wait for); returns how long it took.
+    pub fn wait_loaded(&mut self, timeout: Duration) -> Result<Duration, BenchError> {
+        self.wait_for(timeout, Probe::without_load)
+    }
+
+    /// Polls `missing` until it names nothing.
+    fn wait_for(
+        &mut self,
+        timeout: Duration,
+        mut missing: impl FnMut(&mut Probe) -> Result<Vec<String>, BenchError>,
+    ) -> Result<Duration, BenchError> {
         let start = Instant::now();
         loop {
             // kvdir may not be up yet (--write_config): an error is one more reason to wait.
-            let mut missing = self.unsynchronized().unwrap_or_else(|e| vec![e.to_string()]);
-            if loads && missing.is_empty() {
-                missing = self.without_load().unwrap_or_else(|e| vec![e.to_string()]);
-            }
+            let missing = missing(self).unwrap_or_else(|e| vec![e.to_string()]);
             if missing.is_empty() {
                 return Ok(start.elapsed());
             }

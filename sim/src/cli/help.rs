@@ -49,6 +49,9 @@ USAGE: kvdir-sim [--flag=value | --flag value]...
   --prefill_us_per_token N  simulated prefill per uncached prompt token, us     [20]
   --decode_us_per_token N   simulated decode per output token, us             [1000]
   --max_tokens N        output tokens of a request that gives no max_tokens  [16]
+  --report_cached_tokens M  usage.prompt_tokens_details.cached_tokens: actual, or a
+                        misreport to test a router's audit: zero, half, absent (null
+                        details, as vLLM without --enable-prompt-tokens-details) [actual]
   --write_demo_model DIR  write the project's demo model (a small BPE tokenizer and a
                         ChatML template) into DIR and exit; use with --tokenizer_path DIR
   --help                this text

@@ -110,6 +110,7 @@ fn text_flags_load_one_model_for_every_engine() {
         "--prefill_us_per_token=7",
         "--decode_us_per_token=0",
         "--max_tokens=3",
+        "--report_cached_tokens=half",
     ];
     let CliCommand::Run(o) = parse(&args).unwrap() else { panic!("not run") };
     let configs = o.engine_configs().unwrap();
@@ -117,6 +118,10 @@ fn text_flags_load_one_model_for_every_engine() {
     assert!(std::sync::Arc::ptr_eq(&a.model, &b.model), "one model for all engines");
     assert_eq!(a.served_model_name, path, "named by its path by default");
     assert_eq!((a.prefill_us_per_token, a.decode_us_per_token, a.max_tokens), (7, 0, 3));
+    assert_eq!(
+        (a.cached_report, a.cached_report.report(33)),
+        (crate::CachedReport::Half, Some(16))
+    );
     let named = CliOptions {
         text: TextOptions { served_model_name: Some("m".into()), ..o.text.clone() },
         ..(*o).clone()
@@ -140,10 +145,13 @@ fn text_flag_problems_name_the_value_and_the_fix() {
     assert!(msg.contains(&format!("--tokenizer_path {missing}")), "{msg}");
     let msg = parse(&["--max_tokens=x", "--chat_template=t.jinja"]).unwrap_err().to_string();
     assert!(msg.contains("--max_tokens = \"x\""), "{msg}");
+    let msg = parse(&["--report_cached_tokens=lies"]).unwrap_err().to_string();
+    assert!(msg.contains("actual, zero, half, absent"), "{msg}");
     let CliCommand::Run(o) = parse(&["--chat_template=t.jinja"]).unwrap() else { panic!() };
     let msg = o.engine_configs().unwrap_err().to_string();
     assert!(msg.contains("need --tokenizer_path"), "{msg}");
-    for flag in ["--tokenizer_path", "--chat_template", "--prefill_us_per_token", "x-sim-dp-rank"] {
+    let flags = ["--tokenizer_path", "--chat_template", "--prefill_us_per_token", "x-sim-dp-rank"];
+    for flag in flags.into_iter().chain(["--report_cached_tokens"]) {
         assert!(HELP.contains(flag), "{flag} missing from the help");
     }
 }

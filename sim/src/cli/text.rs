@@ -8,7 +8,7 @@ use std::sync::Arc;
 use kvdir_text::TextModel;
 
 use super::number;
-use crate::OpenAiConfig;
+use crate::{CachedReport, OpenAiConfig};
 
 /// Flags of the OpenAI engine; without `tokenizer_path` the engines serve no text model.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +27,8 @@ pub struct TextOptions {
     pub decode_us_per_token: u64,
     /// `--max_tokens`: output tokens of a request that gives none.
     pub max_tokens: u32,
+    /// `--report_cached_tokens`: the truth, or a misreport.
+    pub cached_report: CachedReport,
 }
 
 impl Default for TextOptions {
@@ -38,6 +40,7 @@ impl Default for TextOptions {
             prefill_us_per_token: 20,
             decode_us_per_token: 1000,
             max_tokens: 16,
+            cached_report: CachedReport::Actual,
         }
     }
 }
@@ -52,6 +55,7 @@ impl TextOptions {
             "prefill_us_per_token" => self.prefill_us_per_token = number(name, value)?,
             "decode_us_per_token" => self.decode_us_per_token = number(name, value)?,
             "max_tokens" => self.max_tokens = number(name, value)?,
+            "report_cached_tokens" => self.cached_report = value.parse()?,
             "write_demo_model" => {
                 return Err("--write_demo_model DIR is used alone: it writes the model and exits"
                     .to_string())
@@ -95,6 +99,7 @@ impl TextOptions {
             prefill_us_per_token: self.prefill_us_per_token,
             decode_us_per_token: self.decode_us_per_token,
             max_tokens: self.max_tokens,
+            cached_report: self.cached_report,
             ..OpenAiConfig::new(Arc::new(model), name)
         };
         match config.problems().as_slice() {

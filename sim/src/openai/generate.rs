@@ -63,7 +63,8 @@ pub(crate) struct Reply {
     pub(crate) params: Params,
     pub(crate) model: String,
     pub(crate) prompt_tokens: u64,
-    pub(crate) cached_tokens: u64,
+    /// What the answer reports (`None`: no details).
+    pub(crate) cached_tokens: Option<u64>,
     pub(crate) decode: Duration,
     pub(crate) pieces: Arc<Vec<String>>,
     id: String,
@@ -76,7 +77,7 @@ impl Reply {
         params: Params,
         model: &str,
         prompt_tokens: u64,
-        cached_tokens: u64,
+        cached_tokens: Option<u64>,
         decode: Duration,
         pieces: Arc<Vec<String>>,
     ) -> Reply {
@@ -101,7 +102,7 @@ impl Reply {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": completion,
             "total_tokens": self.prompt_tokens + completion,
-            "prompt_tokens_details": { "cached_tokens": self.cached_tokens },
+            "prompt_tokens_details": self.cached_tokens.map(|c| json!({ "cached_tokens": c })),
         })
     }
 

@@ -68,11 +68,59 @@ pub struct OpenAiConfig {
     pub max_tokens: u32,
     /// Largest request body accepted; a larger one gets 413.
     pub max_request_bytes: usize,
+    /// What `usage.prompt_tokens_details.cached_tokens` says: the truth, or a misreport for
+    /// testing a router's audit.
+    pub cached_report: CachedReport,
+}
+
+/// How an engine reports the cached prompt tokens of a request
+/// (`usage.prompt_tokens_details.cached_tokens`; the `x-sim-cached-tokens` header and the
+/// prefill cost always follow the truth).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum CachedReport {
+    /// What the engine reused.
+    #[default]
+    Actual,
+    /// Always 0, as an engine whose cache never holds what its events announce.
+    Zero,
+    /// Half of it, rounded down: a router crediting the truth over-predicts.
+    Half,
+    /// `prompt_tokens_details: null`, as vLLM without `--enable-prompt-tokens-details`.
+    Absent,
+}
+
+impl CachedReport {
+    /// The reported value for `cached` reused tokens; `None` for no details.
+    pub fn report(self, cached: u64) -> Option<u64> {
+        match self {
+            CachedReport::Actual => Some(cached),
+            CachedReport::Zero => Some(0),
+            CachedReport::Half => Some(cached / 2),
+            CachedReport::Absent => None,
+        }
+    }
+}
+
+impl std::str::FromStr for CachedReport {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "actual" => Ok(CachedReport::Actual),
+            "zero" => Ok(CachedReport::Zero),
+            "half" => Ok(CachedReport::Half),
+            "absent" => Ok(CachedReport::Absent),
+            _ => Err(format!(
+                "--report_cached_tokens {s:?} is not one of actual, zero, half, absent"
+            )),
+        }
+    }
 }
 
 impl OpenAiConfig {
     /// `model` served as `served_model_name`, with the default costs: 20 us per uncached prompt
-    /// token, 1 ms per output token, 16 output tokens, bodies up to 4 MiB.
+    /// token, 1 ms per output token, 16 output tokens, bodies up to 4 MiB; cached tokens
+    /// reported truthfully.
     pub fn new(model: Arc<TextModel>, served_model_name: &str) -> OpenAiConfig {
         OpenAiConfig {
             model,
@@ -82,6 +130,7 @@ impl OpenAiConfig {
             serial_prefill: false,
             max_tokens: 16,
             max_request_bytes: 4 << 20,
+            cached_report: CachedReport::Actual,
         }
     }
 
@@ -117,6 +166,7 @@ impl PartialEq for OpenAiConfig {
             && self.serial_prefill == other.serial_prefill
             && self.max_tokens == other.max_tokens
             && self.max_request_bytes == other.max_request_bytes
+            && self.cached_report == other.cached_report
     }
 }
 

@@ -240,7 +240,8 @@ async fn serve(
     let decode = Duration::from_micros(openai.decode_us_per_token);
     let pieces = Arc::clone(&served.pieces);
     let model = &openai.served_model_name;
-    let reply = Reply::new(kind, parsed.params, model, prompt_tokens, cached, decode, pieces);
+    let reported = openai.cached_report.report(cached);
+    let reply = Reply::new(kind, parsed.params, model, prompt_tokens, reported, decode, pieces);
     let mut response = HttpResponse::Ok();
     response
         .insert_header((DP_RANK_HEADER, rank.to_string()))

@@ -243,6 +243,7 @@ impl StreamWriter {
             host_blocks: self.table.host,
             error: self.sync.clone().err(),
             partial: self.partial,
+            approximate: false,
         }
     }
 

@@ -1,6 +1,7 @@
-//! Route and forward: the chosen instance gets the client's original body at the same path
-//! (`http://<instance name = host:port>/v1/...`, or a listed engine's `url` + `/v1/...`); its answer streams back chunk by chunk as it
-//! arrives, never buffered whole.
+//! Route and forward: the chosen instance gets the client's original body (with
+//! `stream_options.include_usage` added for the audit when a streaming client left it out) at
+//! the same path (`http://<instance name = host:port>/v1/...`, or a listed engine's `url` +
+//! `/v1/...`); its answer streams back chunk by chunk as it arrives, never buffered whole.
 //!
 //! - A failure before the engine answered (nothing reached the client yet) is retried once on
 //!   the next-best instance; the failed one is left out of that second decision. Waiting longer
@@ -11,6 +12,7 @@
 //!   relayed body drops the upstream response, which closes the engine connection and so
 //!   cancels the request there.
 //! - Responses carry `x-kvdir-instance`, `x-kvdir-kv-hit-ratio` and `x-kvdir-policy`.
+//! - The answer passes through [`audit::tap`], which reads its usage for the cache audit.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -24,6 +26,7 @@ use futures_util::stream::{BoxStream, Stream, StreamExt};
 use kvdir::car::{CacheState, RequestId, Routed};
 use kvdir::query::QueryScope;
 
+use super::audit::{self, UsagePlan};
 use super::request::ApiKind;
 use super::{FrontError, FrontMetrics};
 use crate::http::AppState;
@@ -36,6 +39,7 @@ pub async fn run(
     body: Vec<u8>,
     tokens: Vec<i32>,
     scope: &QueryScope,
+    usage: UsagePlan,
 ) -> Result<HttpResponse, FrontError> {
     let started = Instant::now();
     let body = Bytes::from(body);
@@ -54,7 +58,7 @@ pub async fn run(
         };
         let progress = Progress::new(state.router.clone(), routed.prefill.clone(), id);
         match send(state, kind, &url, body.clone()).await {
-            Ok(response) => return Ok(relay(state, response, &routed, progress, started)),
+            Ok(response) => return Ok(relay(state, response, &routed, progress, (started, usage))),
             Err(Some(e)) => {
                 tracing::warn!(instance = %routed.prefill, error = %e, "engine unreachable");
                 state.front.metrics.count_failed(&routed.prefill);
@@ -113,7 +117,7 @@ fn relay(
     response: reqwest::Response,
     routed: &Routed,
     progress: Progress,
-    started: Instant,
+    (started, usage): (Instant, UsagePlan),
 ) -> HttpResponse {
     let status =
         StatusCode::from_u16(response.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
@@ -131,7 +135,20 @@ fn relay(
         .insert_header(("x-kvdir-stream-state", sync.as_str()))
         .insert_header(("x-kvdir-policy", policy_name(routed)));
     let metrics = state.front.metrics.clone();
-    out.streaming(Relay { inner: response.bytes_stream().boxed(), progress, started, metrics })
+    let sse = response
+        .headers()
+        .get(reqwest::header::CONTENT_TYPE)
+        .is_some_and(|ct| ct.as_bytes().starts_with(b"text/event-stream"));
+    let inner = audit::tap(audit::Audited {
+        inner: response.bytes_stream().boxed(),
+        ok: status.is_success(),
+        sse,
+        plan: usage,
+        instance: routed.prefill.clone(),
+        credit: (cached, sync),
+        audit: metrics.audit.clone(),
+    });
+    out.streaming(Relay { inner, progress, started, metrics })
 }
 
 fn policy_name(routed: &Routed) -> String {

@@ -3,6 +3,7 @@
 //! (`kvdir_frontend_time_to_first_byte_seconds`) and tokenization time
 //! (`kvdir_frontend_tokenization_seconds`). Errors answered before any instance was chosen
 //! count under `instance=""`; engines that could not be reached under `status="unreachable"`.
+//! The cache audit's families (`kvdir_frontend_cache_audit_*`) come from [`super::audit`].
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -19,6 +20,8 @@ pub struct FrontMetrics {
     pub time_to_first_byte: Histogram,
     /// Template rendering and tokenization.
     pub tokenization: Histogram,
+    /// The cache-truth audit of forwarded answers.
+    pub audit: std::sync::Arc<super::audit::CacheAudit>,
 }
 
 impl FrontMetrics {
@@ -59,5 +62,6 @@ impl FrontMetrics {
         let help = "Front door: chat template rendering and tokenization.";
         e.family("kvdir_frontend_tokenization_seconds", Kind::Histogram, help);
         e.histogram("kvdir_frontend_tokenization_seconds", &[], &self.tokenization.snapshot());
+        self.audit.render(e);
     }
 }

@@ -5,13 +5,17 @@
 //! `--max_request_bytes`, parsed ([`request`]), tokenized on actix's blocking pool exactly as the
 //! engine does (`kvdir-text`: chat template, then the tokenizer; at most `--max_query_tokens`),
 //! routed in process with the configured policy over the shared indexes and the instance
-//! registry, and forwarded untouched to the chosen instance ([`forward`]), whose answer streams
-//! back chunk by chunk. Errors use OpenAI's error JSON ([`FrontError`]; its status codes are
+//! registry, and forwarded (untouched, but for the audit's `stream_options.include_usage`) to
+//! the chosen instance ([`forward`]), whose answer streams back chunk by chunk. Errors use OpenAI's error JSON ([`FrontError`]; its status codes are
 //! mapped in [`crate::http`], with the internal API's).
+//!
+//! Each complete answer is audited ([`audit`]): the cached tokens the engine reports against
+//! kvdir's credit.
 //!
 //! Without `--tokenizer_path` the front door answers 503; the internal API works either way.
 
 mod admission;
+mod audit;
 mod forward;
 mod metrics;
 pub mod request;
@@ -287,13 +291,14 @@ async fn serve(
             })?;
         let parsed = request::parse(kind, &body)?;
         let scope = front.scope(&parsed.model, &parsed.cache_salt)?;
+        let (body, usage) = audit::UsagePlan::prepare(body, &parsed);
         let started = Instant::now();
         let max = state.max_query_tokens;
         let tokens = web::block(move || tokenize(&model, parsed.prompt, max))
             .await
             .map_err(|e| FrontError::Internal(format!("tokenizer task failed: {e}")))??;
         front.metrics.tokenization.observe(started.elapsed());
-        forward::run(&state, kind, body, tokens, &scope).await
+        forward::run(&state, kind, body, tokens, &scope, usage).await
     };
     let result = result.await;
     if let Err(e) = &result {

@@ -1,6 +1,7 @@
 //! The parts of an OpenAI request the front door reads: the model, the prompt (chat
-//! `messages` and `tools`, or a completion `prompt`) and `stream`. The body itself is forwarded
-//! untouched; this only decides what to tokenize.
+//! `messages` and `tools`, or a completion `prompt`), `stream` and `stream_options`. The body
+//! itself is forwarded untouched (but for the audit's `include_usage`); this only decides what to
+//! tokenize and whether the answer carries usage.
 
 use serde_json::Value;
 
@@ -54,6 +55,10 @@ pub struct OpenAiRequest {
     pub stream: bool,
     /// `cache_salt` (vLLM's extension): blocks are shared only with requests of the same salt.
     pub cache_salt: String,
+    /// `stream_options.include_usage`: the client wants the final usage chunk.
+    pub include_usage: bool,
+    /// Whether the body has a `stream_options` key at all.
+    pub has_stream_options: bool,
 }
 
 /// Parses `body` for `kind`; every problem names the field and what is expected.
@@ -81,7 +86,10 @@ pub fn parse(kind: ApiKind, body: &[u8]) -> Result<OpenAiRequest, FrontError> {
         ApiKind::Chat => chat_prompt(map)?,
         ApiKind::Completion => completion_prompt(map.get("prompt"))?,
     };
-    Ok(OpenAiRequest { model, prompt, stream, cache_salt })
+    let options = map.get("stream_options");
+    let include_usage = options.and_then(|o| o.get("include_usage")) == Some(&Value::Bool(true));
+    let has_stream_options = options.is_some();
+    Ok(OpenAiRequest { model, prompt, stream, cache_salt, include_usage, has_stream_options })
 }
 
 fn chat_prompt(map: &serde_json::Map<String, Value>) -> Result<Prompt, FrontError> {

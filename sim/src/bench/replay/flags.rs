@@ -37,6 +37,9 @@ USAGE: kvdir-bench replay --trace FILE --etcd_addr H:P --spawn_kvdir PATH [--fla
                            CAR@0.5,CAR@0.8,TTFT,RR (CAR@L: --car_prefill_lambda=L)
   --car_prefill_lambda L   passed to kvdir (0..=1)                             [kvdir's]
   --car_host_hit_weight W  passed to kvdir (0..=1)                             [kvdir's]
+  --events E               exact: kvdir follows the engines' KV events; none: it has no
+                           events and credits engines approximately from its own routing
+                           (discovery \"events\": \"none\", capacity --cache_blocks)  [exact]
   --etcd_namespace NS      namespace prefix [kvdir-replay-<pid>]; each run adds -<policy>
   --internal_api_token T   X-Internal-Token for kvdir (and the spawned kvdir)
   --kvdir_arg=FLAG         extra flag for the spawned kvdir (repeatable)
@@ -71,6 +74,8 @@ pub struct ReplayOptions {
     pub runs: Vec<RunSpec>,
     /// kvdir flags for CAR.
     pub car_args: Vec<String>,
+    /// `--events none`: kvdir gets no KV events and credits the engines approximately.
+    pub approximate: bool,
     /// etcd endpoint.
     pub etcd_addr: String,
     /// Namespace prefix.
@@ -103,6 +108,7 @@ impl Default for ReplayOptions {
             compare_rr: true,
             runs: Vec::new(),
             car_args: Vec::new(),
+            approximate: false,
             etcd_addr: String::new(),
             namespace: format!("kvdir-replay-{}", std::process::id()),
             spawn_kvdir: PathBuf::new(),
@@ -175,6 +181,9 @@ impl RunSpec {
     }
 }
 
+/// `--events`: whether kvdir credits the engines approximately.
+const EVENTS: [(&str, bool); 2] = [("exact", false), ("none", true)];
+
 /// The policy's name on kvdir's command line and in reports: `CAR`, `RR`, `SLO_AWARE`.
 pub fn policy_name(policy: Policy) -> &'static str {
     POLICIES.iter().find(|(_, p)| *p == policy).map_or("?", |(name, _)| name)
@@ -244,6 +253,7 @@ impl ReplayOptions {
             "car_prefill_lambda" | "car_host_hit_weight" => {
                 self.car_args.push(fraction(name, value)?)
             }
+            "events" => self.approximate = choice(name, value, &EVENTS)?,
             "etcd_addr" => self.etcd_addr = value.to_string(),
             "etcd_namespace" => self.namespace = value.to_string(),
             "spawn_kvdir" => self.spawn_kvdir = PathBuf::from(value),

@@ -1,0 +1,148 @@
+//! Approximate credit for engines without KV events: the glue between kvdir's pure
+//! [`ApproxCache`] and the service.
+//!
+//! - **Who is approximate.** Discovery names the engines ([`Approximate::set_engines`], on every
+//!   change of its instance set): listed or registered engines without `events`, and with
+//!   `discovery.events = "none"` every instance found in etcd. An engine leaves the set, or
+//!   comes back with another process, and its entries are gone.
+//! - **Reads.** Every read of the shared indexes ([`crate::indexes::Indexes`]: the query
+//!   endpoint, the indexer API, routes and the front door) also lists each approximate engine
+//!   in scope, one entry per DP rank, with `approximate: true`, synchronized, its process as
+//!   identity, and the longest prefix of the prompt's keys credited there ([`Approximate::each`]).
+//! - **Writes.** When the router chooses an approximate engine to prefill a request, the
+//!   request's keys (carried by its hits) are recorded there ([`record`]): the message
+//!   [`UseIndexes`] gives the router the indexes once, at start.
+//!
+//! One mutex guards the cache; it is held for lookups and recordings (one probe per block),
+//! never while hashing.
+
+use std::sync::{Arc, Mutex};
+
+use actix::prelude::*;
+use kvdir::car::{ApproxCache, ApproxEngine, ApproxSettings};
+use kvdir::index::{ContentKey, SlotRead, StreamLabel, StreamStatus};
+use kvdir::query::QueryScope;
+
+use super::RouterActor;
+use crate::indexes::{Indexes, StreamHit};
+
+/// The hash seed of an approximate engine's keys (every engine's default).
+const HASH_SEED: u64 = 1024;
+
+/// Milliseconds on the router's monotonic clock.
+pub(crate) fn now_ms() -> u64 {
+    super::predict::now_ms()
+}
+
+/// The approximate engines and their credit, shared by readers and the router.
+#[derive(Debug, Default)]
+pub struct Approximate {
+    cache: Mutex<ApproxCache>,
+}
+
+impl Approximate {
+    /// No engine yet, with `settings`.
+    pub fn new(settings: ApproxSettings) -> Self {
+        Approximate { cache: Mutex::new(ApproxCache::new(settings)) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ApproxCache> {
+        self.cache.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Makes `engines` the approximate engines (see [`ApproxCache::set_engines`]).
+    pub fn set_engines(&self, engines: Vec<ApproxEngine>) {
+        for name in self.lock().set_engines(engines) {
+            tracing::info!(engine = %name, "approximate credit dropped: the engine left or restarted");
+        }
+    }
+
+    /// Whether `name` is credited approximately, with the blocks it holds now.
+    pub fn blocks(&self, name: &str) -> Option<usize> {
+        self.lock().blocks(name).map(|(held, _)| held)
+    }
+
+    /// The settings.
+    pub fn settings(&self) -> ApproxSettings {
+        self.lock().settings()
+    }
+
+    /// One `make(entry, (Device, Host-only) hit tokens, the prompt's keys, block size)` per
+    /// DP rank of every approximate engine `scope` admits, in name then rank order.
+    pub fn each<T>(
+        &self,
+        tokens: &[i32],
+        scope: &QueryScope,
+        mut make: impl FnMut(SlotRead, (u64, u64), &Arc<[ContentKey]>, u32) -> T,
+    ) -> Vec<T> {
+        let engines: Vec<ApproxEngine> = self.lock().engines().cloned().collect();
+        let mut keys: Vec<(u32, Arc<[ContentKey]>)> = Vec::new();
+        let mut out = Vec::new();
+        for e in engines {
+            let labels: Vec<StreamLabel> = (0..e.dp_size.max(1))
+                .map(|dp_rank| StreamLabel {
+                    instance_name: e.name.clone(),
+                    dp_rank,
+                    identity: Some(e.process.clone()),
+                    model: e.model.clone(),
+                    tenant: String::new(),
+                })
+                .filter(|l| scope.admits(l, e.block_size))
+                .collect();
+            if labels.is_empty() {
+                continue;
+            }
+            let k = match keys.iter().find(|(b, _)| *b == e.block_size) {
+                Some((_, k)) => Arc::clone(k),
+                None => {
+                    let mut v = Vec::with_capacity(tokens.len() / e.block_size.max(1) as usize);
+                    scope.namespace.hasher(e.block_size, HASH_SEED).prefix_keys(tokens, &mut v);
+                    let k: Arc<[ContentKey]> = Arc::from(v);
+                    keys.push((e.block_size, Arc::clone(&k)));
+                    k
+                }
+            };
+            let (blocks, held) = {
+                let cache = self.lock();
+                let held = cache.blocks(&e.name).map_or(0, |(held, _)| held);
+                (cache.cached_blocks(now_ms(), &e.name, &k), held)
+            };
+            let tokens = blocks as u64 * u64::from(e.block_size);
+            let status = Arc::new(StreamStatus {
+                synchronized: true,
+                device_blocks: held as u64,
+                approximate: true,
+                ..StreamStatus::default()
+            });
+            for label in labels {
+                let slot =
+                    SlotRead { slot: u8::MAX, label: Arc::new(label), status: status.clone() };
+                out.push(make(slot, (tokens, 0), &k, e.block_size));
+            }
+        }
+        out
+    }
+}
+
+/// Gives the router the indexes whose approximate engines it credits with what it routes.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct UseIndexes(pub Arc<Indexes>);
+
+impl Handler<UseIndexes> for RouterActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: UseIndexes, _: &mut Context<Self>) {
+        self.approx = Some(msg.0);
+    }
+}
+
+/// The chosen `instance` prefills the request: if it is an approximate engine, the request's
+/// keys (those its hits carry) are assumed cached there from `now_ms`.
+pub(crate) fn record(indexes: Option<&Indexes>, now_ms: u64, instance: &str, hits: &[StreamHit]) {
+    let Some(indexes) = indexes else { return };
+    let hit = hits.iter().find(|h| h.matched.approximate && h.matched.instance_name == instance);
+    if let Some(h) = hit {
+        indexes.approximate().lock().record(now_ms, instance, &h.keys);
+    }
+}
