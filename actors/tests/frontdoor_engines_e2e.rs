@@ -15,7 +15,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use common::*;
-use kvdir::car::Policy;
+use kvdir::car::{Policy, Routed};
 use kvdir::config::{Flags, FrontDoorFlags};
 use kvdir_sim::{EngineConfig, OpenAiConfig, Registration, RegistrationOptions, SimEngine};
 use kvdir_testkit::etcd::etcd_endpoint;
@@ -540,7 +540,8 @@ fn a_listed_engine_without_events_is_credited_approximately_until_its_ttl() {
 }
 
 /// With default flags the front door routes with TTFT while `POST /v1/internal/route` keeps
-/// CAR, and the engine's first bytes teach kvdir its prefill rate: the engine prefills 1,000
+/// CAR, and the first bytes of streamed answers (not of whole ones) teach kvdir the prefill
+/// rate: the engine prefills 1,000
 /// tokens per second (1 ms each), ten times slower than the configured 10,000; any delay on
 /// the way only makes the learned rate lower.
 #[test]
@@ -556,9 +557,29 @@ fn the_front_door_routes_with_ttft_and_learns_the_engines_prefill_rate() {
     let messages = conversation(&long_system_prompt(), "How long is the prefill?");
     let tokens = tokens_of(&messages);
     assert!(tokens.len() >= 256, "enough work to learn from: {} tokens", tokens.len());
+    let ttft_terms = |routed: &Routed| {
+        let c = routed.candidates.iter().find(|c| c.name == engine.instance_name());
+        c.and_then(|c| c.ttft).ok_or_else(|| format!("no TTFT terms: {routed:?}"))
+    };
+    // A whole JSON answer's first byte comes after its decode: it ends the request, teaches
+    // nothing.
     let r = chat(&svc, &messages, false);
     assert_eq!(r.status().as_u16(), 200);
     assert_eq!(header(&r, "x-kvdir-policy"), "TTFT");
+    drop(r.text());
+    let after_whole = eventually("the whole answer to leave the queue", || {
+        let t = ttft_terms(&route(&svc, &tokens)?)?;
+        if t.queued_requests == 0 {
+            Ok(t)
+        } else {
+            Err(format!("{t:?}"))
+        }
+    });
+    assert_eq!(after_whole.rate_source, kvdir::car::RateSource::Configured, "{after_whole:?}");
+    // A streamed answer's first byte is its first token; another prompt, so none is cached.
+    let other = format!("Streamed. {}", long_system_prompt());
+    let r = chat(&svc, &conversation(&other, "And streamed?"), true);
+    assert_eq!(r.status().as_u16(), 200);
     drop(r.text());
     let learned = eventually("the route answer to show a learned rate", || {
         let routed = route(&svc, &tokens)?;

@@ -17,7 +17,12 @@
 //! engine process, which starts from nothing. The front door's requests also end at their first
 //! byte ([`WorkLedger::first_byte`]), which teaches the instance's prefill rate: the tokens that
 //! were ahead of the request plus its own, over its observed time to first token minus the
-//! fixed terms of its estimate (an EWMA per instance). Invariants: at most [`MAX_PER_INSTANCE`]
+//! fixed terms of its estimate, an EWMA per instance and one over the fleet. An instance is
+//! estimated at the fleet's rate unless its own rate, after at least [`MIN_OWN_SAMPLES`]
+//! samples, is [`OWN_RATE_FACTOR`] times faster or slower: learning noise between equal engines
+//! must not become a lasting preference, because an engine that is never chosen never
+//! corrects its rate (with per-instance rates, one unlucky sample could leave an engine idle
+//! while the others queue). Invariants: at most [`MAX_PER_INSTANCE`]
 //! requests per instance (the oldest are dropped as done), and each instance keeps the sum of
 //! its requests' uncached tokens, so [`WorkLedger::queued`] costs the same at any queue length.
 
@@ -32,6 +37,12 @@ const EWMA_WEIGHT: f64 = 0.2;
 /// Smallest amount of work, in tokens, a first byte must cover to teach a rate.
 const MIN_LEARN_TOKENS: f64 = 256.0;
 
+/// Samples an instance needs before its own learned rate can stand apart from the fleet's.
+pub const MIN_OWN_SAMPLES: u32 = 8;
+
+/// How far (as a factor, either way) an instance's own rate must be from the fleet's to be used.
+pub const OWN_RATE_FACTOR: f64 = 1.5;
+
 /// Learned rates are kept within these bounds, in tokens per second.
 const RATE_BOUNDS: (f64, f64) = (10.0, 1e7);
 
@@ -43,7 +54,8 @@ pub struct QueuedWork {
     pub tokens: f64,
     /// Requests ahead: kvdir's own plus the foreign ones.
     pub requests: u64,
-    /// The instance's prefill rate learned from observed TTFTs, tokens per second.
+    /// The prefill rate learned from observed TTFTs, tokens per second: the fleet's, or the
+    /// instance's own where it stands apart ([`OWN_RATE_FACTOR`]).
     pub learned_rate: Option<f64>,
 }
 
@@ -77,12 +89,14 @@ struct Instance {
     /// Requests the last report counted beyond kvdir's own.
     foreign: u64,
     rate: Option<f64>,
+    /// Samples behind `rate`.
+    samples: u32,
 }
 
 impl Instance {
     /// A new process of the instance: nothing queued, the learned rate kept.
     fn restarted(&self) -> Instance {
-        Instance { rate: self.rate, ..Instance::default() }
+        Instance { rate: self.rate, samples: self.samples, ..Instance::default() }
     }
 
     fn push(&mut self, entry: Entry) {
@@ -122,6 +136,8 @@ pub struct WorkLedger {
     instances: HashMap<String, Instance>,
     /// EWMA of the uncached tokens of routed requests.
     typical: Option<f64>,
+    /// EWMA of every instance's rate samples.
+    fleet_rate: Option<f64>,
 }
 
 fn ewma(old: Option<f64>, sample: f64) -> f64 {
@@ -131,11 +147,26 @@ fn ewma(old: Option<f64>, sample: f64) -> f64 {
 impl WorkLedger {
     /// The work queued at `instance`.
     pub fn queued(&self, instance: &str) -> QueuedWork {
-        let Some(i) = self.instances.get(instance) else { return QueuedWork::default() };
+        let Some(i) = self.instances.get(instance) else {
+            return QueuedWork { learned_rate: self.fleet_rate, ..QueuedWork::default() };
+        };
         QueuedWork {
             tokens: i.tokens.max(0.0) + i.foreign as f64 * self.typical.unwrap_or(0.0),
             requests: i.entries.len() as u64 + i.foreign,
-            learned_rate: i.rate,
+            learned_rate: self.rate_of(i),
+        }
+    }
+
+    /// The rate `i` is estimated at: its own where it stands apart from the fleet's.
+    fn rate_of(&self, i: &Instance) -> Option<f64> {
+        match (i.rate, self.fleet_rate) {
+            (Some(own), Some(fleet))
+                if i.samples >= MIN_OWN_SAMPLES
+                    && (own / fleet).max(fleet / own) >= OWN_RATE_FACTOR =>
+            {
+                Some(own)
+            }
+            (_, fleet) => fleet,
         }
     }
 
@@ -187,6 +218,8 @@ impl WorkLedger {
         if tokens >= MIN_LEARN_TOKENS && seconds > 0.0 {
             let rate = (tokens / seconds).clamp(RATE_BOUNDS.0, RATE_BOUNDS.1);
             i.rate = Some(ewma(i.rate, rate));
+            i.samples = i.samples.saturating_add(1);
+            self.fleet_rate = Some(ewma(self.fleet_rate, rate));
         }
     }
 
@@ -283,6 +316,45 @@ mod tests {
         l.routed("e", 0, 0, RoutedWork { uncached: 2000.0, ..RoutedWork::default() }, Some(9));
         l.first_byte("e", 9, 100);
         assert_eq!(l.queued("e").learned_rate, Some(12_000.0));
+        assert_eq!(l.queued("f").learned_rate, Some(12_000.0), "the fleet's, for an unseen one");
+    }
+
+    /// Teaches `instance` one sample of `rate` tokens per second.
+    fn sample(l: &mut WorkLedger, instance: &str, rate: f64) {
+        l.routed(instance, 0, 0, RoutedWork { uncached: rate, ..RoutedWork::default() }, Some(1));
+        l.first_byte(instance, 1, 1000);
+    }
+
+    #[test]
+    fn equal_engines_share_the_fleet_rate_whatever_their_noise() {
+        let mut l = WorkLedger::default();
+        // One slow sample on "a" (the first after a restart, say), then normal ones everywhere.
+        sample(&mut l, "a", 2_000.0);
+        for _ in 0..20 {
+            sample(&mut l, "a", 10_000.0);
+            sample(&mut l, "b", 11_000.0);
+        }
+        let (a, b) = (l.queued("a").learned_rate, l.queued("b").learned_rate);
+        assert_eq!(a, b, "no lasting preference between engines within the factor");
+        let fleet = a.unwrap();
+        assert!((9_000.0..12_000.0).contains(&fleet), "{fleet}");
+    }
+
+    #[test]
+    fn an_engine_far_from_the_fleet_keeps_its_own_rate_after_enough_samples() {
+        let mut l = WorkLedger::default();
+        for _ in 0..20 {
+            sample(&mut l, "fast", 10_000.0);
+        }
+        for k in 1..=MIN_OWN_SAMPLES {
+            sample(&mut l, "slow", 2_000.0);
+            let own = l.queued("slow").learned_rate.unwrap();
+            match k < MIN_OWN_SAMPLES {
+                true => assert!(own > 3_000.0, "the fleet's until {MIN_OWN_SAMPLES} samples"),
+                false => assert!(own < 3_000.0, "its own after them: {own}"),
+            }
+        }
+        assert!(l.queued("fast").learned_rate.unwrap() > 3_000.0);
     }
 
     #[test]
@@ -293,7 +365,7 @@ mod tests {
         l.forget("e", 1);
         assert_eq!(l.queued("e").requests, 0);
         l.retain(|name| name != "f");
-        assert_eq!(l.queued("f"), QueuedWork::default());
+        assert_eq!((l.queued("f").requests, l.queued("f").tokens), (0, 0.0));
         assert_eq!(l.typical(), Some(100.0));
     }
 

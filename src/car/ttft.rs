@@ -54,7 +54,8 @@ impl Default for TtftParams {
 pub enum RateSource {
     /// `--ttft_prefill_tokens_per_s`.
     Configured,
-    /// Learned from the front door's observed TTFTs on this instance.
+    /// Learned from the front door's observed TTFTs of streamed answers: the fleet's rate, or
+    /// this instance's own where it stands apart ([`super::ledger`]).
     Learned,
 }
 

@@ -117,9 +117,20 @@ pub struct RouteForward {
 #[rtype(result = "()")]
 pub enum RequestProgress {
     /// The engine's first byte arrived: the request is past its queue and prefill.
-    FirstByte(String, RequestId),
+    FirstByte(String, RequestId, Answer),
     /// The request ended (answered, failed or cancelled).
     Finished(String, RequestId),
+}
+
+/// How an answer comes back, which says what its first byte measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// Server-sent events: the first byte comes with the first token, so its time is the
+    /// request's TTFT and teaches the engine's prefill rate.
+    Streamed,
+    /// One JSON body: the first byte comes after the whole decode, so it ends the request's
+    /// prefill but teaches nothing.
+    Whole,
 }
 
 /// The latest routing decisions, newest first.
@@ -212,9 +223,12 @@ impl Handler<RequestProgress> for RouterActor {
 
     fn handle(&mut self, msg: RequestProgress, ctx: &mut Context<Self>) {
         match msg {
-            RequestProgress::FirstByte(instance, id) => {
+            RequestProgress::FirstByte(instance, id, answer) => {
                 self.inflight.first_byte(&instance, id);
-                self.ledger.first_byte(&instance, id, predict::now_ms());
+                match answer {
+                    Answer::Streamed => self.ledger.first_byte(&instance, id, predict::now_ms()),
+                    Answer::Whole => self.ledger.forget(&instance, id),
+                }
             }
             RequestProgress::Finished(instance, id) => {
                 self.inflight.finish(&instance, id);

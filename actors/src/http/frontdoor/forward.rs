@@ -30,7 +30,7 @@ use super::audit::{self, UsagePlan};
 use super::request::ApiKind;
 use super::{FrontError, FrontMetrics};
 use crate::http::AppState;
-use crate::router::{RequestProgress, RouteForward, RouterActor};
+use crate::router::{Answer, RequestProgress, RouteForward, RouterActor};
 
 /// Routes the request and relays the chosen engine's answer.
 pub async fn run(
@@ -148,6 +148,8 @@ fn relay(
         credit: (cached, sync),
         audit: metrics.audit.clone(),
     });
+    let mut progress = progress;
+    progress.answer = if sse { Answer::Streamed } else { Answer::Whole };
     out.streaming(Relay { inner, progress, started, metrics })
 }
 
@@ -164,17 +166,20 @@ struct Progress {
     instance: String,
     id: RequestId,
     answered: bool,
+    /// Whether the answer streams (its first byte is the first token) or comes whole.
+    answer: Answer,
 }
 
 impl Progress {
     fn new(router: Addr<RouterActor>, instance: String, id: RequestId) -> Self {
-        Progress { router, instance, id, answered: false }
+        Progress { router, instance, id, answered: false, answer: Answer::Whole }
     }
 
     fn first_byte(&mut self) {
         if !self.answered {
             self.answered = true;
-            self.router.do_send(RequestProgress::FirstByte(self.instance.clone(), self.id));
+            let msg = RequestProgress::FirstByte(self.instance.clone(), self.id, self.answer);
+            self.router.do_send(msg);
         }
     }
 }
