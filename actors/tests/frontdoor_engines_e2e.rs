@@ -539,18 +539,18 @@ fn a_listed_engine_without_events_is_credited_approximately_until_its_ttl() {
     drop(engines);
 }
 
-/// With default flags the front door routes with TTFT while `POST /v1/internal/route` keeps
-/// CAR, and the first bytes of streamed answers (not of whole ones) teach kvdir the prefill
-/// rate: the engine prefills 1,000
-/// tokens per second (1 ms each), ten times slower than the configured 10,000; any delay on
-/// the way only makes the learned rate lower.
+/// With `--frontend_policy TTFT` the front door routes with TTFT while `POST /v1/internal/route`
+/// keeps CAR, and the first bytes of streamed answers (not of whole ones) teach kvdir the
+/// prefill rate: the engine prefills 1,000 tokens per second (1 ms each), ten times slower than
+/// the configured 10,000; any delay on the way only makes the learned rate lower.
 #[test]
 fn the_front_door_routes_with_ttft_and_learns_the_engines_prefill_rate() {
     let etcd = etcd_endpoint();
     let ns = format!("fd-ttft-{}", std::process::id());
     let (engine, _reg) = serving(&etcd.endpoint, &ns, &costs(1_000, 0, 1));
     let (_tmp, dir) = model_dir();
-    let front = FrontDoorFlags { tokenizer_path: Some(dir), ..FrontDoorFlags::default() };
+    let policy = Policy::Ttft;
+    let front = FrontDoorFlags { tokenizer_path: Some(dir), policy, ..FrontDoorFlags::default() };
     let svc =
         discovery_service(&etcd.endpoint, &ns, json!({}), Flags { front, ..Flags::default() });
     ready(&svc, 1);

@@ -32,8 +32,8 @@ FLAGS (--flag=value or --flag value):
     --etcd_namespace NS            key prefix /NS/ of the instance registry [default: none]
     --load_balance_policy P        RR, SLO_AWARE, CAR or TTFT, for /v1/internal/route and,
                                    without --frontend_policy, the front door [default: CAR]
-    --frontend_policy P            the front door's policy [default: TTFT, or
-                                   --load_balance_policy when only that is given]
+    --frontend_policy P            the front door's policy, such as TTFT
+                                   [default: --load_balance_policy]
     --car_prefill_lambda X         CAR weight of cache reuse against queue length, 0..=1 [default: 0.5]
     --car_host_hit_weight X        CAR weight of Host-only hits against Device hits, 0..=1 [default: 0.5]
     --car_predict_ttl_ms MS        predict-on-route: a routed request's blocks count as expected
@@ -143,7 +143,7 @@ pub struct FrontDoorFlags {
     /// Response-head timeout and longest silence between body chunks.
     pub upstream_timeout_ms: u64,
     /// The policy the front door routes with (`--frontend_policy`; else
-    /// `--load_balance_policy` when only that is given; else TTFT).
+    /// `--load_balance_policy`; else CAR).
     pub policy: Policy,
     /// Overload admission (`--overload_*`).
     pub overload: OverloadParams,
@@ -159,7 +159,7 @@ impl Default for FrontDoorFlags {
             api_key: None,
             upstream_connect_timeout_ms: 3000,
             upstream_timeout_ms: 300_000,
-            policy: Policy::Ttft,
+            policy: Policy::Car,
             overload: OverloadParams::default(),
         }
     }

@@ -225,7 +225,8 @@ fn the_front_door_follows_load_balance_policy_unless_it_has_its_own() {
         other => panic!("{other:?}"),
     };
     use crate::car::Policy::{Car, Rr, Ttft};
-    assert_eq!(front(&["--demo"]), (Car, Ttft), "the defaults: CAR for the internal API");
+    assert_eq!(front(&["--demo"]), (Car, Car), "the defaults");
+    assert_eq!(front(&["--frontend_policy=TTFT"]), (Car, Ttft));
     assert_eq!(front(&["--load_balance_policy=RR"]), (Rr, Rr));
     assert_eq!(front(&["--frontend_policy=CAR", "--load_balance_policy=RR"]), (Rr, Car));
     assert_eq!(front(&["--load_balance_policy=CAR", "--frontend_policy", "TTFT"]), (Car, Ttft));
