@@ -187,16 +187,7 @@ fn a_heartbeat_load_is_used_by_the_next_route() {
         other => Err(format!("{other:?}")),
     });
     let beat = |reg: &Registration, name: &str, waiting: u64| {
-        let body = json!({"name": name, "incarnation_id": reg.incarnation_id(),
-            "load_metrics": {"waiting_requests_num": waiting, "gpu_cache_usage_perc": 0.1}});
-        let hb = http(
-            svc.http_addr(),
-            "POST",
-            "/v1/internal/heartbeat",
-            &[],
-            body.to_string().as_bytes(),
-        );
-        assert_eq!(hb.status, 200, "{}", hb.body);
+        heartbeat(&svc, reg, name, waiting, 0.1);
     };
     let (a, b) = ((&ra, a.instance_name()), (&rb, b.instance_name()));
     for ((busy_reg, busy), (idle_reg, idle)) in [(&a, &b), (&b, &a)] {
@@ -250,16 +241,7 @@ fn ttft_sends_a_request_where_its_first_token_is_expected_soonest() {
     let (b, rb) = registered(&etcd.endpoint, &ns);
     let (na, nb) = (a.instance_name(), b.instance_name());
     let beat = |reg: &Registration, name: &str, waiting: u64| {
-        let body = json!({"name": name, "incarnation_id": reg.incarnation_id(),
-            "load_metrics": {"waiting_requests_num": waiting, "gpu_cache_usage_perc": 0.2}});
-        let hb = http(
-            svc.http_addr(),
-            "POST",
-            "/v1/internal/heartbeat",
-            &[],
-            body.to_string().as_bytes(),
-        );
-        assert_eq!(hb.status, 200, "{}", hb.body);
+        heartbeat(&svc, reg, name, waiting, 0.2);
     };
     // 960 of the prompt's 1024 tokens are cached on A.
     a.process(0, &prompt(5000, 60)).unwrap();
@@ -310,4 +292,13 @@ fn ttft_sends_a_request_where_its_first_token_is_expected_soonest() {
             (Some(best), "lowest estimated time to first token plus delay to later requests")
         );
     }
+}
+
+/// Sends `name`'s heartbeat with `waiting` requests and `usage`, answered 200.
+fn heartbeat(svc: &Service, reg: &Registration, name: &str, waiting: u64, usage: f64) {
+    let body = json!({"name": name, "incarnation_id": reg.incarnation_id(),
+        "load_metrics": {"waiting_requests_num": waiting, "gpu_cache_usage_perc": usage}});
+    let hb =
+        http(svc.http_addr(), "POST", "/v1/internal/heartbeat", &[], body.to_string().as_bytes());
+    assert_eq!(hb.status, 200, "{}", hb.body);
 }

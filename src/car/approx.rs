@@ -259,28 +259,9 @@ mod tests {
     }
 
     fn candidate(name: &str, hit: u64, approximate: bool) -> super::super::Candidate {
-        use crate::registry::{InstanceState, InstanceType, LoadMetrics};
-        super::super::Candidate {
-            name: name.into(),
-            kind: InstanceType::Default,
-            mix_acting_prefill: false,
-            state: InstanceState::Active,
-            load: Some(LoadMetrics { waiting_requests_num: 0, gpu_cache_usage_perc: 0.0 }),
-            dp_size: 1,
-            ttft_profile: Vec::new(),
-            tpot_profile: Vec::new(),
-            hits: vec![super::super::DpHit {
-                dp_rank: 0,
-                synchronized: true,
-                identity_matches: true,
-                partial: false,
-                device_hit_tokens: hit,
-                host_only_hit_tokens: 0,
-                predicted_hit_tokens: 0,
-                approximate,
-            }],
-            queued: Default::default(),
-        }
+        let mut c = super::super::Candidate::test_idle(name, 1, hit);
+        c.hits[0].approximate = approximate;
+        c
     }
 
     #[test]

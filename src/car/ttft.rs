@@ -165,34 +165,15 @@ pub fn add_later(estimates: &mut [Option<TtftTerms>], weight: f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::car::{route, DpHit, Policy, Rotation, RouteParams, Routed};
-    use crate::registry::{InstanceState, InstanceType, LoadMetrics};
+    use crate::car::{route, Policy, Rotation, RouteParams, Routed};
+    use crate::registry::LoadMetrics;
 
     /// An instance with `hit` Device tokens on each of `dp` ranks, `queued` work and `usage`.
     fn cand(name: &str, hit: u64, dp: u32, queued: (f64, u64), usage: f64) -> Candidate {
-        Candidate {
-            name: name.into(),
-            kind: InstanceType::Default,
-            mix_acting_prefill: false,
-            state: InstanceState::Active,
-            load: Some(LoadMetrics { waiting_requests_num: 0, gpu_cache_usage_perc: usage }),
-            dp_size: dp,
-            ttft_profile: Vec::new(),
-            tpot_profile: Vec::new(),
-            hits: (0..dp)
-                .map(|r| DpHit {
-                    dp_rank: r,
-                    synchronized: true,
-                    identity_matches: true,
-                    partial: false,
-                    device_hit_tokens: hit,
-                    host_only_hit_tokens: 0,
-                    predicted_hit_tokens: 0,
-                    approximate: false,
-                })
-                .collect(),
-            queued: QueuedWork { tokens: queued.0, requests: queued.1, learned_rate: None },
-        }
+        let mut c = Candidate::test_idle(name, dp, hit);
+        c.load = Some(LoadMetrics { waiting_requests_num: 0, gpu_cache_usage_perc: usage });
+        c.queued = QueuedWork { tokens: queued.0, requests: queued.1, learned_rate: None };
+        c
     }
 
     /// Routes a 10,000-token request with TTFT, choosing on the estimate alone.

@@ -273,3 +273,33 @@ pub struct Routed {
     /// Every known instance.
     pub candidates: Vec<CandidateReport>,
 }
+
+#[cfg(test)]
+impl Candidate {
+    /// For tests: an idle, active DEFAULT instance with `hit` Device tokens exactly on each of
+    /// its `dp` synchronized ranks, nothing queued.
+    pub(crate) fn test_idle(name: &str, dp: u32, hit: u64) -> Candidate {
+        let rank = |dp_rank| DpHit {
+            dp_rank,
+            synchronized: true,
+            identity_matches: true,
+            partial: false,
+            device_hit_tokens: hit,
+            host_only_hit_tokens: 0,
+            predicted_hit_tokens: 0,
+            approximate: false,
+        };
+        Candidate {
+            name: name.into(),
+            kind: InstanceType::Default,
+            mix_acting_prefill: false,
+            state: InstanceState::Active,
+            load: Some(LoadMetrics { waiting_requests_num: 0, gpu_cache_usage_perc: 0.0 }),
+            dp_size: dp,
+            ttft_profile: Vec::new(),
+            tpot_profile: Vec::new(),
+            hits: (0..dp).map(rank).collect(),
+            queued: Default::default(),
+        }
+    }
+}

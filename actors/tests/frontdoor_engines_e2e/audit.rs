@@ -57,6 +57,24 @@ fn reporting(etcd: &str, ns: &str, report: CachedReport) -> (SimEngine, Registra
     serving(etcd, ns, &openai)
 }
 
+/// One engine reporting as `report` says, behind a kvdir routing with CAR, with this binary's
+/// WARN log captured; its instance name.
+struct Audited {
+    svc: kvdir_actors::Service,
+    name: String,
+    _engine: (SimEngine, Registration),
+}
+
+fn audited_engine(label: &str, report: CachedReport) -> Audited {
+    capture_logs();
+    let etcd = etcd_endpoint();
+    let ns = format!("fd-audit-{label}-{}", std::process::id());
+    let (engine, reg) = reporting(&etcd.endpoint, &ns, report);
+    let svc = kvdir(&etcd.endpoint, &ns, Policy::Car);
+    ready(&svc, 1);
+    Audited { svc, name: engine.instance_name(), _engine: (engine, reg) }
+}
+
 /// `instance`'s entry of `cache_audit` in `/v1/internal/instances`.
 fn audit_of(svc: &kvdir_actors::Service, instance: &str) -> Value {
     let inst = http(svc.http_addr(), "GET", "/v1/internal/instances", &[], b"").json();
@@ -111,13 +129,7 @@ fn settled(svc: &kvdir_actors::Service, messages: &Value) {
 
 #[test]
 fn a_healthy_engine_is_all_exact_and_a_client_gets_exactly_the_usage_it_asked_for() {
-    capture_logs();
-    let etcd = etcd_endpoint();
-    let ns = format!("fd-audit-ok-{}", std::process::id());
-    let (engine, _reg) = reporting(&etcd.endpoint, &ns, CachedReport::Actual);
-    let svc = kvdir(&etcd.endpoint, &ns, Policy::Car);
-    ready(&svc, 1);
-    let name = engine.instance_name();
+    let Audited { svc, name, _engine } = audited_engine("ok", CachedReport::Actual);
     let system = long_system_prompt();
     let mut credited = Vec::new();
     // (stream, include_usage) of each request, each one after the previous one's events.
@@ -166,13 +178,7 @@ fn a_healthy_engine_is_all_exact_and_a_client_gets_exactly_the_usage_it_asked_fo
 
 #[test]
 fn an_engine_that_reports_zero_where_kvdir_credited_hits_warns_of_a_mismatch() {
-    capture_logs();
-    let etcd = etcd_endpoint();
-    let ns = format!("fd-audit-zero-{}", std::process::id());
-    let (engine, _reg) = reporting(&etcd.endpoint, &ns, CachedReport::Zero);
-    let svc = kvdir(&etcd.endpoint, &ns, Policy::Car);
-    ready(&svc, 1);
-    let name = engine.instance_name();
+    let Audited { svc, name, _engine } = audited_engine("zero", CachedReport::Zero);
     let system = long_system_prompt();
     let warm = conversation(&system, "warm up");
     ask(&svc, &warm, false, false);
@@ -197,13 +203,7 @@ fn an_engine_that_reports_zero_where_kvdir_credited_hits_warns_of_a_mismatch() {
 
 #[test]
 fn an_engine_that_reuses_less_than_credited_warns_of_stale_credit() {
-    capture_logs();
-    let etcd = etcd_endpoint();
-    let ns = format!("fd-audit-half-{}", std::process::id());
-    let (engine, _reg) = reporting(&etcd.endpoint, &ns, CachedReport::Half);
-    let svc = kvdir(&etcd.endpoint, &ns, Policy::Car);
-    ready(&svc, 1);
-    let name = engine.instance_name();
+    let Audited { svc, name, _engine } = audited_engine("half", CachedReport::Half);
     let system = long_system_prompt();
     let warm = conversation(&system, "warm up");
     ask(&svc, &warm, false, false);
@@ -221,13 +221,7 @@ fn an_engine_that_reuses_less_than_credited_warns_of_stale_credit() {
 
 #[test]
 fn an_engine_without_cached_tokens_is_counted_and_hinted_once() {
-    capture_logs();
-    let etcd = etcd_endpoint();
-    let ns = format!("fd-audit-absent-{}", std::process::id());
-    let (engine, _reg) = reporting(&etcd.endpoint, &ns, CachedReport::Absent);
-    let svc = kvdir(&etcd.endpoint, &ns, Policy::Car);
-    ready(&svc, 1);
-    let name = engine.instance_name();
+    let Audited { svc, name, _engine } = audited_engine("absent", CachedReport::Absent);
     for i in 0..3 {
         // The streamed ones: kvdir asked for usage, found no details in it, and stripped it.
         let streamed = i > 0;
