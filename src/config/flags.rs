@@ -69,7 +69,7 @@ FLAGS (--flag=value or --flag value):
                                    [default: 30000]
     --check_config                 validate flags and the config file, then exit
     --demo                         run with in-process simulated engines (the default with no flags)
-    --demo_seconds N               stop the demo after N seconds [default: run until Ctrl-C]
+    --demo_seconds N               run the demo and stop it after N seconds [default: run until Ctrl-C]
     --log_format F                 text or json (one object per line), to stderr; filter
                                    with RUST_LOG, e.g. RUST_LOG=kvdir_actors=debug [default: text]
     --block_size N                 accepted for xllm-service compatibility and ignored with a
@@ -347,7 +347,8 @@ pub fn parse_flags<S: AsRef<str>>(args: &[S]) -> Result<Command, ConfigError> {
             },
         }
     }
-    if args.is_empty() {
+    // No flags, or a demo length, mean the demo.
+    if args.is_empty() || flags.demo_seconds.is_some() {
         flags.demo = true;
     }
     // The front door follows --load_balance_policy unless it has a policy of its own.

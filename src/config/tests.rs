@@ -219,6 +219,17 @@ fn the_ttft_policy_and_its_settings_are_validated() {
 }
 
 #[test]
+fn a_demo_length_means_the_demo() {
+    let demo = |args: &[&str]| match parse_flags(args).unwrap() {
+        Command::Run(f) => (f.demo, f.demo_seconds),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(demo(&["--demo_seconds=60"]), (true, Some(60)));
+    assert_eq!(demo(&[]), (true, None), "no flags at all");
+    assert_eq!(demo(&["--http_server_port=0"]), (false, None), "the service");
+}
+
+#[test]
 fn the_front_door_follows_load_balance_policy_unless_it_has_its_own() {
     let front = |args: &[&str]| match parse_flags(args).unwrap() {
         Command::Run(f) => (f.route.policy, f.front.policy),
