@@ -230,10 +230,7 @@ impl Handler<RequestProgress> for RouterActor {
                     Answer::Whole => self.ledger.forget(&instance, id),
                 }
             }
-            RequestProgress::Finished(instance, id) => {
-                self.inflight.finish(&instance, id);
-                self.ledger.forget(&instance, id);
-            }
+            RequestProgress::Finished(instance, id) => self.finish(&instance, id),
         }
         self.release_held(ctx);
     }
@@ -277,6 +274,13 @@ impl RouterActor {
     /// `--car_predict_ttl_ms` > 0).
     fn predicting(&self, policy: Policy) -> bool {
         self.predictions.enabled() && matches!(policy, Policy::Car | Policy::Ttft)
+    }
+
+    /// The front door's request `id` to `instance` ended: it is neither in flight nor queued
+    /// work there any more.
+    fn finish(&mut self, instance: &str, id: RequestId) {
+        self.inflight.finish(instance, id);
+        self.ledger.forget(instance, id);
     }
 
     /// Load reports received from `instance`'s process so far (0 when unknown).

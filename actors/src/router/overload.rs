@@ -132,7 +132,7 @@ impl RouterActor {
             let decision = self.handle(p.msg, ctx);
             if let Err(Ok((routed, id, _))) = p.tx.send(decision) {
                 // The client went away after the release: nothing will be sent.
-                self.inflight.finish(&routed.prefill, id);
+                self.finish(&routed.prefill, id);
             }
         }
         self.schedule_deadline(ctx);
