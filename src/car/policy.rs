@@ -158,7 +158,7 @@ fn score_side(
         .enumerate()
         .map(|(k, &i)| {
             let c = &cands[i];
-            (side == Side::Prefill).then(|| estimate(c, &c.queued, input_tokens, reuse(k), &p.ttft))
+            (side == Side::Prefill).then(|| estimate(c, input_tokens, reuse(k), &p.ttft))
         })
         .collect();
     add_later(&mut ttft, p.ttft.later_weight);

@@ -25,7 +25,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::ledger::QueuedWork;
 use super::types::Candidate;
 
 /// Settings of the TTFT policy.
@@ -99,17 +98,11 @@ impl TtftTerms {
     }
 }
 
-/// The estimate for candidate `c` with `queued` work, for a request of `input_tokens` of
-/// which the share `reuse` (CAR's reuse term: exact hit ratio plus weighted predicted ratio)
-/// is credited there.
-pub fn estimate(
-    c: &Candidate,
-    queued: &QueuedWork,
-    input_tokens: usize,
-    reuse: f64,
-    p: &TtftParams,
-) -> TtftTerms {
-    let dp = c.dp_size.max(1);
+/// The estimate for candidate `c` (with its queued work, `c.queued`), for a request of
+/// `input_tokens` of which the share `reuse` (CAR's reuse term: exact hit ratio plus weighted
+/// predicted ratio) is credited there.
+pub fn estimate(c: &Candidate, input_tokens: usize, reuse: f64, p: &TtftParams) -> TtftTerms {
+    let (dp, queued) = (c.dp_size.max(1), &c.queued);
     let (rate, rate_source) = match queued.learned_rate {
         Some(r) => (r, RateSource::Learned),
         None => (p.tokens_per_s, RateSource::Configured),
@@ -165,7 +158,7 @@ pub fn add_later(estimates: &mut [Option<TtftTerms>], weight: f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::car::{route, Policy, Rotation, RouteParams, Routed};
+    use crate::car::{route, Policy, QueuedWork, Rotation, RouteParams, Routed};
     use crate::registry::LoadMetrics;
 
     /// An instance with `hit` Device tokens on each of `dp` ranks, `queued` work and `usage`.
@@ -195,14 +188,14 @@ mod tests {
     fn the_estimate_follows_the_formula() {
         let p = TtftParams { tokens_per_s: 1000.0, decode_ms: 20.0, ..TtftParams::default() };
         let c = cand("a", 0, 2, (4000.0, 4), 0.5);
-        let t = estimate(&c, &c.queued, 1000, 0.25, &p);
+        let t = estimate(&c, 1000, 0.25, &p);
         assert_eq!(t.own_uncached_tokens, 750.0, "a quarter of 1000 tokens is credited");
         assert_eq!(t.overhead_ms, 5.0 * (4.0 / 2.0 + 1.0), "two ranks share four requests");
         assert_eq!(t.decode_ms, 10.0, "half of a full cache's 20 ms");
         assert_eq!(t.estimate_ms, 1000.0 * (2000.0 + 750.0) / 1000.0 + 15.0 + 10.0);
         assert_eq!((t.rate_source, t.prefill_tokens_per_s), (RateSource::Configured, 1000.0));
         let learned = QueuedWork { learned_rate: Some(2000.0), ..c.queued };
-        let t = estimate(&c, &learned, 1000, 1.5, &p);
+        let t = estimate(&Candidate { queued: learned, ..c }, 1000, 1.5, &p);
         assert_eq!((t.rate_source, t.own_uncached_tokens), (RateSource::Learned, 0.0));
         assert_eq!(t.estimate_ms, 1000.0 * 2000.0 / 2000.0 + 15.0 + 10.0);
     }
