@@ -26,10 +26,9 @@ pub struct Rotation {
 }
 
 fn side(c: &Candidate) -> Side {
-    match c.kind {
-        InstanceType::Default | InstanceType::Prefill => Side::Prefill,
-        InstanceType::Mix if c.mix_acting_prefill => Side::Prefill,
-        InstanceType::Mix | InstanceType::Decode => Side::Decode,
+    match c.kind.prefills(c.mix_acting_prefill) {
+        true => Side::Prefill,
+        false => Side::Decode,
     }
 }
 

@@ -33,6 +33,16 @@ impl InstanceType {
         }
     }
 
+    /// Whether an instance of this role prefills (its cache is what routing credits); a MIX
+    /// instance does while `mix_acting_prefill`.
+    pub fn prefills(self, mix_acting_prefill: bool) -> bool {
+        match self {
+            InstanceType::Default | InstanceType::Prefill => true,
+            InstanceType::Mix => mix_acting_prefill,
+            InstanceType::Decode => false,
+        }
+    }
+
     fn from_code(code: u64) -> Option<Self> {
         Some(match code {
             0 => InstanceType::Default,

@@ -5,7 +5,6 @@
 //! so an engine that leaves or restarts loses its credit at once.
 
 use kvdir::car::ApproxEngine;
-use kvdir::registry::{Instance, InstanceType};
 
 use super::DiscoveryActor;
 
@@ -17,7 +16,8 @@ impl DiscoveryActor {
             let found = self
                 .registry
                 .instances()
-                .filter(|i| prefill_side(i) && !self.engines.contains(&i.record.name));
+                .filter(|i| i.record.kind.prefills(i.record.mix_acting_prefill))
+                .filter(|i| !self.engines.contains(&i.record.name));
             out.extend(found.map(|i| ApproxEngine {
                 name: i.record.name.clone(),
                 process: i.record.identity.clone(),
@@ -43,14 +43,5 @@ impl DiscoveryActor {
             Some(e) => e.spec.is_approximate(),
             None => self.cfg.as_ref().is_some_and(|c| c.approximate),
         }
-    }
-}
-
-/// Whether an instance prefills (its cache is what routing credits).
-fn prefill_side(i: &Instance) -> bool {
-    match i.record.kind {
-        InstanceType::Default | InstanceType::Prefill => true,
-        InstanceType::Mix => i.record.mix_acting_prefill,
-        InstanceType::Decode => false,
     }
 }
