@@ -6,42 +6,20 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::Mutex;
-
 use common::*;
 use kvdir_sim::{Fault, SnapshotMode};
 use serde_json::json;
 
-static LOG: Mutex<Vec<u8>> = Mutex::new(Vec::new());
-
-struct Capture;
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        LOG.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Log lines about stream `name` that contain `what` at `level`.
 fn lines(level: &str, name: &str, what: &str) -> usize {
-    let log = String::from_utf8_lossy(&LOG.lock().unwrap()).into_owned();
+    let log = captured_log();
     let stream = format!("stream={name} ");
     log.lines().filter(|l| l.contains(level) && l.contains(&stream) && l.contains(what)).count()
 }
 
 #[test]
 fn a_failing_stream_warns_once_per_loss_of_synchronization() {
-    tracing_subscriber::fmt()
-        .with_writer(|| Capture)
-        .with_ansi(false)
-        .with_max_level(tracing_subscriber::filter::LevelFilter::DEBUG)
-        .init();
+    capture_logs(tracing_subscriber::filter::LevelFilter::DEBUG);
     let eng = engine("refuser", 1, 0);
     let a = prompt(1, 2);
     eng.process(0, &a).unwrap();
@@ -67,7 +45,7 @@ fn a_failing_stream_warns_once_per_loss_of_synchronization() {
     // The registry's etcd (nowhere, in this test) is retried with back-off: one WARN for the
     // outage, the retries at DEBUG.
     let count = |level: &str, what: &str| {
-        let log = String::from_utf8_lossy(&LOG.lock().unwrap()).into_owned();
+        let log = captured_log();
         log.lines().filter(|l| l.contains(level) && l.contains(what)).count()
     };
     eventually("several etcd retries", || match count("DEBUG", "etcd still unavailable") {

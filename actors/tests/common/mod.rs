@@ -7,6 +7,7 @@
 
 pub mod binary;
 pub mod engine_http;
+pub mod logs;
 pub mod service;
 
 pub use binary::*;
@@ -14,4 +15,5 @@ pub use engine_http::{EngineState, TestEngine};
 pub use kvdir_testkit::etcd::{etcd_endpoint, EtcdServer};
 pub use kvdir_testkit::http::Response;
 pub use kvdir_testkit::{eventually, eventually_within, DEADLINE};
+pub use logs::{capture_logs, captured_log};
 pub use service::*;

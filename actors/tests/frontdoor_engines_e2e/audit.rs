@@ -4,43 +4,14 @@
 //! engine that reports 0, reports half, reports nothing, or whose events kvdir cannot use
 //! (a block size that differs from kvdir's config) triggers its own warning.
 
-use std::io::Write;
-use std::sync::{Mutex, Once};
-
 use kvdir_sim::CachedReport;
+use tracing_subscriber::filter::LevelFilter;
 
 use super::*;
 
-static LOG: Mutex<Vec<u8>> = Mutex::new(Vec::new());
-
-struct Capture;
-
-impl Write for Capture {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        LOG.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// Captures this test binary's WARN log (process-wide, shared by its tests).
-fn capture_logs() {
-    static INIT: Once = Once::new();
-    INIT.call_once(|| {
-        let _ = tracing_subscriber::fmt()
-            .with_writer(|| Capture)
-            .with_ansi(false)
-            .with_max_level(tracing_subscriber::filter::LevelFilter::WARN)
-            .try_init();
-    });
-}
-
 /// WARN lines of the cache audit about `instance` that contain `what`.
 fn audit_warnings(instance: &str, what: &str) -> Vec<String> {
-    let log = String::from_utf8_lossy(&LOG.lock().unwrap()).into_owned();
+    let log = captured_log();
     let named = format!("instance=\"{instance}\"");
     let plain = format!("instance={instance} ");
     log.lines()
@@ -66,7 +37,7 @@ struct Audited {
 }
 
 fn audited_engine(label: &str, report: CachedReport) -> Audited {
-    capture_logs();
+    capture_logs(LevelFilter::WARN);
     let etcd = etcd_endpoint();
     let ns = format!("fd-audit-{label}-{}", std::process::id());
     let (engine, reg) = reporting(&etcd.endpoint, &ns, report);
@@ -240,7 +211,7 @@ fn an_engine_without_cached_tokens_is_counted_and_hinted_once() {
 
 #[test]
 fn events_of_another_block_size_leave_credit_missing_and_say_where_to_look() {
-    capture_logs();
+    capture_logs(LevelFilter::WARN);
     let etcd = etcd_endpoint();
     let ns = format!("fd-audit-bs-{}", std::process::id());
     let (engine, _reg) = reporting(&etcd.endpoint, &ns, CachedReport::Actual);
