@@ -1,5 +1,5 @@
 //! The ingest side: `--drivers` threads send the shared-prefix workload
-//! ([`crate::workload`]) to the engines, each call publishing at most one live batch, at
+//! ([`kvdir_sim::workload`]) to the engines, each call publishing at most one live batch, at
 //! `--rate` requests per second in all (or back to back) until the end of the load.
 //!
 //! Driver `t` owns the streams `s` with `s % drivers == t` and has its own generator, seeded
@@ -10,7 +10,7 @@
 //! their prefixes with what the engines cache.
 //!
 //! A driver sends in bursts: every [`TICK`] (or, unpaced, [`MAX_BURST`] at a time) it queues the
-//! requests that are due ([`crate::SimEngine::process_queued`]) and then waits for all of them,
+//! requests that are due ([`kvdir_sim::SimEngine::process_queued`]) and then waits for all of them,
 //! so one wake-up of a rank thread serves many requests. At 10,000 batches/s a request at a
 //! time cost the tool more CPU in thread wake-ups than in building and sending batches.
 
@@ -22,8 +22,8 @@ use serde_json::json;
 use super::flags::BenchOptions;
 use super::fleet::Fleet;
 use super::BenchError;
-use crate::workload::{Workload, WorkloadConfig};
-use crate::SimError;
+use kvdir_sim::workload::{Workload, WorkloadConfig};
+use kvdir_sim::SimError;
 
 /// Workload sessions per stream.
 pub const SESSIONS_PER_STREAM: usize = 4;

@@ -17,7 +17,7 @@ use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
 
 use super::flags::BenchOptions;
 use super::BenchError;
-use crate::pool::RANKS_PER_CONTEXT;
+use kvdir_sim::pool::RANKS_PER_CONTEXT;
 
 /// Descriptors per ZeroMQ context (its I/O thread's epoll and mailbox, the reaper's, the
 /// context's own), with room to spare.

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::BenchError;
-use crate::cli::{flag_pairs, number};
+use kvdir_sim::cli::{flag_pairs, number};
 
 /// Most streams one run drives: kvdir's `max_streams` ceiling.
 pub const MAX_STREAMS: u64 = 65_536;

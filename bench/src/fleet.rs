@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 
 use super::flags::{BenchOptions, Mode};
 use super::{fds, BenchError};
-use crate::{
+use kvdir_sim::{
     cli, EngineConfig, OpenAiConfig, Published, Registration, RegistrationOptions, SimEngine,
     SimError,
 };
@@ -79,10 +79,10 @@ impl Fleet {
     ) -> Result<Fleet, BenchError> {
         let fd_limit = fds::check(o)?;
         if let Some(threads) = o.rank_threads {
-            if !crate::set_rank_threads(threads) {
+            if !kvdir_sim::set_rank_threads(threads) {
                 tracing::warn!(
                     threads,
-                    running = crate::rank_threads(),
+                    running = kvdir_sim::rank_threads(),
                     "rank threads already running"
                 );
             }

@@ -1,6 +1,6 @@
 //! The load tool's keep-alive HTTP client: one [`Conn`] per client thread keeps its TCP
 //! connection open between requests, as a router's connection pool would, so latencies measure
-//! kvdir and not TCP set-up. (The crate's [`crate::http::request`] opens a connection per
+//! kvdir and not TCP set-up. (The simulator's [`kvdir_sim::http::request`] opens a connection per
 //! request.)
 //!
 //! A [`Conn`] wraps its own `reqwest` blocking client, whose pool holds the connection; hyper
@@ -15,8 +15,8 @@ use reqwest::blocking::Client;
 use reqwest::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use reqwest::Method;
 
-pub use crate::http::MAX_BODY_BYTES;
-use crate::http::{io_error, read_body};
+pub use kvdir_sim::http::MAX_BODY_BYTES;
+use kvdir_sim::http::{io_error, read_body};
 
 /// A response: status code and body.
 #[derive(Debug, Clone, PartialEq, Eq)]

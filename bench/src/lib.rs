@@ -2,7 +2,7 @@
 //! workload into a running kvdir while HTTP clients query and route, then a [`Report`].
 //!
 //! A run ([`run`]):
-//! 1. starts `--engines` [`crate::SimEngine`]s ([`fleet`]);
+//! 1. starts `--engines` [`kvdir_sim::SimEngine`]s ([`fleet`]);
 //! 2. tells kvdir about them: registers them in etcd, or writes the static `streams` config,
 //!    and with `--spawn_kvdir` starts kvdir itself ([`kvdir`]);
 //! 3. polls kvdir until every stream is synchronized ([`probe`]), and in etcd mode until every
@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use thiserror::Error;
 
-use crate::{Published, SimError};
+use kvdir_sim::{Published, SimError};
 
 pub mod chat;
 pub mod clients;

@@ -1,15 +1,16 @@
 //! The `kvdir-bench` binary: parses flags, runs the load against kvdir
-//! ([`kvdir_sim::bench::run`]) or, as `kvdir-bench replay ...`, replays a trace
-//! ([`kvdir_sim::bench::replay::run`]) or, as `kvdir-bench chat ...`, sends chat requests through
-//! kvdir's OpenAI front door ([`kvdir_sim::bench::chat::run`]), and prints the report, as text
+//! ([`kvdir_bench::run`]) or, as `kvdir-bench replay ...`, replays a trace
+//! ([`kvdir_bench::replay::run`]) or, as `kvdir-bench chat ...`, sends chat requests through
+//! kvdir's OpenAI front door ([`kvdir_bench::chat::run`]), and prints the report, as text
 //! or with `--json` as JSON.
 //! Exit codes: 0 after a report, 1 when the run failed, 2 for bad flags.
 
 use std::process::ExitCode;
 
-use kvdir_sim::bench::chat::{self, ChatCommand};
-use kvdir_sim::bench::replay::{self, ReplayCommand};
-use kvdir_sim::bench::{self, BenchCommand, BenchError};
+use kvdir_bench as bench;
+use kvdir_bench::chat::{self, ChatCommand};
+use kvdir_bench::replay::{self, ReplayCommand};
+use kvdir_bench::{BenchCommand, BenchError};
 
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1).peekable();

@@ -16,7 +16,7 @@ use super::clients::KindStats;
 use super::handler::HandlerLatency;
 use super::kvdir::Rss;
 use super::scale::Scale;
-use crate::Published;
+use kvdir_sim::Published;
 
 /// What kvdir applied during the load.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,8 +8,8 @@ use std::time::Duration;
 use super::super::flags::{check_loopback, switch, BenchOptions, Mode};
 use super::super::replay::flags::{policy_name, POLICIES};
 use super::super::BenchError;
-use crate::cli::{choice, flag_pairs, number};
 use kvdir::car::Policy;
+use kvdir_sim::cli::{choice, flag_pairs, number};
 
 /// `kvdir-bench chat --help`.
 pub const CHAT_HELP: &str = "\

@@ -28,7 +28,7 @@ use super::http::Conn;
 use super::kvdir::{cpu_seconds, metric, temp_dir, Kvdir, Rss};
 use super::probe::Probe;
 use super::{loadavg, BenchError, BenchOptions};
-use crate::OpenAiConfig;
+use kvdir_sim::OpenAiConfig;
 
 pub mod flags;
 pub mod load;

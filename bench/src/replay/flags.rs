@@ -9,8 +9,8 @@ use super::super::flags::{BenchOptions, Mode};
 use super::super::BenchError;
 use super::clock::Cost;
 use super::trace::TRACE_BLOCK;
-use crate::cli::{choice, flag_pairs, number};
 use kvdir::car::Policy;
+use kvdir_sim::cli::{choice, flag_pairs, number};
 
 /// `kvdir-bench replay --help`.
 pub const REPLAY_HELP: &str = "\

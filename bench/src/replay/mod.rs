@@ -4,7 +4,7 @@
 //! For each run ([`ReplayOptions::policies`]: `--policy`, then RR for comparison; or the
 //! `--policies` list, e.g. `CAR@0.5,CAR@0.8,TTFT,RR`) a run starts from nothing, through the
 //! load tool's modules:
-//! 1. `--engines` fresh [`crate::SimEngine`]s with 512-token blocks and no Host tier
+//! 1. `--engines` fresh [`kvdir_sim::SimEngine`]s with 512-token blocks and no Host tier
 //!    ([`super::fleet`]), registered in etcd under a namespace private to the run;
 //! 2. `--routers` fresh kvdir replicas started with `--spawn_kvdir`, the policy and the CAR
 //!    knobs, each discovering the engines and subscribing to their streams on its own
