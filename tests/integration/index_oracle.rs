@@ -4,11 +4,9 @@
 //! and a small naive model side by side; every apply result, every query answer and every
 //! count must agree.
 
-mod oracle;
-
+use crate::oracle::*;
 use kvdir::index::{ContentKey, IndexConfig, KeyHasher, StreamIndex, ViewHandle};
 use kvdir::wire::Batch;
-use oracle::*;
 use proptest::prelude::*;
 
 fn query(view: &ViewHandle, tokens: &[i32]) -> (u64, u64) {

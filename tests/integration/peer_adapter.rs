@@ -2,39 +2,11 @@
 //! bench's `PrefixIndexUnderTest` trait, and checks its answers on a small workload: workers
 //! sharing a prefix, one holding a longer chain, removals, and both publish variants.
 
-#![allow(missing_docs)]
-
-/// The parts of the peer bench's `src/harness.rs` the adapter uses, copied.
-mod harness {
-    pub trait PrefixIndexUnderTest {
-        fn name(&self) -> &str;
-        fn store(&mut self, worker: u32, parent: Option<u64>, blocks: &[(u64, &[u32])]);
-        fn remove(&mut self, worker: u32, hashes: &[u64]);
-        fn query(&self, tokens: &[u32]) -> Vec<(u32, usize)>;
-        fn flush(&mut self) {}
-        fn hash_only(&self, _tokens: &[u32]) -> Option<usize> {
-            None
-        }
-        fn rejected(&self) -> u64 {
-            0
-        }
-        fn describe(&self) -> serde_json::Value;
-    }
-
-    #[derive(Clone, Debug)]
-    pub struct Setup {
-        pub workers: u32,
-        pub block_tokens: usize,
-        #[allow(dead_code)]
-        pub dynamo_event_threads: usize,
-    }
-}
-
-#[path = "../benches/peer_adapter.rs"]
+#[path = "../../benches/peer_adapter.rs"]
 mod adapter;
 
+use crate::harness::{PrefixIndexUnderTest, Setup};
 use adapter::Kvdir;
-use harness::{PrefixIndexUnderTest, Setup};
 
 const BT: usize = 4;
 

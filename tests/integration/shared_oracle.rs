@@ -7,12 +7,10 @@
 //! what was last published (`visible`), along with each stream's status, the number of
 //! content keys and the number held by two streams or more.
 
-mod oracle;
-
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::oracle::*;
 use kvdir::index::{IndexConfig, SharedHandle, SharedIndex, SharedSnapshot, StreamWriter};
-use oracle::*;
 use proptest::prelude::*;
 
 const STREAMS: usize = 5;

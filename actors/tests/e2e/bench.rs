@@ -1,14 +1,15 @@
-//! The load tool (`kvdir_sim::bench`, the `kvdir-bench` binary's library) against the real
+//! The load tool (`kvdir_bench`, the `kvdir-bench` binary's library) against the real
 //! `kvdir` binary, started by the tool with `--spawn_kvdir`, as a user runs it: short bounded
 //! loads, and what the report shows. Needs `etcd` (test support uses `KVDIR_TEST_ETCD` or starts
 //! a private one); everything binds 127.0.0.1.
 
-mod common;
-
 use std::time::Duration;
 
-use kvdir_sim::bench::{self, BenchCommand, BenchOptions, Kind, Report};
+use kvdir_bench as bench;
+use kvdir_bench::{BenchCommand, BenchOptions, Kind, Report};
 use kvdir_testkit::etcd::etcd_endpoint;
+
+use crate::common::{self, load_tool_turn};
 
 /// Parses flags as the binary does, with the `kvdir` binary of this build to spawn.
 fn options(flags: &[&str]) -> BenchOptions {
@@ -33,6 +34,7 @@ fn assert_served(report: &Report, kind: Kind) {
 /// heartbeats; the spawned kvdir discovers them; 2 s of ingest with query and route clients.
 #[test]
 fn a_short_etcd_load_reports_synchronized_streams_applied_events_throughput_and_rss() {
+    let _turn = load_tool_turn();
     let etcd = etcd_endpoint();
     let o = options(&[
         &format!("--etcd_addr={}", etcd.endpoint),
@@ -92,6 +94,7 @@ fn a_short_etcd_load_reports_synchronized_streams_applied_events_throughput_and_
 /// the run still completes, and the report counts the failures by status instead of latencies.
 #[test]
 fn rejected_queries_are_reported_as_errors_by_status() {
+    let _turn = load_tool_turn();
     let o = options(&[
         "--engines=1",
         "--dp_size=1",
@@ -118,6 +121,7 @@ fn rejected_queries_are_reported_as_errors_by_status() {
 /// without a pid it reads kvdir's RSS from `GET /metrics`.
 #[test]
 fn a_running_kvdir_is_driven_through_etcd_and_its_rss_read_from_metrics() {
+    let _turn = load_tool_turn();
     let etcd = etcd_endpoint();
     let ns = format!("bench-running-{}", std::process::id());
     let dir = tempfile::tempdir().unwrap();

@@ -3,8 +3,10 @@
 //! `KVDIR_TEST_ETCD` or starts a private one); everything binds 127.0.0.1 and the run is
 //! bounded by its request count and duration.
 
-use kvdir_sim::bench::chat::{self, ChatCommand, ChatOptions};
+use kvdir_bench::chat::{self, ChatCommand, ChatOptions};
 use kvdir_testkit::etcd::etcd_endpoint;
+
+use crate::common::load_tool_turn;
 
 fn options(flags: &[&str]) -> ChatOptions {
     let mut args = vec![format!("--spawn_kvdir={}", env!("CARGO_BIN_EXE_kvdir"))];
@@ -20,6 +22,7 @@ fn options(flags: &[&str]) -> ChatOptions {
 /// and tokenization time are read.
 #[test]
 fn a_short_chat_run_counts_its_requests_and_sees_cached_system_prompts() {
+    let _turn = load_tool_turn();
     let etcd = etcd_endpoint();
     let o = options(&[
         &format!("--etcd_addr={}", etcd.endpoint),

@@ -1,12 +1,10 @@
 //! The `kvdir` binary as an operator runs it: flags, config checking with every problem
 //! reported, and a real run against a simulated engine, queried over HTTP.
 
-mod common;
-
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{kvdir, post_to, request, spawn, spawn_command};
+use crate::common::{eventually, eventually_within, kvdir, post_to, request, spawn, spawn_command};
 use kvdir_sim::{EngineConfig, SimEngine};
 
 fn repo_file(path: &str) -> PathBuf {
@@ -105,23 +103,14 @@ fn the_binary_serves_a_simulated_engines_cache() {
     eng.process(0, &[1, 2, 3, 4, 5, 6, 7, 8, 9]).unwrap();
     let config_flag = format!("--kv_events_config_file={}", path.display());
     let kv = spawn(&["--http_server_port=0", &config_flag], "kvdir listening on http://");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let body = loop {
-        let body = post_to(
-            &kv.addr,
-            "/v1/internal/kv-cache/query",
-            r#"{"token_ids":[1,2,3,4,5,6,7,8,9]}"#,
-        );
-        if body.contains("\"device_hit_tokens\":8") || Instant::now() > deadline {
-            break body;
-        }
-        std::thread::sleep(Duration::from_millis(20)); // poll interval, under the deadline
-    };
+    eventually("the engine's two blocks synchronized and matched", || {
+        let query = r#"{"token_ids":[1,2,3,4,5,6,7,8,9]}"#;
+        let body = post_to(&kv.addr, "/v1/internal/kv-cache/query", query);
+        let matched =
+            body.contains("\"synchronized\":true") && body.contains("\"device_hit_tokens\":8");
+        matched.then_some(()).ok_or(body)
+    });
     drop(kv);
-    assert!(
-        body.contains("\"synchronized\":true") && body.contains("\"device_hit_tokens\":8"),
-        "{body}"
-    );
 }
 
 /// `kvdir --demo`: simulated engines in-process, all four streams synchronized, routes answered,
@@ -131,18 +120,15 @@ fn the_demo_runs_without_any_setup() {
     let args = ["--demo", "--demo_seconds=60", "--http_server_port=0"];
     let kv = spawn(&args, "kvdir demo listening on http://");
     let addr = &kv.addr;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let (mut query, mut route) = (String::new(), String::new());
-    while Instant::now() < deadline {
-        query = post_to(addr, "/v1/internal/kv-cache/query", r#"{"token_ids":[]}"#);
-        route = post_to(addr, "/v1/internal/route", r#"{"token_ids":[1,2,3,4]}"#);
-        if query.matches("\"synchronized\":true").count() == 4
-            && route.contains("\"prefill\":\"127.0.0.1:")
-        {
-            break;
+    let (query, route) = eventually_within(Duration::from_secs(30), "the demo routing", || {
+        let query = post_to(addr, "/v1/internal/kv-cache/query", r#"{"token_ids":[]}"#);
+        let route = post_to(addr, "/v1/internal/route", r#"{"token_ids":[1,2,3,4]}"#);
+        let synchronized = query.matches("\"synchronized\":true").count();
+        match synchronized == 4 && route.contains("\"prefill\":\"127.0.0.1:") {
+            true => Ok((query, route)),
+            false => Err(format!("{query} {route}")),
         }
-        std::thread::sleep(Duration::from_millis(50)); // poll interval, under the deadline
-    }
+    });
     assert_eq!(query.matches("\"synchronized\":true").count(), 4, "{query}");
     assert!(
         route.contains("\"policy\":\"CAR\"") && route.contains("\"prefill\":\"127.0.0.1:"),

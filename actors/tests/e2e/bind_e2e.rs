@@ -7,13 +7,11 @@
 //! What a user sees: the streams report (phase, endpoint, the bind counters), `/metrics`, and
 //! query hits per instance and rank.
 
-mod common;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
-use common::*;
+use crate::common::*;
 use kvdir::config::{parse_config_file, Flags};
 use kvdir::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord, WireHash};
 use kvdir::wire::{encode_batch, encode_live, Tier};

@@ -3,11 +3,9 @@
 //! simulated engines register like xLLM engines, and kvdir follows them in
 //! `/v1/internal/instances` and in query answers.
 
-#[path = "../common/mod.rs"]
-mod common;
 mod loads;
 
-use common::*;
+use crate::common::*;
 use kvdir::config::Flags;
 use kvdir_actors::Service;
 use kvdir_sim::{Registration, RegistrationOptions, SimEngine};

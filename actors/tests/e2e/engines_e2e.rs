@@ -5,11 +5,9 @@
 //! simulated engine in vLLM's dialect publishing its KV events over ZeroMQ on loopback and
 //! answering history replays.
 
-mod common;
-
 use std::path::Path;
 
-use common::*;
+use crate::common::*;
 use kvdir_sim::{Dialect, EngineConfig, SimEngine};
 use serde_json::{json, Value};
 

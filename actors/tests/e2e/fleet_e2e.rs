@@ -2,13 +2,11 @@
 //! threads. The publishers live in this process too (a few threads owning many PUB and ROUTER
 //! sockets), so the process needs file descriptors for both sides.
 
-mod common;
-#[path = "fleet/publishers.rs"]
 mod publishers;
 
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use publishers::{block_tokens, Fleet, BLOCK};
 use serde_json::{json, Value};
 
@@ -163,7 +161,7 @@ fn proc_figures(pid: u32) -> (u64, usize, u64, f64) {
 /// Figures for BENCHMARKS.md, not a check: the `kvdir` binary (`KVDIR_BIN`, default this
 /// build's) with no stream, then with [`STREAMS`] idle live streams, then applying a burst of
 /// batches. Run: `cargo build --release --bin kvdir && KVDIR_BIN=target/release/kvdir cargo
-/// test -p kvdir-actors --test fleet_e2e -- --ignored --nocapture` (`FLEET_STREAMS=3000` for
+/// test -p kvdir-actors --test e2e fleet_e2e -- --ignored --nocapture` (`FLEET_STREAMS=3000` for
 /// another count, `FLEET_CONFIG='{"publisher_timeout_ms": 0}'` for more config).
 #[test]
 #[ignore = "measurement for the benchmarks table; prints figures"]

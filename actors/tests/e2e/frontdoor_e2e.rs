@@ -2,12 +2,10 @@
 //! status, its key is separate from the internal token, and without a tokenizer it says how to
 //! turn it on while the internal API keeps working.
 
-mod common;
-
 use std::path::PathBuf;
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use kvdir::config::{Flags, FrontDoorFlags};
 use reqwest::blocking::Client;
 use serde_json::{json, Value};

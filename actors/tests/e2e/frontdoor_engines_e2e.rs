@@ -3,10 +3,7 @@
 //! -> KV events -> kvdir's directory -> the next route. The cache-truth audit's tests are in
 //! [`audit`], overload admission's in [`overload`].
 
-#[path = "frontdoor_engines_e2e/audit.rs"]
 mod audit;
-mod common;
-#[path = "frontdoor_engines_e2e/overload.rs"]
 mod overload;
 
 use std::io::{BufRead, BufReader};
@@ -14,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use kvdir::car::{Policy, Routed};
 use kvdir::config::{Flags, FrontDoorFlags};
 use kvdir_sim::{EngineConfig, OpenAiConfig, Registration, RegistrationOptions, SimEngine};

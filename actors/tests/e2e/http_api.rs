@@ -1,9 +1,7 @@
 //! The HTTP contract of the query endpoint (protocol.md section 6) over real HTTP: readiness,
 //! the internal token, strict input with errors that say what is wrong, and the body limit.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kvdir::config::Flags;
 use serde_json::json;
 

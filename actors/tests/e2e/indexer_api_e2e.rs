@@ -5,9 +5,7 @@
 //! lora_name?, token_ids, tenant_id?, instance_id?, block_size, cache_salt?}` and answers
 //! `{tenant: {instance_id: {longest_matched, GPU, CPU, DISK, DP: {rank: tokens}}}}`.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kvdir::config::Flags;
 use kvdir::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord};
 use kvdir::wire::Tier;

@@ -2,8 +2,6 @@
 //! whose host vanished without closing the connection, and a publisher that keeps sending live
 //! events but refuses every snapshot loses its credit after a bounded number of resyncs.
 
-mod common;
-
 use std::io::{ErrorKind, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -11,7 +9,7 @@ use std::sync::Arc;
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
 
-use common::*;
+use crate::common::*;
 use kvdir::stream::MAX_FAILED_RESYNCS;
 use kvdir_sim::{Fault, SnapshotMode};
 use serde_json::json;
@@ -131,6 +129,7 @@ impl Blackhole {
                         pumps.push(pump(&server, &client, &p, &s));
                         n.fetch_add(1, Ordering::SeqCst);
                     }
+                    // Non-blocking accept, so that `stop` is seen: an idle proxy's tick.
                     Err(_) => thread::sleep(Duration::from_millis(5)),
                 }
             }
@@ -175,7 +174,7 @@ fn pump(
         let mut buf = [0u8; 64 * 1024];
         while !stop.load(Ordering::Relaxed) {
             if paused.load(Ordering::Relaxed) {
-                thread::sleep(Duration::from_millis(20));
+                thread::sleep(Duration::from_millis(20)); // holding the sockets, copying nothing
                 continue;
             }
             match from.read(&mut buf) {

@@ -2,11 +2,9 @@
 //! exposition is well-formed Prometheus text, and its numbers match what the engine did and
 //! what the test asked.
 
-mod common;
-
 use std::collections::BTreeMap;
 
-use common::*;
+use crate::common::*;
 use kvdir::wire::Tier;
 use kvdir_sim::Fault;
 use serde_json::json;

@@ -3,12 +3,10 @@
 //! (a number, an address, a name) reads the same in both. Edit one without the other and this
 //! test says which flag differs.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use common::kvdir;
+use crate::common::kvdir;
 
 /// `--flag` -> the rest of its help entry (continuation lines joined).
 fn help_entries() -> BTreeMap<String, String> {

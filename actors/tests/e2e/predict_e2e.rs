@@ -2,11 +2,9 @@
 //! registered in a real etcd, kvdir discovering them, siblings of a new prompt routed through
 //! `POST /v1/internal/route` before any engine's KV events could exist.
 
-mod common;
-
 use std::sync::{Arc, Barrier};
 
-use common::*;
+use crate::common::*;
 use kvdir::car::{CandidateReport, Routed};
 use kvdir::config::Flags;
 use kvdir_actors::Service;

@@ -1,14 +1,14 @@
-//! `kvdir-bench replay` (`kvdir_sim::bench::replay`) against the real `kvdir` binary, as a user
+//! `kvdir-bench replay` (`kvdir_bench::replay`) against the real `kvdir` binary, as a user
 //! runs it: a short prefix of the Mooncake conversation trace (in the repository under
 //! `sim/data/mooncake/`), engines registered in etcd, kvdir spawned and discovering them, CAR,
 //! TTFT then RR, with one kvdir or two replicas; the test reads the JSON report. Needs `etcd` (test
 //! support uses `KVDIR_TEST_ETCD` or starts a private one); everything binds 127.0.0.1.
 
-use std::sync::Mutex;
-
-use kvdir_sim::bench::replay::{self, ReplayCommand, ReplayOptions};
+use kvdir_bench::replay::{self, ReplayCommand, ReplayOptions};
 use kvdir_testkit::etcd::etcd_endpoint;
 use serde_json::{json, Value};
+
+use crate::common::load_tool_turn;
 
 const CONVERSATION: &str =
     concat!(env!("CARGO_MANIFEST_DIR"), "/../sim/data/mooncake/conversation_trace.jsonl");
@@ -26,10 +26,6 @@ fn options(etcd: &str, flags: &[&str]) -> ReplayOptions {
         other => panic!("{flags:?}: {other:?}"),
     }
 }
-
-/// The tests of this file pick their engines' ports the same way (from the process id), so they
-/// take turns.
-static PORTS: Mutex<()> = Mutex::new(());
 
 fn f(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
@@ -93,7 +89,7 @@ fn assert_bounds(json: &Value) {
 /// evenly (about 5 %).
 #[test]
 fn a_conversation_prefix_replays_with_car_ttft_then_rr_and_both_hit_more() {
-    let _turn = PORTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _turn = load_tool_turn();
     let etcd = etcd_endpoint();
     let ns = format!("--etcd_namespace=replay-test-{}", std::process::id());
     let flags = ["--requests=500", "--engines=4", "--cache_blocks=1024", "--speed=0", "--json"];
@@ -124,7 +120,7 @@ fn a_conversation_prefix_replays_with_car_ttft_then_rr_and_both_hit_more() {
 /// the report has each replica's hit share, decision cost and stream health.
 #[test]
 fn two_kvdir_replicas_share_the_requests_and_are_reported_each() {
-    let _turn = PORTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _turn = load_tool_turn();
     let etcd = etcd_endpoint();
     let ns = format!("--etcd_namespace=replay-routers-{}", std::process::id());
     let flags = ["--requests=300", "--engines=4", "--cache_blocks=1024", "--speed=0", "--json"];
@@ -144,7 +140,7 @@ fn two_kvdir_replicas_share_the_requests_and_are_reported_each() {
 /// kvdir's approximate credit is what the engines then reuse for most requests.
 #[test]
 fn without_kv_events_car_credits_its_own_routing_and_still_hits_more_than_rr() {
-    let _turn = PORTS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let _turn = load_tool_turn();
     let etcd = etcd_endpoint();
     let ns = format!("--etcd_namespace=replay-approx-{}", std::process::id());
     let flags = ["--requests=500", "--engines=4", "--cache_blocks=1024", "--speed=0", "--json"];

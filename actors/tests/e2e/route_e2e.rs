@@ -2,9 +2,7 @@
 //! report different loads; `POST /v1/internal/route` must follow the CAR formula, explain every
 //! candidate, and switch when the loads or the cache change.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kvdir::car::{Policy, RouteParams, Routed, TtftParams};
 use kvdir::config::Flags;
 use kvdir_actors::Service;

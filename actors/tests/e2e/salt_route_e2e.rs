@@ -4,9 +4,7 @@
 //! for a request with a `cache_salt` (the salt in its first block's `extra_keys`) are credited
 //! to requests with that salt only.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kvdir::car::{CandidateReport, Routed};
 use kvdir::config::Flags;
 use kvdir::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, ExtraKey, StoredRecord};

@@ -7,8 +7,6 @@
 //! Nothing sleeps for synchronisation: the service's own report is polled until it is filled,
 //! and a dump that is not yet filled is retried until a deadline.
 
-mod common;
-
 use std::collections::{BTreeMap, HashMap};
 use std::io::Read;
 use std::path::Path;
@@ -17,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use common::{request, spawn};
+use crate::common::{eventually_within, request, spawn};
 use serde_json::Value;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -91,16 +89,11 @@ fn the_page_shows_the_cache_audit_of_a_front_door_answer(addr: &str) {
     let chat = r#"{"model": "kvdir-demo", "messages": [{"role": "user", "content": "Hi"}]}"#;
     let reply = request(addr, "POST", "/v1/chat/completions", None, Some(chat));
     assert_eq!(reply.status, 200, "{}", reply.body);
-    let deadline = Instant::now() + DEADLINE;
-    let (name, audit) = loop {
+    let (name, audit) = eventually_within(DEADLINE, "a cache audit of the answer", || {
         let listed = get_json(addr, "GET", "/v1/internal/instances");
         let audits = listed["cache_audit"].as_object().cloned().unwrap_or_default();
-        if let Some((name, audit)) = audits.into_iter().next() {
-            break (name, audit);
-        }
-        assert!(Instant::now() < deadline, "no cache audit after a front door answer: {listed}");
-        std::thread::sleep(Duration::from_millis(50)); // poll interval, under the deadline
-    };
+        audits.into_iter().next().ok_or_else(|| listed.to_string())
+    });
     let counts = ["exact", "under", "over"].map(|k| audit[k].as_u64().unwrap_or(99));
     assert_eq!(counts.iter().sum::<u64>(), 1, "one audited answer: {audit}");
     let expected = format!(
@@ -146,32 +139,30 @@ fn assert_matches_the_service(shown: Vec<Row>, observed: &Observed) {
 /// Polls the service until every demo stream is synchronized with Device blocks and more
 /// decisions were made than the ring keeps; returns each instance with its DP size.
 fn wait_until_filled(addr: &str) -> Vec<(String, u32)> {
-    let deadline = Instant::now() + DEADLINE;
-    let (mut query, mut recent) = (Value::Null, Value::Null);
-    while Instant::now() < deadline {
-        query = get_json(addr, "POST", "/v1/internal/kv-cache/query");
-        recent = get_json(addr, "GET", "/v1/internal/route/recent");
+    let matches = eventually_within(DEADLINE, "the demo filled", || {
+        let query = get_json(addr, "POST", "/v1/internal/kv-cache/query");
+        let recent = get_json(addr, "GET", "/v1/internal/route/recent");
         let matches = query["matches"].as_array().cloned().unwrap_or_default();
         let filled = matches.len() == 4
             && matches
                 .iter()
                 .all(|m| m["synchronized"] == true && m["device_blocks"].as_u64() > Some(0));
-        if filled && recent["total"].as_u64() > Some(20) {
-            let mut instances: Vec<(String, u32)> = Vec::new();
-            for m in &matches {
-                let name = m["instance_name"].as_str().unwrap_or_default().to_string();
-                match instances.iter_mut().find(|(n, _)| *n == name) {
-                    Some((_, dp)) => *dp += 1,
-                    None => instances.push((name, 1)),
-                }
-            }
-            let ranks: u32 = instances.iter().map(|i| i.1).sum();
-            assert_eq!((instances.len(), ranks as usize), (3, DP_SIZES), "{query}");
-            return instances;
+        match filled && recent["total"].as_u64() > Some(20) {
+            true => Ok(matches),
+            false => Err(format!("{query} {recent}")),
         }
-        std::thread::sleep(Duration::from_millis(50)); // poll interval, under the deadline
+    });
+    let mut instances: Vec<(String, u32)> = Vec::new();
+    for m in &matches {
+        let name = m["instance_name"].as_str().unwrap_or_default().to_string();
+        match instances.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, dp)) => *dp += 1,
+            None => instances.push((name, 1)),
+        }
     }
-    panic!("the demo did not fill within {DEADLINE:?}: {query} {recent}");
+    let ranks: u32 = instances.iter().map(|i| i.1).sum();
+    assert_eq!((instances.len(), ranks as usize), (3, DP_SIZES), "{matches:?}");
+    instances
 }
 
 fn get_json(addr: &str, method: &str, path: &str) -> Value {

@@ -2,13 +2,10 @@
 //! real HTTP. Each test asserts what a user sees in the query response or the streams report,
 //! compared with the engine's own ground truth, through faults and recovery.
 
-mod common;
-#[path = "streams_e2e/history.rs"]
 mod history;
-#[path = "streams_e2e/recorded.rs"]
 mod recorded;
 
-use common::*;
+use crate::common::*;
 use kvdir::wire::Tier;
 use kvdir_sim::{Fault, SnapshotMode};
 use serde_json::json;

@@ -2,9 +2,7 @@
 //! (`kvdir_actors::faults`); the engine, sockets, actors, supervisor and HTTP stay real. Each
 //! test asserts what an operator sees in the streams report and the query response.
 
-mod common;
-
-use common::*;
+use crate::common::*;
 use kvdir_actors::faults::{self, Fault, FaultPoint};
 use kvdir_sim::Fault as SimFault;
 use serde_json::{json, Value};

@@ -6,11 +6,9 @@
 //! test always uses a private one. Tests poll with deadlines; the only fixed waits are
 //! observation windows for "stays present" and "no more heartbeats".
 
-mod etcd_support;
-
 use std::time::{Duration, Instant};
 
-use etcd_support::{engine_with_http, eventually, EtcdReader, HeartbeatSink, DEADLINE};
+use crate::etcd_support::{engine_with_http, eventually, EtcdReader, HeartbeatSink, DEADLINE};
 use kvdir::registry::{parse_instance, parse_key, parse_load, InstanceType, RegistryKey};
 use kvdir_sim::http;
 use kvdir_sim::{Registration, RegistrationOptions, SimError};
@@ -71,7 +69,7 @@ fn the_lease_keeps_the_key_beyond_twice_the_ttl() {
     while Instant::now() < window {
         assert!(reader.get(reg.key()).is_some(), "the key vanished after {checks} checks");
         checks += 1;
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(200)); // sampling within the window
     }
 }
 
@@ -97,7 +95,7 @@ fn pause_lets_the_lease_expire_while_health_answers_and_resume_puts_it_back() {
     let window = Instant::now() + Duration::from_secs(ttl_s as u64 + 1);
     while Instant::now() < window {
         assert!(reader.get(reg.key()).is_some(), "keepalives resumed with the new lease {lease}");
-        std::thread::sleep(Duration::from_millis(200));
+        std::thread::sleep(Duration::from_millis(200)); // sampling within the window
     }
 }
 
@@ -210,6 +208,7 @@ fn heartbeats_carry_name_incarnation_load_and_token() {
     eventually(DEADLINE, "status 409 recorded", || reg.last_heartbeat_status() == Some(409));
     reg.pause();
     let before = sink.count();
+    // The observation window itself (six heartbeat intervals): an absence cannot be polled for.
     std::thread::sleep(Duration::from_millis(600));
     assert!(sink.count() <= before + 1, "heartbeats stop while paused (one may be in flight)");
     reg.resume().unwrap();

@@ -1,6 +1,6 @@
 //! Live messages on real sockets: framing, sequences, dialects, gaps, restarts, raw frames.
 
-mod common;
+use crate::common;
 
 use std::net::TcpListener;
 use std::time::Duration;

@@ -2,10 +2,9 @@
 //! the engine's template says, cached prefixes reported as `cached_tokens`, the rank rule, the
 //! KV events of served requests on ZeroMQ, and OpenAI error JSON for bad requests.
 
-mod common;
-mod openai_support;
+use crate::openai_support;
 
-use common::Subscriber;
+use crate::common::Subscriber;
 use kvdir::wire::{EngineHash, Event, Tier};
 use std::time::{Duration, Instant};
 

@@ -3,9 +3,8 @@
 //! prefill count as waiting (in `in_flight` and in heartbeats), and the HTTP port is freed
 //! when the engine drops.
 
-#[allow(dead_code)]
-mod etcd_support;
-mod openai_support;
+use crate::etcd_support;
+use crate::openai_support;
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;

@@ -2,11 +2,9 @@
 //! answers its replay port, and connect mode (a rank's PUB connects to the subscriber's port
 //! for the rank, as vLLM's publisher does with a non-wildcard endpoint).
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{blocks, request_snapshot, DEADLINE, MAX_BYTES};
+use crate::common::{blocks, request_snapshot, DEADLINE, MAX_BYTES};
 use kvdir::wire::{decode_live, decode_snapshot_frame, Batch, SnapshotFrame};
 use kvdir_sim::{EngineConfig, SimEngine};
 

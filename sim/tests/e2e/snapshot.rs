@@ -2,7 +2,7 @@
 //! [`SnapshotMode`]. A kvdir index loaded from the snapshot (and fed the live batches after its
 //! watermark) must agree with the simulator's ground truth.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

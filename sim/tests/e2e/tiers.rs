@@ -1,9 +1,9 @@
 //! The Host tier on real sockets: offload, Device eviction with Host copies, explicit evictions
 //! that leave a block on Host, and orphans.
 
-mod common;
-
-use common::{blocks, index_for, index_match, request_snapshot, start, Subscriber, DEADLINE};
+use crate::common::{
+    blocks, index_for, index_match, request_snapshot, start, Subscriber, DEADLINE,
+};
 use kvdir::wire::{Batch, EngineHash, Event, Tier};
 use kvdir_sim::{block_hashes, EngineConfig, SimEngine};
 

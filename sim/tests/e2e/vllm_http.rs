@@ -4,8 +4,8 @@
 //! `cached_tokens` never counts the prompt's last token. The xLLM dialect keeps its JSON
 //! health and has no `/metrics`.
 
-mod common;
-mod openai_support;
+use crate::common;
+use crate::openai_support;
 
 use kvdir_sim::{Dialect, EngineConfig, SimEngine};
 use openai_support::{cached, client, engine, eventually, openai, post, B, MODEL};

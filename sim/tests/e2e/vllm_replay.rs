@@ -3,11 +3,9 @@
 //! then the end marker. A kvdir index fed the history from 0 must agree with the simulator's
 //! ground truth.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{blocks, index_for, index_match, start, Subscriber, DEADLINE};
+use crate::common::{blocks, index_for, index_match, start, Subscriber, DEADLINE};
 use kvdir::wire::{decode_batch, Batch, EngineHash, Event};
 use kvdir_sim::{Dialect, EngineConfig, Fault, SimEngine, SnapshotMode};
 

@@ -6,8 +6,6 @@
 //! that leave their last tier are retired in the model (never evicted: the index remembers at
 //! least 4,096, far more than the 256 ids used here).
 
-#![allow(dead_code)]
-
 use kvdir::index::{IndexError, StreamIndex, StreamWriter};
 use kvdir::wire::{Batch, EngineHash, Tier};
 use proptest::prelude::*;

@@ -3,12 +3,21 @@
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use kvdir_testkit::http::Response;
 
 /// The `kvdir` binary of this build.
 pub fn kvdir() -> Command {
     Command::new(env!("CARGO_BIN_EXE_kvdir"))
+}
+
+/// A turn for a load-tool test (`kvdir_bench` against this build's `kvdir`): the load tool picks
+/// its engines' ports from the process id, which every test of this binary shares, so its runs
+/// take turns rather than probe the same block of ports at once.
+pub fn load_tool_turn() -> MutexGuard<'static, ()> {
+    static TURN: Mutex<()> = Mutex::new(());
+    TURN.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// A spawned `kvdir` that is killed (and reaped) when dropped, so a failing test leaves no

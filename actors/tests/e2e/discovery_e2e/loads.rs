@@ -6,8 +6,8 @@ use kvdir::config::Flags;
 use kvdir_sim::{Registration, RegistrationOptions};
 use serde_json::{json, Value};
 
+use super::{discovering, etcd_put, instance, instances, register, wait_state};
 use crate::common::*;
-use crate::{discovering, etcd_put, instance, instances, register, wait_state};
 
 #[test]
 fn heartbeats_are_validated() {

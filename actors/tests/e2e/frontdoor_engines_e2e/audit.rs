@@ -28,22 +28,22 @@ fn reporting(etcd: &str, ns: &str, report: CachedReport) -> (SimEngine, Registra
     serving(etcd, ns, &openai)
 }
 
-/// One engine reporting as `report` says, behind a kvdir routing with CAR, with this binary's
-/// WARN log captured; its instance name.
+/// One engine reporting as `report` says, behind a kvdir routing with CAR, with the WARN log
+/// captured while it lives; its instance name.
 struct Audited {
     svc: kvdir_actors::Service,
     name: String,
-    _engine: (SimEngine, Registration),
+    _engine: (SimEngine, Registration, LogCapture),
 }
 
 fn audited_engine(label: &str, report: CachedReport) -> Audited {
-    capture_logs(LevelFilter::WARN);
+    let log = capture_logs(LevelFilter::WARN);
     let etcd = etcd_endpoint();
     let ns = format!("fd-audit-{label}-{}", std::process::id());
     let (engine, reg) = reporting(&etcd.endpoint, &ns, report);
     let svc = kvdir(&etcd.endpoint, &ns, Policy::Car);
     ready(&svc, 1);
-    Audited { svc, name: engine.instance_name(), _engine: (engine, reg) }
+    Audited { svc, name: engine.instance_name(), _engine: (engine, reg, log) }
 }
 
 /// `instance`'s entry of `cache_audit` in `/v1/internal/instances`.
@@ -211,7 +211,7 @@ fn an_engine_without_cached_tokens_is_counted_and_hinted_once() {
 
 #[test]
 fn events_of_another_block_size_leave_credit_missing_and_say_where_to_look() {
-    capture_logs(LevelFilter::WARN);
+    let _log = capture_logs(LevelFilter::WARN);
     let etcd = etcd_endpoint();
     let ns = format!("fd-audit-bs-{}", std::process::id());
     let (engine, _reg) = reporting(&etcd.endpoint, &ns, CachedReport::Actual);

@@ -7,7 +7,7 @@ use kvdir_sim::{Dialect, EngineConfig, Fault, SimEngine};
 use kvdir_testkit::eventually;
 use serde_json::{json, Value};
 
-use super::common::*;
+use crate::common::*;
 
 /// A vLLM-like engine on ephemeral loopback ports keeping the last `buffer_steps` batches.
 fn vllm(name: &str, buffer_steps: usize) -> SimEngine {

@@ -14,7 +14,7 @@ use kvdir::wire::{decode_live, Batch, Event};
 use kvdir_testkit::eventually;
 use serde_json::{json, Value};
 
-use super::common::*;
+use crate::common::*;
 
 const TOPIC: &[u8] = b"kv";
 const BLOCK: u32 = 32;

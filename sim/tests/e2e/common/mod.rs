@@ -9,8 +9,6 @@
 //! skips any probes still in flight. After `restart` the SUB reconnects on its own, and
 //! [`Subscriber::resync`] repeats the probing. No test sleeps for synchronization.
 
-#![allow(dead_code)]
-
 use std::time::{Duration, Instant};
 
 use kvdir::index::{IndexConfig, KeyHasher, StreamIndex};

@@ -7,7 +7,7 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::{self, JoinHandle};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kvdir_etcd::Client;
 use kvdir_sim::{EngineConfig, SimEngine, SimError};
@@ -18,7 +18,6 @@ use serde_json::Value;
 pub const DEADLINE: Duration = Duration::from_secs(10);
 
 /// Polls until a check holds, with a deadline (the workspace test kit's).
-#[allow(unused_imports)] // not every test crate that includes this module polls
 pub use kvdir_testkit::eventually_true_within as eventually;
 
 /// An engine with an HTTP port in 20000..25000 whose derived ports (+10000, +30000) are free.
@@ -64,14 +63,10 @@ impl EtcdReader {
 
     /// The key's value, or `None` when absent. Retries transient errors until [`DEADLINE`].
     pub fn get(&self, key: &str) -> Option<Kv> {
-        let end = Instant::now() + DEADLINE;
-        loop {
-            match self.runtime.block_on(self.client.get(key.as_bytes())) {
-                Ok(found) => return found.map(|kv| Kv { value: kv.value, lease: kv.lease }),
-                Err(e) if Instant::now() >= end => panic!("etcd get {key} failed: {e}"),
-                Err(_) => thread::sleep(Duration::from_millis(50)),
-            }
-        }
+        let get =
+            || self.runtime.block_on(self.client.get(key.as_bytes())).map_err(|e| e.to_string());
+        let found = kvdir_testkit::eventually_within(DEADLINE, &format!("etcd get {key}"), get);
+        found.map(|kv| Kv { value: kv.value, lease: kv.lease })
     }
 
     pub fn delete(&self, key: &str) {
@@ -109,6 +104,7 @@ impl HeartbeatSink {
             while !st.load(Ordering::Relaxed) {
                 match listener.accept() {
                     Ok((stream, _)) => serve(stream, &b, &s),
+                    // Non-blocking accept, so that `stop` is seen: an idle server's tick.
                     Err(_) => thread::sleep(Duration::from_millis(5)),
                 }
             }

@@ -1,8 +1,6 @@
 //! Helpers for the OpenAI tests: the demo text model (trained once per test binary, in memory), engines serving it on free loopback HTTP ports, a blocking HTTP client, an
 //! independent tokenization of chat requests, and polling with a deadline.
 
-#![allow(dead_code)]
-
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -134,7 +132,6 @@ pub fn cached(answer: &Answer) -> u64 {
 }
 
 /// Polls until a check holds (the workspace test kit's).
-#[allow(unused_imports)] // not every test crate that includes this module polls
 pub use kvdir_testkit::eventually_true as eventually;
 
 /// A long system prompt: the first `lines` lines of the demo corpus.
