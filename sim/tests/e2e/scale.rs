@@ -17,8 +17,32 @@ fn threads() -> usize {
     line["Threads:".len()..].trim().parse().expect("a number")
 }
 
+/// Runs `test`, an ignored test of this module, alone in a child process of this test binary and
+/// fails with its output unless it passed: for a test that counts the process's threads, which
+/// the other tests of the binary, running beside it, would change.
+fn in_own_process(test: &str) {
+    let module = module_path!().split_once("::").map_or(module_path!(), |(_, m)| m);
+    let name = format!("{module}::{test}");
+    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args(["--exact", &name, "--ignored", "--test-threads=1"])
+        .output()
+        .expect("the test binary runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("test result: ok. 1 passed"),
+        "{name} in a process of its own:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn five_hundred_ranks_share_a_few_threads_and_every_rank_answers_its_replay_port() {
+    in_own_process("ranks_in_a_process_of_their_own");
+}
+
+#[test]
+#[ignore = "run in a process of its own by five_hundred_ranks_share_a_few_threads_..."]
+fn ranks_in_a_process_of_their_own() {
     let before = threads();
     let engines: Vec<SimEngine> = (0..128)
         .map(|k| {
