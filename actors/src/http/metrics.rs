@@ -15,7 +15,7 @@ use kvdir::query::StreamMatch;
 use kvdir::stream::{StreamPhase, FAULT_LABELS};
 
 use super::frontdoor::FrontMetrics;
-use super::ApiError;
+use super::{ApiError, ErrorKind};
 use crate::stream::StreamCounters;
 use crate::stream::{PoolStats, StreamReport};
 
@@ -33,7 +33,7 @@ pub enum Endpoint {
 pub struct ServiceMetrics {
     query: Histogram,
     route: Histogram,
-    errors: [AtomicU64; ApiError::KINDS.len()],
+    errors: [AtomicU64; ErrorKind::ALL.len()],
 }
 
 impl ServiceMetrics {
@@ -45,7 +45,7 @@ impl ServiceMetrics {
         };
         h.observe(started.elapsed());
         if let Some(error) = error {
-            self.errors[error.kind_index()].fetch_add(1, Ordering::Relaxed);
+            self.errors[error.kind() as usize].fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -129,12 +129,9 @@ fn render_service(
     e.family("kvdir_route_duration_seconds", Kind::Histogram, help);
     e.histogram("kvdir_route_duration_seconds", &[], &service.route.snapshot());
     e.family("kvdir_http_errors_total", Kind::Counter, "Error responses to query and route.");
-    for ((reason, _), n) in ApiError::KINDS.iter().zip(&service.errors) {
-        e.sample(
-            "kvdir_http_errors_total",
-            &[("reason", reason)],
-            n.load(Ordering::Relaxed) as f64,
-        );
+    for (kind, n) in ErrorKind::ALL.iter().zip(&service.errors) {
+        let n = n.load(Ordering::Relaxed) as f64;
+        e.sample("kvdir_http_errors_total", &[("reason", kind.label())], n);
     }
     if let Some(rss) = rss {
         e.family("process_resident_memory_bytes", Kind::Gauge, "Resident memory size in bytes.");
