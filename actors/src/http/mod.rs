@@ -199,16 +199,15 @@ async fn stream_reports(
     let running: Vec<_> = crate::sync::read(&state.streams)
         .values()
         .map(|r| {
-            let process = r.identity.as_ref().and_then(|i| i.incarnation_id.clone());
             // A bound stream shows its rank's bound port and its engine's topic.
             let bound = state.set.bind().filter(|_| kvdir::config::is_bound(&r.spec.endpoint));
             let endpoint = bound.map(|b| b.describe(&r.spec.topic, r.spec.dp_rank));
-            (r.stream.clone(), Arc::clone(&r.counters), r.source.as_str(), process, endpoint)
+            (r.stream.clone(), Arc::clone(&r.counters), endpoint)
         })
         .collect();
     let mut reports = Vec::with_capacity(running.len());
-    for (s, counters, source, process, endpoint) in running {
-        let mut report = StreamReport { source, process, ..s.send(GetStreamReport).await? };
+    for (s, counters, endpoint) in running {
+        let mut report = s.send(GetStreamReport).await?;
         report.endpoint = endpoint.unwrap_or(report.endpoint);
         reports.push((report, counters));
     }

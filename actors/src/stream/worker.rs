@@ -69,6 +69,7 @@ pub struct WorkerStatus {
 }
 
 /// Everything a worker needs.
+#[derive(Clone)]
 pub struct WorkerCtx {
     /// The stream.
     pub spec: StreamSpec,
