@@ -233,7 +233,7 @@ pub fn route(
         .zip(&reasons)
         .map(|(c, r)| CandidateReport {
             name: c.name.clone(),
-            role: c.kind.key_segment().to_string(),
+            role: c.kind,
             side: side(c),
             kv_hit_ratio: None,
             predicted_hit_ratio: None,

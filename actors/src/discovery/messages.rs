@@ -2,7 +2,7 @@
 
 use actix::prelude::*;
 use kvdir::config::EngineSpec;
-use kvdir::registry::{HeartbeatError, LoadMetrics, Probe};
+use kvdir::registry::{HeartbeatError, InstanceType, LoadMetrics, Probe};
 use serde::Serialize;
 
 /// A full listing of the registry keys at `revision`.
@@ -71,9 +71,9 @@ pub struct InstanceReport {
     /// ACTIVE, LEASE_LOST or SUSPECT.
     pub state: kvdir::registry::InstanceState,
     /// DEFAULT, PREFILL, DECODE or MIX.
-    pub role: &'static str,
-    /// For MIX: what it does now.
-    pub acting_as: Option<&'static str>,
+    pub role: InstanceType,
+    /// For MIX: what it does now, PREFILL or DECODE.
+    pub acting_as: Option<InstanceType>,
     /// Process identity.
     pub incarnation_id: Option<String>,
     /// Registration time.

@@ -12,11 +12,11 @@ impl DiscoveryActor {
         InstanceReport {
             name: r.name.clone(),
             state: i.state,
-            role: r.kind.key_segment(),
+            role: r.kind,
             acting_as: (r.kind == InstanceType::Mix).then_some(if r.mix_acting_prefill {
-                "PREFILL"
+                InstanceType::Prefill
             } else {
-                "DECODE"
+                InstanceType::Decode
             }),
             incarnation_id: r.identity.incarnation_id.clone(),
             register_ts_ms: r.identity.register_ts_ms,
