@@ -124,8 +124,9 @@ fn the_binary_serves_a_simulated_engines_cache() {
     );
 }
 
-/// `kvdir --demo`: simulated engines in-process, all four streams synchronized, routes answered,
-/// and the front door's `curl` line it prints answers a chat through one of its engines.
+/// `kvdir --demo`: simulated engines in-process, all four streams synchronized (once each, with
+/// no recovery: nothing failed), routes answered, and the front door's `curl` line it prints
+/// answers a chat through one of its engines.
 #[test]
 fn the_demo_runs_without_any_setup() {
     let args = ["--demo", "--demo_seconds=60", "--http_server_port=0"];
@@ -133,17 +134,29 @@ fn the_demo_runs_without_any_setup() {
     let addr = &kv.addr;
     let deadline = Instant::now() + Duration::from_secs(30);
     let (mut query, mut route) = (String::new(), String::new());
+    let mut streams = serde_json::Value::Null;
+    let first_syncs = |streams: &serde_json::Value| {
+        let all = streams["streams"].as_array().cloned().unwrap_or_default();
+        all.iter().filter(|s| s["initial_syncs"] == 1).count()
+    };
     while Instant::now() < deadline {
         query = post_to(addr, "/v1/internal/kv-cache/query", r#"{"token_ids":[]}"#);
         route = post_to(addr, "/v1/internal/route", r#"{"token_ids":[1,2,3,4]}"#);
+        let body = request(addr, "GET", "/v1/internal/streams", None, None).body;
+        streams = serde_json::from_str(&body).unwrap_or_default();
         if query.matches("\"synchronized\":true").count() == 4
             && route.contains("\"prefill\":\"127.0.0.1:")
+            && first_syncs(&streams) == 4
         {
             break;
         }
         std::thread::sleep(Duration::from_millis(50)); // poll interval, under the deadline
     }
     assert_eq!(query.matches("\"synchronized\":true").count(), 4, "{query}");
+    assert_eq!(first_syncs(&streams), 4, "{streams:#}");
+    for s in streams["streams"].as_array().unwrap() {
+        assert_eq!(s["recoveries"], 0, "a healthy demo stream recovered from nothing: {s}");
+    }
     assert!(
         route.contains("\"policy\":\"CAR\"") && route.contains("\"prefill\":\"127.0.0.1:"),
         "{route}"

@@ -101,7 +101,8 @@ pub fn render(streams: &[StreamSample], service: &ServiceSample) -> String {
     e.family(
         "kvdir_recovery_duration_seconds",
         Kind::Histogram,
-        "Time from requesting a snapshot to installing it (recoveries and periodic resyncs).",
+        "Time from requesting a snapshot or history to synchronizing (every initial sync, \
+         periodic resync and recovery).",
     );
     for s in streams {
         let dp = s.report.dp_rank.to_string();
@@ -159,7 +160,7 @@ type TierSlots = fn(&StreamCounters) -> &[AtomicU64; 2];
 /// One per-stream family: its name, kind, help and value.
 type StreamFamily = (&'static str, Kind, &'static str, fn(&StreamSample) -> u64);
 
-const STREAM_FAMILIES: [StreamFamily; 15] = [
+const STREAM_FAMILIES: [StreamFamily; 17] = [
     ("kvdir_live_messages_total", Kind::Counter, "Live messages received.", |s| {
         s.report.status.messages
     }),
@@ -169,9 +170,18 @@ const STREAM_FAMILIES: [StreamFamily; 15] = [
     ("kvdir_sequence_gaps_total", Kind::Counter, "Sequence gaps and regressions.", |s| {
         s.report.status.stats.gaps
     }),
-    ("kvdir_recoveries_total", Kind::Counter, "Snapshots installed.", |s| {
-        s.report.status.stats.recoveries
+    ("kvdir_initial_syncs_total", Kind::Counter, "First synchronizations completed.", |s| {
+        s.report.status.stats.initial_syncs
     }),
+    ("kvdir_resyncs_total", Kind::Counter, "Periodic resyncs completed.", |s| {
+        s.report.status.stats.resyncs
+    }),
+    (
+        "kvdir_recoveries_total",
+        Kind::Counter,
+        "Synchronizations regained after a fault (gap, restart, disconnect...).",
+        |s| s.report.status.stats.recoveries,
+    ),
     ("kvdir_snapshot_failures_total", Kind::Counter, "Snapshots that failed.", |s| {
         s.report.status.stats.snapshot_failures
     }),
