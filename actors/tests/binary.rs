@@ -224,3 +224,28 @@ fn logs_are_text_or_json_and_filtered_by_rust_log() {
     let quiet = demo_logs(&["--log_format=text"], &[("RUST_LOG", "warn")]);
     assert!(quiet.iter().all(|l| !l.contains(" INFO ")), "RUST_LOG=warn hides INFO: {quiet:#?}");
 }
+
+/// The demo's banner (the URLs to open) is the first thing it prints: its start-up logs (the
+/// engines' and HTTP servers' INFO lines) come below it, on one terminal's stdout and stderr.
+#[test]
+fn the_demo_banner_comes_before_its_start_up_logs() {
+    use std::io::{Read, Seek};
+    let mut terminal = tempfile::tempfile().unwrap();
+    let status = kvdir()
+        .args(["--demo", "--demo_seconds=1", "--http_server_port=0"])
+        .env_remove("RUST_LOG")
+        .stdout(terminal.try_clone().unwrap())
+        .stderr(terminal.try_clone().unwrap())
+        .status()
+        .unwrap();
+    let mut shown = String::new();
+    terminal.rewind().unwrap();
+    terminal.read_to_string(&mut shown).unwrap();
+    assert!(status.success(), "{shown}");
+    let lines: Vec<&str> = shown.lines().collect();
+    let banner = lines.iter().position(|l| l.starts_with("  metrics:   curl"));
+    assert!(lines[0].starts_with("kvdir demo listening on http://"), "{shown}");
+    let banner_end = banner.unwrap_or_else(|| panic!("no banner: {shown}"));
+    let first_log = lines.iter().position(|l| l.contains(" INFO "));
+    assert!(first_log.is_some_and(|i| i > banner_end), "INFO lines below the banner: {shown}");
+}
