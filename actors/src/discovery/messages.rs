@@ -1,7 +1,7 @@
 //! The discovery actor's messages, and the instances report it answers with.
 
 use actix::prelude::*;
-use kvdir::config::EngineSpec;
+use kvdir::config::{Dialect, EngineSpec};
 use kvdir::registry::{HeartbeatError, InstanceType, LoadMetrics, Probe};
 use serde::Serialize;
 
@@ -107,7 +107,7 @@ pub struct EngineReport {
     /// Its base URL (forwarding, `/health`, `/metrics`).
     pub url: String,
     /// `vllm`, `sglang` or `xllm`.
-    pub dialect: &'static str,
+    pub dialect: Dialect,
     /// `config` or `register`.
     pub source: &'static str,
     /// Whether its process is known (no CAR credit before).

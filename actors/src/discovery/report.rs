@@ -36,7 +36,7 @@ impl DiscoveryActor {
         let reading = e.reading.as_ref();
         EngineReport {
             url: e.spec.url.clone(),
-            dialect: e.spec.dialect.as_str(),
+            dialect: e.spec.dialect,
             source: if self.registered_engines.contains(&e.spec.name) {
                 "register"
             } else {

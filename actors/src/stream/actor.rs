@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 use kvdir::backoff::Backoff;
+use kvdir::config::ReplayKind;
 use kvdir::stream::{StreamFault, StreamPhase};
 use serde::Serialize;
 
@@ -39,7 +40,7 @@ pub struct StreamReport {
     /// Snapshot or history endpoint.
     pub replay_endpoint: String,
     /// What the replay endpoint answers: `snapshot` (xLLM) or `history` (vLLM, SGLang).
-    pub replay: &'static str,
+    pub replay: ReplayKind,
     /// The worker's status: phase, connection, counters, last fault.
     #[serde(flatten)]
     pub status: WorkerStatus,
@@ -189,7 +190,7 @@ impl Handler<GetStreamReport> for StreamActor {
             model: spec.model.clone(),
             endpoint: spec.endpoint.clone(),
             replay_endpoint: spec.replay_endpoint.clone(),
-            replay: spec.replay.as_str(),
+            replay: spec.replay,
             status,
             restarts: self.restarts,
             restart_backoff_ms: self.backoff.map(|d| d.as_millis() as u64),
