@@ -46,7 +46,7 @@ pub enum StartStreamError {
         /// The rank.
         dp_rank: u32,
         /// Where the running one comes from.
-        origin: &'static str,
+        origin: StreamSource,
     },
     /// An endpoint is already used by another stream.
     #[error(
@@ -84,6 +84,12 @@ pub enum StreamSource {
     Register,
     /// An engine listed by address (config `engines` or `POST /register` with a `url`).
     Engine,
+}
+
+impl std::fmt::Display for StreamSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl StreamSource {
@@ -229,7 +235,7 @@ impl StreamSet {
         let key = StreamKey { instance_name: spec.instance_name.clone(), dp_rank: spec.dp_rank };
         if let Some(run) = map.get(&key) {
             let (instance, dp_rank) = (key.instance_name, key.dp_rank);
-            let origin = run.source.as_str();
+            let origin = run.source;
             return Err(StartStreamError::Duplicate { instance, dp_rank, origin });
         }
         self.check_bound(spec)?;
