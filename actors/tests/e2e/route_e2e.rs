@@ -222,7 +222,7 @@ fn a_heartbeat_load_is_used_by_the_next_route() {
 /// request beats an idle engine without it (CAR at 0.5 would call it the busiest), until six
 /// requests queued there cost more than the prefix saves. Every estimate follows its terms.
 /// (`--ttft_later_weight 0`: the choice is on the estimate alone; the unit tests cover the
-/// delay-to-later term.)
+/// miss cost.)
 #[test]
 fn ttft_sends_a_request_where_its_first_token_is_expected_soonest() {
     let etcd = etcd_endpoint();
@@ -287,7 +287,7 @@ fn ttft_sends_a_request_where_its_first_token_is_expected_soonest() {
         let chosen = r.candidates.iter().find(|c| c.chosen).unwrap();
         assert_eq!(
             (chosen.estimated_ttft_ms, chosen.reason.as_str()),
-            (Some(best), "lowest estimated time to first token plus delay to later requests")
+            (Some(best), "lowest estimated time to first token plus miss cost")
         );
     }
 }
