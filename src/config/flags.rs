@@ -31,9 +31,10 @@ FLAGS (--flag=value or --flag value):
                                    empty: no etcd, only listed engines [default: 127.0.0.1:2379]
     --etcd_namespace NS            key prefix /NS/ of the instance registry [default: none]
     --load_balance_policy P        RR, SLO_AWARE, CAR or TTFT, for /v1/internal/route and,
-                                   without --frontend_policy, the front door [default: CAR]
-    --frontend_policy P            the front door's policy, such as TTFT
-                                   [default: --load_balance_policy]
+                                   when given without --frontend_policy, the front door
+                                   [default: CAR]
+    --frontend_policy P            the front door's policy
+                                   [default: --load_balance_policy if given, else TTFT]
     --car_prefill_lambda X         CAR weight of cache reuse against queue length, 0..=1 [default: 0.5]
     --car_host_hit_weight X        CAR weight of Host-only hits against Device hits, 0..=1 [default: 0.5]
     --car_predict_ttl_ms MS        predict-on-route: a routed request's blocks count as expected
@@ -144,7 +145,7 @@ pub struct FrontDoorFlags {
     /// Response-head timeout and longest silence between body chunks.
     pub upstream_timeout_ms: u64,
     /// The policy the front door routes with (`--frontend_policy`; else
-    /// `--load_balance_policy`; else CAR).
+    /// `--load_balance_policy` if given; else TTFT).
     pub policy: Policy,
     /// Overload admission (`--overload_*`).
     pub overload: OverloadParams,
@@ -160,7 +161,7 @@ impl Default for FrontDoorFlags {
             api_key: None,
             upstream_connect_timeout_ms: 3000,
             upstream_timeout_ms: 300_000,
-            policy: Policy::Car,
+            policy: Policy::Ttft,
             overload: OverloadParams::default(),
         }
     }

@@ -230,13 +230,14 @@ fn a_demo_length_means_the_demo() {
 }
 
 #[test]
-fn the_front_door_follows_load_balance_policy_unless_it_has_its_own() {
+fn the_front_door_routes_with_ttft_unless_a_policy_is_given() {
     let front = |args: &[&str]| match parse_flags(args).unwrap() {
         Command::Run(f) => (f.route.policy, f.front.policy),
         other => panic!("{other:?}"),
     };
     use crate::car::Policy::{Car, Rr, Ttft};
-    assert_eq!(front(&["--demo"]), (Car, Car), "the defaults");
+    assert_eq!(front(&["--demo"]), (Car, Ttft), "the defaults");
+    assert_eq!(front(&["--load_balance_policy=CAR"]), (Car, Car), "it follows a given one");
     assert_eq!(front(&["--frontend_policy=TTFT"]), (Car, Ttft));
     assert_eq!(front(&["--load_balance_policy=RR"]), (Rr, Rr));
     assert_eq!(front(&["--frontend_policy=CAR", "--load_balance_policy=RR"]), (Rr, Car));
