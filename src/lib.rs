@@ -2,10 +2,9 @@
 //!
 //! - [`wire`]: live messages, snapshot replies, batches and events from engines: decoding every
 //!   accepted dialect into a reusable batch, and encoders for the simulator and tests.
-//! - [`index`]: content keys, one stream's tiered prefix index (engine-hash map, limits,
-//!   snapshots) and its lock-free read view with prefix matching; and the shared index (one
-//!   `content key -> stream sets` view for all streams, one walk per query), which the
-//!   service queries.
+//! - [`index`]: content keys, each stream's engine-hash table and writer, and the shared index
+//!   (one `content key -> stream sets` view per block size and seed, one walk per query) that
+//!   the service queries.
 //! - [`stream`]: one subscription's recovery state machine: sequence gaps, snapshots with
 //!   buffered deltas, back-off and periodic resync, with time passed in.
 //! - [`config`]: command-line flags and the `kv_events_config_file`, validated with every

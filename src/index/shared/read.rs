@@ -17,7 +17,7 @@ use std::sync::{Arc, RwLock};
 
 use super::super::key::{ContentKey, KeyHasher, TokenId};
 use super::super::namespace::Namespace;
-use super::super::view::StreamStatus;
+use super::super::StreamStatus;
 use super::holders::{SharedData, StreamLabel, MAX_STREAMS};
 use super::log::read;
 
