@@ -28,9 +28,11 @@ mod retired;
 mod shared;
 mod status;
 
+/// The wire's namespace, re-exported beside the keys it seeds.
+pub use crate::wire::Namespace;
 pub use apply::ApplyStats;
 pub use key::{ContentKey, KeyHasher, TokenId};
-pub use namespace::{Keys, Namespace};
+pub use namespace::Keys;
 pub use shared::{
     SharedError, SharedHandle, SharedIndex, SharedMatches, SharedReader, SharedSnapshot, SlotRead,
     StreamLabel, StreamWriter, MAX_STREAMS,

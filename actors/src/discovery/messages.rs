@@ -2,7 +2,8 @@
 
 use actix::prelude::*;
 use kvdir::config::EngineSpec;
-use kvdir::registry::{HeartbeatError, LoadMetrics, Probe};
+use kvdir::discovery::Probe;
+use kvdir::registry::{HeartbeatError, LoadMetrics};
 use serde::Serialize;
 
 /// A full listing of the registry keys at `revision`.
