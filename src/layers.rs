@@ -13,7 +13,7 @@ const LAYERS: &[&[&str]] = &[
     &["index"],
     &["car", "query"],
     &["audit", "config"],
-    &["discovery", "indexer", "stream"],
+    &["discovery", "indexer_api", "stream"],
 ];
 
 /// Files that belong to no module: the crate root and this test.

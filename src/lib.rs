@@ -34,7 +34,7 @@
 //!      with time passed in;
 //!    - [`discovery`] (`config`, `prometheus`, `registry`): the streams to run for the
 //!      instance set, and the state of engines listed by address;
-//!    - [`indexer`] (`config`, `query`): the KV indexer API of Mooncake RFC #1403: register
+//!    - [`indexer_api`] (`config`, `query`): the KV indexer API of Mooncake RFC #1403: register
 //!      bodies and the RFC answer.
 //!
 //! The contract is `docs/protocol.md`; the layout is in docs/architecture.md, the design notes
@@ -46,7 +46,7 @@ pub mod car;
 pub mod config;
 pub mod discovery;
 pub mod index;
-pub mod indexer;
+pub mod indexer_api;
 pub mod metrics;
 pub mod overload;
 pub mod prometheus;

@@ -22,7 +22,7 @@ use actix_web::http::StatusCode;
 use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
 use futures_util::StreamExt;
 use kvdir::car::RouteError;
-use kvdir::indexer::IndexerError;
+use kvdir::indexer_api::IndexerError;
 use kvdir::query::{parse_scoped_query, QueryError, QueryScope};
 use kvdir::registry::HeartbeatError;
 use serde::Serialize;

@@ -15,7 +15,7 @@ use std::sync::{Arc, RwLock};
 use actix::prelude::*;
 use kvdir::config::{canonical_endpoint, is_bound, Limits, StreamSpec};
 use kvdir::index::{SharedError, StreamLabel};
-use kvdir::indexer::Registration;
+use kvdir::indexer_api::Registration;
 use kvdir::registry::Identity;
 use thiserror::Error;
 
