@@ -29,8 +29,8 @@ use serde::Serialize;
 use subtle::ConstantTimeEq;
 use thiserror::Error;
 
+use crate::directory::Directory;
 use crate::discovery::{DiscoveryActor, GetInstances, Heartbeat};
-use crate::indexes::Indexes;
 use crate::router::{GetOverload, GetPredictCounters, GetRecentRoutes, RouteRequest, RouterActor};
 use crate::stream::{GetStreamReport, StreamCounters, StreamReport};
 use crate::stream::{StartStreamError, StreamMap, StreamSet};
@@ -42,7 +42,7 @@ pub struct AppState {
     /// Routing decisions (rotation, recent decisions).
     pub router: Addr<RouterActor>,
     /// The shared query indexes, read directly by the handlers.
-    pub indexes: Arc<Indexes>,
+    pub indexes: Arc<Directory>,
     /// Every running stream.
     pub streams: StreamMap,
     /// Starts and stops streams (`POST /register`, `POST /unregister`).

@@ -1,6 +1,6 @@
 //! [`StreamSet`]: starting and stopping the actor pair of one stream (a supervised
 //! `StreamActor` and its `IndexActor`), and its slot in the shared index of its block size and
-//! seed ([`Indexes`]).
+//! seed ([`Directory`]).
 //!
 //! Static configuration starts every stream once; discovery starts and stops them as instances
 //! come and go. Starting publishes the stream's (unsynchronized) entry before it returns.
@@ -24,7 +24,7 @@ use super::sockets::{self, ZmqContext};
 use super::{BindRoutes, StreamCounters};
 use super::{IndexActor, StreamShared};
 use super::{Shutdown, StreamActor};
-use crate::indexes::Indexes;
+use crate::directory::Directory;
 use crate::router::{RouterActor, StreamKey};
 use crate::sync::{read, write};
 
@@ -121,7 +121,7 @@ pub type StreamMap = Arc<RwLock<BTreeMap<StreamKey, RunningStream>>>;
 #[derive(Clone)]
 pub struct StreamSet {
     router: Addr<RouterActor>,
-    indexes: Arc<Indexes>,
+    indexes: Arc<Directory>,
     arbiters: Vec<ArbiterHandle>,
     zmq: ZmqContext,
     limits: Limits,
@@ -149,7 +149,7 @@ impl StreamSet {
         let pool = IoPool::start(pool::thread_count(limits.io_threads), replays)?;
         tracing::debug!(open_files = ?fds, io_threads = pool.stats().io_threads.len(), "stream pool");
         let (map, registering) = Default::default();
-        let indexes = Arc::new(Indexes::new(limits.approximate));
+        let indexes = Arc::new(Directory::new(limits.approximate));
         let (bind, changes) = (None, Arc::default());
         Ok(StreamSet {
             router,
@@ -182,7 +182,7 @@ impl StreamSet {
     }
 
     /// The shared indexes the streams write to and queries read.
-    pub fn indexes(&self) -> Arc<Indexes> {
+    pub fn indexes(&self) -> Arc<Directory> {
         Arc::clone(&self.indexes)
     }
 
