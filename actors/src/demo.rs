@@ -23,6 +23,7 @@ use kvdir_sim::workload::{Workload, WorkloadConfig};
 use kvdir_sim::{EngineConfig, OpenAiConfig, SimEngine};
 use kvdir_text::TextModel;
 
+use crate::held_logs::HeldLogs;
 use crate::router::{InstanceInfo, SetCandidates};
 use crate::service::{Directory, Service};
 
@@ -71,8 +72,9 @@ fn write_demo_model(flags: &mut Flags) -> Result<Option<tempfile::TempDir>, Stri
     Ok(Some(tmp))
 }
 
-/// Runs the demo until `flags.demo_seconds` pass (or forever).
-pub fn run(mut flags: Flags) -> Result<(), String> {
+/// Runs the demo until `flags.demo_seconds` pass (or forever). The start-up logs are `held`
+/// until the banner is printed, so the banner is the first thing a user sees.
+pub fn run(mut flags: Flags, held: &HeldLogs) -> Result<(), String> {
     let model_dir = write_demo_model(&mut flags)?;
     let model = TextModel::load(
         flags.front.tokenizer_path.as_deref().unwrap_or(std::path::Path::new(".")),
@@ -88,6 +90,7 @@ pub fn run(mut flags: Flags) -> Result<(), String> {
     drop(model_dir);
     let addr = svc.http_addr();
     print_urls(&addr.to_string(), demo.token.is_some(), &served);
+    held.release();
     let mut workload = Workload::new(WorkloadConfig {
         seed: 7,
         system_prompts: 4,

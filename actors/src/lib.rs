@@ -15,12 +15,14 @@
 //! - `http`: routes and `ApiError`, the one place errors become status codes; the indexer
 //!   API, the OpenAI front door, `/metrics` and the status page.
 //! - [`service`]: starts the actors for a configuration, then the HTTP server; [`demo`]: the
-//!   zero-setup demo with in-process simulated engines.
+//!   zero-setup demo with in-process simulated engines; [`held_logs`]: stderr logs held back
+//!   until the demo's banner is out.
 
 pub mod demo;
 pub mod directory;
 mod discovery;
 pub mod faults;
+pub mod held_logs;
 mod http;
 pub mod router;
 pub mod service;

@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use kvdir::config::{
     parse_config_file_with_bind, parse_flags, Command, DirectoryConfig, Flags, LogFormat, USAGE,
 };
+use kvdir_actors::held_logs::HeldLogs;
 use kvdir_actors::Service;
 use tracing_subscriber::EnvFilter;
 
@@ -19,8 +20,8 @@ fn load_directory(flags: &Flags) -> Result<Option<DirectoryConfig>, String> {
 
 /// Logs go to stderr, filtered by `RUST_LOG` (default `info`), as text or one JSON object per
 /// line; colours only on a terminal. A `RUST_LOG` that does not parse is reported and replaced
-/// by `info`.
-fn init_logs(format: LogFormat) {
+/// by `info`. The demo's logs are `held` until its banner is printed.
+fn init_logs(format: LogFormat, held: &HeldLogs) {
     let filter = match std::env::var("RUST_LOG") {
         Ok(spec) => EnvFilter::try_new(&spec).unwrap_or_else(|e| {
             eprintln!("warning: RUST_LOG={spec:?} is not a valid filter ({e}); using info");
@@ -29,8 +30,9 @@ fn init_logs(format: LogFormat) {
         Err(_) => EnvFilter::new("info"),
     };
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let held = held.clone();
     let logs = tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
+        .with_writer(move || held.writer())
         .with_ansi(ansi)
         .with_env_filter(filter);
     match format {
@@ -41,9 +43,13 @@ fn init_logs(format: LogFormat) {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    let held = HeldLogs::default();
     let flags = match parse_flags(&args) {
         Ok(Command::Run(f)) => {
-            init_logs(f.log_format);
+            if !f.demo {
+                held.release();
+            }
+            init_logs(f.log_format, &held);
             *f
         }
         Ok(Command::Help) => {
@@ -62,12 +68,15 @@ fn main() -> ExitCode {
     let directory = match load_directory(&flags) {
         Ok(d) => d,
         Err(e) => {
+            held.release();
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
     if flags.demo {
-        return match kvdir_actors::demo::run(flags) {
+        let result = kvdir_actors::demo::run(flags, &held);
+        held.release();
+        return match result {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("error: {e}");

@@ -124,8 +124,9 @@ fn the_binary_serves_a_simulated_engines_cache() {
     );
 }
 
-/// `kvdir --demo`: simulated engines in-process, all four streams synchronized, routes answered,
-/// and the front door's `curl` line it prints answers a chat through one of its engines.
+/// `kvdir --demo`: simulated engines in-process, all four streams synchronized (once each, with
+/// no recovery: nothing failed), routes answered, and the front door's `curl` line it prints
+/// answers a chat through one of its engines.
 #[test]
 fn the_demo_runs_without_any_setup() {
     let args = ["--demo", "--demo_seconds=60", "--http_server_port=0"];
@@ -133,17 +134,29 @@ fn the_demo_runs_without_any_setup() {
     let addr = &kv.addr;
     let deadline = Instant::now() + Duration::from_secs(30);
     let (mut query, mut route) = (String::new(), String::new());
+    let mut streams = serde_json::Value::Null;
+    let first_syncs = |streams: &serde_json::Value| {
+        let all = streams["streams"].as_array().cloned().unwrap_or_default();
+        all.iter().filter(|s| s["initial_syncs"] == 1).count()
+    };
     while Instant::now() < deadline {
         query = post_to(addr, "/v1/internal/kv-cache/query", r#"{"token_ids":[]}"#);
         route = post_to(addr, "/v1/internal/route", r#"{"token_ids":[1,2,3,4]}"#);
+        let body = request(addr, "GET", "/v1/internal/streams", None, None).body;
+        streams = serde_json::from_str(&body).unwrap_or_default();
         if query.matches("\"synchronized\":true").count() == 4
             && route.contains("\"prefill\":\"127.0.0.1:")
+            && first_syncs(&streams) == 4
         {
             break;
         }
         std::thread::sleep(Duration::from_millis(50)); // poll interval, under the deadline
     }
     assert_eq!(query.matches("\"synchronized\":true").count(), 4, "{query}");
+    assert_eq!(first_syncs(&streams), 4, "{streams:#}");
+    for s in streams["streams"].as_array().unwrap() {
+        assert_eq!(s["recoveries"], 0, "a healthy demo stream recovered from nothing: {s}");
+    }
     assert!(
         route.contains("\"policy\":\"CAR\"") && route.contains("\"prefill\":\"127.0.0.1:"),
         "{route}"
@@ -210,4 +223,29 @@ fn logs_are_text_or_json_and_filtered_by_rust_log() {
     assert!(text.iter().any(|l| l.contains(" INFO ") && l.contains("connected to publisher")));
     let quiet = demo_logs(&["--log_format=text"], &[("RUST_LOG", "warn")]);
     assert!(quiet.iter().all(|l| !l.contains(" INFO ")), "RUST_LOG=warn hides INFO: {quiet:#?}");
+}
+
+/// The demo's banner (the URLs to open) is the first thing it prints: its start-up logs (the
+/// engines' and HTTP servers' INFO lines) come below it, on one terminal's stdout and stderr.
+#[test]
+fn the_demo_banner_comes_before_its_start_up_logs() {
+    use std::io::{Read, Seek};
+    let mut terminal = tempfile::tempfile().unwrap();
+    let status = kvdir()
+        .args(["--demo", "--demo_seconds=1", "--http_server_port=0"])
+        .env_remove("RUST_LOG")
+        .stdout(terminal.try_clone().unwrap())
+        .stderr(terminal.try_clone().unwrap())
+        .status()
+        .unwrap();
+    let mut shown = String::new();
+    terminal.rewind().unwrap();
+    terminal.read_to_string(&mut shown).unwrap();
+    assert!(status.success(), "{shown}");
+    let lines: Vec<&str> = shown.lines().collect();
+    let banner = lines.iter().position(|l| l.starts_with("  metrics:   curl"));
+    assert!(lines[0].starts_with("kvdir demo listening on http://"), "{shown}");
+    let banner_end = banner.unwrap_or_else(|| panic!("no banner: {shown}"));
+    let first_log = lines.iter().position(|l| l.contains(" INFO "));
+    assert!(first_log.is_some_and(|i| i > banner_end), "INFO lines below the banner: {shown}");
 }

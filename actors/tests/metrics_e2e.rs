@@ -98,11 +98,23 @@ fn metrics_count_what_the_engine_published_and_what_clients_asked() {
     assert_eq!(delta("kvdir_http_errors_total{reason=\"unauthorized\"}"), 0.0);
 }
 
+/// A healthy stream shows one initial sync and no recovery; a dropped message (a sequence gap)
+/// shows a recovery, and every sync has its duration.
 #[test]
 fn metrics_show_gaps_recoveries_and_their_duration() {
     let eng = engine("met-gap", 1, 0);
     let svc = service(streams_of(&eng), json!({}));
     agrees(&svc, &eng, 0, &[]);
+    let l = "{instance=\"met-gap\",dp_rank=\"0\"}";
+    let syncs = |m: &BTreeMap<String, f64>| {
+        let family = |name: &str| get(m, &format!("{name}{l}"));
+        let counts = ["kvdir_initial_syncs_total", "kvdir_resyncs_total", "kvdir_recoveries_total"];
+        counts.map(family)
+    };
+    eventually("the first sync in /metrics", || match syncs(&scrape(&svc)) {
+        [1.0, 0.0, 0.0] => Ok(()),
+        other => Err(format!("(initial, resyncs, recoveries) = {other:?}")),
+    });
     eng.faults(0, Fault::DropNext(1)).unwrap();
     let lost = prompt(1, 2);
     let next = prompt(500, 2);
@@ -110,14 +122,14 @@ fn metrics_show_gaps_recoveries_and_their_duration() {
     eng.process(0, &next).unwrap();
     agrees(&svc, &eng, 0, &lost);
     let m = scrape(&svc);
-    let l = "{instance=\"met-gap\",dp_rank=\"0\"}";
     assert!(get(&m, &format!("kvdir_sequence_gaps_total{l}")) >= 1.0);
-    let recoveries = get(&m, &format!("kvdir_recoveries_total{l}"));
-    assert!(recoveries >= 2.0, "the first sync and the one after the gap");
+    let [initial, resyncs, recoveries] = syncs(&m);
+    assert_eq!(initial, 1.0, "one first sync");
+    assert!(recoveries >= 1.0, "the sync after the gap is a recovery");
     assert_eq!(
         get(&m, &format!("kvdir_recovery_duration_seconds_count{l}")),
-        recoveries,
-        "every recovery has a duration"
+        initial + resyncs + recoveries,
+        "every sync has a duration"
     );
     assert!(get(&m, &format!("kvdir_snapshot_bytes_total{l}")) > 0.0);
     // The gap is a fault with a bounded reason; nothing else went wrong.

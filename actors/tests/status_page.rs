@@ -258,7 +258,8 @@ fn check_filled_page(dom: &str, instances: &[(String, u32)]) -> Result<Vec<Row>,
     Ok(shown)
 }
 
-/// The row of a stream, which must show it synchronized and with Device blocks.
+/// The row of a stream, which must show it synchronized and with Device blocks, after one
+/// initial sync and no recovery (the demo has no faults; periodic resyncs count apart).
 fn stream_row(dom: &str, name: &str, rank: u32) -> Result<Row, String> {
     let start = format!(r#"<tr class="stream" data-instance="{name}" data-dp-rank="{rank}""#);
     let row = element(dom, &start, "</tr>").ok_or(format!("no row for {name} DP {rank}"))?;
@@ -272,6 +273,10 @@ fn stream_row(dom: &str, name: &str, rank: u32) -> Result<Row, String> {
         row.contains(r#"data-synchronized="true""#) && cell(row, "sync") == Some("synchronized");
     if !synced || device == 0 {
         return Err(format!("{name} DP {rank} is not synchronized with Device blocks: {row}"));
+    }
+    let syncs = (number("initial-syncs"), number("resyncs").is_some(), number("recoveries"));
+    if syncs != (Some(1), true, Some(0)) {
+        return Err(format!("{name} DP {rank}: (initial syncs, resyncs, recoveries) {row}"));
     }
     Ok(Row { key: (name.to_string(), rank), sequence: seq, device, host })
 }

@@ -231,8 +231,10 @@ fn a_live_full_state_batch_restores_sync_without_a_snapshot() {
             Err(format!("{got:?}"))
         }
     });
-    let r = report(&svc);
-    assert_eq!(r["streams"][0]["recoveries"], 0, "no snapshot was installed: {r}");
+    let s = &report(&svc)["streams"][0];
+    let syncs = [&s["initial_syncs"], &s["resyncs"], &s["recoveries"]];
+    assert_eq!(syncs, [&json!(0); 3], "no snapshot was installed: {s}");
+    assert!(s["full_state_restores"].as_u64() >= Some(1), "{s}");
 }
 
 #[test]
@@ -245,13 +247,16 @@ fn a_quiet_publisher_stays_synchronized_through_resyncs() {
     eventually("three periodic resyncs", || {
         assert_eq!(hits(&svc, "quiet", 0, &a), Ok((32, 0)), "quiet is not a disconnect");
         let r = report(&svc);
-        let n = r["streams"][0]["recoveries"].as_u64().unwrap_or(0);
-        if n >= 4 {
+        let n = r["streams"][0]["resyncs"].as_u64().unwrap_or(0);
+        if n >= 3 {
             Ok(())
         } else {
             Err(r.to_string())
         }
     });
+    let s = &report(&svc)["streams"][0];
+    let syncs = (&s["initial_syncs"], &s["recoveries"]);
+    assert_eq!(syncs, (&json!(1), &json!(0)), "resyncs are no recoveries: {s}");
 }
 
 #[test]

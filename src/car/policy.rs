@@ -123,25 +123,29 @@ fn predicted_tpot(c: &Candidate, input_tokens: usize) -> Option<f64> {
     Some(nearest.2 * batch / nearest.1)
 }
 
-/// One side's scores and the terms behind them, in the order of its list.
+/// One candidate's score on its side and the terms behind it.
+#[derive(Debug, Clone, Copy)]
 struct Scored {
-    scores: Vec<Option<f64>>,
-    /// CAR queue costs.
-    costs: Vec<f64>,
-    /// CAR hit ratios and predicted ratios (P only).
-    ratios: Option<[Vec<f64>; 2]>,
-    /// TTFT estimates (P only).
-    ttft: Vec<Option<TtftTerms>>,
+    /// Its position in the candidates.
+    index: usize,
+    /// The policy's score; `None`: no score (RR, missing profile).
+    score: Option<f64>,
+    /// CAR queue cost.
+    cost: f64,
+    /// CAR hit ratio and predicted ratio (P only).
+    ratios: Option<(f64, f64)>,
+    /// TTFT estimate (P only).
+    ttft: Option<TtftTerms>,
 }
 
-/// Scores one side under the policy; `None` means "no score" (RR, missing profile).
+/// Scores each candidate of `list` (one side) under the policy, in the list's order.
 fn score_side(
     cands: &[Candidate],
     list: &[usize],
     side: Side,
     input_tokens: usize,
     p: &RouteParams,
-) -> Scored {
+) -> Vec<Scored> {
     let costs = queue_costs(cands, list);
     let ratio = |f: fn(&Candidate, usize, f64) -> f64| -> Vec<f64> {
         let on = p.directory_enabled;
@@ -161,7 +165,7 @@ fn score_side(
         })
         .collect();
     add_later(&mut ttft, p.ttft.later_weight);
-    let scores = list
+    let scores: Vec<Option<f64>> = list
         .iter()
         .enumerate()
         .map(|(k, &i)| match (p.policy, side) {
@@ -177,18 +181,25 @@ fn score_side(
             (Policy::SloAware, Side::Decode) => predicted_tpot(&cands[i], input_tokens),
         })
         .collect();
-    let ratios = (side == Side::Prefill).then_some([ratios, predicted]);
-    Scored { scores, costs, ratios, ttft }
+    let prefill = side == Side::Prefill;
+    (0..list.len())
+        .map(|k| Scored {
+            index: list[k],
+            score: scores[k],
+            cost: costs[k],
+            ratios: prefill.then_some((ratios[k], predicted[k])),
+            ttft: ttft[k],
+        })
+        .collect()
 }
 
-fn choose(list: &[usize], scores: &[Option<f64>], policy: Policy, counter: &mut u64) -> usize {
+fn choose(scored: &[Scored], policy: Policy, counter: &mut u64) -> usize {
     if policy == Policy::Rr {
-        let i = list[(*counter % list.len() as u64) as usize];
+        let i = scored[(*counter % scored.len() as u64) as usize].index;
         *counter += 1;
         return i;
     }
-    let pairs: Vec<(usize, Option<f64>)> =
-        list.iter().copied().zip(scores.iter().copied()).collect();
+    let pairs: Vec<(usize, Option<f64>)> = scored.iter().map(|s| (s.index, s.score)).collect();
     pick(&pairs, counter)
 }
 
@@ -224,16 +235,15 @@ pub fn route(
         return Err(RouteError::NoPrefill(why));
     }
     let p_scored = score_side(cands, &p_list, Side::Prefill, input_tokens, p);
-    let prefill = choose(&p_list, &p_scored.scores, p.policy, &mut rot.prefill);
+    let prefill = choose(&p_scored, p.policy, &mut rot.prefill);
     let d_scored = score_side(cands, &d_list, Side::Decode, input_tokens, p);
-    let decode =
-        (!d_list.is_empty()).then(|| choose(&d_list, &d_scored.scores, p.policy, &mut rot.decode));
+    let decode = (!d_list.is_empty()).then(|| choose(&d_scored, p.policy, &mut rot.decode));
     let mut reports: Vec<CandidateReport> = cands
         .iter()
         .zip(&reasons)
         .map(|(c, r)| CandidateReport {
             name: c.name.clone(),
-            role: c.kind.key_segment().to_string(),
+            role: c.kind,
             side: side(c),
             kv_hit_ratio: None,
             predicted_hit_ratio: None,
@@ -247,14 +257,12 @@ pub fn route(
             reason: r.clone().unwrap_or_default(),
         })
         .collect();
-    let scored = [
-        (&p_list, &p_scored, Some(prefill), p.target_ttft_ms),
-        (&d_list, &d_scored, decode, p.target_tpot_ms),
-    ];
-    for (list, scored, chosen, target) in scored {
-        explain(&mut reports, list, scored, chosen, p.policy);
+    let sides =
+        [(&p_scored, Some(prefill), p.target_ttft_ms), (&d_scored, decode, p.target_tpot_ms)];
+    for (scored, chosen, target) in sides {
+        explain(&mut reports, scored, chosen, p.policy);
         if p.policy == Policy::SloAware {
-            explain_slo(&mut reports, list, target);
+            explain_slo(&mut reports, scored, target);
         }
     }
     Ok(Routed {
@@ -268,9 +276,9 @@ pub fn route(
 
 /// SLO_AWARE: classifies each prediction against its `target` (ms) and says so when the
 /// chosen one misses it.
-fn explain_slo(reports: &mut [CandidateReport], list: &[usize], target: f64) {
-    for &i in list {
-        let r = &mut reports[i];
+fn explain_slo(reports: &mut [CandidateReport], scored: &[Scored], target: f64) {
+    for s in scored {
+        let r = &mut reports[s.index];
         r.meets_slo = r.score.map(|s| s <= target);
         if r.chosen && r.meets_slo == Some(false) {
             r.reason = format!(
@@ -286,25 +294,24 @@ fn explain_slo(reports: &mut [CandidateReport], list: &[usize], target: f64) {
 
 fn explain(
     reports: &mut [CandidateReport],
-    list: &[usize],
-    scored: &Scored,
+    scored: &[Scored],
     chosen: Option<usize>,
     policy: Policy,
 ) {
-    let scores = &scored.scores;
-    let best = chosen.and_then(|c| list.iter().position(|&i| i == c)).and_then(|k| scores[k]);
-    for (k, &i) in list.iter().enumerate() {
+    let best = scored.iter().find(|s| Some(s.index) == chosen).and_then(|s| s.score);
+    for s in scored {
+        let (i, score) = (s.index, s.score);
         let r = &mut reports[i];
-        r.score = scores[k];
-        r.kv_hit_ratio = scored.ratios.as_ref().map(|v| v[0][k]);
-        r.predicted_hit_ratio = scored.ratios.as_ref().map(|v| v[1][k]);
-        r.ttft = scored.ttft[k];
-        r.estimated_ttft_ms = scored.ttft[k].map(|t| t.estimate_ms);
+        r.score = score;
+        r.kv_hit_ratio = s.ratios.map(|v| v.0);
+        r.predicted_hit_ratio = s.ratios.map(|v| v.1);
+        r.ttft = s.ttft;
+        r.estimated_ttft_ms = s.ttft.map(|t| t.estimate_ms);
         if policy == Policy::Car || (policy == Policy::Ttft && r.side == Side::Decode) {
-            r.queue_cost = Some(scored.costs[k]);
+            r.queue_cost = Some(s.cost);
         }
         r.chosen = chosen == Some(i);
-        r.reason = match (r.chosen, policy, scores[k], best) {
+        r.reason = match (r.chosen, policy, score, best) {
             (true, Policy::Rr, _, _) => "next in round-robin order".into(),
             (true, Policy::Ttft, Some(_), _) if r.side == Side::Prefill => {
                 "lowest estimated time to first token plus delay to later requests".into()

@@ -225,7 +225,7 @@ pub struct CandidateReport {
     /// Instance name.
     pub name: String,
     /// Registered role.
-    pub role: String,
+    pub role: InstanceType,
     /// The list it is on.
     pub side: Side,
     /// CAR hit ratio (P only; reported under every policy, used by CAR). From the engines' KV

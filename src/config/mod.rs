@@ -152,8 +152,10 @@ impl StreamSpec {
     }
 }
 
-/// What a stream's replay endpoint answers (docs/protocol.md, *Recovery*).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+/// What a stream's replay endpoint answers (docs/protocol.md, *Recovery*); reports spell it as
+/// the config does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum ReplayKind {
     /// xLLM: the engine's current state, tagged with the first live sequence it does not hold.
     #[default]
@@ -184,7 +186,9 @@ impl ReplayKind {
 
 /// The kind of engine behind a stream or an instance: what its events, replay, metrics and
 /// prefix reuse look like.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+/// Reports spell it as the config does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Dialect {
     /// xLLM (protocol.md): snapshots, etcd registration.
     #[default]

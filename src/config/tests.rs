@@ -508,3 +508,23 @@ fn an_engine_without_events_is_approximate_with_its_settings_checked() {
     assert!(err.contains("discovery.events = \"off\": expected \"bind\""), "{err}");
     assert!(err.contains("\"none\" (instances publish no KV events: approximate credit)"), "{err}");
 }
+
+/// Reports (`/v1/internal/streams`, `/v1/internal/instances`) spell a replay kind and a dialect
+/// as the config does.
+#[test]
+fn reports_spell_replay_kinds_and_dialects_as_the_config_does() {
+    for kind in [ReplayKind::Snapshot, ReplayKind::History] {
+        let json = serde_json::to_string(&kind).unwrap();
+        assert_eq!(
+            (json, ReplayKind::parse(kind.as_str())),
+            (format!("\"{}\"", kind.as_str()), Some(kind))
+        );
+    }
+    for dialect in [Dialect::Xllm, Dialect::Vllm, Dialect::Sglang] {
+        let json = serde_json::to_string(&dialect).unwrap();
+        assert_eq!(
+            (json, Dialect::parse(dialect.as_str())),
+            (format!("\"{}\"", dialect.as_str()), Some(dialect))
+        );
+    }
+}

@@ -6,11 +6,12 @@
 //! and a short log line. Numbers that shape streams (`dp_size`) are bounded where streams are
 //! planned.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-/// The role an instance registered with.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// The role an instance registered with; reports name it as its key segment (`PREFILL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
 pub enum InstanceType {
     /// Serves prefill and decode alone.
     Default,

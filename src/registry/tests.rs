@@ -233,3 +233,14 @@ fn the_watched_range_holds_every_listed_prefix_and_not_the_cache() {
         assert!(!inside(&format!("{ns}XLLM:PREFILL;")));
     }
 }
+
+/// Reports (routes' candidates, `/v1/internal/instances`) name a role by its key segment.
+#[test]
+fn a_role_serializes_as_its_key_segment() {
+    use InstanceType::*;
+    for kind in [Default, Prefill, Decode, Mix] {
+        let json = serde_json::to_string(&kind).unwrap();
+        assert_eq!(json, format!("\"{}\"", kind.key_segment()));
+        assert_eq!(serde_json::from_str::<InstanceType>(&json).unwrap(), kind);
+    }
+}

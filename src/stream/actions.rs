@@ -1,5 +1,6 @@
 //! The recovery machine's settings and what it gives back: the [`Action`]s the stream actor
-//! carries out, the [`StreamPhase`] operators see and the [`RecoveryStats`] counters.
+//! carries out, the [`StreamPhase`] operators see and the [`RecoveryStats`] counters, which
+//! count each completed synchronization under its [`SyncReason`].
 
 use std::time::Duration;
 
@@ -92,12 +93,38 @@ pub enum Action {
     },
 }
 
+/// Why a stream synchronizes (a snapshot, or a history replay); each one that completes is
+/// counted under its reason, so a healthy stream shows no recoveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SyncReason {
+    /// The stream has never been synchronized: it just started, or every attempt so far failed.
+    Initial,
+    /// The periodic reconciliation of a live stream (`resync_interval`): live batches keep
+    /// applying and the stream keeps its credit meanwhile.
+    Periodic,
+    /// The stream was synchronized and lost it to a fault: a gap, a restarted publisher, a
+    /// disconnect, a failed worker, a bad live message, failed periodic resyncs.
+    Recovery,
+}
+
+impl SyncReason {
+    /// Whether live batches keep applying (and credit stays) while it runs.
+    pub fn keeps_live(self) -> bool {
+        self == SyncReason::Periodic
+    }
+}
+
 /// Counters for status and metrics (reported by name in the streams report).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct RecoveryStats {
     /// Sequence gaps and regressions seen on a synchronized stream.
     pub gaps: u64,
-    /// Snapshots installed.
+    /// Synchronizations completed for [`SyncReason::Initial`]: 1 for a healthy stream.
+    pub initial_syncs: u64,
+    /// Periodic resyncs completed ([`SyncReason::Periodic`]).
+    pub resyncs: u64,
+    /// Synchronizations regained after a fault ([`SyncReason::Recovery`]): 0 for a healthy
+    /// stream.
     pub recoveries: u64,
     /// Snapshots that failed (timeout, malformed, budget, hole).
     pub snapshot_failures: u64,
@@ -112,9 +139,27 @@ pub struct RecoveryStats {
     pub replayed_batches: u64,
     /// Live batches dropped as copies of replayed ones already applied.
     pub duplicate_batches: u64,
-    /// Time the last successful recovery took.
+    /// Time the last completed synchronization (of any reason) took.
     #[serde(skip)]
-    pub last_recovery: Option<Duration>,
+    pub last_sync: Option<Duration>,
+}
+
+impl RecoveryStats {
+    /// Synchronizations completed, of every reason.
+    pub fn syncs(&self) -> u64 {
+        self.initial_syncs + self.resyncs + self.recoveries
+    }
+
+    /// Counts a completed synchronization that took `took`.
+    pub(super) fn count_sync(&mut self, reason: SyncReason, took: Duration) {
+        let counter = match reason {
+            SyncReason::Initial => &mut self.initial_syncs,
+            SyncReason::Periodic => &mut self.resyncs,
+            SyncReason::Recovery => &mut self.recoveries,
+        };
+        *counter += 1;
+        self.last_sync = Some(took);
+    }
 }
 
 /// A stream's phase as operators see it (the streams report's `phase`).

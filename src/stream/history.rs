@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use crate::wire::Batch;
 
-use super::actions::Action;
+use super::actions::{Action, SyncReason};
 use super::recovery::{Phase, Recovery};
 use super::StreamFault;
 
@@ -27,9 +27,10 @@ pub(super) struct Replay {
     asked: u64,
     /// Whether a replayed batch arrived.
     replayed_any: bool,
-    /// A periodic resync of a synchronized stream: live batches keep being applied.
-    pub(super) keep_live: bool,
-    /// Live batches received meanwhile (not while `keep_live`).
+    /// Why it runs; a periodic resync that finds a gap or a truncated history becomes a
+    /// recovery.
+    pub(super) reason: SyncReason,
+    /// Live batches received meanwhile (not during a periodic resync).
     buffer: Vec<(u64, Batch)>,
     buffered_bytes: usize,
 }
@@ -44,7 +45,12 @@ impl Replay {
 impl Recovery {
     /// Starts a history replay: from 0 with the blocks dropped when the stream has no known
     /// position, else from its next sequence.
-    pub(super) fn begin_history(&mut self, now: Instant, keep_live: bool, out: &mut Vec<Action>) {
+    pub(super) fn begin_history(
+        &mut self,
+        now: Instant,
+        reason: SyncReason,
+        out: &mut Vec<Action>,
+    ) {
         let asked = match self.next_seq {
             Some(n) => n,
             None => {
@@ -58,7 +64,7 @@ impl Recovery {
             started: now,
             asked,
             replayed_any: false,
-            keep_live,
+            reason,
             buffer: Vec::new(),
             buffered_bytes: 0,
         };
@@ -92,7 +98,7 @@ impl Recovery {
         self.stats.replayed_batches += 1;
         self.next_seq = Some(seq + 1);
         self.note_clears(&batch);
-        if matches!(&self.phase, Phase::Replaying(r) if r.keep_live) {
+        if matches!(&self.phase, Phase::Replaying(r) if r.reason.keeps_live()) {
             out.push(Action::Apply { seq, batch });
         } else {
             out.push(Action::Recover { seq, batch });
@@ -104,8 +110,8 @@ impl Recovery {
     fn truncated(&mut self, first: u64, out: &mut Vec<Action>) {
         self.stats.truncated_histories += 1;
         if let Phase::Replaying(r) = &mut self.phase {
-            if r.keep_live {
-                r.keep_live = false;
+            if r.reason.keeps_live() {
+                r.reason = SyncReason::Recovery;
                 let expected = self.next_seq.unwrap_or(0);
                 self.stats.gaps += 1;
                 out.push(Action::Invalidate {
@@ -151,9 +157,8 @@ impl Recovery {
         // Replayed batches the live stream has not delivered yet arrive later as copies.
         self.duplicates = self.last_live.map_or(0, |l| l + 1)..next;
         self.next_seq = Some(next);
-        self.stats.recoveries += u64::from(!r.keep_live);
-        if !r.keep_live {
-            self.stats.last_recovery = Some(now.saturating_duration_since(r.started));
+        self.stats.count_sync(r.reason, now.saturating_duration_since(r.started));
+        if !r.reason.keeps_live() {
             out.push(Action::Resume);
         }
         self.backoff.reset();
@@ -173,10 +178,10 @@ impl Recovery {
         out: &mut Vec<Action>,
     ) {
         let Phase::Replaying(r) = &mut self.phase else { return };
-        let batch = if r.keep_live {
+        let batch = if r.reason.keeps_live() {
             let Some(batch) = self.take_in_order(seq, batch, out) else { return };
             self.gap(seq, out);
-            self.begin_history(now, false, out);
+            self.begin_history(now, self.regain_reason(), out);
             batch
         } else {
             batch

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::tests::{batch, cfg, show};
+use super::tests::{batch, cfg, show, syncs};
 use super::*;
 use crate::config::ReplayKind;
 use crate::index::IndexConfig;
@@ -55,7 +55,7 @@ fn start_replays_from_zero_then_continues_with_the_live_batches_buffered() {
     m.on_live(4, batch(), 10, t0, &mut out);
     assert_eq!(show(&mut out), ["apply 4"]);
     assert_eq!(m.stats().replayed_batches, 3);
-    assert_eq!(m.stats().recoveries, 1);
+    assert_eq!(syncs(&m), (1, 0, 0), "a first replay is no recovery");
 }
 
 #[test]
@@ -159,6 +159,7 @@ fn a_periodic_resync_applies_batches_ahead_of_live_and_drops_their_copies() {
     m.on_live(7, batch(), 10, t1, &mut out);
     assert_eq!(show(&mut out), ["apply 7"], "6 was a copy");
     assert_eq!((m.stats().duplicate_batches, m.stats().gaps), (1, 0));
+    assert_eq!(syncs(&m), (1, 1, 0), "a routine resync is no recovery");
 }
 
 #[test]
@@ -174,6 +175,7 @@ fn a_resync_that_finds_the_tail_gone_recovers_as_partial() {
     m.on_snapshot_end(t1, &mut out);
     assert_eq!(show(&mut out), ["resume", "close"]);
     assert_eq!(m.phase(), StreamPhase::Partial);
+    assert_eq!(syncs(&m), (1, 0, 1), "the resync became a recovery");
 }
 
 #[test]

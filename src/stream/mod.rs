@@ -16,7 +16,7 @@ mod fault;
 mod history;
 mod recovery;
 
-pub use actions::{Action, RecoveryConfig, RecoveryStats, StreamPhase};
+pub use actions::{Action, RecoveryConfig, RecoveryStats, StreamPhase, SyncReason};
 pub use fault::{StreamFault, FAULT_LABELS};
 pub use recovery::{Recovery, MAX_FAILED_RESYNCS};
 

@@ -8,7 +8,7 @@ use crate::config::ReplayKind;
 use crate::index::{IndexConfig, SharedSnapshot};
 use crate::wire::Batch;
 
-use super::actions::{Action, RecoveryConfig, RecoveryStats, StreamPhase};
+use super::actions::{Action, RecoveryConfig, RecoveryStats, StreamPhase, SyncReason};
 use super::history::Replay;
 use super::StreamFault;
 
@@ -24,8 +24,8 @@ pub(super) struct Pending {
     watermark: Option<u64>,
     buffer: Vec<(u64, Batch)>,
     buffered_bytes: usize,
-    /// A periodic resync of a synchronized stream: live batches keep being applied.
-    keep_live: bool,
+    /// Why it runs; a periodic resync that meets a gap becomes a recovery.
+    reason: SyncReason,
 }
 
 pub(super) enum Phase {
@@ -106,8 +106,8 @@ impl Recovery {
                 StreamPhase::Partial
             }
             Phase::Live { .. } => StreamPhase::Live,
-            Phase::Syncing(p) if p.keep_live => StreamPhase::Resyncing,
-            Phase::Replaying(r) if r.keep_live => StreamPhase::Resyncing,
+            Phase::Syncing(p) if p.reason.keeps_live() => StreamPhase::Resyncing,
+            Phase::Replaying(r) if r.reason.keeps_live() => StreamPhase::Resyncing,
             Phase::Syncing(_) | Phase::Replaying(_) => StreamPhase::Syncing,
             Phase::Backoff { .. } => StreamPhase::Backoff,
         }
@@ -117,8 +117,8 @@ impl Recovery {
     fn is_synchronized(&self) -> bool {
         match &self.phase {
             Phase::Live { .. } => true,
-            Phase::Syncing(p) => p.keep_live,
-            Phase::Replaying(r) => r.keep_live,
+            Phase::Syncing(p) => p.reason.keeps_live(),
+            Phase::Replaying(r) => r.reason.keeps_live(),
             Phase::Disconnected | Phase::Backoff { .. } => false,
         }
     }
@@ -141,7 +141,16 @@ impl Recovery {
     /// The publisher is reachable: take a snapshot.
     pub fn on_connected(&mut self, now: Instant, out: &mut Vec<Action>) {
         if matches!(self.phase, Phase::Disconnected) {
-            self.begin_sync(now, false, out);
+            self.begin_sync(now, self.regain_reason(), out);
+        }
+    }
+
+    /// Why a sync that (re)gains synchronization runs: the first one, or a recovery once the
+    /// stream has been synchronized (a continued machine counts its predecessor's syncs).
+    pub(super) fn regain_reason(&self) -> SyncReason {
+        match self.stats.syncs() + self.stats.full_state_restores {
+            0 => SyncReason::Initial,
+            _ => SyncReason::Recovery,
         }
     }
 
@@ -163,7 +172,7 @@ impl Recovery {
             self.next_seq = None;
         }
         if !matches!(self.phase, Phase::Disconnected | Phase::Backoff { .. }) {
-            self.begin_sync(now, false, out);
+            self.begin_sync(now, self.regain_reason(), out);
         }
     }
 
@@ -177,7 +186,7 @@ impl Recovery {
         out: &mut Vec<Action>,
     ) {
         if matches!(self.phase, Phase::Disconnected) {
-            self.begin_sync(now, false, out);
+            self.begin_sync(now, self.regain_reason(), out);
         }
         self.last_live = Some(seq);
         let in_order = self.next_seq == Some(seq);
@@ -188,7 +197,7 @@ impl Recovery {
         if live {
             let Some(batch) = self.take_in_order(seq, batch, out) else { return };
             self.gap(seq, out);
-            self.begin_sync(now, false, out);
+            self.begin_sync(now, self.regain_reason(), out);
             if matches!(self.phase, Phase::Replaying(_)) {
                 return self.live_while_replaying(seq, batch, wire_bytes, now, out);
             }
@@ -201,10 +210,10 @@ impl Recovery {
             self.stats.dropped_batches += 1;
             return;
         };
-        if p.keep_live && in_order {
+        if p.reason.keeps_live() && in_order {
             self.apply(seq, batch.clone(), out);
-        } else if p.keep_live {
-            p.keep_live = false;
+        } else if p.reason.keeps_live() {
+            p.reason = SyncReason::Recovery;
             self.gap(seq, out);
         }
         self.buffer(seq, batch, wire_bytes, now, out);
@@ -316,7 +325,7 @@ impl Recovery {
             return;
         };
         let Some(watermark) = p.watermark else {
-            return self.fail_attempt(StreamFault::SnapshotRefused, p.keep_live, now, out);
+            return self.fail_attempt(StreamFault::SnapshotRefused, p.reason, now, out);
         };
         let deltas: Vec<(u64, Batch)> =
             p.buffer.into_iter().filter(|(s, _)| *s >= watermark).collect();
@@ -325,11 +334,10 @@ impl Recovery {
         {
             let fault =
                 StreamFault::SnapshotGap { expected: watermark + hole.0 as u64, got: (hole.1).0 };
-            return self.fail_attempt(fault, p.keep_live, now, out);
+            return self.fail_attempt(fault, p.reason, now, out);
         }
         self.next_seq = Some(watermark + deltas.len() as u64);
-        self.stats.recoveries += 1;
-        self.stats.last_recovery = Some(now.saturating_duration_since(p.started));
+        self.stats.count_sync(p.reason, now.saturating_duration_since(p.started));
         self.backoff.reset();
         self.phase = Phase::Live { since_snapshot: now };
         self.failed_resyncs = 0;
@@ -365,19 +373,21 @@ impl Recovery {
                 };
                 self.fail(fault, now, out);
             }
-            Phase::Backoff { until } if now >= *until => self.begin_sync(now, false, out),
+            Phase::Backoff { until } if now >= *until => {
+                self.begin_sync(now, self.regain_reason(), out)
+            }
             Phase::Live { since_snapshot }
                 if now.saturating_duration_since(*since_snapshot) >= self.cfg.resync_interval =>
             {
-                self.begin_sync(now, true, out)
+                self.begin_sync(now, SyncReason::Periodic, out)
             }
             _ => {}
         }
     }
 
-    fn begin_sync(&mut self, now: Instant, keep_live: bool, out: &mut Vec<Action>) {
+    fn begin_sync(&mut self, now: Instant, reason: SyncReason, out: &mut Vec<Action>) {
         if self.cfg.replay == ReplayKind::History {
-            return self.begin_history(now, keep_live, out);
+            return self.begin_history(now, reason, out);
         }
         let pending = Pending {
             started: now,
@@ -385,7 +395,7 @@ impl Recovery {
             watermark: None,
             buffer: Vec::new(),
             buffered_bytes: 0,
-            keep_live,
+            reason,
         };
         self.phase = Phase::Syncing(Box::new(pending));
         out.push(Action::RequestSnapshot { start_seq: self.next_seq.unwrap_or(0) });
@@ -397,12 +407,12 @@ impl Recovery {
 
     /// A snapshot or history attempt failed while pending.
     pub(super) fn fail(&mut self, fault: StreamFault, now: Instant, out: &mut Vec<Action>) {
-        let keep_live = match &self.phase {
-            Phase::Syncing(p) => p.keep_live,
-            Phase::Replaying(r) => r.keep_live,
-            _ => false,
+        let reason = match &self.phase {
+            Phase::Syncing(p) => p.reason,
+            Phase::Replaying(r) => r.reason,
+            _ => self.regain_reason(),
         };
-        self.fail_attempt(fault, keep_live, now, out);
+        self.fail_attempt(fault, reason, now, out);
     }
 
     /// A periodic resync of a live stream stays live and retries at the next interval, up to
@@ -411,14 +421,14 @@ impl Recovery {
     fn fail_attempt(
         &mut self,
         fault: StreamFault,
-        keep_live: bool,
+        reason: SyncReason,
         now: Instant,
         out: &mut Vec<Action>,
     ) {
         self.stats.snapshot_failures += 1;
         out.push(Action::CloseSnapshot);
         let mut fault = fault;
-        if keep_live {
+        if reason.keeps_live() {
             self.failed_resyncs += 1;
             if self.failed_resyncs < MAX_FAILED_RESYNCS {
                 self.phase = Phase::Live { since_snapshot: now };

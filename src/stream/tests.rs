@@ -54,6 +54,12 @@ pub(super) fn show(out: &mut Vec<Action>) -> Vec<String> {
         .collect()
 }
 
+/// (initial syncs, periodic resyncs, recoveries) completed.
+pub(super) fn syncs(m: &Recovery) -> (u64, u64, u64) {
+    let s = m.stats();
+    (s.initial_syncs, s.resyncs, s.recoveries)
+}
+
 /// Brings a machine to Live with next sequence `watermark`.
 fn live_at(watermark: u64, t0: Instant) -> (Recovery, Vec<Action>) {
     let mut m = machine();
@@ -82,7 +88,7 @@ fn cold_start_snapshots_then_applies_in_order() {
     assert_eq!(m.next_seq(), Some(6));
     m.on_live(6, batch(), 10, t0, &mut out);
     assert_eq!(show(&mut out), ["apply 6"]);
-    assert_eq!(m.stats().recoveries, 1);
+    assert_eq!(syncs(&m), (1, 0, 0), "a first sync is no recovery");
 }
 
 #[test]
@@ -96,6 +102,10 @@ fn a_gap_invalidates_and_resyncs_from_the_last_applied_sequence() {
         ["apply 5", "invalidate: sequence gap: expected 6, got 7", "request 6"]
     );
     assert_eq!(m.stats().gaps, 1);
+    m.on_snapshot_reply(7, &batch(), t0, &mut out);
+    m.on_snapshot_end(t0, &mut out);
+    assert_eq!(show(&mut out), ["close", "install 7 [7]"]);
+    assert_eq!(syncs(&m), (1, 0, 1), "the gap is recovered from");
 }
 
 #[test]
@@ -103,12 +113,12 @@ fn a_continued_machine_keeps_counting_from_the_old_stats() {
     let t0 = Instant::now();
     let (old, _) = live_at(5, t0);
     let mut m = machine().continuing(old.stats());
-    assert_eq!(m.stats().recoveries, old.stats().recoveries);
+    assert_eq!(m.stats(), old.stats());
     let mut out = Vec::new();
     m.on_connected(t0, &mut out);
     m.on_snapshot_reply(9, &batch(), t0, &mut out);
     m.on_snapshot_end(t0, &mut out);
-    assert_eq!(m.stats().recoveries, old.stats().recoveries + 1);
+    assert_eq!(syncs(&m), (1, 0, 1), "a restarted worker's first sync is a recovery");
 }
 
 #[test]
@@ -223,7 +233,7 @@ fn a_snapshot_of_another_dp_rank_is_rejected() {
             "invalidate: snapshot rejected: batch dp_rank 0 does not match the stream's dp_rank 1"
         ]
     );
-    assert_eq!((m.phase(), m.stats().recoveries), (StreamPhase::Backoff, 0), "no credit from it");
+    assert_eq!((m.phase(), syncs(&m)), (StreamPhase::Backoff, (0, 0, 0)), "no credit from it");
 
     m.on_tick(t0 + Duration::from_millis(100), &mut out);
     let mut rank1 = batch();
@@ -231,6 +241,7 @@ fn a_snapshot_of_another_dp_rank_is_rejected() {
     m.on_snapshot_reply(3, &rank1, t0, &mut out);
     m.on_snapshot_end(t0, &mut out);
     assert_eq!(show(&mut out), ["request 0", "close", "install 3 []"]);
+    assert_eq!(syncs(&m), (1, 0, 0), "a retried first sync is still the first");
 }
 
 #[test]
@@ -268,6 +279,7 @@ fn periodic_resync_keeps_applying_and_installs_without_losing_credit() {
     m.on_snapshot_end(t0, &mut out);
     assert_eq!(show(&mut out), ["close", "install 4 [4]"]);
     assert_eq!(m.next_seq(), Some(5));
+    assert_eq!(syncs(&m), (1, 1, 0), "a routine resync is no recovery");
 
     // A failed periodic resync leaves the stream live.
     let t1 = t0 + Duration::from_secs(20);
@@ -285,6 +297,10 @@ fn a_gap_during_periodic_resync_invalidates() {
     m.on_live(5, batch(), 10, t0, &mut out);
     assert_eq!(show(&mut out), ["request 3", "invalidate: sequence gap: expected 3, got 5"]);
     assert_eq!(m.phase(), StreamPhase::Syncing);
+    m.on_snapshot_reply(5, &batch(), t0, &mut out);
+    m.on_snapshot_end(t0, &mut out);
+    assert_eq!(show(&mut out), ["close", "install 5 [5]"]);
+    assert_eq!(syncs(&m), (1, 0, 1), "the resync became a recovery");
 }
 
 #[test]
@@ -319,6 +335,9 @@ fn a_disconnect_invalidates_and_waits_for_the_reconnect() {
     assert!(out.is_empty(), "nothing to do until the publisher is back");
     m.on_connected(t0, &mut out);
     assert_eq!(show(&mut out), ["request 0"], "a reconnect starts cold");
+    m.on_snapshot_reply(0, &batch(), t0, &mut out);
+    m.on_snapshot_end(t0, &mut out);
+    assert_eq!(syncs(&m), (1, 0, 1), "the reconnect is recovered from");
 }
 
 #[test]

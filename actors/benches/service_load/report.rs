@@ -142,6 +142,8 @@ pub(crate) fn print_report(streams: &[Value]) {
         "messages",
         "decode_errors",
         "gaps",
+        "initial_syncs",
+        "resyncs",
         "recoveries",
         "snapshot_failures",
         "dropped_batches",
@@ -160,10 +162,10 @@ pub(crate) fn print_report(streams: &[Value]) {
         if let Some(f) = s["last_fault"].as_str() {
             *faults.entry(f.to_string()).or_default() += 1;
         }
-        let bad = ["gaps", "dropped_batches", "decode_errors", "restarts"]
+        let bad = ["gaps", "recoveries", "dropped_batches", "decode_errors", "restarts"]
             .iter()
             .any(|k| s[*k].as_u64().unwrap_or(0) > 0)
-            || s["recoveries"].as_u64().unwrap_or(0) != 1;
+            || s["initial_syncs"].as_u64().unwrap_or(0) != 1;
         if bad {
             println!("  unhealthy stream: {s}");
         }

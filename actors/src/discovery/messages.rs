@@ -1,9 +1,9 @@
 //! The discovery actor's messages, and the instances report it answers with.
 
 use actix::prelude::*;
-use kvdir::config::EngineSpec;
+use kvdir::config::{Dialect, EngineSpec};
 use kvdir::discovery::Probe;
-use kvdir::registry::{HeartbeatError, LoadMetrics};
+use kvdir::registry::{HeartbeatError, InstanceType, LoadMetrics};
 use serde::Serialize;
 
 /// A full listing of the registry keys at `revision`.
@@ -72,9 +72,9 @@ pub struct InstanceReport {
     /// ACTIVE, LEASE_LOST or SUSPECT.
     pub state: kvdir::registry::InstanceState,
     /// DEFAULT, PREFILL, DECODE or MIX.
-    pub role: &'static str,
-    /// For MIX: what it does now.
-    pub acting_as: Option<&'static str>,
+    pub role: InstanceType,
+    /// For MIX: what it does now, PREFILL or DECODE.
+    pub acting_as: Option<InstanceType>,
     /// Process identity.
     pub incarnation_id: Option<String>,
     /// Registration time.
@@ -108,7 +108,7 @@ pub struct EngineReport {
     /// Its base URL (forwarding, `/health`, `/metrics`).
     pub url: String,
     /// `vllm`, `sglang` or `xllm`.
-    pub dialect: &'static str,
+    pub dialect: Dialect,
     /// `config` or `register`.
     pub source: &'static str,
     /// Whether its process is known (no CAR credit before).

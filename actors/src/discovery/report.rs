@@ -13,11 +13,11 @@ impl DiscoveryActor {
         InstanceReport {
             name: r.name.clone(),
             state: i.state,
-            role: r.kind.key_segment(),
+            role: r.kind,
             acting_as: (r.kind == InstanceType::Mix).then_some(if r.mix_acting_prefill {
-                "PREFILL"
+                InstanceType::Prefill
             } else {
-                "DECODE"
+                InstanceType::Decode
             }),
             incarnation_id: r.identity.incarnation_id.clone(),
             register_ts_ms: r.identity.register_ts_ms,
@@ -37,7 +37,7 @@ impl DiscoveryActor {
         let reading = e.reading.as_ref();
         EngineReport {
             url: e.spec.url.clone(),
-            dialect: e.spec.dialect.as_str(),
+            dialect: e.spec.dialect,
             source: if self.registered_engines.contains(&e.spec.name) {
                 "register"
             } else {

@@ -15,7 +15,7 @@ use kvdir::query::StreamMatch;
 use kvdir::stream::{StreamPhase, FAULT_LABELS};
 
 use super::frontdoor::FrontMetrics;
-use super::ApiError;
+use super::{ApiError, ErrorKind};
 use crate::stream::StreamCounters;
 use crate::stream::{PoolStats, StreamReport};
 
@@ -33,7 +33,7 @@ pub enum Endpoint {
 pub struct ServiceMetrics {
     query: Histogram,
     route: Histogram,
-    errors: [AtomicU64; ApiError::KINDS.len()],
+    errors: [AtomicU64; ErrorKind::ALL.len()],
 }
 
 impl ServiceMetrics {
@@ -45,7 +45,7 @@ impl ServiceMetrics {
         };
         h.observe(started.elapsed());
         if let Some(error) = error {
-            self.errors[error.kind_index()].fetch_add(1, Ordering::Relaxed);
+            self.errors[error.kind() as usize].fetch_add(1, Ordering::Relaxed);
         }
     }
 }
@@ -101,7 +101,8 @@ pub fn render(streams: &[StreamSample], service: &ServiceSample) -> String {
     e.family(
         "kvdir_recovery_duration_seconds",
         Kind::Histogram,
-        "Time from requesting a snapshot to installing it (recoveries and periodic resyncs).",
+        "Time from requesting a snapshot or history to synchronizing (every initial sync, \
+         periodic resync and recovery).",
     );
     for s in streams {
         let dp = s.report.dp_rank.to_string();
@@ -129,12 +130,9 @@ fn render_service(
     e.family("kvdir_route_duration_seconds", Kind::Histogram, help);
     e.histogram("kvdir_route_duration_seconds", &[], &service.route.snapshot());
     e.family("kvdir_http_errors_total", Kind::Counter, "Error responses to query and route.");
-    for ((reason, _), n) in ApiError::KINDS.iter().zip(&service.errors) {
-        e.sample(
-            "kvdir_http_errors_total",
-            &[("reason", reason)],
-            n.load(Ordering::Relaxed) as f64,
-        );
+    for (kind, n) in ErrorKind::ALL.iter().zip(&service.errors) {
+        let n = n.load(Ordering::Relaxed) as f64;
+        e.sample("kvdir_http_errors_total", &[("reason", kind.label())], n);
     }
     if let Some(rss) = rss {
         e.family("process_resident_memory_bytes", Kind::Gauge, "Resident memory size in bytes.");
@@ -162,7 +160,7 @@ type TierSlots = fn(&StreamCounters) -> &[AtomicU64; 2];
 /// One per-stream family: its name, kind, help and value.
 type StreamFamily = (&'static str, Kind, &'static str, fn(&StreamSample) -> u64);
 
-const STREAM_FAMILIES: [StreamFamily; 15] = [
+const STREAM_FAMILIES: [StreamFamily; 17] = [
     ("kvdir_live_messages_total", Kind::Counter, "Live messages received.", |s| {
         s.report.status.messages
     }),
@@ -172,9 +170,18 @@ const STREAM_FAMILIES: [StreamFamily; 15] = [
     ("kvdir_sequence_gaps_total", Kind::Counter, "Sequence gaps and regressions.", |s| {
         s.report.status.stats.gaps
     }),
-    ("kvdir_recoveries_total", Kind::Counter, "Snapshots installed.", |s| {
-        s.report.status.stats.recoveries
+    ("kvdir_initial_syncs_total", Kind::Counter, "First synchronizations completed.", |s| {
+        s.report.status.stats.initial_syncs
     }),
+    ("kvdir_resyncs_total", Kind::Counter, "Periodic resyncs completed.", |s| {
+        s.report.status.stats.resyncs
+    }),
+    (
+        "kvdir_recoveries_total",
+        Kind::Counter,
+        "Synchronizations regained after a fault (gap, restart, disconnect...).",
+        |s| s.report.status.stats.recoveries,
+    ),
     ("kvdir_snapshot_failures_total", Kind::Counter, "Snapshots that failed.", |s| {
         s.report.status.stats.snapshot_failures
     }),

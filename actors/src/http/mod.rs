@@ -1,4 +1,5 @@
-//! The HTTP API (actix-web) and [`ApiError`], the one place that maps errors to status codes.
+//! The HTTP API (actix-web). Errors and their statuses are in `error.rs` ([`ApiError`]), the
+//! one place that maps errors to status codes.
 //!
 //! Routes: `POST /v1/internal/kv-cache/query`, `GET /v1/internal/streams`,
 //! `POST /v1/internal/route`, `GET /v1/internal/route/recent`, `POST /v1/internal/heartbeat`,
@@ -8,6 +9,7 @@
 //! Internal routes need `X-Internal-Token` when a token is configured; it is compared in
 //! constant time. Bodies are read up to `--max_request_bytes`, then parsed strictly.
 
+mod error;
 pub mod frontdoor;
 mod indexer_api;
 pub mod metrics;
@@ -18,23 +20,18 @@ use std::time::Instant;
 
 use actix::Addr;
 use actix_web::http::header::ContentType;
-use actix_web::http::StatusCode;
-use actix_web::{web, HttpRequest, HttpResponse, ResponseError};
+use actix_web::{web, HttpRequest, HttpResponse};
 use futures_util::StreamExt;
-use kvdir::car::RouteError;
-use kvdir::indexer_api::IndexerError;
-use kvdir::query::{parse_scoped_query, QueryError, QueryScope};
-use kvdir::registry::HeartbeatError;
-use serde::Serialize;
+use kvdir::query::{parse_scoped_query, QueryScope};
 use subtle::ConstantTimeEq;
-use thiserror::Error;
 
 use crate::directory::Directory;
 use crate::discovery::{DiscoveryActor, GetInstances, Heartbeat};
 use crate::router::{GetOverload, GetPredictCounters, GetRecentRoutes, RouteRequest, RouterActor};
 use crate::stream::{GetStreamReport, StreamCounters, StreamReport};
-use crate::stream::{StartStreamError, StreamMap, StreamSet};
-use frontdoor::{FrontDoor, FrontError};
+use crate::stream::{StreamMap, StreamSet};
+pub use error::{ApiError, ErrorKind};
+use frontdoor::FrontDoor;
 use metrics::{Endpoint, ServiceMetrics, StreamSample};
 
 /// What the handlers share.
@@ -59,121 +56,6 @@ pub struct AppState {
     pub metrics: Arc<ServiceMetrics>,
     /// The OpenAI-compatible front door.
     pub front: Arc<FrontDoor>,
-}
-
-/// Every error an HTTP client can see.
-#[derive(Debug, Error)]
-pub enum ApiError {
-    /// Missing or wrong `X-Internal-Token`.
-    #[error("missing or wrong X-Internal-Token header")]
-    Unauthorized,
-    /// The body could not be read or is not a valid request.
-    #[error("{0}")]
-    BadRequest(String),
-    /// A query or route body that breaks the token rules.
-    #[error(transparent)]
-    Query(#[from] QueryError),
-    /// A `/register` or `/unregister` body that is not valid.
-    #[error(transparent)]
-    Indexer(#[from] IndexerError),
-    /// The body is larger than `--max_request_bytes`.
-    #[error("request body exceeds --max_request_bytes = {0}")]
-    PayloadTooLarge(usize),
-    /// A heartbeat that names no registered instance, or a stale incarnation.
-    #[error("{0}")]
-    Conflict(String),
-    /// The heartbeat names an unknown instance or a stale incarnation.
-    #[error(transparent)]
-    Heartbeat(#[from] HeartbeatError),
-    /// A stream that cannot start next to the running ones (`/register`).
-    #[error(transparent)]
-    Stream(#[from] StartStreamError),
-    /// No instance can take the request.
-    #[error(transparent)]
-    NoCandidate(#[from] RouteError),
-    /// An actor did not answer (shutting down).
-    #[error("service unavailable: {0}")]
-    Unavailable(#[from] actix::MailboxError),
-    /// No such route.
-    #[error("no route for {0}; see the HTTP API table in docs/http-api.md")]
-    NotFound(String),
-    /// No such stream (`POST /unregister`).
-    #[error("{0}")]
-    UnknownStream(String),
-    /// A route kvdir knows but does not implement, with the reason.
-    #[error("{0}")]
-    NotImplemented(String),
-}
-
-#[derive(Serialize)]
-struct ErrorBody {
-    error: String,
-}
-
-impl ApiError {
-    /// Each kind of error: its `reason` label in `kvdir_http_errors_total` and its status, in
-    /// [`ApiError::kind_index`] order. The one place errors become status codes.
-    pub const KINDS: [(&'static str, StatusCode); 8] = [
-        ("unauthorized", StatusCode::UNAUTHORIZED),
-        ("bad_request", StatusCode::BAD_REQUEST),
-        ("payload_too_large", StatusCode::PAYLOAD_TOO_LARGE),
-        ("conflict", StatusCode::CONFLICT),
-        ("no_candidate", StatusCode::SERVICE_UNAVAILABLE),
-        ("unavailable", StatusCode::SERVICE_UNAVAILABLE),
-        ("not_found", StatusCode::NOT_FOUND),
-        ("not_implemented", StatusCode::NOT_IMPLEMENTED),
-    ];
-
-    /// The position of this error's kind in [`ApiError::KINDS`].
-    pub fn kind_index(&self) -> usize {
-        match self {
-            ApiError::Unauthorized => 0,
-            ApiError::BadRequest(_) | ApiError::Query(_) | ApiError::Indexer(_) => 1,
-            ApiError::PayloadTooLarge(_) => 2,
-            ApiError::Conflict(_) | ApiError::Heartbeat(_) | ApiError::Stream(_) => 3,
-            ApiError::NoCandidate(_) => 4,
-            ApiError::Unavailable(_) => 5,
-            ApiError::NotFound(_) | ApiError::UnknownStream(_) => 6,
-            ApiError::NotImplemented(_) => 7,
-        }
-    }
-}
-
-impl ResponseError for ApiError {
-    fn status_code(&self) -> StatusCode {
-        Self::KINDS[self.kind_index()].1
-    }
-
-    fn error_response(&self) -> HttpResponse {
-        HttpResponse::build(self.status_code()).json(ErrorBody { error: self.to_string() })
-    }
-}
-
-/// The front door's errors, in OpenAI's error JSON.
-impl ResponseError for FrontError {
-    fn status_code(&self) -> StatusCode {
-        match self {
-            FrontError::Unauthorized => StatusCode::UNAUTHORIZED,
-            FrontError::Invalid { .. } => StatusCode::BAD_REQUEST,
-            FrontError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            FrontError::ModelNotFound { .. } => StatusCode::NOT_FOUND,
-            FrontError::NotConfigured | FrontError::NoInstance(_) => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
-            FrontError::Upstream(_) => StatusCode::BAD_GATEWAY,
-            FrontError::UpstreamTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
-            FrontError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-            FrontError::Overloaded(_) => StatusCode::TOO_MANY_REQUESTS,
-        }
-    }
-
-    fn error_response(&self) -> HttpResponse {
-        let mut response = HttpResponse::build(self.status_code());
-        if let Some(seconds) = self.retry_after_s() {
-            response.insert_header(("retry-after", seconds.to_string()));
-        }
-        response.json(self.body())
-    }
 }
 
 /// Registers the routes.
@@ -317,16 +199,15 @@ async fn stream_reports(
     let running: Vec<_> = crate::sync::read(&state.streams)
         .values()
         .map(|r| {
-            let process = r.identity.as_ref().and_then(|i| i.incarnation_id.clone());
             // A bound stream shows its rank's bound port and its engine's topic.
             let bound = state.set.bind().filter(|_| kvdir::config::is_bound(&r.spec.endpoint));
             let endpoint = bound.map(|b| b.describe(&r.spec.topic, r.spec.dp_rank));
-            (r.stream.clone(), Arc::clone(&r.counters), r.source.as_str(), process, endpoint)
+            (r.stream.clone(), Arc::clone(&r.counters), endpoint)
         })
         .collect();
     let mut reports = Vec::with_capacity(running.len());
-    for (s, counters, source, process, endpoint) in running {
-        let mut report = StreamReport { source, process, ..s.send(GetStreamReport).await? };
+    for (s, counters, endpoint) in running {
+        let mut report = s.send(GetStreamReport).await?;
         report.endpoint = endpoint.unwrap_or(report.endpoint);
         reports.push((report, counters));
     }

@@ -7,20 +7,18 @@
 //! closes its sockets at once.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use actix::prelude::*;
 use kvdir::backoff::Backoff;
-use kvdir::config::{Limits, StreamSpec};
+use kvdir::config::ReplayKind;
 use kvdir::stream::{StreamFault, StreamPhase};
 use serde::Serialize;
 
 use super::pool::{IoPool, NewStream, StreamTicket};
-use super::sockets::ZmqContext;
 use super::worker::{WorkerCtx, WorkerStatus};
 use super::Shutdown;
-use super::{IndexActor, Invalidate, StreamShared};
+use super::{IndexActor, Invalidate, StreamSource};
 use crate::sync::lock;
 
 static WORKER_IDS: AtomicU64 = AtomicU64::new(0);
@@ -32,13 +30,9 @@ pub struct StreamReport {
     pub instance_name: String,
     /// DP rank.
     pub dp_rank: u32,
-    /// Where the stream comes from: `static`, `discovery`, `register` or `engine` (set by the
-    /// HTTP layer from the stream set).
-    pub source: &'static str,
-    /// The engine process it was started for (its incarnation id: xLLM's, or a listed
-    /// engine's identity), set by the HTTP layer; absent for streams without one.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub process: Option<String>,
+    /// Where the stream comes from, and the engine process it was started for.
+    #[serde(flatten)]
+    pub origin: StreamOrigin,
     /// The model it serves; empty: unnamed.
     pub model: String,
     /// Live endpoint.
@@ -46,7 +40,7 @@ pub struct StreamReport {
     /// Snapshot or history endpoint.
     pub replay_endpoint: String,
     /// What the replay endpoint answers: `snapshot` (xLLM) or `history` (vLLM, SGLang).
-    pub replay: &'static str,
+    pub replay: ReplayKind,
     /// The worker's status: phase, connection, counters, last fault.
     #[serde(flatten)]
     pub status: WorkerStatus,
@@ -54,6 +48,17 @@ pub struct StreamReport {
     pub restarts: u64,
     /// The wait before the last restart, in ms (it doubles per restart, up to 6.4 s).
     pub restart_backoff_ms: Option<u64>,
+}
+
+/// Where a stream comes from, fixed when it starts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct StreamOrigin {
+    /// `static`, `discovery`, `register` or `engine`.
+    pub source: StreamSource,
+    /// The engine process it was started for (its incarnation id: xLLM's, or a listed
+    /// engine's identity); absent for streams without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub process: Option<String>,
 }
 
 /// Ask a stream for its report.
@@ -67,14 +72,12 @@ struct WorkerExited(String);
 
 /// One supervised subscription.
 pub struct StreamActor {
-    spec: StreamSpec,
-    limits: Limits,
+    /// What each worker it starts is given; its `status` is this stream's, across workers.
+    worker: WorkerCtx,
+    origin: StreamOrigin,
     index: Addr<IndexActor>,
-    shared: Arc<StreamShared>,
-    status: Arc<Mutex<WorkerStatus>>,
     /// The current worker in the pool; `None` before the first worker starts.
     ticket: Option<StreamTicket>,
-    zmq: ZmqContext,
     pool: IoPool,
     restarts: u64,
     backoff: Option<Duration>,
@@ -83,23 +86,18 @@ pub struct StreamActor {
 }
 
 impl StreamActor {
-    /// A stream whose worker writes `shared`'s writer, owned by `index`.
+    /// A stream whose workers (on `pool`) write `worker.shared`'s writer, owned by `index`.
     pub fn new(
-        spec: StreamSpec,
-        limits: Limits,
+        worker: WorkerCtx,
+        origin: StreamOrigin,
         index: Addr<IndexActor>,
-        shared: Arc<StreamShared>,
-        zmq: ZmqContext,
         pool: IoPool,
     ) -> Self {
         StreamActor {
-            spec,
-            limits,
+            worker,
+            origin,
             index,
-            shared,
-            status: Arc::default(),
             ticket: None,
-            zmq,
             pool,
             restarts: 0,
             backoff: None,
@@ -108,13 +106,7 @@ impl StreamActor {
     }
 
     fn spawn_worker(&mut self, ctx: &mut Context<Self>) {
-        let wctx = WorkerCtx {
-            spec: self.spec.clone(),
-            limits: self.limits.clone(),
-            shared: Arc::clone(&self.shared),
-            status: Arc::clone(&self.status),
-            zmq: self.zmq.clone(),
-        };
+        let wctx = self.worker.clone();
         let me = ctx.address().downgrade();
         // A failure (a socket error or a panic) must not end the stream silently: the actor
         // is told and restarts it.
@@ -150,7 +142,7 @@ impl Supervised for StreamActor {
     fn restarting(&mut self, _: &mut Self::Context) {
         self.stop_worker();
         self.restarts += 1;
-        lock(&self.status).phase = StreamPhase::Disconnected;
+        lock(&self.worker.status).phase = StreamPhase::Disconnected;
     }
 }
 
@@ -158,7 +150,8 @@ impl Handler<WorkerExited> for StreamActor {
     type Result = ();
 
     fn handle(&mut self, msg: WorkerExited, ctx: &mut Context<Self>) {
-        tracing::error!(stream = %self.spec.instance_name, dp = self.spec.dp_rank, error = %msg.0, "stream worker failed; restarting");
+        let spec = &self.worker.spec;
+        tracing::error!(stream = %spec.instance_name, dp = spec.dp_rank, error = %msg.0, "stream worker failed; restarting");
         // No credit while no worker follows the publisher.
         let fault = StreamFault::WorkerFailed(msg.0);
         let last_fault = fault.to_string();
@@ -166,7 +159,7 @@ impl Handler<WorkerExited> for StreamActor {
         let delay = self.restart_delay.next_delay();
         self.backoff = Some(delay);
         {
-            let mut s = lock(&self.status);
+            let mut s = lock(&self.worker.status);
             s.phase = StreamPhase::Backoff;
             s.connected = false;
             s.last_fault = Some(last_fault);
@@ -187,17 +180,17 @@ impl Handler<GetStreamReport> for StreamActor {
     type Result = MessageResult<GetStreamReport>;
 
     fn handle(&mut self, _: GetStreamReport, _: &mut Context<Self>) -> Self::Result {
-        let mut status = lock(&self.status).clone();
-        status.skipped_events += self.shared.skipped_out_of_scope.load(Ordering::Relaxed);
+        let mut status = lock(&self.worker.status).clone();
+        let (spec, shared) = (&self.worker.spec, &self.worker.shared);
+        status.skipped_events += shared.skipped_out_of_scope.load(Ordering::Relaxed);
         MessageResult(StreamReport {
-            instance_name: self.spec.instance_name.clone(),
-            dp_rank: self.spec.dp_rank,
-            source: "",
-            process: None,
-            model: self.spec.model.clone(),
-            endpoint: self.spec.endpoint.clone(),
-            replay_endpoint: self.spec.replay_endpoint.clone(),
-            replay: self.spec.replay.as_str(),
+            instance_name: spec.instance_name.clone(),
+            dp_rank: spec.dp_rank,
+            origin: self.origin.clone(),
+            model: spec.model.clone(),
+            endpoint: spec.endpoint.clone(),
+            replay_endpoint: spec.replay_endpoint.clone(),
+            replay: spec.replay,
             status,
             restarts: self.restarts,
             restart_backoff_ms: self.backoff.map(|d| d.as_millis() as u64),

@@ -24,7 +24,7 @@ mod set;
 mod sockets;
 mod worker;
 
-pub use actor::{GetStreamReport, StreamActor, StreamReport};
+pub use actor::{GetStreamReport, StreamActor, StreamOrigin, StreamReport};
 pub use bind::{BindReceiver, BindReport, BindRoutes};
 pub use counters::StreamCounters;
 pub use index_actor::{IndexActor, Invalidate, StreamShared};

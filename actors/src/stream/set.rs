@@ -21,9 +21,10 @@ use thiserror::Error;
 
 use super::pool::{self, IoPool};
 use super::sockets::{self, ZmqContext};
+use super::worker::WorkerCtx;
 use super::{BindRoutes, StreamCounters};
 use super::{IndexActor, StreamShared};
-use super::{Shutdown, StreamActor};
+use super::{Shutdown, StreamActor, StreamOrigin};
 use crate::directory::Directory;
 use crate::router::{RouterActor, StreamKey};
 use crate::sync::{read, write};
@@ -45,7 +46,7 @@ pub enum StartStreamError {
         /// The rank.
         dp_rank: u32,
         /// Where the running one comes from.
-        origin: &'static str,
+        origin: StreamSource,
     },
     /// An endpoint is already used by another stream.
     #[error(
@@ -72,7 +73,8 @@ pub enum StartStreamError {
 }
 
 /// Where a stream comes from, as `/v1/internal/streams` shows it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum StreamSource {
     /// The `streams` list of the config file (or the demo).
     Static,
@@ -82,6 +84,12 @@ pub enum StreamSource {
     Register,
     /// An engine listed by address (config `engines` or `POST /register` with a `url`).
     Engine,
+}
+
+impl std::fmt::Display for StreamSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
 
 impl StreamSource {
@@ -227,7 +235,7 @@ impl StreamSet {
         let key = StreamKey { instance_name: spec.instance_name.clone(), dp_rank: spec.dp_rank };
         if let Some(run) = map.get(&key) {
             let (instance, dp_rank) = (key.instance_name, key.dp_rank);
-            let origin = run.source.as_str();
+            let origin = run.source;
             return Err(StartStreamError::Duplicate { instance, dp_rank, origin });
         }
         self.check_bound(spec)?;
@@ -343,12 +351,18 @@ impl StreamSet {
         let index = IndexActor::new(Arc::clone(&shared));
         let counters = Arc::clone(&shared.counters);
         let index = IndexActor::start_in_arbiter(arb, |_| index);
-        let (s, limits, zmq, idx) =
-            (worker_spec, self.limits.clone(), self.zmq.clone(), index.clone());
-        let pool = self.pool.clone();
-        let stream = Supervisor::start_in_arbiter(arb, move |_| {
-            StreamActor::new(s, limits, idx, shared, zmq, pool)
-        });
+        let worker = WorkerCtx {
+            spec: worker_spec,
+            limits: self.limits.clone(),
+            shared,
+            status: Arc::default(),
+            zmq: self.zmq.clone(),
+        };
+        let process = identity.as_ref().and_then(|i| i.incarnation_id.clone());
+        let origin = StreamOrigin { source, process };
+        let (idx, pool) = (index.clone(), self.pool.clone());
+        let stream =
+            Supervisor::start_in_arbiter(arb, move |_| StreamActor::new(worker, origin, idx, pool));
         let run = RunningStream { spec, identity, source, tenant, stream, counters, index };
         write(&self.map).insert(key, run);
         self.changes.fetch_add(1, Ordering::Release);

@@ -49,7 +49,8 @@ pub struct WorkerStatus {
     pub phase: StreamPhase,
     /// Whether the SUB socket has completed its ZMTP handshake with the publisher.
     pub connected: bool,
-    /// Recovery counters: `gaps`, `recoveries`, `snapshot_failures`, `dropped_batches`,
+    /// Recovery counters: `gaps`, `initial_syncs`, `resyncs`, `recoveries` (after faults only),
+    /// `snapshot_failures`, `dropped_batches`,
     /// `full_state_restores`, and for history replay `truncated_histories`,
     /// `replayed_batches` and `duplicate_batches`.
     #[serde(flatten)]
@@ -69,6 +70,7 @@ pub struct WorkerStatus {
 }
 
 /// Everything a worker needs.
+#[derive(Clone)]
 pub struct WorkerCtx {
     /// The stream.
     pub spec: StreamSpec,
@@ -354,8 +356,8 @@ impl Worker {
             self.warn_on_invalidate = true;
         }
         let stats = self.recovery.stats();
-        if stats.recoveries > self.status.stats.recoveries {
-            if let Some(took) = stats.last_recovery {
+        if stats.syncs() > self.status.stats.syncs() {
+            if let Some(took) = stats.last_sync {
                 self.ctx.shared.counters.recovery.observe(took);
             }
         }

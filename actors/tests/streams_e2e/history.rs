@@ -104,6 +104,7 @@ fn a_restarted_engine_gives_no_credit_until_replayed_from_zero() {
     eng.process(0, &old).unwrap();
     assert_eq!(agrees(&svc, &eng, 0, &old), (64, 0));
     let recoveries = report(&svc)["streams"][0]["recoveries"].as_u64().unwrap();
+    assert_eq!(recoveries, 0, "the first replay is no recovery");
     eng.restart(0).unwrap();
     let new = prompt(7000, 2);
     eventually("the restart to be replayed", || {

@@ -25,9 +25,11 @@ const POLL: Duration = Duration::from_millis(50);
 /// Phases of a synchronized stream (`resyncing` is a periodic snapshot that keeps serving).
 const LIVE: [&str; 2] = ["live", "resyncing"];
 /// Counters of the streams report summed per run.
-pub const COUNTERS: [&str; 8] = [
+pub const COUNTERS: [&str; 10] = [
     "messages",
     "gaps",
+    "initial_syncs",
+    "resyncs",
     "recoveries",
     "decode_errors",
     "snapshot_failures",

@@ -142,7 +142,7 @@ impl SharedIndex {
             config,
             hasher: Keys::new(config.block_size, config.hash_seed, config.salt),
             table: Table::with_capacity(0, config.max_blocks),
-            sync: Err("waiting for the first snapshot".into()),
+            sync: SyncState::Unsynchronized { reason: "waiting for the first snapshot".into() },
             sequence: None,
             partial: false,
             pending: Vec::new(),
@@ -190,6 +190,18 @@ impl Sink for Discard {
     }
 }
 
+/// Whether a stream's live batches are applied; if not, why not (its status's `error`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum SyncState {
+    /// Live batches apply; the stream matches from the next publish.
+    Synchronized,
+    /// Only a full-state batch, a snapshot or a finished history replay synchronizes it.
+    Unsynchronized {
+        /// What unsynchronized it, for operators.
+        reason: String,
+    },
+}
+
 /// One stream's writer state in a shared index (see the module documentation). Changes are
 /// kept pending until [`Self::commit`] or [`Self::publish`].
 pub struct StreamWriter {
@@ -198,7 +210,7 @@ pub struct StreamWriter {
     config: IndexConfig,
     hasher: Keys,
     table: Table,
-    sync: Result<(), String>,
+    sync: SyncState,
     sequence: Option<u64>,
     /// See [`StreamWriter::set_partial`].
     partial: bool,
@@ -225,7 +237,7 @@ impl StreamWriter {
 
     /// Whether live batches are being applied.
     pub fn is_synchronized(&self) -> bool {
-        self.sync.is_ok()
+        self.sync == SyncState::Synchronized
     }
 
     /// Engine blocks held.
@@ -235,12 +247,16 @@ impl StreamWriter {
 
     /// The status the next commit will show.
     pub fn status(&self) -> StreamStatus {
+        let error = match &self.sync {
+            SyncState::Synchronized => None,
+            SyncState::Unsynchronized { reason } => Some(reason.clone()),
+        };
         StreamStatus {
-            synchronized: self.sync.is_ok(),
+            synchronized: error.is_none(),
             sequence: self.sequence,
             device_blocks: self.table.device,
             host_blocks: self.table.host,
-            error: self.sync.clone().err(),
+            error,
             partial: self.partial,
             approximate: false,
         }
@@ -252,13 +268,13 @@ impl StreamWriter {
     /// changes made before it stay pending (they are real). While partial, see
     /// [`Self::set_partial`].
     pub fn apply(&mut self, seq: u64, batch: &Batch) -> Result<ApplyStats, IndexError> {
-        if let Err(reason) = &self.sync {
+        if let SyncState::Unsynchronized { reason } = &self.sync {
             if !batch.is_full_state() {
                 return Err(IndexError::NotSynchronized(reason.clone()));
             }
         }
         let stats = self.apply_table(batch)?;
-        self.sync = Ok(());
+        self.sync = SyncState::Synchronized;
         self.sequence = Some(seq);
         Ok(stats)
     }
@@ -276,7 +292,7 @@ impl StreamWriter {
 
     /// Marks the stream unsynchronized: it matches nothing from the next publish.
     pub fn invalidate(&mut self, reason: impl Into<String>) {
-        self.sync = Err(reason.into());
+        self.sync = SyncState::Unsynchronized { reason: reason.into() };
     }
 
     /// Starts building a snapshot aside; this stream's contents stay visible meanwhile.
@@ -293,7 +309,7 @@ impl StreamWriter {
     pub fn install_snapshot(&mut self, snapshot: SharedSnapshot, watermark: u64) -> ApplyStats {
         let old = std::mem::replace(&mut self.table, snapshot.table);
         diff::changes_between(&old, &self.table, &mut self.pending);
-        self.sync = Ok(());
+        self.sync = SyncState::Synchronized;
         self.partial = false;
         self.sequence = watermark.checked_sub(1);
         snapshot.stats

@@ -5,7 +5,7 @@
 //! the engine's start leaves the stream *partial* ([`StreamWriter::set_partial`]) until the next
 //! `AllBlocksCleared`.
 
-use super::{ApplyStats, Pending, StreamWriter};
+use super::{ApplyStats, Pending, StreamWriter, SyncState};
 use crate::index::IndexError;
 use crate::wire::Batch;
 
@@ -52,6 +52,6 @@ impl StreamWriter {
     /// Synchronizes the stream with its current contents (after a history replay): it matches
     /// from the next publish.
     pub fn resume(&mut self) {
-        self.sync = Ok(());
+        self.sync = SyncState::Synchronized;
     }
 }
