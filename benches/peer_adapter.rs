@@ -9,7 +9,7 @@
 //!   conservative reading: kvdir publishes once per live batch);
 //! - `kvdir-sliced`: commits each event and publishes once per harness slice (`flush()`).
 //!
-//! `tests/peer_adapter.rs` compiles this file against a copy of the harness trait and checks
+//! `tests/integration/peer_adapter.rs` compiles this file against a copy of the harness trait and checks
 //! its answers, so it cannot go stale unnoticed.
 
 use std::cell::RefCell;

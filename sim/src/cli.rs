@@ -31,7 +31,7 @@ mod args;
 mod help;
 mod text;
 
-pub(crate) use args::{choice, flag_pairs, number};
+pub use args::{choice, flag_pairs, number};
 pub use help::HELP;
 pub use text::TextOptions;
 

@@ -98,7 +98,7 @@ fn shared_client() -> io::Result<&'static Client> {
 
 /// Reads a response body of at most [`MAX_BODY_BYTES`]; a longer one is an error, not a
 /// truncated body.
-pub(crate) fn read_body(response: reqwest::blocking::Response) -> io::Result<Vec<u8>> {
+pub fn read_body(response: reqwest::blocking::Response) -> io::Result<Vec<u8>> {
     let too_long = || {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -119,7 +119,7 @@ pub(crate) fn read_body(response: reqwest::blocking::Response) -> io::Result<Vec
 /// A reqwest error as an `io::Error` whose kind is the underlying one (`TimedOut`,
 /// `ConnectionRefused`, ...) and whose text carries the whole cause chain, since reqwest's own
 /// text ("error sending request for url ...") leaves out why.
-pub(crate) fn io_error(e: reqwest::Error) -> io::Error {
+pub fn io_error(e: reqwest::Error) -> io::Error {
     let mut kind = if e.is_timeout() { Some(io::ErrorKind::TimedOut) } else { None };
     let mut text = e.to_string();
     let mut source = e.source();

@@ -22,15 +22,13 @@
 //! - [`etcd`]: [`Registration`], which registers an engine in etcd the way xLLM engines do
 //!   (leased instance key, LOADMETRICS, heartbeats to kvdir), with knobs to pause, resume and
 //!   kill it.
-//! - [`cli`]: the `kvdir-sim` binary's flags and the static-stream JSON it prints.
-//! - [`bench`]: the `kvdir-bench` load tool: engines publishing into a running kvdir while
-//!   HTTP clients query and route, and the report.
+//! - [`cli`]: the `kvdir-sim` binary's flags and the static-stream JSON it prints (its flag
+//!   parsing is shared with the load tool, the `kvdir-bench` crate).
 //!
-//! The crate's error type is [`SimError`]; the load tool has its own, [`bench::BenchError`].
+//! The crate's error type is [`SimError`].
 
 #![forbid(unsafe_code)]
 
-pub mod bench;
 pub mod cache;
 pub mod cli;
 pub mod config;

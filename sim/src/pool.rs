@@ -33,7 +33,7 @@ use crate::SimError;
 
 /// Ranks per ZeroMQ context: 2 sockets each, leaving room under libzmq's 1023 for sockets a
 /// restart opens before the reaper has released the old ones.
-pub(crate) const RANKS_PER_CONTEXT: usize = 400;
+pub const RANKS_PER_CONTEXT: usize = 400;
 /// The token of a thread's job waker (rank keys count up from 0).
 const WAKE: Token = Token(usize::MAX);
 /// Readiness events taken per `epoll_wait`.

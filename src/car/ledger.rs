@@ -34,6 +34,9 @@ pub const MAX_PER_INSTANCE: usize = 4096;
 /// Weight of a new sample in the EWMAs (typical size and learned rate).
 const EWMA_WEIGHT: f64 = 0.2;
 
+/// Weight of a new request in the reuse EWMAs ([`WorkLedger::reuse`]): about the last 50.
+const REUSE_WEIGHT: f64 = 0.02;
+
 /// Smallest amount of work, in tokens, a first byte must cover to teach a rate.
 const MIN_LEARN_TOKENS: f64 = 256.0;
 
@@ -57,11 +60,16 @@ pub struct QueuedWork {
     /// The prefill rate learned from observed TTFTs, tokens per second: the fleet's, or the
     /// instance's own where it stands apart ([`OWN_RATE_FACTOR`]).
     pub learned_rate: Option<f64>,
+    /// The fleet's reuse: the share of the input tokens of recently routed requests that their
+    /// chosen instance credited ([`WorkLedger::reuse`]), the same for every instance.
+    pub fleet_reuse: f64,
 }
 
 /// What kvdir knew when it routed a request, for learning from its first byte.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct RoutedWork {
+    /// Its input tokens.
+    pub input: f64,
     /// Its own uncached tokens on the chosen instance.
     pub uncached: f64,
     /// Tokens queued ahead of it there.
@@ -138,6 +146,9 @@ pub struct WorkLedger {
     typical: Option<f64>,
     /// EWMA of every instance's rate samples.
     fleet_rate: Option<f64>,
+    /// Slow EWMAs of routed requests' credited and input tokens, for [`Self::reuse`].
+    credited: f64,
+    input: f64,
 }
 
 fn ewma(old: Option<f64>, sample: f64) -> f64 {
@@ -147,13 +158,26 @@ fn ewma(old: Option<f64>, sample: f64) -> f64 {
 impl WorkLedger {
     /// The work queued at `instance`.
     pub fn queued(&self, instance: &str) -> QueuedWork {
+        let fleet_reuse = self.reuse();
         let Some(i) = self.instances.get(instance) else {
-            return QueuedWork { learned_rate: self.fleet_rate, ..QueuedWork::default() };
+            let learned_rate = self.fleet_rate;
+            return QueuedWork { learned_rate, fleet_reuse, ..QueuedWork::default() };
         };
         QueuedWork {
             tokens: i.tokens.max(0.0) + i.foreign as f64 * self.typical.unwrap_or(0.0),
             requests: i.entries.len() as u64 + i.foreign,
             learned_rate: self.rate_of(i),
+            fleet_reuse,
+        }
+    }
+
+    /// The share of the input tokens of recently routed requests (about the last 50, weighted
+    /// by size) that their chosen instance credited: how much the fleet lives on its cache.
+    /// 0 before the first request.
+    pub fn reuse(&self) -> f64 {
+        match self.input > 0.0 {
+            true => (self.credited / self.input).clamp(0.0, 1.0),
+            false => 0.0,
         }
     }
 
@@ -186,6 +210,9 @@ impl WorkLedger {
         key: Option<u64>,
     ) {
         self.typical = Some(ewma(self.typical, work.uncached));
+        let credited = (work.input - work.uncached).max(0.0);
+        self.credited += REUSE_WEIGHT * (credited - self.credited);
+        self.input += REUSE_WEIGHT * (work.input - self.input);
         let i = self.instances.entry(instance.to_string()).or_default();
         if reports < i.reports {
             *i = i.restarted();
@@ -298,7 +325,8 @@ mod tests {
     #[test]
     fn the_first_byte_ends_a_request_and_teaches_the_rate() {
         let mut l = WorkLedger::default();
-        let w = RoutedWork { uncached: 1000.0, ahead_tokens: 3000.0, fixed_ms: 10.0 };
+        let w =
+            RoutedWork { input: 1000.0, uncached: 1000.0, ahead_tokens: 3000.0, fixed_ms: 10.0 };
         l.routed("e", 0, 1_000, w, Some(7));
         l.routed("e", 0, 1_000, work(100.0), Some(8));
         // 4000 tokens in 410 - 10 ms: 10,000 tokens per second.
@@ -367,6 +395,27 @@ mod tests {
         l.retain(|name| name != "f");
         assert_eq!((l.queued("f").requests, l.queued("f").tokens), (0, 0.0));
         assert_eq!(l.typical(), Some(100.0));
+    }
+
+    #[test]
+    fn the_fleet_reuse_is_the_recently_credited_share_of_routed_tokens() {
+        let mut l = WorkLedger::default();
+        assert_eq!(l.queued("e").fleet_reuse, 0.0, "nothing routed yet");
+        let credited = |input: f64, uncached: f64| RoutedWork { input, uncached, ..work(0.0) };
+        for _ in 0..10 {
+            l.routed("e", 0, 0, credited(1000.0, 750.0), None);
+        }
+        assert!((l.reuse() - 0.25).abs() < 1e-9, "a quarter credited: {}", l.reuse());
+        assert_eq!(l.queued("e").fleet_reuse, l.reuse());
+        assert_eq!(l.queued("unseen").fleet_reuse, l.reuse(), "the fleet's, for every instance");
+        // A large request weighs more: 9000 of 10,000 tokens credited.
+        l.routed("f", 0, 0, credited(10_000.0, 1000.0), None);
+        assert!(l.reuse() > 0.4, "{}", l.reuse());
+        // Then nothing credited for a while: the share fades toward 0.
+        for _ in 0..300 {
+            l.routed("e", 0, 0, credited(1000.0, 1000.0), None);
+        }
+        assert!(l.reuse() < 0.01, "{}", l.reuse());
     }
 
     #[test]

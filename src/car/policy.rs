@@ -314,7 +314,7 @@ fn explain(
         r.reason = match (r.chosen, policy, score, best) {
             (true, Policy::Rr, _, _) => "next in round-robin order".into(),
             (true, Policy::Ttft, Some(_), _) if r.side == Side::Prefill => {
-                "lowest estimated time to first token plus delay to later requests".into()
+                "lowest estimated time to first token plus miss cost".into()
             }
             (true, _, Some(_), _) => "lowest score".into(),
             (true, _, None, _) => "no candidate has a score; rotated".into(),
@@ -323,7 +323,7 @@ fn explain(
                 "tied; another took its turn".into()
             }
             (false, Policy::Ttft, Some(s), Some(b)) if r.side == Side::Prefill => {
-                format!("score {s:.1} ms (estimate plus later) is above the chosen {b:.1} ms")
+                format!("score {s:.1} ms (estimate plus miss cost) is above the chosen {b:.1} ms")
             }
             (false, _, Some(s), Some(b)) => format!("score {s:.4} is above the chosen {b:.4}"),
             (false, Policy::SloAware, None, _) => "no profiling data".into(),

@@ -1,15 +1,17 @@
 //! The TTFT policy's estimate ([`estimate`]): each prefill candidate's time to first token,
 //! from the work queued ahead of the request ([`super::WorkLedger`]), the request's own
 //! uncached tokens there, the instance's prefill rate and two fixed terms. The policy's score
-//! adds the delay the request's own prefill adds to later requests ([`add_later`]); smallest
-//! wins.
+//! adds what a cache miss costs the fleet ([`add_later`]); smallest wins.
 //!
 //! ```text
 //! own_uncached = input_tokens * (1 - clamp(kv_hit_ratio + predict_weight * predicted_hit_ratio, 0, 1))
 //! estimate_ms  = 1000 * (queued_tokens / dp_size + own_uncached) / prefill_tokens_per_s
 //!                + overhead_ms_per_request * (queued_requests / dp_size + 1)
 //!                + decode_ms_at_full_kv * gpu_cache_usage_perc
-//! later_ms     = later_weight * own_prefill_ms * mean over candidates of queued_requests / dp_size
+//! extra_prefill_ms = 1000 * own_uncached / prefill_tokens_per_s - the least over candidates
+//! busy_share   = mean over candidates of min(1, queued_requests / dp_size)
+//! pressure     = min(busy_share / (1 - busy_share), MAX_PRESSURE)
+//! later_ms     = later_weight * fleet_reuse^2 * pressure * extra_prefill_ms
 //! score        = estimate_ms + later_ms
 //! ```
 //! - `queued_tokens`, `queued_requests`: kvdir's own routed requests not done yet, each with
@@ -22,10 +24,20 @@
 //!   mostly by the running (decoding) requests whose steps share the engine with every
 //!   prefill. The term is the same for instances with the same usage, so it never changes a
 //!   choice between equally used instances.
+//! - The miss cost: a miss costs the fleet its prefill beyond the best candidate's, which
+//!   delays the requests queued behind it, about `rho / (1 - rho)` of them on a server busy a
+//!   share `rho` of the time; bounded, so a request still leaves a cached instance whose queue
+//!   costs more. It matters only where the fleet lives on its cache: `fleet_reuse` is the share
+//!   of routed tokens credited lately ([`super::WorkLedger::reuse`]), squared because the cost
+//!   falls on reuse twice, the prefix's own next turns (split across two copies) and the blocks
+//!   its second copy evicts. An idle fleet and one without reuse choose on the estimate alone.
 
 use serde::{Deserialize, Serialize};
 
 use super::types::Candidate;
+
+/// The largest pressure a loaded fleet puts on a miss (a busy share of 0.9).
+pub const MAX_PRESSURE: f64 = 9.0;
 
 /// Settings of the TTFT policy.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -43,7 +55,7 @@ pub struct TtftParams {
 
 impl Default for TtftParams {
     fn default() -> Self {
-        TtftParams { tokens_per_s: 10_000.0, overhead_ms: 5.0, decode_ms: 10.0, later_weight: 10.0 }
+        TtftParams { tokens_per_s: 10_000.0, overhead_ms: 5.0, decode_ms: 10.0, later_weight: 32.0 }
     }
 }
 
@@ -79,10 +91,17 @@ pub struct TtftTerms {
     pub decode_ms: f64,
     /// The estimate: prefill time of the queue and of its own tokens, plus both terms.
     pub estimate_ms: f64,
-    /// Requests expected to queue behind it: the mean queued requests per rank over the
-    /// prefill candidates.
-    pub behind_requests: f64,
-    /// The delay its own prefill adds to them, times `--ttft_later_weight`.
+    /// The fleet's reuse ([`super::WorkLedger::reuse`]).
+    pub fleet_reuse: f64,
+    /// Its own prefill time beyond the least over the prefill candidates, ms: what its miss
+    /// costs the fleet's capacity.
+    pub extra_prefill_ms: f64,
+    /// The share of the prefill candidates' ranks with work queued (the mean over them of
+    /// `min(1, queued_requests / dp_size)`).
+    pub busy_share: f64,
+    /// [`pressure`] of the busy share.
+    pub pressure: f64,
+    /// The miss cost: `--ttft_later_weight * fleet_reuse^2 * pressure * extra_prefill_ms`.
     pub later_ms: f64,
 }
 
@@ -123,13 +142,16 @@ pub fn estimate(c: &Candidate, input_tokens: usize, reuse: f64, p: &TtftParams) 
         overhead_ms,
         decode_ms,
         estimate_ms: prefill_ms + overhead_ms + decode_ms,
-        behind_requests: 0.0,
+        fleet_reuse: queued.fleet_reuse.clamp(0.0, 1.0),
+        extra_prefill_ms: 0.0,
+        busy_share: 0.0,
+        pressure: 0.0,
         later_ms: 0.0,
     }
 }
 
 impl TtftTerms {
-    /// The TTFT policy's score: the estimate plus the delay to later requests.
+    /// The TTFT policy's score: the estimate plus the miss cost.
     pub fn score(&self) -> f64 {
         self.estimate_ms + self.later_ms
     }
@@ -138,20 +160,37 @@ impl TtftTerms {
     pub fn own_prefill_ms(&self) -> f64 {
         1000.0 * self.own_uncached_tokens / self.prefill_tokens_per_s.max(1e-9)
     }
+
+    /// The share of its ranks with work queued, at most 1.
+    fn busy(&self) -> f64 {
+        (self.queued_requests as f64 / f64::from(self.dp_size.max(1))).min(1.0)
+    }
 }
 
-/// Sets each estimate's delay to later requests: `weight * own_prefill_ms * behind`, where
-/// `behind` is the mean over the candidates of their queued requests per rank. Under load a
-/// request's prefill delays every request that queues behind it (about the mean queue length,
-/// as in a FIFO queue, `rho / (1 - rho)`), so a cache miss costs more than its own time; an
-/// idle fleet adds nothing.
+/// Sets each estimate's miss cost, `later_ms` (module doc): its extra prefill against the
+/// candidate with the least, times the fleet's pressure and reuse, times `weight`. An idle
+/// fleet (pressure 0) and a fleet without reuse choose on the estimate alone; under load the
+/// cost protects the cache, but at most [`MAX_PRESSURE`] times the extra prefill, so a request
+/// still leaves a cached instance whose queue costs more than that.
 pub fn add_later(estimates: &mut [Option<TtftTerms>], weight: f64) {
-    let per_rank = |t: &TtftTerms| t.queued_requests as f64 / f64::from(t.dp_size.max(1));
-    let queues: Vec<f64> = estimates.iter().flatten().map(per_rank).collect();
-    let behind = queues.iter().sum::<f64>() / queues.len().max(1) as f64;
+    let shares: Vec<f64> = estimates.iter().flatten().map(TtftTerms::busy).collect();
+    let busy_share = shares.iter().sum::<f64>() / shares.len().max(1) as f64;
+    let pressure = pressure(busy_share);
+    let least = estimates.iter().flatten().map(TtftTerms::own_prefill_ms).fold(f64::MAX, f64::min);
     for t in estimates.iter_mut().flatten() {
-        t.behind_requests = behind;
-        t.later_ms = weight * t.own_prefill_ms() * behind;
+        t.extra_prefill_ms = t.own_prefill_ms() - least;
+        t.busy_share = busy_share;
+        t.pressure = pressure;
+        t.later_ms = weight * t.fleet_reuse.powi(2) * pressure * t.extra_prefill_ms;
+    }
+}
+
+/// `rho / (1 - rho)`, the mean queue of a FIFO server busy a share `rho` of the time, at most
+/// [`MAX_PRESSURE`].
+pub fn pressure(rho: f64) -> f64 {
+    match rho < 1.0 {
+        true => (rho.max(0.0) / (1.0 - rho)).min(MAX_PRESSURE),
+        false => MAX_PRESSURE,
     }
 }
 
@@ -165,7 +204,7 @@ mod tests {
     fn cand(name: &str, hit: u64, dp: u32, queued: (f64, u64), usage: f64) -> Candidate {
         let mut c = Candidate::test_idle(name, dp, hit);
         c.load = Some(LoadMetrics { waiting_requests_num: 0, gpu_cache_usage_perc: usage });
-        c.queued = QueuedWork { tokens: queued.0, requests: queued.1, learned_rate: None };
+        c.queued = QueuedWork { tokens: queued.0, requests: queued.1, ..QueuedWork::default() };
         c
     }
 
@@ -216,34 +255,72 @@ mod tests {
         let chosen = r.candidates.iter().find(|c| c.chosen).unwrap();
         assert_eq!(chosen.estimated_ttft_ms, Some(510.0));
         assert_eq!(chosen.score, Some(510.0));
-        assert_eq!(
-            chosen.reason,
-            "lowest estimated time to first token plus delay to later requests"
-        );
+        assert_eq!(chosen.reason, "lowest estimated time to first token plus miss cost");
         // 9000 queued tokens: 11,000 to wait for on a.
         let r = ttft(&[cand("a", 8000, 1, (9000.0, 1), 0.0), cand("b", 0, 1, (0.0, 0), 0.0)]);
         assert_eq!(r.prefill, "b");
         let a = r.candidates.iter().find(|c| c.name == "a").unwrap();
-        assert_eq!(a.reason, "score 1110.0 ms (estimate plus later) is above the chosen 1005.0 ms");
+        assert_eq!(
+            a.reason,
+            "score 1110.0 ms (estimate plus miss cost) is above the chosen 1005.0 ms"
+        );
+    }
+
+    /// `cands` with the fleet's reuse set to `reuse`.
+    fn reusing(cands: &[Candidate], reuse: f64) -> Vec<Candidate> {
+        let with = |c: &Candidate| {
+            let queued = QueuedWork { fleet_reuse: reuse, ..c.queued };
+            Candidate { queued, ..c.clone() }
+        };
+        cands.iter().map(with).collect()
     }
 
     #[test]
-    fn under_load_a_miss_also_counts_the_delay_it_adds_to_the_requests_behind_it() {
-        // The same choice as above, but with 2 requests queued on average per candidate.
-        let cands = [cand("a", 8000, 1, (9000.0, 3), 0.0), cand("b", 0, 1, (0.0, 1), 0.0)];
-        assert_eq!(ttft(&cands).prefill, "b", "on the estimate alone b is sooner");
-        let r = ttft_with(&cands, 0.5);
+    fn an_idle_fleet_or_one_without_reuse_chooses_on_the_estimate_alone() {
+        // a holds 50 of the 10,000 tokens but decodes at 90 % KV usage: b's estimate is lower.
+        let idle = [cand("a", 50, 2, (0.0, 0), 0.9), cand("b", 0, 1, (0.0, 0), 0.0)];
+        let r = ttft_with(&reusing(&idle, 0.5), 10.0);
+        assert_eq!(r.prefill, "b", "{r:?}");
         let (a, b) = (terms(&r, "a"), terms(&r, "b"));
-        assert_eq!((a.behind_requests, b.behind_requests), (2.0, 2.0));
-        assert_eq!(a.later_ms, 0.5 * 200.0 * 2.0, "its 2000 tokens delay two requests");
-        assert_eq!(b.later_ms, 0.5 * 1000.0 * 2.0);
-        assert_eq!(r.prefill, "a", "a's miss of 2000 tokens costs the fleet less: {r:?}");
+        assert_eq!((b.busy_share, b.pressure, b.later_ms, a.later_ms), (0.0, 0.0, 0.0, 0.0));
+        assert_eq!((a.extra_prefill_ms, b.extra_prefill_ms), (0.0, 5.0), "50 tokens at 10,000/s");
+        // Every rank busy, but no reuse in the fleet: still the estimate alone.
+        let busy = [cand("a", 8000, 1, (9000.0, 3), 0.0), cand("b", 0, 1, (0.0, 1), 0.0)];
+        let r = ttft_with(&reusing(&busy, 0.0), 10.0);
+        assert_eq!((r.prefill.as_str(), terms(&r, "b").pressure), ("b", MAX_PRESSURE));
+        assert_eq!(terms(&r, "b").later_ms, 0.0);
+    }
+
+    #[test]
+    fn a_loaded_fleet_keeps_a_request_on_its_cached_instance_while_the_miss_costs_more() {
+        // 8000 of 10,000 tokens cached on a, 12,000 tokens queued there; b has 1000 queued.
+        // Estimates: a 1400 + 20 ms, b 1100 + 10 ms. Both busy: pressure 9; a quarter reused.
+        let cands = |queued_a: f64| {
+            let a = cand("a", 8000, 1, (queued_a, 3), 0.0);
+            reusing(&[a, cand("b", 0, 1, (1000.0, 1), 0.0)], 0.25)
+        };
+        assert_eq!(ttft_with(&cands(12_000.0), 0.0).prefill, "b", "the estimate alone: b");
+        let r = ttft_with(&cands(12_000.0), 4.0);
+        assert_eq!(r.prefill, "a", "b's miss of 8000 more tokens costs the fleet more: {r:?}");
+        let (a, b) = (terms(&r, "a"), terms(&r, "b"));
+        assert_eq!((a.busy_share, a.pressure, a.fleet_reuse), (1.0, MAX_PRESSURE, 0.25));
+        assert_eq!((a.extra_prefill_ms, a.later_ms), (0.0, 0.0), "a misses least");
+        assert_eq!(b.extra_prefill_ms, 800.0);
+        assert_eq!(b.later_ms, 4.0 * 0.25 * 0.25 * MAX_PRESSURE * 800.0);
         let score = |name: &str| r.candidates.iter().find(|c| c.name == name).unwrap().score;
-        assert_eq!(score("a"), Some(a.estimate_ms + 200.0));
-        assert_eq!(r.candidates[0].estimated_ttft_ms, Some(a.estimate_ms), "the estimate alone");
-        // An idle fleet: nothing behind, nothing added.
-        let idle = ttft_with(&[cand("a", 0, 2, (0.0, 0), 0.0)], 5.0);
-        assert_eq!(terms(&idle, "a").later_ms, 0.0);
+        assert_eq!(score("b"), Some(b.estimate_ms + 1800.0));
+        assert_eq!(r.candidates[1].estimated_ttft_ms, Some(1110.0), "the estimate alone");
+        // The miss cost is bounded: once a's queue costs more (30,000 tokens: 3.2 s), b.
+        assert_eq!(ttft_with(&cands(30_000.0), 4.0).prefill, "b");
+    }
+
+    #[test]
+    fn the_pressure_grows_with_the_busy_share_up_to_its_bound() {
+        assert_eq!([0.0, 0.5, 0.75, 0.9, 0.95, 1.0].map(pressure), [0.0, 1.0, 3.0, 9.0, 9.0, 9.0]);
+        // One of a's two ranks and none of b's: a quarter of the ranks, counted per candidate.
+        let r = ttft_with(&[cand("a", 0, 2, (100.0, 1), 0.0), cand("b", 0, 1, (0.0, 0), 0.0)], 1.0);
+        assert_eq!((terms(&r, "a").busy_share, terms(&r, "b").busy_share), (0.25, 0.25));
+        assert_eq!(terms(&r, "a").pressure, 0.25 / 0.75);
     }
 
     #[test]

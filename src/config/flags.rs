@@ -46,8 +46,9 @@ FLAGS (--flag=value or --flag value):
     --ttft_overhead_ms MS          TTFT: fixed cost of every request [default: 5]
     --ttft_decode_ms MS            TTFT: decode term of an instance with a full KV cache,
                                    scaled by gpu_cache_usage_perc [default: 10]
-    --ttft_later_weight X          TTFT: weight of the delay a request's own prefill adds to
-                                   the requests expected behind it [default: 10]
+    --ttft_later_weight X          TTFT: weight of a cache miss's cost to a loaded fleet
+                                   that reuses its cache; 0 chooses on the estimate alone
+                                   [default: 32]
     --target_ttft MS               SLO_AWARE time-to-first-token target [default: 1000]
     --target_tpot MS               SLO_AWARE time-per-output-token target [default: 50]
     --tokenizer_path PATH          the served model's tokenizer.json, or its directory (with

@@ -33,6 +33,7 @@ pub(crate) fn record(
     let chosen = routed.candidates.iter().find(|c| c.name == routed.prefill);
     let Some(terms) = chosen.and_then(|c| c.ttft) else { return };
     let work = RoutedWork {
+        input: routed.input_tokens as f64,
         uncached: terms.own_uncached_tokens,
         ahead_tokens: terms.ahead_per_rank(),
         fixed_ms: terms.fixed_ms(),

@@ -6,7 +6,7 @@ use std::str::FromStr;
 /// Splits arguments into `(name, value)` pairs, xllm-service style: `--name=value` or
 /// `--name value`; a switch in `switches` given alone means `true`. `None` when `--help` or
 /// `-h` appears. Malformed arguments are added to `problems`.
-pub(crate) fn flag_pairs<I: IntoIterator<Item = String>>(
+pub fn flag_pairs<I: IntoIterator<Item = String>>(
     args: I,
     switches: &[&str],
     problems: &mut Vec<String>,
@@ -38,13 +38,15 @@ pub(crate) fn flag_pairs<I: IntoIterator<Item = String>>(
 }
 
 /// Parses `value` of flag `--name`, naming both and the expected type on failure.
-pub(crate) fn number<T: FromStr>(name: &str, value: &str) -> Result<T, String> {
+pub fn number<T: FromStr>(name: &str, value: &str) -> Result<T, String> {
     value
         .parse()
         .map_err(|_| format!("--{name} = {value:?} is not a valid {}", std::any::type_name::<T>()))
 }
 
-pub(crate) fn choice<T: Copy>(name: &str, value: &str, choices: &[(&str, T)]) -> Result<T, String> {
+/// Parses `value` of flag `--name` as one of `choices` (case-insensitive), naming the choices
+/// on failure.
+pub fn choice<T: Copy>(name: &str, value: &str, choices: &[(&str, T)]) -> Result<T, String> {
     let found = choices.iter().find(|(n, _)| n.eq_ignore_ascii_case(value));
     found.map(|(_, v)| *v).ok_or_else(|| {
         let names: Vec<&str> = choices.iter().map(|(n, _)| *n).collect();

@@ -1,5 +1,5 @@
 //! Unit tests of the registration's pure parts; the etcd behaviour is tested against a real
-//! server in `sim/tests/etcd.rs`.
+//! server in `sim/tests/e2e/etcd.rs`.
 
 use kvdir::registry::{parse_instance, parse_key, InstanceType, RegistryKey};
 

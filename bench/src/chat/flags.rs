@@ -1,0 +1,318 @@
+//! Flags of `kvdir-bench chat` ([`ChatOptions`]), parsed like the load tool's (every problem
+//! reported together, each naming the value and the fix), and the [`BenchOptions`] handed to the
+//! shared fleet, kvdir and probe modules.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use super::super::flags::{check_loopback, switch, BenchOptions, Mode};
+use super::super::replay::flags::{policy_name, POLICIES};
+use super::super::BenchError;
+use kvdir::car::Policy;
+use kvdir_sim::cli::{choice, flag_pairs, number};
+
+/// `kvdir-bench chat --help`.
+pub const CHAT_HELP: &str = "\
+kvdir-bench chat: start simulated OpenAI engines registered in etcd and a kvdir with its OpenAI
+front door, send a shared-prefix chat workload (system prompt + unique user turn) through
+kvdir (or, with --direct, straight to the engines), print latency, TTFT, cached-token share,
+kvdir CPU per request and tokenization time
+
+USAGE: kvdir-bench chat --etcd_addr H:P --spawn_kvdir PATH [--flag=value]...
+
+  --etcd_addr H:P          etcd where the engines register and kvdir discovers them
+  --spawn_kvdir PATH       the kvdir binary to start (127.0.0.1, port 0); not needed with --direct
+  --direct                 send the requests round-robin straight to the engines (baseline)
+  --engines N              simulated OpenAI engines                            [4]
+  --dp_size N              DP ranks per engine                                 [1]
+  --block_size N           tokens per KV block                                 [16]
+  --device_blocks N        Device blocks per rank                              [65536]
+  --clients C              client threads, each with its own keep-alive client [4]
+  --requests K             requests in all (the run stops at K or the duration) [200]
+  --duration_seconds S     longest run of the clients                          [60]
+  --rate R                 open loop: request k is due at k/R s (R per second); a client sends
+                           it when due, or late when all are busy, and its latency and TTFT
+                           count from when it was due [0 = closed loop: each client sends its
+                           next request when the last one ends]
+  --system_prompts S       distinct system prompts (requests take them in turn) [4]
+  --prompt_tokens N        approximate prompt size; the system prompt is sized to fit [1000]
+  --system_prompt_tokens N approximate system prompt size (instead of --prompt_tokens)
+  --stream                 stream (SSE); TTFT = the first `data:` line
+  --siblings K             send each prompt K times at once (parallel sampling, fan-out); each
+                           group's prompt is new; --clients groups run at a time; reports the
+                           share of siblings on their group's most used instance [1 = off]
+  --prefill_us_per_token U engines' cost per uncached prompt token, µs           [20]
+  --decode_us_per_token U  engines' cost per output token, µs                   [1000]
+  --serial_prefill         each engine rank prefills one request at a time, first come first
+                           served, so requests queue past its prefill rate [off: all at once]
+  --max_tokens N           output tokens per request                           [16]
+  --policy P               CAR, RR or SLO_AWARE, for the spawned kvdir         [CAR]
+  --served_model_name M    the model name of engines and front door            [kvdir-demo]
+  --etcd_namespace NS      etcd namespace                                      [kvdir-chat-<pid>]
+  --internal_api_token T   X-Internal-Token for kvdir (and the spawned kvdir)
+  --kvdir_arg=FLAG         extra flag for the spawned kvdir (repeatable)
+  --sync_timeout_seconds S longest wait for kvdir to know and synchronize every engine [60]
+  --allow_remote           accept a non-loopback --etcd_addr
+  --json                   print the report as JSON
+  --help                   this text
+";
+
+/// Approximate tokens of a user turn and the template around it.
+pub const USER_TURN_TOKENS: usize = 32;
+
+/// Parsed and validated chat flags.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChatOptions {
+    /// Simulated engines.
+    pub engines: u32,
+    /// DP ranks per engine.
+    pub dp_size: u32,
+    /// Tokens per block.
+    pub block_size: u32,
+    /// Device blocks per rank.
+    pub device_blocks: usize,
+    /// Client threads.
+    pub clients: u32,
+    /// Requests in all.
+    pub requests: u64,
+    /// Longest run of the clients.
+    pub duration: Duration,
+    /// Open-loop arrivals per second; 0: closed loop.
+    pub rate: f64,
+    /// Distinct system prompts.
+    pub system_prompts: usize,
+    /// Approximate system prompt size, tokens.
+    pub system_prompt_tokens: usize,
+    /// Stream the answers.
+    pub stream: bool,
+    /// Copies of each prompt sent at once (1: every request is its own prompt).
+    pub siblings: u32,
+    /// Bypass kvdir.
+    pub direct: bool,
+    /// Engines' prefill cost per uncached token, µs.
+    pub prefill_us_per_token: u64,
+    /// Engines' decode cost per output token, µs.
+    pub decode_us_per_token: u64,
+    /// One prefill at a time per engine rank.
+    pub serial_prefill: bool,
+    /// Output tokens per request.
+    pub max_tokens: u32,
+    /// kvdir's policy.
+    pub policy: Policy,
+    /// Model name.
+    pub served_model_name: String,
+    /// etcd endpoint.
+    pub etcd_addr: String,
+    /// Namespace.
+    pub namespace: String,
+    /// kvdir binary.
+    pub spawn_kvdir: Option<PathBuf>,
+    /// Extra kvdir flags.
+    pub kvdir_args: Vec<String>,
+    /// `X-Internal-Token`.
+    pub internal_api_token: Option<String>,
+    /// Deadline of every wait on kvdir.
+    pub sync_timeout: Duration,
+    /// Print JSON.
+    pub json: bool,
+}
+
+impl Default for ChatOptions {
+    fn default() -> Self {
+        ChatOptions {
+            engines: 4,
+            dp_size: 1,
+            block_size: 16,
+            device_blocks: 65_536,
+            clients: 4,
+            requests: 200,
+            duration: Duration::from_secs(60),
+            rate: 0.0,
+            system_prompts: 4,
+            system_prompt_tokens: 1000 - USER_TURN_TOKENS,
+            stream: false,
+            siblings: 1,
+            direct: false,
+            prefill_us_per_token: 20,
+            decode_us_per_token: 1000,
+            serial_prefill: false,
+            max_tokens: 16,
+            policy: Policy::Car,
+            served_model_name: "kvdir-demo".to_string(),
+            etcd_addr: String::new(),
+            namespace: format!("kvdir-chat-{}", std::process::id()),
+            spawn_kvdir: None,
+            kvdir_args: Vec::new(),
+            internal_api_token: None,
+            sync_timeout: Duration::from_secs(60),
+            json: false,
+        }
+    }
+}
+
+/// What `kvdir-bench chat ...` asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChatCommand {
+    /// Print [`CHAT_HELP`].
+    Help,
+    /// Run.
+    Run(Box<ChatOptions>),
+}
+
+/// Parses the arguments after `chat`.
+pub fn parse_chat_args<I>(args: I) -> Result<ChatCommand, BenchError>
+where
+    I: IntoIterator<Item = String>,
+{
+    let mut problems = Vec::new();
+    let switches = ["json", "allow_remote", "stream", "direct", "serial_prefill"];
+    let Some(pairs) = flag_pairs(args, &switches, &mut problems) else {
+        return Ok(ChatCommand::Help);
+    };
+    let mut o = ChatOptions::default();
+    let (mut allow_remote, mut sizes) = (false, Vec::new());
+    for (name, value) in pairs {
+        let set = match name.as_str() {
+            "allow_remote" => switch(&name, &value).map(|b| allow_remote = b),
+            "prompt_tokens" | "system_prompt_tokens" => {
+                tokens(&name, &value).map(|n| sizes.push((name.clone(), n)))
+            }
+            _ => o.set(&name, &value),
+        };
+        if let Err(problem) = set {
+            problems.push(problem);
+        }
+    }
+    match sizes.as_slice() {
+        [] => {}
+        [(name, n)] if name == "prompt_tokens" => {
+            o.system_prompt_tokens = n.saturating_sub(USER_TURN_TOKENS).max(1)
+        }
+        [(_, n)] => o.system_prompt_tokens = *n,
+        _ => problems.push(
+            "--prompt_tokens and --system_prompt_tokens both size the prompt; give one".into(),
+        ),
+    }
+    o.check(allow_remote, &mut problems);
+    match problems.is_empty() {
+        true => Ok(ChatCommand::Run(Box::new(o))),
+        false => Err(BenchError::Flags(problems)),
+    }
+}
+
+/// A prompt size in 1..=1_000_000 tokens.
+fn tokens(name: &str, value: &str) -> Result<usize, String> {
+    match value.parse::<usize>() {
+        Ok(n) if (1..=1_000_000).contains(&n) => Ok(n),
+        _ => Err(format!("--{name} = {value:?} is not a token count in 1..=1000000")),
+    }
+}
+
+impl ChatOptions {
+    fn set(&mut self, name: &str, value: &str) -> Result<(), String> {
+        match name {
+            "engines" => self.engines = number(name, value)?,
+            "dp_size" => self.dp_size = number(name, value)?,
+            "block_size" => self.block_size = number(name, value)?,
+            "device_blocks" => self.device_blocks = number(name, value)?,
+            "clients" => self.clients = number(name, value)?,
+            "requests" => self.requests = number(name, value)?,
+            "duration_seconds" => match value.parse::<f64>() {
+                Ok(s) if s.is_finite() && (0.1..=3600.0).contains(&s) => {
+                    self.duration = Duration::from_secs_f64(s)
+                }
+                _ => return Err(format!("--{name} = {value:?} is not seconds in 0.1..=3600")),
+            },
+            "rate" => match value.parse::<f64>() {
+                Ok(r) if r.is_finite() && (0.0..=100_000.0).contains(&r) => self.rate = r,
+                _ => return Err(format!("--{name} = {value:?} is not requests/s in 0..=100000")),
+            },
+            "system_prompts" => self.system_prompts = number(name, value)?,
+            "stream" => self.stream = switch(name, value)?,
+            "siblings" => match value.parse::<u32>() {
+                Ok(k) if (1..=64).contains(&k) => self.siblings = k,
+                _ => return Err(format!("--{name} = {value:?} is not a count in 1..=64")),
+            },
+            "direct" => self.direct = switch(name, value)?,
+            "prefill_us_per_token" => self.prefill_us_per_token = number(name, value)?,
+            "decode_us_per_token" => self.decode_us_per_token = number(name, value)?,
+            "serial_prefill" => self.serial_prefill = switch(name, value)?,
+            "max_tokens" => self.max_tokens = number(name, value)?,
+            "policy" => self.policy = choice(name, value, &POLICIES)?,
+            "served_model_name" => self.served_model_name = value.to_string(),
+            "etcd_addr" => self.etcd_addr = value.to_string(),
+            "etcd_namespace" => self.namespace = value.to_string(),
+            "spawn_kvdir" => self.spawn_kvdir = Some(PathBuf::from(value)),
+            "kvdir_arg" => self.kvdir_args.push(value.to_string()),
+            "internal_api_token" => self.internal_api_token = Some(value.to_string()),
+            "sync_timeout_seconds" => {
+                self.sync_timeout = Duration::from_secs_f64(number::<f64>(name, value)?.max(1.0))
+            }
+            "json" => self.json = switch(name, value)?,
+            _ => return Err(format!("unknown flag --{name}; run kvdir-bench chat --help")),
+        }
+        Ok(())
+    }
+
+    fn check(&self, allow_remote: bool, problems: &mut Vec<String>) {
+        let streams = u64::from(self.engines) * u64::from(self.dp_size);
+        let at_least_one = |value: u64, flag: &str| {
+            (value >= 1, format!("--{flag} = {value} is below the minimum 1"))
+        };
+        let checks = [
+            (!self.etcd_addr.is_empty(), "--etcd_addr H:P is required".to_string()),
+            (
+                self.direct || self.spawn_kvdir.is_some(),
+                "--spawn_kvdir PATH is required (or --direct to bypass kvdir)".into(),
+            ),
+            at_least_one(self.engines.into(), "engines"),
+            at_least_one(self.dp_size.into(), "dp_size"),
+            at_least_one(self.block_size.into(), "block_size"),
+            at_least_one(self.device_blocks as u64, "device_blocks"),
+            at_least_one(self.clients.into(), "clients"),
+            at_least_one(self.requests, "requests"),
+            at_least_one(self.system_prompts as u64, "system_prompts"),
+            (
+                streams <= 128,
+                format!("--engines x --dp_size = {streams}; kvdir follows at most 128"),
+            ),
+            (
+                !self.served_model_name.trim().is_empty(),
+                "--served_model_name is empty; name the model".into(),
+            ),
+        ];
+        problems.extend(checks.into_iter().filter(|(ok, _)| !ok).map(|(_, p)| p));
+        if !allow_remote && !self.etcd_addr.is_empty() {
+            check_loopback("etcd_addr", &self.etcd_addr, problems);
+        }
+    }
+
+    /// The load tool's options: etcd mode in the private namespace, no Host tier, the spawned
+    /// kvdir with the front door over `model_dir`, the policy and the passthrough flags.
+    pub fn bench_options(&self, model_dir: &std::path::Path) -> BenchOptions {
+        let mut kvdir_args = vec![
+            format!("--tokenizer_path={}", model_dir.display()),
+            format!("--served_model_name={}", self.served_model_name),
+            format!("--load_balance_policy={}", policy_name(self.policy)),
+        ];
+        kvdir_args.extend(self.kvdir_args.iter().cloned());
+        BenchOptions {
+            engines: self.engines,
+            dp_size: self.dp_size,
+            block_size: self.block_size,
+            device_blocks: self.device_blocks,
+            host_blocks: 0,
+            mode: Mode::Etcd { addr: self.etcd_addr.clone(), namespace: self.namespace.clone() },
+            spawn_kvdir: self.spawn_kvdir.clone().filter(|_| !self.direct),
+            kvdir_args,
+            internal_api_token: self.internal_api_token.clone(),
+            sync_timeout: self.sync_timeout,
+            route_clients: 1,
+            json: self.json,
+            ..BenchOptions::default()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
