@@ -1,4 +1,5 @@
-//! Ingest throughput: decoding live batches and applying them to one stream's index, in blocks/s.
+//! Ingest throughput: decoding live batches and applying them to one stream's writer in the
+//! shared index (alone there), publishing after each, in blocks/s.
 //!
 //! Workload (the figures): block_size 128, 16 blocks per `BlockStored`, 32 stores per
 //! batch (512 blocks), tokens from a 150k vocabulary, random u64 engine hashes, Device tier,
@@ -23,14 +24,14 @@ use std::time::Duration;
 
 use common::{live_cycle, Estimates, Shape, BLOCKS_PER_BATCH, BLOCK_SIZE};
 use criterion::{Criterion, Throughput};
-use kvdir::index::{ApplyStats, ContentKey, IndexConfig, KeyHasher, StreamIndex};
+use kvdir::index::{ApplyStats, ContentKey, IndexConfig, KeyHasher, StreamWriter};
 use kvdir::wire::{decode_batch, Batch, Event};
 
 const GROUP: &str = "ingest_512_blocks_per_batch";
 
 /// A synchronized stream replaying one cycle of batches from where it stopped.
 struct Replay<'a> {
-    index: StreamIndex,
+    index: StreamWriter,
     batches: &'a [Batch],
     next: usize,
 }
@@ -39,7 +40,7 @@ impl<'a> Replay<'a> {
     /// A stream synchronized by an empty snapshot, then taken through two whole cycles: the
     /// first fills it, the second checks that the steady state holds (no unknown removals).
     fn steady(shape: Shape, batches: &'a [Batch]) -> Self {
-        let mut index = StreamIndex::new(IndexConfig::default());
+        let (mut index, _) = common::one_stream(IndexConfig::default());
         index.load_snapshot(&Batch::default(), 0).expect("empty snapshot");
         let mut replay = Replay { index, batches, next: 0 };
         for _ in 0..shape.cycle {

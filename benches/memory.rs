@@ -1,12 +1,11 @@
-//! Memory per indexed block for a stream of 262,144 blocks, counted by an allocation-counting
-//! global allocator (`stats_alloc`), not estimated.
+//! Memory per indexed block for a stream of 262,144 blocks alone in a shared index, counted by
+//! an allocation-counting global allocator (`stats_alloc`), not estimated.
 //!
 //! The figure is the heap bytes held after building a snapshot, installing it and publishing
-//! twice (so both `left-right` copies of the view hold the map), minus those held before, over
-//! the number of blocks: the engine-hash table, both view copies and the status are included;
-//! the input batches are not. It also prints the figure after each step, so the share of the
-//! engine-hash table and of each view copy shows, and the same count for a stream filled by live
-//! batches instead of a snapshot. Baseline counted the same way in the same run: a
+//! it, minus those held before, over the number of blocks: the stream's engine-hash table, the
+//! shared view and the status are included; the input batches are not. It also prints the
+//! figure after each step, so the share of the engine-hash table and of the view shows, and the
+//! same count for a stream filled by live batches instead of a snapshot. Baseline counted the same way in the same run: a
 //! `std::collections::HashMap<u128, u8>` holding the stream's 262,144 content keys, the smallest
 //! map that could answer a match. Not a criterion bench: it prints and exits.
 
@@ -16,7 +15,7 @@ use std::alloc::System;
 use std::collections::HashMap;
 
 use common::{BLOCKS_PER_BATCH, STREAM_BLOCKS};
-use kvdir::index::StreamIndex;
+
 use kvdir::wire::{Batch, Event};
 use stats_alloc::{Region, StatsAlloc, INSTRUMENTED_SYSTEM};
 
@@ -60,7 +59,7 @@ fn as_live(batches: &[Batch]) -> Vec<Batch> {
 
 fn snapshot_figure(batches: &[Batch]) -> f64 {
     let region = Region::new(GLOBAL);
-    let mut index = StreamIndex::new(common::config(STREAM_BLOCKS));
+    let (mut index, reader) = common::one_stream(common::config(STREAM_BLOCKS));
     let empty = held(&region);
     let mut builder = index.snapshot_builder();
     for b in batches {
@@ -69,38 +68,34 @@ fn snapshot_figure(batches: &[Batch]) -> f64 {
     let built = held(&region);
     index.install_snapshot(builder, 1);
     index.publish();
-    let first = held(&region);
-    index.publish();
-    let both = held(&region);
+    let published = held(&region);
     assert_eq!(index.block_count(), STREAM_BLOCKS);
-    assert_eq!(index.reader().handle().content_entries(), STREAM_BLOCKS);
+    assert_eq!(reader.handle().content_entries(), STREAM_BLOCKS);
 
     println!("snapshot of {STREAM_BLOCKS} blocks, heap bytes held per block:");
     println!("  empty stream                          {:>7.1}", per_block(empty));
     println!("  built aside (engine-hash table + map) {:>7.1}", per_block(built));
-    println!("  installed, published once             {:>7.1}", per_block(first));
-    println!("  published twice (both view copies)    {:>7.1}", per_block(both));
+    println!("  installed and published (+ the view)  {:>7.1}", per_block(published));
     drop(index);
     println!("  after dropping the stream             {:>7.1}", per_block(held(&region)));
-    per_block(both)
+    per_block(published)
 }
 
 fn live_figure(batches: &[Batch]) -> f64 {
     let region = Region::new(GLOBAL);
-    let mut index = StreamIndex::new(common::config(STREAM_BLOCKS));
+    let (mut index, _reader) = common::one_stream(common::config(STREAM_BLOCKS));
     for (seq, b) in batches.iter().enumerate() {
         index.apply(seq as u64, b).expect("live batch applies");
         index.publish();
     }
-    index.publish();
-    let both = held(&region);
+    let held = held(&region);
     assert_eq!(index.block_count(), STREAM_BLOCKS);
     println!(
         "live: {} batches of {BLOCKS_PER_BATCH} blocks, published after each: {:>7.1} bytes/block",
         batches.len(),
-        per_block(both)
+        per_block(held)
     );
-    per_block(both)
+    per_block(held)
 }
 
 /// Bytes per key of a std `HashMap<u128, u8>` filled with the stream's content keys.

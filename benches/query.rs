@@ -1,5 +1,6 @@
 //! Query latency: a 32,768-token prompt (256 blocks of 128) matched against a stream of 262,144
-//! blocks, content-key hashing included (`KeyHasher::prefix_keys` + `ViewHandle::match_prefix`).
+//! blocks alone in a shared index, content-key hashing included (`SharedHandle::query`, the walk
+//! the service runs, which hashes only as far as the stream matches).
 //!
 //! The stream is 1,024 prefixes of 256 blocks installed as one snapshot. Cases: `full_hit` (the
 //! prompt is one of those prefixes), `half_hit` (its first 128 blocks are, the rest differ),
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use common::{Estimates, Prefix, Rng, BLOCK_SIZE, PREFIX_BLOCKS, STREAM_BLOCKS};
 use criterion::{Criterion, Throughput};
-use kvdir::index::{ContentKey, IndexConfig, KeyHasher, StreamIndex, ViewHandle};
+use kvdir::index::{IndexConfig, KeyHasher, SharedHandle};
 
 const GROUP: &str = "query_256_blocks";
 /// Single queries timed for the percentiles.
@@ -50,16 +51,9 @@ fn cases(prefixes: &[Prefix]) -> Vec<Case> {
     ]
 }
 
-/// Hashes `tokens` into `keys` and matches them: what a query does per stream.
-fn query(
-    hasher: &mut KeyHasher,
-    view: &ViewHandle,
-    keys: &mut Vec<ContentKey>,
-    tokens: &[i32],
-) -> u64 {
-    keys.clear();
-    hasher.prefix_keys(tokens, keys);
-    view.match_prefix(keys).device_hit_tokens
+/// The service's query: one walk that hashes `tokens` as far as the stream (slot 0) matches.
+fn query(view: &mut SharedHandle, tokens: &[i32]) -> u64 {
+    view.query(tokens).tokens(0).0
 }
 
 /// `query_body`: the endpoint's body read into ids (see the module documentation).
@@ -113,10 +107,11 @@ fn percentiles(label: &str, mut f: impl FnMut() -> u64) {
 fn main() {
     let estimates = Estimates::new();
     let prefixes = common::stream_prefixes(1);
-    let mut index = StreamIndex::new(IndexConfig { max_blocks: 300_000, ..IndexConfig::default() });
+    let cfg = IndexConfig { max_blocks: 300_000, ..IndexConfig::default() };
+    let (mut index, reader) = common::one_stream(cfg);
     common::install(&mut index, &common::decode_all(&common::snapshot_payloads(&prefixes)));
-    assert_eq!(index.block_count(), STREAM_BLOCKS);
-    let view = index.reader().handle();
+    assert_eq!((index.block_count(), index.slot()), (STREAM_BLOCKS, 0));
+    let mut view = reader.handle();
     let baseline: HashMap<u128, u8> = prefixes
         .iter()
         .flat_map(|p| common::content_keys(&p.tokens))
@@ -124,11 +119,10 @@ fn main() {
         .collect();
 
     let cases = cases(&prefixes);
-    let cfg = index.config();
     let mut hasher = KeyHasher::new(cfg.block_size, cfg.hash_seed);
     let mut keys = Vec::with_capacity(PREFIX_BLOCKS);
     for case in &cases {
-        let got = query(&mut hasher, &view, &mut keys, &case.tokens);
+        let got = query(&mut view, &case.tokens);
         assert_eq!(got, case.expect_blocks * u64::from(BLOCK_SIZE), "{}", case.name);
     }
     let full_keys = common::content_keys(&cases[0].tokens);
@@ -142,9 +136,7 @@ fn main() {
         .measurement_time(Duration::from_secs(2))
         .throughput(Throughput::Elements(PREFIX_BLOCKS as u64));
     for case in &cases {
-        g.bench_function(case.name, |b| {
-            b.iter(|| query(&mut hasher, &view, &mut keys, black_box(&case.tokens)))
-        });
+        g.bench_function(case.name, |b| b.iter(|| query(&mut view, black_box(&case.tokens))));
     }
     g.bench_function("hash_only", |b| {
         b.iter(|| {
@@ -154,7 +146,7 @@ fn main() {
         })
     });
     g.bench_function("match_only_full_hit", |b| {
-        b.iter(|| view.match_prefix(black_box(&full_keys)).device_hit_tokens)
+        b.iter(|| view.match_keys(black_box(&full_keys)).tokens(0).0)
     });
     g.bench_function("baseline_std_hashmap_probe", |b| {
         b.iter(|| probe(&baseline, black_box(&full_u128)))
@@ -181,15 +173,13 @@ fn main() {
 
     println!("\nsingle-query latency (Instant around each call):");
     for case in &cases {
-        percentiles(&format!("{} (hash + match)", case.name), || {
-            query(&mut hasher, &view, &mut keys, &case.tokens)
-        });
+        percentiles(&format!("{} (hash + match)", case.name), || query(&mut view, &case.tokens));
     }
     percentiles("hash_only", || {
         keys.clear();
         hasher.prefix_keys(&cases[0].tokens, &mut keys);
         keys.len() as u64
     });
-    percentiles("match_only_full_hit", || view.match_prefix(&full_keys).device_hit_tokens);
+    percentiles("match_only_full_hit", || view.match_keys(&full_keys).tokens(0).0);
     percentiles("baseline_std_hashmap_probe", || probe(&baseline, &full_u128));
 }

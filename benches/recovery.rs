@@ -1,13 +1,14 @@
-//! Recovery: building, installing and publishing a snapshot of 262,144 blocks.
+//! Recovery: building, installing and publishing a snapshot of 262,144 blocks, for one stream
+//! alone in a shared index.
 //!
 //! The snapshot is 1,024 prefixes of 256 blocks, sent parent-first as 512 `[ts, events, dp_rank]`
 //! payloads of 512 blocks (32 `BlockStored` events of 16), about 280 KB each: one payload of
 //! the whole stream would be about 140 MB, far over the 8 MiB default of `max_message_bytes`.
 //!
-//! - `decode_build_install_publish`: decode every payload, `SnapshotBuilder::add` it, install,
-//!   publish (which copies the map into the first view copy);
+//! - `decode_build_install_publish`: decode every payload, `SharedSnapshot::add` it, install,
+//!   publish (which adds every key to the shared view);
 //! - `build_install_publish`: the same from pre-decoded batches;
-//! - `decode_build_install_publish_sized`: the same with `SnapshotBuilder::with_capacity` told
+//! - `decode_build_install_publish_sized`: the same with `SharedSnapshot::with_capacity` told
 //!   the snapshot's size (what a resync of a running stream can pass: its current block count),
 //!   so the maps never rehash while they grow;
 //! - `decode_only`: decoding the 512 payloads alone;
@@ -23,14 +24,14 @@ use std::time::Duration;
 
 use common::{Estimates, BLOCK_SIZE, STREAM_BLOCKS};
 use criterion::{BatchSize, Criterion, SamplingMode, Throughput};
-use kvdir::index::{SnapshotBuilder, StreamIndex};
+use kvdir::index::{SharedSnapshot, StreamWriter};
 use kvdir::wire::{decode_batch, Batch};
 
 const GROUP: &str = "recovery_262144_blocks";
 
 /// A fresh stream with room for the snapshot.
-fn fresh() -> StreamIndex {
-    StreamIndex::new(common::config(STREAM_BLOCKS))
+fn fresh() -> StreamWriter {
+    common::one_stream(common::config(STREAM_BLOCKS)).0
 }
 
 fn main() {
@@ -98,7 +99,10 @@ fn main() {
                 fresh,
                 |mut index| {
                     let mut builder = match sized {
-                        true => SnapshotBuilder::with_capacity(*index.config(), STREAM_BLOCKS),
+                        true => SharedSnapshot::with_capacity(
+                            common::config(STREAM_BLOCKS),
+                            STREAM_BLOCKS,
+                        ),
                         false => index.snapshot_builder(),
                     };
                     for p in &payloads {
@@ -116,10 +120,10 @@ fn main() {
     g.finish();
     c.final_summary();
 
-    let mut check = fresh();
+    let (mut check, reader) = common::one_stream(common::config(STREAM_BLOCKS));
     common::install(&mut check, &batches);
     assert_eq!(check.block_count(), STREAM_BLOCKS);
-    assert_eq!(check.reader().handle().content_entries(), STREAM_BLOCKS);
+    assert_eq!(reader.handle().content_entries(), STREAM_BLOCKS);
 
     println!("\nratios measured in this run (median time for 262,144 blocks):");
     let subjects = [

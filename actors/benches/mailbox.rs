@@ -3,7 +3,7 @@
 //!
 //! - `router_query_128_streams_2048_tokens`: a 2,048-token query (16 blocks of 128) against
 //!   128 streams in one shared index, each holding the query's 16 blocks among 1,024 (the
-//!   router's worst case: every stream hits the whole prefix). Baseline: `Indexes::query`, what
+//!   router's worst case: every stream hits the whole prefix). Baseline: `Directory::query`, what
 //!   the query endpoint's handler calls (no mailbox). Subjects: the same read followed by a
 //!   `RouteRequest` with its hits (no instances, so the answer is "no candidate"), awaited
 //!   from the router's own arbiter (`send_same_arbiter`), from another thread as the HTTP
@@ -39,7 +39,7 @@ use kvdir::index::{IndexConfig, StreamLabel, StreamWriter};
 use kvdir::query::QueryResponse;
 use kvdir::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord, WireHash};
 use kvdir::wire::{decode_batch, encode_batch, Batch, Tier};
-use kvdir_actors::indexes::Indexes;
+use kvdir_actors::directory::Directory;
 use kvdir_actors::router::{RouteRequest, RouterActor};
 
 /// Streams registered with the router.
@@ -97,8 +97,8 @@ fn router_snapshot() -> (Batch, Vec<i32>) {
 
 /// `STREAMS` synchronized streams holding `snapshot` in one shared index; the writers must
 /// outlive the reads.
-fn router_indexes(snapshot: &Batch) -> (Indexes, Vec<StreamWriter>) {
-    let indexes = Indexes::default();
+fn router_indexes(snapshot: &Batch) -> (Directory, Vec<StreamWriter>) {
+    let indexes = Directory::default();
     let writers = (0..STREAMS)
         .map(|i| {
             let label = StreamLabel {
@@ -136,7 +136,7 @@ fn print_percentiles(label: &str, mut f: impl FnMut() -> Duration) {
 struct RouterCases<'a> {
     sys: &'a SystemRunner,
     tokens: Vec<i32>,
-    indexes: &'a Indexes,
+    indexes: &'a Directory,
     local: Addr<RouterActor>,
     remote: Addr<RouterActor>,
 }

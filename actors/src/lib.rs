@@ -4,7 +4,8 @@
 //! `sync` are private: only the service starts them):
 //! - `sync`: locks that survive a panicked holder; [`faults`]: fault injection points for
 //!   end-to-end tests (feature `fault-injection`).
-//! - [`indexes`]: the shared query indexes and the lock-free, mailbox-free read path.
+//! - [`directory`]: the KV-cache directory: the shared query indexes (and the approximate
+//!   credit of engines without KV events) and the lock-free, mailbox-free read path.
 //! - [`router`]: `RouterActor`, routing decisions: rotation, requests in flight and recent
 //!   decisions.
 //! - [`stream`]: one stream per instance and DP rank: `StreamSet`, the supervised
@@ -18,11 +19,11 @@
 //!   until the demo's banner is out.
 
 pub mod demo;
+pub mod directory;
 mod discovery;
 pub mod faults;
 pub mod held_logs;
 mod http;
-pub mod indexes;
 pub mod router;
 pub mod service;
 pub mod stream;

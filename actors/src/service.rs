@@ -261,7 +261,7 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
         limits.clone(),
     )
     .map_err(StartError::IoThreads)?;
-    router.do_send(crate::router::UseIndexes(set.indexes()));
+    router.do_send(crate::router::UseDirectory(set.indexes()));
     // Bound before any stream connects to its in-process socket.
     let receiver = match bind {
         Some(b) => {

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime};
 
-use kvdir::index::{ContentKey, IndexConfig, KeyHasher, StreamIndex};
+use kvdir::index::{ContentKey, IndexConfig, KeyHasher, SharedIndex, SharedReader, StreamWriter};
 use kvdir::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord, WireHash};
 use kvdir::wire::{decode_batch, encode_batch, Batch, Tier};
 
@@ -124,8 +124,15 @@ pub fn decode_all(payloads: &[Vec<u8>]) -> Vec<Batch> {
         .collect()
 }
 
+/// One stream alone in a shared index (the index the service runs), and a reader of it.
+pub fn one_stream(config: IndexConfig) -> (StreamWriter, SharedReader) {
+    let shared = SharedIndex::new(config.block_size, config.hash_seed, 1);
+    let writer = shared.add_stream(config).expect("one free slot");
+    (writer, shared.reader())
+}
+
 /// Builds, installs and publishes a snapshot from pre-decoded batches.
-pub fn install(index: &mut StreamIndex, batches: &[Batch]) {
+pub fn install(index: &mut StreamWriter, batches: &[Batch]) {
     let mut builder = index.snapshot_builder();
     for b in batches {
         builder.add(b).expect("bench snapshot applies");

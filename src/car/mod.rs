@@ -1,3 +1,8 @@
+//! CAR is *cache-aware routing*, as xLLM's `--load_balance_policy CAR` names it and kvdir's
+//! protocol keeps it: send a request where most of its prompt is already cached, weighed
+//! against the instance's queue. The module is named after it, kvdir's default policy, and
+//! holds all of kvdir's routing.
+//!
 //! Routing decisions (protocol.md section 7): candidate selection and the CAR, RR and SLO_AWARE
 //! policies, plus TTFT (estimated time to first token, [`estimate`], over the queued work of a
 //! [`WorkLedger`]), as pure functions over a snapshot of instances, loads and per-DP cache hits.

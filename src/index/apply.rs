@@ -4,8 +4,8 @@
 //! differences: a live batch that names an unknown parent or tokenless hash is an error (an
 //! event was missed), a partial stream skips and counts such stores (it never saw their
 //! parents), a snapshot skips such orphans and keeps every other prefix. Changes to the
-//! content-key view are collected in order and handed to a [`Sink`], which is either the live
-//! view's operation log or a map built aside.
+//! content-key view are collected in order and handed to a [`Sink`]: the stream's pending
+//! changes for the shared view, or nothing for a snapshot built aside.
 //!
 //! A block that leaves its last tier is kept in the table's [`Retired`] memory (see
 //! `retired.rs`): a parent or tokenless hash that is not resident is looked up there before it
@@ -29,7 +29,6 @@ use super::blocks::{bit, Block, Blocks, Slot, OUT_OF_SCOPE};
 use super::key::ContentKey;
 use super::namespace::Keys;
 use super::retired::Retired;
-use super::view::{apply_changes, apply_to_map, Change, PresenceMap, ViewOp};
 use super::IndexError;
 use crate::wire::{Batch, EngineHash, Event, Stored, Tier};
 
@@ -82,28 +81,21 @@ impl ApplyStats {
     }
 }
 
+/// A resident engine block with content `key` entered (`add`) or left `tier`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Change {
+    pub key: ContentKey,
+    pub tier: Tier,
+    pub add: bool,
+}
+
 /// Receives content-key changes.
 pub(crate) trait Sink {
     /// Takes the changes collected so far, in order, leaving `changes` empty.
     fn changes(&mut self, changes: &mut Vec<Change>);
-    /// A `ClearTier` or `ClearAll`, after the changes before it.
-    fn op(&mut self, op: ViewOp);
-    /// Whether a clear must also arrive as one removal [`Change`] per block it clears (the
-    /// shared index keeps no per-stream map that a `ClearTier` op could act on).
-    fn clears_per_block(&self) -> bool {
-        false
-    }
-}
-
-impl Sink for PresenceMap {
-    fn changes(&mut self, changes: &mut Vec<Change>) {
-        apply_changes(self, changes);
-        changes.clear();
-    }
-
-    fn op(&mut self, op: ViewOp) {
-        apply_to_map(self, &op);
-    }
+    /// Whether a clear must arrive as one removal [`Change`] per block it clears (the shared
+    /// view does; a snapshot built aside, which has no view, does not).
+    fn clears_per_block(&self) -> bool;
 }
 
 /// The writer's truth for one stream.

@@ -1,22 +1,23 @@
-//! One stream's tiered prefix index: content keys, the engine-hash map, and the read view.
+//! The prefix index: content keys, every stream's engine blocks, and the one shared view that
+//! queries walk.
 //!
 //! Layout (see `docs/design.md` for why):
-//! - the writer ([`StreamIndex`]) owns `engine hash -> (content key, tiers)`; it is the truth for
-//!   parents, removals and tokenless replica events, and counts resident blocks per tier;
-//! - readers see `content key -> per-tier counts` through a `left-right` view ([`ViewHandle`]),
-//!   published atomically after each batch or snapshot, so matching is one map probe per block
-//!   with no lock and no message.
+//! - one [`SharedIndex`] per `(block_size, hash_seed)` holds the view every query reads:
+//!   `content key -> (Device streams, Host streams)`, with each stream's status and label
+//!   (`shared/`). A query walks it once for all streams ([`SharedHandle`]), hashing the prompt
+//!   into content keys ([`KeyHasher`], `key.rs`, in the query's [`Namespace`]) as it goes;
+//! - each stream's [`StreamWriter`] owns `engine hash -> (content key, tiers)` (`apply.rs`,
+//!   `blocks.rs`, `retired.rs`): the truth for parents, removals and tokenless replica events,
+//!   counting resident blocks per tier. It applies batches and builds snapshots
+//!   ([`SharedSnapshot`]) on its own thread, and commits the resulting changes to the view,
+//!   where a publish makes them visible at once.
 //!
-//! [`SharedIndex`] (`shared/`) is the layout the service uses: one view for all streams of
-//! the same block size and seed (`content key -> Device and Host stream sets`), with each
-//! stream's writer state kept per stream in a [`StreamWriter`]; see its module documentation.
-//!
-//! Invariants: a content key is in the view exactly when some in-scope engine block with that key
-//! is resident on some tier (out-of-scope blocks are held by hash only, never in the view, and
-//! retired blocks, which left their last tier, by hash and key in a bounded memory for their
-//! children); an unsynchronized stream matches nothing; after any error the index accepts no
-//! live batch until a snapshot, a full-state batch or a history replay (`shared/replay.rs`)
-//! replaces its contents.
+//! Invariants: a stream's bit for a content key is set exactly when some in-scope engine block
+//! of that stream with that key is resident on that tier (out-of-scope blocks are held by hash
+//! only, never in the view, and retired blocks, which left their last tier, by hash and key in
+//! a bounded memory for their children); an unsynchronized stream matches nothing; after any
+//! error a stream accepts no live batch until a snapshot, a full-state batch or a history
+//! replay (`shared/replay.rs`) replaces its contents.
 
 mod apply;
 mod blocks;
@@ -25,17 +26,18 @@ mod key;
 mod namespace;
 mod retired;
 mod shared;
-mod stream;
-mod view;
+mod status;
 
+/// The wire's namespace, re-exported beside the keys it seeds.
+pub use crate::wire::Namespace;
+pub use apply::ApplyStats;
 pub use key::{ContentKey, KeyHasher, TokenId};
-pub use namespace::{Keys, Namespace};
+pub use namespace::Keys;
 pub use shared::{
     SharedError, SharedHandle, SharedIndex, SharedMatches, SharedReader, SharedSnapshot, SlotRead,
     StreamLabel, StreamWriter, MAX_STREAMS,
 };
-pub use stream::{ApplyStats, IndexConfig, SnapshotBuilder, StreamIndex};
-pub use view::{IndexReader, PrefixMatch, StreamStatus, ViewHandle};
+pub use status::{IndexConfig, StreamStatus};
 
 use thiserror::Error;
 

@@ -3,7 +3,7 @@
 //! publishes them: `extra_keys` set only on the blocks that carry the context, text blocks
 //! after them unmarked.
 
-use super::tests::{index, B};
+use super::tests::{index, View, B};
 use super::*;
 use crate::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, ExtraKey, StoredRecord};
 use crate::wire::{decode_batch, encode_batch, Batch, Tier};
@@ -52,25 +52,24 @@ pub(super) fn batch(events: Vec<EventRecord>) -> Batch {
     b
 }
 
-pub(super) fn apply(idx: &mut StreamIndex, seq: u64, b: &Batch) -> Result<ApplyStats, IndexError> {
+pub(super) fn apply(idx: &mut StreamWriter, seq: u64, b: &Batch) -> Result<ApplyStats, IndexError> {
     let r = idx.apply(seq, b);
     idx.publish();
     r
 }
 
 /// Device and Host-only hit tokens of the prompt made of `hashes`' blocks.
-pub(super) fn hits(view: &ViewHandle, hashes: &[u64]) -> (u64, u64) {
+pub(super) fn hits(view: &View, hashes: &[u64]) -> (u64, u64) {
     hits_in(view, Namespace::default(), hashes)
 }
 
 /// [`hits`] for a query in namespace `ns`.
-fn hits_in(view: &ViewHandle, ns: Namespace, hashes: &[u64]) -> (u64, u64) {
+fn hits_in(view: &View, ns: Namespace, hashes: &[u64]) -> (u64, u64) {
     let tokens: Vec<i32> =
         hashes.iter().flat_map(|h| [*h as i32 * 10, *h as i32 * 10 + 1]).collect();
     let mut keys = Vec::new();
     ns.hasher(B, 1024).prefix_keys(&tokens, &mut keys);
-    let m = view.match_prefix(&keys);
-    (m.device_hit_tokens, m.host_only_hit_tokens)
+    view.match_keys(&keys)
 }
 
 fn salted(salt: &str) -> Namespace {
@@ -224,8 +223,8 @@ fn a_full_state_batch_may_hold_out_of_scope_blocks() {
         store(&[2], Some(1), &[], Tier::Device),
     ]);
     assert!(full.is_full_state());
-    let mut idx =
-        StreamIndex::new(IndexConfig { block_size: B, hash_seed: 1024, salt: 0, max_blocks: 10 });
+    let config = IndexConfig { block_size: B, hash_seed: 1024, salt: 0, max_blocks: 10 };
+    let mut idx = SharedIndex::new(B, 1024, 1).add_stream(config).unwrap();
     let stats = idx.apply(0, &full).unwrap();
     assert_eq!(stats.out_of_scope, 1);
     assert!(idx.is_synchronized());

@@ -9,13 +9,33 @@ fn h(v: u128) -> EngineHash {
     EngineHash(v)
 }
 
-/// A synchronized, empty stream index of [`B`]-token blocks and a reader of it.
-pub(super) fn index(max_blocks: usize) -> (StreamIndex, ViewHandle) {
-    let mut idx =
-        StreamIndex::new(IndexConfig { block_size: B, hash_seed: 1024, salt: 0, max_blocks });
+/// One stream's view in a shared index, as the tests read it.
+pub(super) struct View {
+    handle: SharedHandle,
+    slot: u8,
+}
+
+impl View {
+    /// The stream's published status; `None` once it is removed.
+    pub fn status(&self) -> std::sync::Arc<StreamStatus> {
+        self.handle.status(self.slot).expect("the stream is in the index")
+    }
+
+    /// Device and Host-only hit tokens of keys computed beforehand.
+    pub fn match_keys(&self, keys: &[ContentKey]) -> (u64, u64) {
+        self.handle.match_keys(keys).tokens(self.slot)
+    }
+}
+
+/// A synchronized, empty stream of [`B`]-token blocks, alone in a shared index, and a reader
+/// of it.
+pub(super) fn index(max_blocks: usize) -> (StreamWriter, View) {
+    let config = IndexConfig { block_size: B, hash_seed: 1024, salt: 0, max_blocks };
+    let shared = SharedIndex::new(B, 1024, 1);
+    let mut idx = shared.add_stream(config).unwrap();
     idx.load_snapshot(&Batch::default(), 0).unwrap();
     idx.publish();
-    let view = idx.reader().handle();
+    let view = View { handle: shared.reader().handle(), slot: idx.slot() };
     (idx, view)
 }
 
@@ -26,10 +46,8 @@ fn keys(tokens: &[i32]) -> Vec<ContentKey> {
 }
 
 /// (device_hit_tokens, host_only_hit_tokens) for a query.
-fn hits(view: &ViewHandle, tokens: &[i32]) -> (u64, u64) {
-    let m = view.match_prefix(&keys(tokens));
-    assert_eq!(m.reusable_prefix_tokens(), m.device_hit_tokens + m.host_only_hit_tokens);
-    (m.device_hit_tokens, m.host_only_hit_tokens)
+fn hits(view: &View, tokens: &[i32]) -> (u64, u64) {
+    view.match_keys(&keys(tokens))
 }
 
 fn stored(hashes: &[u128], parent: Option<u128>, tokens: &[i32], tier: Tier) -> Batch {
@@ -46,14 +64,14 @@ fn removed(hashes: &[u128], tier: Tier) -> Batch {
     b
 }
 
-fn apply(idx: &mut StreamIndex, seq: u64, b: &Batch) -> Result<ApplyStats, IndexError> {
+fn apply(idx: &mut StreamWriter, seq: u64, b: &Batch) -> Result<ApplyStats, IndexError> {
     let r = idx.apply(seq, b);
     idx.publish();
     r
 }
 
 /// Blocks 1,2 = tokens [1,2],[3,4] on Device; block 3 = [5,6] child of 2 on Device.
-fn populated() -> (StreamIndex, ViewHandle) {
+fn populated() -> (StreamWriter, View) {
     let (mut idx, view) = index(100);
     apply(&mut idx, 0, &stored(&[1, 2], None, &[1, 2, 3, 4], Tier::Device)).unwrap();
     apply(&mut idx, 1, &stored(&[3], Some(2), &[5, 6], Tier::Device)).unwrap();
@@ -261,11 +279,13 @@ fn a_snapshot_is_built_aside_and_a_failed_one_leaves_no_credit() {
 
 #[test]
 fn a_new_index_waits_for_its_first_snapshot() {
-    let idx = StreamIndex::new(IndexConfig::default());
-    let view = idx.reader().handle();
+    let shared = SharedIndex::new(128, 1024, 1);
+    let mut idx = shared.add_stream(IndexConfig::default()).unwrap();
+    idx.publish();
+    let view = View { handle: shared.reader().handle(), slot: idx.slot() };
     let s = view.status();
     assert!(!s.synchronized);
     assert_eq!(s.error.as_deref(), Some("waiting for the first snapshot"));
     drop(idx);
-    assert_eq!(view.status().error.as_deref(), Some("stream stopped"));
+    assert_eq!(view.handle.status(view.slot), None, "a removed stream has no status");
 }

@@ -1,14 +1,13 @@
 //! The instance registry that xLLM engines keep in etcd (protocol.md section 5), without etcd:
-//! parsing keys and values, the instance state machine (time passed in), and planning the
-//! streams discovery should run. The discovery actor feeds it what etcd and `/health` say.
+//! parsing keys and values, and the instance state machine (time passed in). The discovery
+//! actor feeds it what etcd and `/health` say; [`crate::discovery`] plans streams from it.
+//!
+//! A bottom-layer module: it uses no other module of the crate, so the index (a stream's
+//! [`Identity`]), routing and the config can all use its types.
 
-mod engines;
-mod plan;
 mod record;
 mod state;
 
-pub use engines::{read_metrics, EngineReading, Engines, IdentityChange, ListedEngine, Probe};
-pub use plan::{plan, wants_subscription, Exclusion, Plan, PlannedStream};
 pub use record::{
     namespace_prefix, parse_instance, parse_key, parse_load, split_host_port, watched_prefixes,
     watched_range, Identity, InstanceRecord, InstanceType, LoadMetrics, RecordError, RegistryKey,
@@ -20,6 +19,4 @@ pub use state::{
 };
 
 #[cfg(test)]
-mod plan_tests;
-#[cfg(test)]
-mod tests;
+pub(crate) mod tests;

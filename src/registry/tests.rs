@@ -1,29 +1,16 @@
-//! Unit tests of registry parsing and the instance state machine (planning: `plan_tests.rs`).
+//! Unit tests of registry parsing and the instance state machine (planning: `discovery`).
 
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::config::DiscoveryConfig;
 
-pub(super) fn record(name: &str, kind: u64, dp: u32, inc: Option<&str>) -> InstanceRecord {
+/// A registry record of `name` (`kind`: the xLLM type number), `dp` ranks, `inc`arnation.
+pub(crate) fn record(name: &str, kind: u64, dp: u32, inc: Option<&str>) -> InstanceRecord {
     let mut v = serde_json::json!({"name": name, "rpc_address": "", "type": kind, "dp_size": dp});
     if let Some(i) = inc {
         v["incarnation_id"] = i.into();
     }
     parse_instance(name, v.to_string().as_bytes()).unwrap()
-}
-
-pub(super) fn discovery() -> DiscoveryConfig {
-    DiscoveryConfig {
-        enabled: true,
-        block_size: 128,
-        topic: "xllm-kv".into(),
-        event_port_offset: 10_000,
-        replay_port_offset: 30_000,
-        refresh_interval: Duration::from_secs(1),
-        bind: None,
-        approximate: false,
-    }
 }
 
 const LOAD: LoadMetrics = LoadMetrics { waiting_requests_num: 3, gpu_cache_usage_perc: 0.5 };
@@ -174,58 +161,6 @@ fn heartbeats_for_unknown_or_stale_instances_are_refused() {
     );
     reg.heartbeat("h:1", Some("a"), LOAD, t).unwrap();
     assert_eq!(reg.get("h:1").unwrap().load, Some(LOAD));
-}
-
-#[test]
-fn planning_follows_roles_ports_overlaps_and_capacity() {
-    let t = Instant::now();
-    let mut reg = Registry::default();
-    reg.put(record("127.0.0.1:8000", 0, 2, Some("a")), t); // DEFAULT, 2 ranks
-    reg.put(record("127.0.0.1:8100", 2, 1, Some("b")), t); // DECODE
-    let mut mix_decode = record("127.0.0.1:8200", 3, 1, Some("c"));
-    mix_decode.mix_acting_prefill = false;
-    reg.put(mix_decode, t);
-    reg.put(record("127.0.0.1:8300", 3, 1, Some("d")), t); // MIX acting as prefill
-    reg.put(record("127.0.0.1:65000", 1, 1, Some("e")), t); // overflow
-    reg.put(record("127.0.0.1:8401", 1, 2, Some("f")), t); // overlaps the next one
-    reg.put(record("127.0.0.1:8402", 1, 1, Some("g")), t);
-    let mut vllm = record("127.0.0.1:8500", 1, 1, None);
-    vllm.backend = "vllm".into();
-    reg.put(vllm, t);
-    let p = plan(reg.instances(), &discovery(), 128);
-    let names: Vec<(String, u32, String)> = p
-        .streams
-        .iter()
-        .map(|s| (s.spec.instance_name.clone(), s.spec.dp_rank, s.spec.endpoint.clone()))
-        .collect();
-    assert_eq!(
-        names,
-        [
-            ("127.0.0.1:8000".into(), 0, "tcp://127.0.0.1:18000".into()),
-            ("127.0.0.1:8000".into(), 1, "tcp://127.0.0.1:18001".into()),
-            ("127.0.0.1:8300".into(), 0, "tcp://127.0.0.1:18300".into()),
-        ]
-    );
-    assert_eq!(p.streams[1].spec.replay_endpoint, "tcp://127.0.0.1:38001");
-    let why = |n: &str| why_in(&p, n);
-    assert!(why("127.0.0.1:8100").contains("DECODE"));
-    assert!(why("127.0.0.1:8200").contains("acting as DECODE"));
-    assert!(why("127.0.0.1:65000").starts_with("port overflow"), "{}", why("127.0.0.1:65000"));
-    assert!(why("127.0.0.1:8401").contains("overlaps instance 127.0.0.1:8402"));
-    assert!(why("127.0.0.1:8402").contains("overlaps instance 127.0.0.1:8401"));
-    assert!(why("127.0.0.1:8500").contains("vllm"));
-
-    let small = plan(reg.instances(), &discovery(), 2);
-    assert_eq!(small.streams.len(), 2, "the first instance in name order fits whole");
-    assert!(why_in(&small, "127.0.0.1:8300").starts_with("capacity"));
-    let ticket = reg.deleted("127.0.0.1:8000").unwrap();
-    reg.probed("127.0.0.1:8000", ticket, false, t);
-    let p = plan(reg.instances(), &discovery(), 128);
-    assert_eq!(p.excluded["127.0.0.1:8000"].to_string(), "SUSPECT");
-}
-
-pub(super) fn why_in(p: &Plan, name: &str) -> String {
-    p.excluded.get(name).map(ToString::to_string).unwrap_or_default()
 }
 
 #[test]

@@ -199,7 +199,7 @@ fn read_field<'a>(
         b"lora_id" => f.lora_id = read_lora_id(r)?,
         b"lora_name" => {
             f.lora_bytes = read_lora_name(r)?;
-            f.lora_name = crate::index::Namespace::lora_name(f.lora_bytes.unwrap_or_default());
+            f.lora_name = super::Namespace::lora_name(f.lora_bytes.unwrap_or_default());
         }
         b"extra_keys" => f.extra = read_extra_keys(r, f.lora_bytes)?,
         _ => r.skip()?,
@@ -221,8 +221,8 @@ fn read_lora_id(r: &mut Reader<'_>) -> Result<u64, WireError> {
         return Ok(0);
     }
     Ok(match r.int("lora_id")? {
-        Int::U(v) => crate::index::Namespace::lora_id(v as i64),
-        Int::I(v) => crate::index::Namespace::lora_id(v),
+        Int::U(v) => super::Namespace::lora_id(v as i64),
+        Int::I(v) => super::Namespace::lora_id(v),
     })
 }
 

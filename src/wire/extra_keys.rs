@@ -104,7 +104,7 @@ pub(super) fn salt_and_mark(
     let marked = extra.first_marked.filter(|&k| k < n);
     match extra.salt {
         Some(s) if lora == Some(s) => (0, marked),
-        Some(s) if !has_parent => (crate::index::Namespace::salt(s), marked),
+        Some(s) if !has_parent => (super::Namespace::salt(s), marked),
         Some(_) if n > 0 => (0, Some(0)),
         _ => (0, marked),
     }

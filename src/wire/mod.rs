@@ -17,6 +17,7 @@ mod encode;
 mod extra_keys;
 mod frames;
 pub mod msgpack;
+mod namespace;
 pub mod record;
 mod types;
 
@@ -27,6 +28,7 @@ pub use frames::{
     encode_history_reply, encode_live, encode_snapshot_end, encode_snapshot_reply, HistoryFrame,
     SnapshotFrame, SNAPSHOT_END_WATERMARK,
 };
+pub use namespace::Namespace;
 pub use types::{Batch, EngineHash, Event, SkipCounts, Span, Stored, Tier};
 
 use thiserror::Error;

@@ -90,10 +90,10 @@ pub struct Stored {
     pub block_size: u32,
     /// Where the blocks now reside.
     pub tier: Tier,
-    /// The LoRA adapter's namespace tag (`crate::index::Namespace::lora_name` of `lora_name`,
+    /// The LoRA adapter's namespace tag ([`super::Namespace::lora_name`] of `lora_name`,
     /// else `lora_id`); 0 for the base model (protocol.md section 1.1).
     pub lora: u64,
-    /// The request salt's tag (`crate::index::Namespace::salt` of the `cache_salt` that vLLM
+    /// The request salt's tag ([`super::Namespace::salt`] of the `cache_salt` that vLLM
     /// puts in the first block's `extra_keys`); 0 for none. Only a store with no parent has
     /// one: its first block is keyed in the salt's namespace, and the blocks chained to it
     /// follow by chaining.

@@ -1,26 +1,28 @@
 //! Property test: random event sequences (stores, tokenless replicas, removals per tier, clears,
 //! full-state batches, snapshots with orphans, limit hits, invalidations, the partial mode,
-//! children of retired blocks) drive the real index
-//! and a small naive model side by side; every apply result, every query answer and every
-//! count must agree.
+//! children of retired blocks) drive one stream alone in the index the service runs (a
+//! `SharedIndex`) and a small naive model side by side; every apply result, every query answer
+//! and every count must agree. `shared_oracle.rs` interleaves several streams.
 
 use crate::oracle::*;
-use kvdir::index::{ContentKey, IndexConfig, KeyHasher, StreamIndex, ViewHandle};
+use kvdir::index::{ContentKey, IndexConfig, KeyHasher, SharedHandle, SharedIndex};
 use kvdir::wire::Batch;
 use proptest::prelude::*;
 
-fn query(view: &ViewHandle, tokens: &[i32]) -> (u64, u64) {
+/// Device and Host-only hit tokens of stream `slot`, with the query's keys hashed apart from
+/// the index's own hashing walk.
+fn query(view: &SharedHandle, slot: u8, tokens: &[i32]) -> (u64, u64) {
     let mut keys: Vec<ContentKey> = Vec::new();
     KeyHasher::new(B, SEED).prefix_keys(tokens, &mut keys);
-    let m = view.match_prefix(&keys);
-    (m.device_hit_tokens, m.host_only_hit_tokens)
+    view.match_keys(&keys).tokens(slot)
 }
 
 /// One case: every op applied to the index and the model, then a query and the status.
 fn run(ops: &[Op], cov: &mut Coverage) -> Result<(), TestCaseError> {
     let config = IndexConfig { block_size: B, hash_seed: SEED, salt: 0, max_blocks: MAX_BLOCKS };
-    let mut idx = StreamIndex::new(config);
-    let view = idx.reader().handle();
+    let shared = SharedIndex::new(B, SEED, 1);
+    let mut idx = shared.add_stream(config).unwrap();
+    let (mut view, slot) = (shared.reader().handle(), idx.slot());
     idx.load_snapshot(&Batch::default(), 0).unwrap();
     let mut model = Model { synced: true, ..Model::default() };
     for (i, op) in ops.iter().enumerate() {
@@ -28,11 +30,13 @@ fn run(ops: &[Op], cov: &mut Coverage) -> Result<(), TestCaseError> {
         apply_op(&mut idx, &mut model, op, seq)?.count(cov);
         idx.publish();
         let tokens = query_tokens(&model, op);
-        let got = query(&view, &tokens);
+        let got = query(&view, slot, &tokens);
         prop_assert_eq!(got, model.hits(&tokens), "query {:?} after {:?}", tokens, op);
+        let walked = view.query(&tokens).tokens(slot);
+        prop_assert_eq!(walked, got, "the hashing walk of {:?} after {:?}", tokens, op);
         cov.device_hits += u64::from(got.0 > 0);
         cov.host_only_hits += u64::from(got.1 > 0);
-        let status = view.status();
+        let status = view.status(slot).expect("the stream is in the index");
         prop_assert_eq!(status.synchronized, model.synced);
         prop_assert_eq!(status.partial, model.partial);
         if model.synced {

@@ -7,7 +7,7 @@
 
 use std::path::PathBuf;
 
-use kvdir::index::{IndexConfig, Namespace, StreamIndex, ViewHandle};
+use kvdir::index::{IndexConfig, Namespace, SharedHandle, SharedIndex};
 use kvdir::wire::{decode_live, Batch, EngineHash, Event, Stored, Tier};
 use serde_json::Value;
 
@@ -172,17 +172,19 @@ fn vllm_bin_hashes_decode_exactly() {
     assert_eq!(check_fixture("vllm-bytes-hashes-dp1"), (12, 3), "three LoRA events, indexed");
 }
 
-/// Applies fixture `name`'s messages to a stream index and calls `check` with the published
-/// view and the tokens of each store with no parent (one with a parent may chain to a block
+/// Applies fixture `name`'s messages to a stream alone in a shared index (slot 0) and calls
+/// `check` with a reader of the published view and the tokens of each store with no parent (one with a parent may chain to a block
 /// stored before the recording began); returns how many it checked.
 fn for_each_root_store(
     name: &str,
-    mut check: impl FnMut(usize, &Stored, &[i32], &ViewHandle),
+    mut check: impl FnMut(usize, &Stored, &[i32], &SharedHandle),
 ) -> usize {
     let frames =
         std::fs::read_to_string(fixture_dir().join(format!("{name}.frames.jsonl"))).unwrap();
     let config = IndexConfig { block_size: 16, hash_seed: 1024, salt: 0, max_blocks: 1 << 16 };
-    let mut index = StreamIndex::new(config);
+    let shared = SharedIndex::new(16, 1024, 1);
+    let mut index = shared.add_stream(config).unwrap();
+    let view = shared.reader().handle();
     let mut batch = Batch::default();
     let mut checked = 0;
     for (i, line) in frames.lines().filter(|l| !l.trim().is_empty()).enumerate() {
@@ -202,7 +204,6 @@ fn for_each_root_store(
             continue;
         }
         index.publish();
-        let view = index.reader().handle();
         for e in &batch.events {
             if let Event::Stored(s) = e {
                 if s.parent.is_none() {
@@ -215,11 +216,12 @@ fn for_each_root_store(
     checked
 }
 
-/// The tokens of `tokens` that `view` matches for a query in namespace `ns`.
-fn matched(view: &ViewHandle, ns: Namespace, tokens: &[i32]) -> u64 {
+/// The tokens of `tokens` that `view`'s stream (slot 0) matches for a query in namespace `ns`.
+fn matched(view: &SharedHandle, ns: Namespace, tokens: &[i32]) -> u64 {
     let mut keys = Vec::new();
     ns.hasher(16, 1024).prefix_keys(tokens, &mut keys);
-    view.match_prefix(&keys).reusable_prefix_tokens()
+    let (device, host_only) = view.match_keys(&keys).tokens(0);
+    device + host_only
 }
 
 /// After each LoRA store with no parent, its tokens match for the adapter's query in full, and

@@ -11,7 +11,7 @@
 use std::collections::BTreeMap;
 
 use kvdir::config::is_bound;
-use kvdir::registry::PlannedStream;
+use kvdir::discovery::PlannedStream;
 
 use crate::router::StreamKey;
 use crate::stream::{StreamSet, StreamSource};

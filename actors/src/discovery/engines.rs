@@ -1,12 +1,12 @@
 //! Engines listed by address: each is polled every `engine_poll_interval_ms` (`/health`, then
-//! `/metrics`), and the rules of `kvdir::registry::Engines` turn the answers into its state,
+//! `/metrics`), and the rules of `kvdir::discovery::Engines` turn the answers into its state,
 //! load and process identity. A new identity re-plans the engine's streams (they start, or
 //! restart cold for another process); anything else updates the router in place.
 
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
-use kvdir::registry::{IdentityChange, Probe};
+use kvdir::discovery::{IdentityChange, Probe};
 
 use super::messages::EnginePolled;
 use super::{DiscoveryActor, ListEngine, UnlistEngine};

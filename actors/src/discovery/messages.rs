@@ -2,7 +2,8 @@
 
 use actix::prelude::*;
 use kvdir::config::{Dialect, EngineSpec};
-use kvdir::registry::{HeartbeatError, InstanceType, LoadMetrics, Probe};
+use kvdir::discovery::Probe;
+use kvdir::registry::{HeartbeatError, InstanceType, LoadMetrics};
 use serde::Serialize;
 
 /// A full listing of the registry keys at `revision`.

@@ -29,9 +29,10 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use kvdir::config::{DiscoveryConfig, EngineSpec, Limits};
+use kvdir::discovery::{plan, Engines, Exclusion};
 use kvdir::registry::{
-    namespace_prefix, parse_instance, parse_key, parse_load, plan, Engines, Exclusion,
-    HeartbeatError, Instance, Registry, RegistryKey,
+    namespace_prefix, parse_instance, parse_key, parse_load, HeartbeatError, Instance, Registry,
+    RegistryKey,
 };
 
 use crate::router::{InstanceInfo, SetCandidates, SetLoad};
@@ -236,7 +237,7 @@ impl DiscoveryActor {
         let mut discovered = match &self.cfg {
             // With "events": "none" the instances have nothing to subscribe to.
             Some(cfg) if !cfg.approximate => plan(self.registry.instances(), cfg, self.max_streams),
-            _ => kvdir::registry::Plan::default(),
+            _ => kvdir::discovery::Plan::default(),
         };
         self.engines.exclude_from(&mut discovered);
         for (name, why) in &discovered.excluded {

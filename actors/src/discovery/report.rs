@@ -2,7 +2,8 @@
 //! by address, with its state, identity, load and streams.
 
 use actix::prelude::*;
-use kvdir::registry::{Instance, InstanceType, ListedEngine};
+use kvdir::discovery::ListedEngine;
+use kvdir::registry::{Instance, InstanceType};
 
 use super::{DiscoveryActor, EngineReport, GetInstances, InstanceReport, InstancesReport};
 

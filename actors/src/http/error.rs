@@ -6,7 +6,7 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpResponse, ResponseError};
 use kvdir::car::RouteError;
-use kvdir::indexer::IndexerError;
+use kvdir::indexer_api::IndexerError;
 use kvdir::query::QueryError;
 use kvdir::registry::HeartbeatError;
 use serde::Serialize;

@@ -5,7 +5,7 @@
 //! `--max_request_bytes`, errors through [`ApiError`]. A registered stream is a stream like any
 //! other (same checks, same index, listed in `/v1/internal/streams` with `source: register`);
 //! `/unregister` stops only streams started by `/register`. The bodies and the answer's shape
-//! are in `kvdir::indexer`.
+//! are in `kvdir::indexer_api`.
 //!
 //! A `/register` body with a `url` is a whole engine instead, in the config file's `engines`
 //! form (`kvdir::config::parse_engine_json_with`): kvdir polls it, gives it CAR credit once its
@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use kvdir::config::parse_engine_json_with;
-use kvdir::indexer::{parse_register, parse_unregister, rfc_answer};
+use kvdir::indexer_api::{parse_register, parse_unregister, rfc_answer};
 use serde::Serialize;
 
 use super::metrics::Endpoint;

@@ -25,8 +25,8 @@ use futures_util::StreamExt;
 use kvdir::query::{parse_scoped_query, QueryScope};
 use subtle::ConstantTimeEq;
 
+use crate::directory::Directory;
 use crate::discovery::{DiscoveryActor, GetInstances, Heartbeat};
-use crate::indexes::Indexes;
 use crate::router::{GetOverload, GetPredictCounters, GetRecentRoutes, RouteRequest, RouterActor};
 use crate::stream::{GetStreamReport, StreamCounters, StreamReport};
 use crate::stream::{StreamMap, StreamSet};
@@ -39,7 +39,7 @@ pub struct AppState {
     /// Routing decisions (rotation, recent decisions).
     pub router: Addr<RouterActor>,
     /// The shared query indexes, read directly by the handlers.
-    pub indexes: Arc<Indexes>,
+    pub indexes: Arc<Directory>,
     /// Every running stream.
     pub streams: StreamMap,
     /// Starts and stops streams (`POST /register`, `POST /unregister`).

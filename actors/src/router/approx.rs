@@ -5,13 +5,13 @@
 //!   change of its instance set): listed or registered engines without `events`, and with
 //!   `discovery.events = "none"` every instance found in etcd. An engine leaves the set, or
 //!   comes back with another process, and its entries are gone.
-//! - **Reads.** Every read of the shared indexes ([`crate::indexes::Indexes`]: the query
+//! - **Reads.** Every read of the shared indexes ([`crate::directory::Directory`]: the query
 //!   endpoint, the indexer API, routes and the front door) also lists each approximate engine
 //!   in scope, one entry per DP rank, with `approximate: true`, synchronized, its process as
 //!   identity, and the longest prefix of the prompt's keys credited there ([`Approximate::each`]).
 //! - **Writes.** When the router chooses an approximate engine to prefill a request, the
 //!   request's keys (carried by its hits) are recorded there ([`record`]): the message
-//!   [`UseIndexes`] gives the router the indexes once, at start.
+//!   [`UseDirectory`] gives the router the indexes once, at start.
 //!
 //! One mutex guards the cache; it is held for lookups and recordings (one probe per block),
 //! never while hashing.
@@ -24,7 +24,7 @@ use kvdir::index::{ContentKey, SlotRead, StreamLabel, StreamStatus};
 use kvdir::query::QueryScope;
 
 use super::RouterActor;
-use crate::indexes::{Indexes, StreamHit};
+use crate::directory::{Directory, StreamHit};
 
 /// The hash seed of an approximate engine's keys (every engine's default).
 const HASH_SEED: u64 = 1024;
@@ -127,19 +127,19 @@ impl Approximate {
 /// Gives the router the indexes whose approximate engines it credits with what it routes.
 #[derive(Message)]
 #[rtype(result = "()")]
-pub struct UseIndexes(pub Arc<Indexes>);
+pub struct UseDirectory(pub Arc<Directory>);
 
-impl Handler<UseIndexes> for RouterActor {
+impl Handler<UseDirectory> for RouterActor {
     type Result = ();
 
-    fn handle(&mut self, msg: UseIndexes, _: &mut Context<Self>) {
+    fn handle(&mut self, msg: UseDirectory, _: &mut Context<Self>) {
         self.approx = Some(msg.0);
     }
 }
 
 /// The chosen `instance` prefills the request: if it is an approximate engine, the request's
 /// keys (those its hits carry) are assumed cached there from `now_ms`.
-pub(crate) fn record(indexes: Option<&Indexes>, now_ms: u64, instance: &str, hits: &[StreamHit]) {
+pub(crate) fn record(indexes: Option<&Directory>, now_ms: u64, instance: &str, hits: &[StreamHit]) {
     let Some(indexes) = indexes else { return };
     let hit = hits.iter().find(|h| h.matched.approximate && h.matched.instance_name == instance);
     if let Some(h) = hit {

@@ -4,7 +4,7 @@
 //! Messages: [`SetCandidates`] (every instance) and [`SetLoad`] (one instance's heartbeat) from
 //! discovery, [`RouteRequest`], [`GetRecentRoutes`], [`GetPredictCounters`], and for the front
 //! door [`RequestProgress`] and overload admission's (`overload.rs`).
-//! The handler reads the indexes itself ([`crate::indexes::Indexes::read`], no mailbox); this
+//! The handler reads the indexes itself ([`crate::directory::Directory::read`], no mailbox); this
 //! actor keeps only what must be serialized: the instance snapshot, the tie rotation, the
 //! front door's requests in flight ([`InFlight`], added to each instance's reported queue until
 //! its next load report), the content keys it expects on instances it recently chose
@@ -19,7 +19,7 @@ mod overload;
 mod predict;
 mod work;
 
-pub use approx::{Approximate, UseIndexes};
+pub use approx::{Approximate, UseDirectory};
 
 use std::collections::HashMap;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -32,7 +32,7 @@ use kvdir::car::{
 };
 use kvdir::registry::{Identity, InstanceState, LoadMetrics};
 
-use crate::indexes::StreamHit;
+use crate::directory::StreamHit;
 pub use overload::{Admission, AdmitForward, Forwarded, GetOverload, WithdrawHeld};
 
 /// A stream's identity: instance and DP rank.
@@ -91,7 +91,7 @@ pub struct SetLoad {
 pub struct RouteRequest {
     /// Tokens in the prompt.
     pub input_tokens: usize,
-    /// Every stream's hits for the prompt ([`crate::indexes::Indexes::read`]).
+    /// Every stream's hits for the prompt ([`crate::directory::Directory::read`]).
     pub hits: Vec<StreamHit>,
 }
 
@@ -152,8 +152,8 @@ pub struct RouterActor {
     recent: RecentRoutes,
     inflight: InFlight,
     predictions: Predictions,
-    /// The indexes whose approximate engines this router credits ([`UseIndexes`]).
-    approx: Option<std::sync::Arc<crate::indexes::Indexes>>,
+    /// The indexes whose approximate engines this router credits ([`UseDirectory`]).
+    approx: Option<std::sync::Arc<crate::directory::Directory>>,
     /// Prefill work routed and not done yet, per instance (the TTFT estimate's queue).
     ledger: WorkLedger,
     /// Overload admission: held requests (`overload.rs`).

@@ -1,5 +1,5 @@
 //! Predict-on-route glue between a request's per-stream hits ([`StreamHit`], read with
-//! [`crate::indexes::Indexes::read_keyed_in`], so each carries the request's content keys) and
+//! [`crate::directory::Directory::read_keyed_in`], so each carries the request's content keys) and
 //! the router's [`Predictions`].
 //!
 //! Per decision, with prediction on (`--car_predict_ttl_ms` > 0, policy CAR):
@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use kvdir::car::Predictions;
 
-use crate::indexes::StreamHit;
+use crate::directory::StreamHit;
 
 /// Milliseconds on a monotonic clock (since the first call in this process).
 pub(crate) fn now_ms() -> u64 {

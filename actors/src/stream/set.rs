@@ -1,6 +1,6 @@
 //! [`StreamSet`]: starting and stopping the actor pair of one stream (a supervised
 //! `StreamActor` and its `IndexActor`), and its slot in the shared index of its block size and
-//! seed ([`Indexes`]).
+//! seed ([`Directory`]).
 //!
 //! Static configuration starts every stream once; discovery starts and stops them as instances
 //! come and go. Starting publishes the stream's (unsynchronized) entry before it returns.
@@ -15,7 +15,7 @@ use std::sync::{Arc, RwLock};
 use actix::prelude::*;
 use kvdir::config::{canonical_endpoint, is_bound, Limits, StreamSpec};
 use kvdir::index::{SharedError, StreamLabel};
-use kvdir::indexer::Registration;
+use kvdir::indexer_api::Registration;
 use kvdir::registry::Identity;
 use thiserror::Error;
 
@@ -25,7 +25,7 @@ use super::worker::WorkerCtx;
 use super::{BindRoutes, StreamCounters};
 use super::{IndexActor, StreamShared};
 use super::{Shutdown, StreamActor, StreamOrigin};
-use crate::indexes::Indexes;
+use crate::directory::Directory;
 use crate::router::{RouterActor, StreamKey};
 use crate::sync::{read, write};
 
@@ -129,7 +129,7 @@ pub type StreamMap = Arc<RwLock<BTreeMap<StreamKey, RunningStream>>>;
 #[derive(Clone)]
 pub struct StreamSet {
     router: Addr<RouterActor>,
-    indexes: Arc<Indexes>,
+    indexes: Arc<Directory>,
     arbiters: Vec<ArbiterHandle>,
     zmq: ZmqContext,
     limits: Limits,
@@ -157,7 +157,7 @@ impl StreamSet {
         let pool = IoPool::start(pool::thread_count(limits.io_threads), replays)?;
         tracing::debug!(open_files = ?fds, io_threads = pool.stats().io_threads.len(), "stream pool");
         let (map, registering) = Default::default();
-        let indexes = Arc::new(Indexes::new(limits.approximate));
+        let indexes = Arc::new(Directory::new(limits.approximate));
         let (bind, changes) = (None, Arc::default());
         Ok(StreamSet {
             router,
@@ -190,7 +190,7 @@ impl StreamSet {
     }
 
     /// The shared indexes the streams write to and queries read.
-    pub fn indexes(&self) -> Arc<Indexes> {
+    pub fn indexes(&self) -> Arc<Directory> {
         Arc::clone(&self.indexes)
     }
 

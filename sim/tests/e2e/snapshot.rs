@@ -50,11 +50,7 @@ fn drive(engine: &SimEngine, w: &mut Workload, n: usize) -> Vec<Vec<i32>> {
         .collect()
 }
 
-fn assert_index_agrees(
-    engine: &SimEngine,
-    index: &kvdir::index::StreamIndex,
-    prompts: &[Vec<i32>],
-) {
+fn assert_index_agrees(engine: &SimEngine, index: &common::OneStream, prompts: &[Vec<i32>]) {
     let status = index.status();
     assert!(status.synchronized, "{:?}", status.error);
     assert_eq!((status.device_blocks, status.host_blocks), engine.counts(0).unwrap());

@@ -119,7 +119,8 @@ fn replay_from_zero_repeats_the_live_messages_and_feeds_an_exact_index() {
     let first = decode(&history.batches[0].1);
     assert!(matches!(first.events[0], Event::Stored(_)), "a fresh vLLM does not start by clearing");
     let mut index = index_for(&engine);
-    index.install_snapshot(index.snapshot_builder(), 0);
+    let empty = index.snapshot_builder();
+    index.install_snapshot(empty, 0);
     for (seq, payload) in &history.batches {
         index.apply(*seq, &decode(payload)).expect("history applies in order");
     }

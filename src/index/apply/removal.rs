@@ -4,8 +4,7 @@
 //! the tier where it is).
 
 use super::super::blocks::{bit, Block, TIER_BITS};
-use super::super::view::{Change, ViewOp};
-use super::{ApplyStats, Sink, Table, AHEAD};
+use super::{ApplyStats, Change, Sink, Table, AHEAD};
 use crate::wire::{EngineHash, Tier};
 
 impl Table {
@@ -91,7 +90,6 @@ impl Table {
                 self.blocks.clear();
                 self.retired.clear();
                 (self.device, self.host) = (0, 0);
-                sink.op(ViewOp::ClearAll);
             }
             Some(t) => {
                 let retired = &mut self.retired;
@@ -107,7 +105,6 @@ impl Table {
                     Tier::Device => self.device = 0,
                     Tier::Host => self.host = 0,
                 }
-                sink.op(ViewOp::ClearTier(t));
             }
         }
     }

@@ -10,9 +10,9 @@
 
 use std::collections::HashMap;
 
+use super::super::apply::Change;
 use super::super::apply::Table;
 use super::super::key::ContentKey;
-use super::super::view::Change;
 use crate::wire::Tier;
 
 /// Appends the changes from `old` to `new` (see the module documentation).

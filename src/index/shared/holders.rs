@@ -16,11 +16,37 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::super::apply::Change;
 use super::super::blocks::bit;
-use super::super::flat::{FlatTable, Vacancy};
+use super::super::flat::{FlatKey, FlatTable, Vacancy};
 use super::super::key::ContentKey;
-use super::super::view::{prefetch_ahead, Change, StreamStatus};
+use super::super::StreamStatus;
 use crate::wire::Tier;
+
+impl FlatKey for ContentKey {
+    const FILLER: Self = ContentKey([0; 16]);
+
+    /// Content keys are XXH3 digests, uniform in every bit: the low 64 bits need no mixing.
+    fn hash64(&self) -> u64 {
+        let [a, b, c, d, e, f, g, h, ..] = self.0;
+        u64::from_le_bytes([a, b, c, d, e, f, g, h])
+    }
+}
+
+/// How far ahead of the change being applied its map slot is prefetched: the map does not fit
+/// in cache, and misses started early overlap with the work on the changes before them.
+const AHEAD: usize = 16;
+
+/// Before `changes[i]` is applied to `map`: prefetches the slot of the change [`AHEAD`]
+/// places on, and before the first change, those of the first [`AHEAD`].
+fn prefetch_ahead<V: Vacancy>(map: &FlatTable<ContentKey, V>, changes: &[Change], i: usize) {
+    if i == 0 {
+        changes.iter().take(AHEAD).for_each(|c| map.prefetch(&c.key));
+    }
+    if let Some(ahead) = changes.get(i + AHEAD) {
+        map.prefetch(&ahead.key);
+    }
+}
 
 /// Streams a shared index can hold (one bit each in a `u128`).
 pub const MAX_STREAMS: usize = 128;

@@ -23,9 +23,10 @@ use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::{Arc, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use super::super::apply::Change;
 use super::super::flat::FlatTable;
 use super::super::key::ContentKey;
-use super::super::view::{Change, StreamStatus};
+use super::super::StreamStatus;
 use super::holders::{Holders, SharedData, StreamLabel};
 
 /// Changes applied per write lock when readers cannot see them.

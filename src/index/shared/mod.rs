@@ -34,10 +34,9 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use thiserror::Error;
 
-use super::apply::{ApplyStats, Ctx, Mode, Sink, Table};
+use super::apply::{ApplyStats, Change, Ctx, Mode, Sink, Table};
 use super::namespace::Keys;
-use super::view::{Change, StreamStatus, ViewOp};
-use super::{IndexConfig, IndexError};
+use super::{IndexConfig, IndexError, StreamStatus};
 use crate::wire::Batch;
 use holders::SharedData;
 use log::Log;
@@ -173,8 +172,6 @@ impl Sink for Pending<'_> {
         self.0.append(changes);
     }
 
-    fn op(&mut self, _op: ViewOp) {}
-
     fn clears_per_block(&self) -> bool {
         true
     }
@@ -188,7 +185,9 @@ impl Sink for Discard {
         changes.clear();
     }
 
-    fn op(&mut self, _op: ViewOp) {}
+    fn clears_per_block(&self) -> bool {
+        false
+    }
 }
 
 /// Whether a stream's live batches are applied; if not, why not (its status's `error`).
@@ -263,10 +262,11 @@ impl StreamWriter {
         }
     }
 
-    /// Applies live batch `seq` to this stream's state (no lock taken). The same rules as
-    /// [`super::StreamIndex::apply`]: unsynchronized, only a full-state batch is accepted;
-    /// an error unsynchronizes, and the changes made before it stay pending (they are real).
-    /// While partial, see [`Self::set_partial`].
+    /// Applies live batch `seq` to this stream's state (no lock taken). Sequence continuity is
+    /// the caller's concern. While unsynchronized only a full-state batch is accepted, and
+    /// applying one synchronizes; an error unsynchronizes, with the error as its reason, and the
+    /// changes made before it stay pending (they are real). While partial, see
+    /// [`Self::set_partial`].
     pub fn apply(&mut self, seq: u64, batch: &Batch) -> Result<ApplyStats, IndexError> {
         if let SyncState::Unsynchronized { reason } = &self.sync {
             if !batch.is_full_state() {

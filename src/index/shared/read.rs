@@ -16,10 +16,10 @@
 use std::sync::{Arc, RwLock};
 
 use super::super::key::{ContentKey, KeyHasher, TokenId};
-use super::super::namespace::Namespace;
-use super::super::view::StreamStatus;
+use super::super::StreamStatus;
 use super::holders::{SharedData, StreamLabel, MAX_STREAMS};
 use super::log::read;
+use crate::wire::Namespace;
 
 /// Per-stream matched prefix lengths of one query, in blocks.
 #[derive(Debug, Clone, PartialEq, Eq)]

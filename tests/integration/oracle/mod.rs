@@ -1,12 +1,12 @@
 //! The naive model and the generators shared by the oracle property tests
-//! (`index_oracle.rs`: one `StreamIndex`; `shared_oracle.rs`: many streams in one
-//! `SharedIndex`). Random event sequences (stores, tokenless replicas, removals per tier,
+//! (`index_oracle.rs`: one stream alone in a `SharedIndex`; `shared_oracle.rs`: many streams
+//! in one). Random event sequences (stores, tokenless replicas, removals per tier,
 //! clears, full-state batches, snapshots with orphans, limit hits, invalidations, the partial
 //! mode) are resolved against the model and applied to both; the model is the spec. Blocks
 //! that leave their last tier are retired in the model (never evicted: the index remembers at
 //! least 4,096, far more than the 256 ids used here).
 
-use kvdir::index::{IndexError, StreamIndex, StreamWriter};
+use kvdir::index::{IndexError, StreamWriter};
 use kvdir::wire::{Batch, EngineHash, Tier};
 use proptest::prelude::*;
 
@@ -203,45 +203,6 @@ pub fn error_kind(e: &IndexError) -> &'static str {
     }
 }
 
-/// The writer under test: one stream's index, alone or in a shared index.
-pub trait Writer {
-    /// Applies a live batch; its `unknown_parents`.
-    fn apply_batch(&mut self, seq: u64, batch: &Batch) -> Result<u64, IndexError>;
-    fn load(&mut self, batch: &Batch, watermark: u64) -> Result<(), IndexError>;
-    fn unsync(&mut self, reason: &str);
-    fn partial(&mut self);
-}
-
-impl Writer for StreamIndex {
-    fn apply_batch(&mut self, seq: u64, batch: &Batch) -> Result<u64, IndexError> {
-        self.apply(seq, batch).map(|s| s.unknown_parents)
-    }
-    fn load(&mut self, batch: &Batch, watermark: u64) -> Result<(), IndexError> {
-        self.load_snapshot(batch, watermark).map(|_| ())
-    }
-    fn unsync(&mut self, reason: &str) {
-        self.invalidate(reason)
-    }
-    fn partial(&mut self) {
-        self.set_partial(true)
-    }
-}
-
-impl Writer for StreamWriter {
-    fn apply_batch(&mut self, seq: u64, batch: &Batch) -> Result<u64, IndexError> {
-        self.apply(seq, batch).map(|s| s.unknown_parents)
-    }
-    fn load(&mut self, batch: &Batch, watermark: u64) -> Result<(), IndexError> {
-        self.load_snapshot(batch, watermark).map(|_| ())
-    }
-    fn unsync(&mut self, reason: &str) {
-        self.invalidate(reason)
-    }
-    fn partial(&mut self) {
-        self.set_partial(true)
-    }
-}
-
 /// What an op did: the index's error, and the model's counts for [`Coverage`].
 #[derive(Debug, Default)]
 pub struct Applied {
@@ -262,7 +223,7 @@ impl Applied {
 }
 
 pub fn apply_op(
-    idx: &mut impl Writer,
+    idx: &mut StreamWriter,
     model: &mut Model,
     op: &Op,
     seq: u64,
@@ -271,7 +232,7 @@ pub fn apply_op(
         Op::Live(gen) | Op::FullState(gen) => {
             let events = resolve(model, gen);
             let prepend = matches!(op, Op::FullState(_));
-            let got = idx.apply_batch(seq, &to_batch(&events, prepend));
+            let got = idx.apply(seq, &to_batch(&events, prepend)).map(|s| s.unknown_parents);
             let full = prepend || is_full_state(&events);
             let want = if model.synced || full {
                 // A full state starts with AllBlocksCleared: nothing of the old model is left.
@@ -296,7 +257,7 @@ pub fn apply_op(
         }
         Op::Snapshot(gen) => {
             let events = resolve(model, gen);
-            let got = idx.load(&to_batch(&events, false), seq + 1);
+            let got = idx.load_snapshot(&to_batch(&events, false), seq + 1).map(|_| ());
             let mut next = Model { synced: true, sequence: Some(seq), ..Model::default() };
             let want = next.apply(&events, true);
             if want.is_ok() {
@@ -308,12 +269,12 @@ pub fn apply_op(
             Ok(Applied { error: got.err(), ..Applied::default() })
         }
         Op::Invalidate => {
-            idx.unsync("test");
+            idx.invalidate("test");
             model.synced = false;
             Ok(Applied::default())
         }
         Op::Partial => {
-            idx.partial();
+            idx.set_partial(true);
             model.partial = true;
             Ok(Applied::default())
         }

@@ -229,7 +229,7 @@ mod tests {
     use kvdir::wire::{encode_batch, encode_snapshot_end, encode_snapshot_reply};
 
     use super::*;
-    use crate::indexes::Indexes;
+    use crate::directory::Directory;
     use crate::stream::sockets::ZmqContext;
     use crate::stream::StreamShared;
 
@@ -255,7 +255,7 @@ mod tests {
             replay: ReplayKind::Snapshot,
         };
         let limits = Limits::default();
-        let indexes = Indexes::default();
+        let indexes = Directory::default();
         let label = StreamLabel { instance_name: "inproc".into(), ..StreamLabel::default() };
         let writer = indexes.add_stream(spec.index_config(&limits), label).unwrap();
         let shared = Arc::new(StreamShared::new("inproc", 0, writer));

@@ -11,7 +11,7 @@
 
 use std::time::{Duration, Instant};
 
-use kvdir::index::{IndexConfig, KeyHasher, StreamIndex};
+use kvdir::index::{IndexConfig, KeyHasher, SharedIndex, SharedReader, StreamWriter};
 use kvdir::wire::{decode_live, decode_snapshot_frame, Batch, SnapshotFrame};
 use kvdir_sim::{EngineConfig, SimEngine};
 
@@ -155,21 +155,41 @@ pub fn request_snapshot(
     }
 }
 
-/// A kvdir stream index for `engine`'s block size with the default seed.
-pub fn index_for(engine: &SimEngine) -> StreamIndex {
-    StreamIndex::new(IndexConfig {
-        block_size: engine.config().block_size,
-        ..IndexConfig::default()
-    })
+/// One stream alone in a kvdir shared index (the index the service runs), with a reader of
+/// it; it derefs to the stream's writer.
+pub struct OneStream {
+    writer: StreamWriter,
+    reader: SharedReader,
+    config: IndexConfig,
 }
 
-/// What the index answers for `tokens`: `(device_hit_tokens, host_only_hit_tokens)`.
-pub fn index_match(index: &StreamIndex, tokens: &[i32]) -> (u64, u64) {
+impl std::ops::Deref for OneStream {
+    type Target = StreamWriter;
+    fn deref(&self) -> &StreamWriter {
+        &self.writer
+    }
+}
+
+impl std::ops::DerefMut for OneStream {
+    fn deref_mut(&mut self) -> &mut StreamWriter {
+        &mut self.writer
+    }
+}
+
+/// A kvdir stream for `engine`'s block size with the default seed.
+pub fn index_for(engine: &SimEngine) -> OneStream {
+    let config = IndexConfig { block_size: engine.config().block_size, ..IndexConfig::default() };
+    let shared = SharedIndex::new(config.block_size, config.hash_seed, 1);
+    let writer = shared.add_stream(config).expect("one free slot");
+    OneStream { writer, reader: shared.reader(), config }
+}
+
+/// What the index answers for `tokens` (as published): `(device_hit_tokens,
+/// host_only_hit_tokens)`.
+pub fn index_match(index: &OneStream, tokens: &[i32]) -> (u64, u64) {
     let mut keys = Vec::new();
-    KeyHasher::new(index.config().block_size, index.config().hash_seed)
-        .prefix_keys(tokens, &mut keys);
-    let m = index.reader().handle().match_prefix(&keys);
-    (m.device_hit_tokens, m.host_only_hit_tokens)
+    KeyHasher::new(index.config.block_size, index.config.hash_seed).prefix_keys(tokens, &mut keys);
+    index.reader.handle().match_keys(&keys).tokens(index.writer.slot())
 }
 
 /// Asserts that every block of `batch`'s stores names a parent stored earlier in the batch (or

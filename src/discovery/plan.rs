@@ -10,11 +10,10 @@
 
 use std::collections::BTreeMap;
 
-use super::record::{split_host_port, Identity, InstanceType};
-use super::state::{Instance, InstanceState};
 use crate::config::{
     canonical_endpoint, is_bound, DiscoveryConfig, StreamSpec, TopicVars, BIND_ENDPOINT,
 };
+use crate::registry::{split_host_port, Identity, Instance, InstanceState, InstanceType};
 
 /// One stream discovery wants running.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,9 +1,10 @@
-//! [`Indexes`]: the service's shared query indexes, one per `(block_size, hash_seed)`, and the
-//! read path of the HTTP handlers and the router.
+//! [`Directory`]: the service's KV-cache directory, what every read asks "who holds this
+//! prompt?": the shared query indexes, one per `(block_size, hash_seed)`, the approximate
+//! credit of engines without KV events, and the read path of the HTTP handlers and the router.
 //!
-//! A stream joins with [`Indexes::add_stream`] and gets the [`StreamWriter`] its IndexActor
+//! A stream joins with [`Directory::add_stream`] and gets the [`StreamWriter`] its IndexActor
 //! owns; dropping the writer removes all of the stream's bits and frees its slot in one publish.
-//! Readers call [`Indexes::read`] from any thread, with no lock on the index and no actor
+//! Readers call [`Directory::read`] from any thread, with no lock on the index and no actor
 //! mailbox: each thread keeps one `SharedHandle` per index (thread-local), hashes the query once
 //! per index and walks it once for all of its streams.
 //!
@@ -43,9 +44,9 @@ struct Group {
     index: SharedIndex,
 }
 
-/// The shared indexes of one service.
+/// The directory of one service: its shared indexes and its approximate credit.
 #[derive(Default)]
-pub struct Indexes {
+pub struct Directory {
     groups: RwLock<Vec<Group>>,
     /// Engines without KV events and their approximate credit.
     approximate: Approximate,
@@ -60,17 +61,17 @@ pub struct StreamHit {
     pub identity: Option<Identity>,
     /// The stream's tenant (registered streams; empty otherwise).
     pub tenant: String,
-    /// The query's content keys under this stream's index ([`Indexes::read_keyed_in`]; empty
+    /// The query's content keys under this stream's index ([`Directory::read_keyed_in`]; empty
     /// from the other reads), shared by the streams of one index.
     pub keys: Arc<[ContentKey]>,
     /// Tokens per block of the stream's index (what one of `keys` covers).
     pub block_size: u32,
 }
 
-impl Indexes {
+impl Directory {
     /// No stream yet; engines without KV events get approximate credit with `settings`.
     pub fn new(settings: kvdir::car::ApproxSettings) -> Self {
-        Indexes { groups: RwLock::default(), approximate: Approximate::new(settings) }
+        Directory { groups: RwLock::default(), approximate: Approximate::new(settings) }
     }
 
     /// The engines without KV events and their approximate credit.
@@ -239,7 +240,7 @@ fn stream_match(s: &SlotRead, hit: (u64, u64)) -> StreamMatch {
 }
 
 /// Forgets this thread's handles of indexes that no longer exist (a stopped service).
-impl Drop for Indexes {
+impl Drop for Directory {
     fn drop(&mut self) {
         let ids: Vec<u64> = match self.groups.get_mut() {
             Ok(g) => g.iter().map(|g| g.id).collect(),
@@ -277,7 +278,7 @@ mod tests {
 
     #[test]
     fn the_json_answer_is_the_query_answer_in_name_order_across_indexes() {
-        let indexes = Indexes::default();
+        let indexes = Directory::default();
         let config = |block_size| IndexConfig { block_size, ..IndexConfig::default() };
         let mut b1 = indexes.add_stream(config(2), label("b", 1)).unwrap();
         let mut a0 = indexes.add_stream(config(4), label("a", 0)).unwrap();
@@ -302,7 +303,7 @@ mod tests {
 
     #[test]
     fn streams_beyond_one_indexs_slots_get_another_index_and_all_answer() {
-        let indexes = Indexes::default();
+        let indexes = Directory::default();
         let config = IndexConfig { block_size: 2, ..IndexConfig::default() };
         let n = MAX_STREAMS + 2;
         let mut writers: Vec<_> = (0..n)

@@ -19,10 +19,11 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::plan::{Exclusion, Plan, PlannedStream};
-use super::record::{Identity, InstanceRecord, InstanceType, LoadMetrics};
-use super::state::{Instance, InstanceState};
 use crate::config::{canonical_endpoint, Dialect, EngineSpec};
 use crate::prometheus::Samples;
+use crate::registry::{
+    Identity, Instance, InstanceRecord, InstanceState, InstanceType, LoadMetrics,
+};
 
 /// What the load gauges of one `/metrics` answer say.
 #[derive(Debug, Clone, Copy, PartialEq)]

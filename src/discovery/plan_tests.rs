@@ -1,11 +1,12 @@
 //! Unit tests of stream planning: refreshes that keep streams, replacements, hostile registry
 //! values, overlapping endpoints and the bind endpoint.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use super::tests::{discovery, record, why_in};
 use super::*;
 use crate::config::DiscoveryConfig;
+use crate::registry::tests::record;
+use crate::registry::*;
 
 /// The streams `p` would leave running, as the discovery actor records them.
 fn running(p: &Plan) -> Vec<(crate::config::StreamSpec, Option<Identity>)> {
@@ -16,6 +17,72 @@ fn running(p: &Plan) -> Vec<(crate::config::StreamSpec, Option<Identity>)> {
 fn keeps_all(p: &Plan, before: &[(crate::config::StreamSpec, Option<Identity>)]) -> bool {
     p.streams.len() == before.len()
         && p.streams.iter().zip(before).all(|(s, (spec, id))| s.is_running_as(spec, id.as_ref()))
+}
+
+/// Discovery's settings: block 128, event ports at +10,000, replay at +30,000.
+fn discovery() -> DiscoveryConfig {
+    DiscoveryConfig {
+        enabled: true,
+        block_size: 128,
+        topic: "xllm-kv".into(),
+        event_port_offset: 10_000,
+        replay_port_offset: 30_000,
+        refresh_interval: Duration::from_secs(1),
+        bind: None,
+        approximate: false,
+    }
+}
+
+#[test]
+fn planning_follows_roles_ports_overlaps_and_capacity() {
+    let t = Instant::now();
+    let mut reg = Registry::default();
+    reg.put(record("127.0.0.1:8000", 0, 2, Some("a")), t); // DEFAULT, 2 ranks
+    reg.put(record("127.0.0.1:8100", 2, 1, Some("b")), t); // DECODE
+    let mut mix_decode = record("127.0.0.1:8200", 3, 1, Some("c"));
+    mix_decode.mix_acting_prefill = false;
+    reg.put(mix_decode, t);
+    reg.put(record("127.0.0.1:8300", 3, 1, Some("d")), t); // MIX acting as prefill
+    reg.put(record("127.0.0.1:65000", 1, 1, Some("e")), t); // overflow
+    reg.put(record("127.0.0.1:8401", 1, 2, Some("f")), t); // overlaps the next one
+    reg.put(record("127.0.0.1:8402", 1, 1, Some("g")), t);
+    let mut vllm = record("127.0.0.1:8500", 1, 1, None);
+    vllm.backend = "vllm".into();
+    reg.put(vllm, t);
+    let p = plan(reg.instances(), &discovery(), 128);
+    let names: Vec<(String, u32, String)> = p
+        .streams
+        .iter()
+        .map(|s| (s.spec.instance_name.clone(), s.spec.dp_rank, s.spec.endpoint.clone()))
+        .collect();
+    assert_eq!(
+        names,
+        [
+            ("127.0.0.1:8000".into(), 0, "tcp://127.0.0.1:18000".into()),
+            ("127.0.0.1:8000".into(), 1, "tcp://127.0.0.1:18001".into()),
+            ("127.0.0.1:8300".into(), 0, "tcp://127.0.0.1:18300".into()),
+        ]
+    );
+    assert_eq!(p.streams[1].spec.replay_endpoint, "tcp://127.0.0.1:38001");
+    let why = |n: &str| why_in(&p, n);
+    assert!(why("127.0.0.1:8100").contains("DECODE"));
+    assert!(why("127.0.0.1:8200").contains("acting as DECODE"));
+    assert!(why("127.0.0.1:65000").starts_with("port overflow"), "{}", why("127.0.0.1:65000"));
+    assert!(why("127.0.0.1:8401").contains("overlaps instance 127.0.0.1:8402"));
+    assert!(why("127.0.0.1:8402").contains("overlaps instance 127.0.0.1:8401"));
+    assert!(why("127.0.0.1:8500").contains("vllm"));
+
+    let small = plan(reg.instances(), &discovery(), 2);
+    assert_eq!(small.streams.len(), 2, "the first instance in name order fits whole");
+    assert!(why_in(&small, "127.0.0.1:8300").starts_with("capacity"));
+    let ticket = reg.deleted("127.0.0.1:8000").unwrap();
+    reg.probed("127.0.0.1:8000", ticket, false, t);
+    let p = plan(reg.instances(), &discovery(), 128);
+    assert_eq!(p.excluded["127.0.0.1:8000"].to_string(), "SUSPECT");
+}
+
+fn why_in(p: &Plan, name: &str) -> String {
+    p.excluded.get(name).map(ToString::to_string).unwrap_or_default()
 }
 
 #[test]

@@ -1,0 +1,14 @@
+//! What discovery decides, without etcd or sockets: the streams to run for the instance set
+//! ([`plan`]: one per DP rank of every subscribable instance, or an [`Exclusion`] saying why
+//! not), and the state of engines listed by address ([`Engines`]: identity and health from
+//! their `/health` and `/metrics`). The discovery actor feeds it the [`crate::registry`] and
+//! the engines' answers, and runs what it plans.
+
+mod engines;
+mod plan;
+
+pub use engines::{read_metrics, EngineReading, Engines, IdentityChange, ListedEngine, Probe};
+pub use plan::{plan, wants_subscription, Exclusion, Plan, PlannedStream};
+
+#[cfg(test)]
+mod plan_tests;
