@@ -180,7 +180,7 @@ write_kvdir_config() {
 
 if [ -z "${KVDIR_BIN:-}" ]; then
     echo "building kvdir"
-    (cd "$ROOT" && cargo build --release --quiet -p kvdir-actors)
+    (cd "$ROOT" && cargo build --release --quiet -p kvdir-service)
     KVDIR_BIN=${CARGO_TARGET_DIR:-$ROOT/target}/release/kvdir
 fi
 write_kvdir_config "$LOGS/kvdir.json"

@@ -73,7 +73,7 @@ FLAGS (--flag=value or --flag value):
     --demo                         run with in-process simulated engines (the default with no flags)
     --demo_seconds N               run the demo and stop it after N seconds [default: run until Ctrl-C]
     --log_format F                 text or json (one object per line), to stderr; filter
-                                   with RUST_LOG, e.g. RUST_LOG=kvdir_actors=debug [default: text]
+                                   with RUST_LOG, e.g. RUST_LOG=kvdir_service=debug [default: text]
     --block_size N                 accepted for xllm-service compatibility and ignored with a
                                    warning: set block_size in the kv_events_config_file
     --help, --version

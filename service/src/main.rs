@@ -1,0 +1,105 @@
+//! The `kvdir` binary: parses flags, loads the config file, starts the service and waits.
+
+use std::process::ExitCode;
+
+use kvdir::config::{
+    parse_config_file_with_bind, parse_flags, Command, DirectoryConfig, Flags, LogFormat, USAGE,
+};
+use kvdir_service::held_logs::HeldLogs;
+use kvdir_service::Service;
+use tracing_subscriber::EnvFilter;
+
+fn load_directory(flags: &Flags) -> Result<Option<DirectoryConfig>, String> {
+    let Some(path) = &flags.kv_events_config_file else { return Ok(None) };
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read --kv_events_config_file {}: {e}", path.display()))?;
+    parse_config_file_with_bind(&text, flags.kv_events_bind.as_deref())
+        .map(Some)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Logs go to stderr, filtered by `RUST_LOG` (default `info`), as text or one JSON object per
+/// line; colours only on a terminal. A `RUST_LOG` that does not parse is reported and replaced
+/// by `info`. The demo's logs are `held` until its banner is printed.
+fn init_logs(format: LogFormat, held: &HeldLogs) {
+    let filter = match std::env::var("RUST_LOG") {
+        Ok(spec) => EnvFilter::try_new(&spec).unwrap_or_else(|e| {
+            eprintln!("warning: RUST_LOG={spec:?} is not a valid filter ({e}); using info");
+            EnvFilter::new("info")
+        }),
+        Err(_) => EnvFilter::new("info"),
+    };
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let held = held.clone();
+    let logs = tracing_subscriber::fmt()
+        .with_writer(move || held.writer())
+        .with_ansi(ansi)
+        .with_env_filter(filter);
+    match format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().flatten_event(true).with_current_span(false).init(),
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let held = HeldLogs::default();
+    let flags = match parse_flags(&args) {
+        Ok(Command::Run(f)) => {
+            if !f.demo {
+                held.release();
+            }
+            init_logs(f.log_format, &held);
+            *f
+        }
+        Ok(Command::Help) => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(Command::Version) => {
+            println!("kvdir {}", env!("CARGO_PKG_VERSION"));
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let directory = match load_directory(&flags) {
+        Ok(d) => d,
+        Err(e) => {
+            held.release();
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if flags.demo {
+        let result = kvdir_service::demo::run(flags, &held);
+        held.release();
+        return match result {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    if flags.check_config {
+        for warning in &flags.warnings {
+            tracing::warn!("{warning}");
+        }
+        println!("configuration is valid");
+        return ExitCode::SUCCESS;
+    }
+    match Service::start(flags, directory) {
+        Ok(service) => {
+            println!("kvdir listening on http://{}", service.http_addr());
+            service.wait();
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
