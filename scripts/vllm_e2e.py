@@ -16,7 +16,7 @@ kvdir's predicted cached tokens on the engine it chose (`x-kvdir-cached-tokens`,
 Named checks (stream start-up, salt, duplicate store, restart) count like requests. At the end,
 kvdir's own cache-truth audit (`cache_audit` in /v1/internal/instances: exact, under and over
 answers per instance) must count what this script counted, request by request, since kvdir's
-last start. It ends with `N passed, M failed`; the exit code is 0 only when M is 0.
+last start, and kvdir must have read each engine's prefill rate from its /metrics. It ends with `N passed, M failed`; the exit code is 0 only when M is 0.
 """
 
 import argparse
@@ -404,6 +404,26 @@ class Driver:
             self.results.check(seen[e.name] == want[e.name],
                                f"{e.name} cache audit agrees with vLLM's answers", detail)
 
+    def check_prefill_rate(self, deadline_s=5.0):
+        """Each engine's prefill rate, read by kvdir from vLLM's own prefill histograms
+        (`engine.prefill_tokens_per_s` in /v1/internal/instances), once traffic has run."""
+        if not self.kvdir.up:
+            return
+        deadline = time.time() + deadline_s
+        while True:
+            status, _, body = http("GET", self.kvdir.url + "/v1/internal/instances")
+            listed = {i["name"]: (i.get("engine") or {}).get("prefill_tokens_per_s")
+                      for i in (body.get("instances") or [])} if status == 200 else {}
+            rates = {e.name: listed.get(e.name) for e in self.engines}
+            if all(r for r in rates.values()) or time.time() > deadline:
+                break
+            time.sleep(0.1)
+        for e in self.engines:
+            rate = rates[e.name]
+            self.results.check(bool(rate) and rate > 0,
+                               f"{e.name} prefill rate read from vLLM's /metrics",
+                               f"{rate} tokens/s")
+
     def wait_phase(self, engine, want, deadline):
         """Polls the engine's stream until want(phase) or the deadline; returns whether it
         came and the last phase seen (None: kvdir does not report the stream)."""
@@ -439,6 +459,7 @@ class Driver:
         for e in self.engines:
             e.tap.close()
         self.check_audit()
+        self.check_prefill_rate()
         if self.results.explained:
             print(f"explained under-credits ({len(self.results.explained)}):")
             for line in self.results.explained:

@@ -223,6 +223,7 @@ impl Demo {
                 load: Some(LoadMetrics {
                     waiting_requests_num: self.waiting[i].round() as u64,
                     gpu_cache_usage_perc: usage,
+                    prefill_tokens_per_s: None,
                 }),
                 dp_size: e.config().dp_size,
                 ttft_profile: Vec::new(),

@@ -47,7 +47,7 @@ pub const MIN_OWN_SAMPLES: u32 = 8;
 pub const OWN_RATE_FACTOR: f64 = 1.5;
 
 /// Learned rates are kept within these bounds, in tokens per second.
-const RATE_BOUNDS: (f64, f64) = (10.0, 1e7);
+pub(crate) const RATE_BOUNDS: (f64, f64) = (10.0, 1e7);
 
 /// What one instance has queued, as [`super::ttft`] reads it.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]

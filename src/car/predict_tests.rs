@@ -86,7 +86,11 @@ fn cand(name: &str, waiting: u64, ranks: &[(u64, u64)]) -> Candidate {
         kind: InstanceType::Default,
         mix_acting_prefill: false,
         state: InstanceState::Active,
-        load: Some(LoadMetrics { waiting_requests_num: waiting, gpu_cache_usage_perc: 0.0 }),
+        load: Some(LoadMetrics {
+            waiting_requests_num: waiting,
+            gpu_cache_usage_perc: 0.0,
+            prefill_tokens_per_s: None,
+        }),
         dp_size: ranks.len().max(1) as u32,
         ttft_profile: Vec::new(),
         tpot_profile: Vec::new(),

@@ -9,7 +9,11 @@ fn cand(name: &str, kind: InstanceType, waiting: u64, hits: &[(u64, u64)]) -> Ca
         kind,
         mix_acting_prefill: true,
         state: InstanceState::Active,
-        load: Some(LoadMetrics { waiting_requests_num: waiting, gpu_cache_usage_perc: 0.0 }),
+        load: Some(LoadMetrics {
+            waiting_requests_num: waiting,
+            gpu_cache_usage_perc: 0.0,
+            prefill_tokens_per_s: None,
+        }),
         dp_size: hits.len().max(1) as u32,
         ttft_profile: Vec::new(),
         tpot_profile: Vec::new(),
@@ -172,12 +176,24 @@ fn without_decode_only_default_serves_alone() {
 #[test]
 fn decode_candidates_are_scored_by_usage_and_queue() {
     let mut d1 = cand("d1", InstanceType::Decode, 4, &[]);
-    d1.load = Some(LoadMetrics { waiting_requests_num: 4, gpu_cache_usage_perc: 0.1 });
+    d1.load = Some(LoadMetrics {
+        waiting_requests_num: 4,
+        gpu_cache_usage_perc: 0.1,
+        prefill_tokens_per_s: None,
+    });
     let mut d2 = cand("d2", InstanceType::Decode, 1, &[]);
-    d2.load = Some(LoadMetrics { waiting_requests_num: 1, gpu_cache_usage_perc: 0.9 });
+    d2.load = Some(LoadMetrics {
+        waiting_requests_num: 1,
+        gpu_cache_usage_perc: 0.9,
+        prefill_tokens_per_s: None,
+    });
     let mut mix = cand("mix", InstanceType::Mix, 0, &[]);
     mix.mix_acting_prefill = false;
-    mix.load = Some(LoadMetrics { waiting_requests_num: 0, gpu_cache_usage_perc: 0.95 });
+    mix.load = Some(LoadMetrics {
+        waiting_requests_num: 0,
+        gpu_cache_usage_perc: 0.95,
+        prefill_tokens_per_s: None,
+    });
     let cands = [cand("p", P, 0, &[(0, 0)]), d1, d2, mix];
     let r = pick(&cands, &RouteParams::default());
     assert_eq!(report(&r, "d1").score, Some(0.1 + 1.0));
@@ -192,7 +208,11 @@ fn missing_invalid_or_suspect_instances_are_not_candidates() {
     let mut no_load = cand("none", D, 0, &[(100, 0)]);
     no_load.load = None;
     let mut bad = cand("bad", D, 0, &[(100, 0)]);
-    bad.load = Some(LoadMetrics { waiting_requests_num: 0, gpu_cache_usage_perc: f64::NAN });
+    bad.load = Some(LoadMetrics {
+        waiting_requests_num: 0,
+        gpu_cache_usage_perc: f64::NAN,
+        prefill_tokens_per_s: None,
+    });
     let mut suspect = cand("sus", D, 0, &[(100, 0)]);
     suspect.state = InstanceState::Suspect;
     let r = pick(&[no_load, bad, suspect, cand("ok", D, 9, &[])], &RouteParams::default());

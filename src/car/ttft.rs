@@ -34,6 +34,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::ledger::RATE_BOUNDS;
 use super::types::Candidate;
 
 /// The largest pressure a loaded fleet puts on a miss (a busy share of 0.9).
@@ -68,6 +69,9 @@ pub enum RateSource {
     /// Learned from the front door's observed TTFTs of streamed answers: the fleet's rate, or
     /// this instance's own where it stands apart ([`super::ledger`]).
     Learned,
+    /// Reported by the engine (`LoadMetrics::prefill_tokens_per_s`, from vLLM's `/metrics`),
+    /// where the front door has learned none.
+    Reported,
 }
 
 /// Every term of one prefill candidate's TTFT estimate.
@@ -122,9 +126,11 @@ impl TtftTerms {
 /// predicted ratio) is credited there.
 pub fn estimate(c: &Candidate, input_tokens: usize, reuse: f64, p: &TtftParams) -> TtftTerms {
     let (dp, queued) = (c.dp_size.max(1), &c.queued);
-    let (rate, rate_source) = match queued.learned_rate {
-        Some(r) => (r, RateSource::Learned),
-        None => (p.tokens_per_s, RateSource::Configured),
+    let reported = c.load.and_then(|l| l.prefill_tokens_per_s).filter(|r| r.is_finite());
+    let (rate, rate_source) = match (queued.learned_rate, reported) {
+        (Some(r), _) => (r, RateSource::Learned),
+        (None, Some(r)) => (r.clamp(RATE_BOUNDS.0, RATE_BOUNDS.1), RateSource::Reported),
+        (None, None) => (p.tokens_per_s, RateSource::Configured),
     };
     let input = input_tokens as f64;
     let own = input - input * reuse.clamp(0.0, 1.0);
@@ -203,7 +209,11 @@ mod tests {
     /// An instance with `hit` Device tokens on each of `dp` ranks, `queued` work and `usage`.
     fn cand(name: &str, hit: u64, dp: u32, queued: (f64, u64), usage: f64) -> Candidate {
         let mut c = Candidate::test_idle(name, dp, hit);
-        c.load = Some(LoadMetrics { waiting_requests_num: 0, gpu_cache_usage_perc: usage });
+        c.load = Some(LoadMetrics {
+            waiting_requests_num: 0,
+            gpu_cache_usage_perc: usage,
+            prefill_tokens_per_s: None,
+        });
         c.queued = QueuedWork { tokens: queued.0, requests: queued.1, ..QueuedWork::default() };
         c
     }
@@ -237,6 +247,21 @@ mod tests {
         let t = estimate(&Candidate { queued: learned, ..c }, 1000, 1.5, &p);
         assert_eq!((t.rate_source, t.own_uncached_tokens), (RateSource::Learned, 0.0));
         assert_eq!(t.estimate_ms, 1000.0 * 2000.0 / 2000.0 + 15.0 + 10.0);
+    }
+
+    #[test]
+    fn an_engines_reported_rate_comes_after_a_learned_one_and_before_the_setting() {
+        let p = TtftParams::default();
+        let mut c = cand("a", 0, 1, (0.0, 0), 0.0);
+        c.load = c.load.map(|l| LoadMetrics { prefill_tokens_per_s: Some(4000.0), ..l });
+        let t = estimate(&c, 1000, 0.0, &p);
+        assert_eq!((t.rate_source, t.prefill_tokens_per_s), (RateSource::Reported, 4000.0));
+        assert_eq!(t.estimate_ms, 1000.0 * 1000.0 / 4000.0 + 5.0);
+        let learned = QueuedWork { learned_rate: Some(2000.0), ..c.queued };
+        let t = estimate(&Candidate { queued: learned, ..c.clone() }, 1000, 0.0, &p);
+        assert_eq!((t.rate_source, t.prefill_tokens_per_s), (RateSource::Learned, 2000.0));
+        c.load = c.load.map(|l| LoadMetrics { prefill_tokens_per_s: Some(f64::NAN), ..l });
+        assert_eq!(estimate(&c, 1000, 0.0, &p).rate_source, RateSource::Configured);
     }
 
     #[test]

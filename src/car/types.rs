@@ -294,7 +294,11 @@ impl Candidate {
             kind: InstanceType::Default,
             mix_acting_prefill: false,
             state: InstanceState::Active,
-            load: Some(LoadMetrics { waiting_requests_num: 0, gpu_cache_usage_perc: 0.0 }),
+            load: Some(LoadMetrics {
+                waiting_requests_num: 0,
+                gpu_cache_usage_perc: 0.0,
+                prefill_tokens_per_s: None,
+            }),
             dp_size: dp,
             ttft_profile: Vec::new(),
             tpot_profile: Vec::new(),

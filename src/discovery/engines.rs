@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use std::time::Instant;
 
 use super::plan::{Exclusion, Plan, PlannedStream};
+use super::prefill_rate::{PrefillRate, PrefillTotals};
 use crate::config::{canonical_endpoint, Dialect, EngineSpec};
 use crate::prometheus::Samples;
 use crate::registry::{
@@ -38,15 +39,19 @@ pub struct EngineReading {
     /// KV cache usage in 0..=1 (vLLM `kv_cache_usage_perc`, SGLang `token_usage`), the
     /// largest over the label sets.
     pub usage: f64,
+    /// vLLM's prefill sums, when exported ([`super::prefill_rate`]).
+    pub prefill: Option<PrefillTotals>,
 }
 
 impl EngineReading {
     /// The load routing reads: continuous batching admits most requests at once, so the queue
-    /// CAR weighs is waiting plus running.
-    pub fn load(&self) -> LoadMetrics {
+    /// CAR weighs is waiting plus running; `prefill_tokens_per_s` is the engine's reported
+    /// rate, learned over its polls.
+    pub fn load(&self, prefill_tokens_per_s: Option<f64>) -> LoadMetrics {
         LoadMetrics {
             waiting_requests_num: self.waiting + self.running,
             gpu_cache_usage_perc: self.usage,
+            prefill_tokens_per_s,
         }
     }
 }
@@ -76,7 +81,8 @@ pub fn read_metrics(dialect: Dialect, text: &str) -> Result<EngineReading, Strin
     let s = Samples::parse(text);
     let process_start = s.max("process_start_time_seconds");
     let Some([waiting, running, usage, usage_alias]) = names(dialect) else {
-        return Ok(EngineReading { process_start, waiting: 0, running: 0, usage: 0.0 });
+        let (waiting, running, usage, prefill) = (0, 0, 0.0, None);
+        return Ok(EngineReading { process_start, waiting, running, usage, prefill });
     };
     let missing = |name: &str| {
         format!(
@@ -91,7 +97,8 @@ pub fn read_metrics(dialect: Dialect, text: &str) -> Result<EngineReading, Strin
     if !(0.0..=1.0).contains(&usage) {
         return Err(format!("KV cache usage {usage} is outside 0..=1"));
     }
-    Ok(EngineReading { process_start, waiting, running, usage })
+    let prefill = PrefillTotals::read(&s);
+    Ok(EngineReading { process_start, waiting, running, usage, prefill })
 }
 
 /// Every endpoint of an engine, in canonical form.
@@ -135,6 +142,8 @@ pub struct ListedEngine {
     pub identity_known: bool,
     /// The latest `/metrics` reading.
     pub reading: Option<EngineReading>,
+    /// The prefill rate its readings report.
+    prefill_rate: PrefillRate,
     /// The latest problem (`/health`, `/metrics`, no identity), if any.
     pub error: Option<String>,
     /// Polls so far.
@@ -173,11 +182,17 @@ impl ListedEngine {
             instance,
             identity_known: false,
             reading: None,
+            prefill_rate: PrefillRate::default(),
             error,
             polls: 0,
             runs: 0,
             healthy: false,
         }
+    }
+
+    /// The prefill rate its readings report ([`super::prefill_rate`]).
+    pub fn prefill_rate(&self) -> Option<f64> {
+        self.prefill_rate.get()
     }
 
     /// Applies one poll.
@@ -200,17 +215,30 @@ impl ListedEngine {
         let i = &mut self.instance;
         if let Ok(r) = reading {
             self.reading = Some(r);
-            i.load = Some(r.load());
+            self.prefill_rate.observe(r.prefill);
+            i.load = Some(r.load(self.prefill_rate.get()));
             i.load_reports += 1;
         } else if i.load.is_none() {
             // Healthy without load gauges: routable, with an empty queue.
-            i.load = Some(LoadMetrics { waiting_requests_num: 0, gpu_cache_usage_perc: 0.0 });
+            i.load = Some(LoadMetrics {
+                waiting_requests_num: 0,
+                gpu_cache_usage_perc: 0.0,
+                prefill_tokens_per_s: None,
+            });
         }
         let Some(id) = process.filter(|p| i.record.identity.incarnation_id.as_ref() != Some(p))
         else {
             return IdentityChange::Unchanged;
         };
         i.record.identity = Identity { incarnation_id: Some(id), register_ts_ms: None };
+        if self.identity_known {
+            // Another process: its sums started over, and so does its rate.
+            self.prefill_rate.reset();
+            self.prefill_rate.observe(self.reading.and_then(|r| r.prefill));
+            if let Some(load) = i.load.as_mut() {
+                load.prefill_tokens_per_s = None;
+            }
+        }
         i.load_reports = u64::from(self.reading.is_some());
         if std::mem::replace(&mut self.identity_known, true) {
             IdentityChange::Changed

@@ -46,7 +46,7 @@ fn vllm_and_sglang_gauges_are_read() {
     let v = read_metrics(Dialect::Vllm, VLLM).unwrap();
     assert_eq!(v.process_start, Some(1_764_598_123.45));
     assert_eq!((v.waiting, v.running, v.usage), (3, 2, 0.25));
-    assert_eq!(v.load().waiting_requests_num, 5, "the queue is waiting plus running");
+    assert_eq!(v.load(None).waiting_requests_num, 5, "the queue is waiting plus running");
     let s = read_metrics(Dialect::Sglang, SGLANG).unwrap();
     assert_eq!((s.process_start, s.waiting, s.running, s.usage), (None, 4, 1, 0.5));
     let old = VLLM.replace("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc");

@@ -6,9 +6,11 @@
 
 mod engines;
 mod plan;
+mod prefill_rate;
 
 pub use engines::{read_metrics, EngineReading, Engines, IdentityChange, ListedEngine, Probe};
 pub use plan::{plan, wants_subscription, Exclusion, Plan, PlannedStream};
+pub use prefill_rate::{PrefillRate, PrefillTotals};
 
 #[cfg(test)]
 mod plan_tests;

@@ -204,6 +204,10 @@ pub struct LoadMetrics {
     pub waiting_requests_num: u64,
     /// Device KV usage in 0..=1.
     pub gpu_cache_usage_perc: f64,
+    /// Prefill rate of one request, uncached tokens per second, where the engine reports the
+    /// tokens and time its prefills took (vLLM's `/metrics`; the TTFT policy's `reported`
+    /// rate). xLLM's load reports carry none.
+    pub prefill_tokens_per_s: Option<f64>,
 }
 
 impl LoadMetrics {
@@ -223,7 +227,11 @@ pub fn parse_load(value: &Value) -> Result<LoadMetrics, String> {
         .get("gpu_cache_usage_perc")
         .and_then(Value::as_f64)
         .ok_or_else(|| "gpu_cache_usage_perc must be a number in 0..=1".to_string())?;
-    let load = LoadMetrics { waiting_requests_num: waiting, gpu_cache_usage_perc: usage };
+    let load = LoadMetrics {
+        waiting_requests_num: waiting,
+        gpu_cache_usage_perc: usage,
+        prefill_tokens_per_s: None,
+    };
     if load.is_valid() {
         Ok(load)
     } else {

@@ -13,7 +13,8 @@ pub(crate) fn record(name: &str, kind: u64, dp: u32, inc: Option<&str>) -> Insta
     parse_instance(name, v.to_string().as_bytes()).unwrap()
 }
 
-const LOAD: LoadMetrics = LoadMetrics { waiting_requests_num: 3, gpu_cache_usage_perc: 0.5 };
+const LOAD: LoadMetrics =
+    LoadMetrics { waiting_requests_num: 3, gpu_cache_usage_perc: 0.5, prefill_tokens_per_s: None };
 
 #[test]
 fn keys_carry_namespace_type_and_name() {

@@ -121,6 +121,8 @@ pub struct EngineReport {
     pub num_requests_running: Option<u64>,
     /// KV cache usage in 0..=1.
     pub kv_cache_usage_perc: Option<f64>,
+    /// The prefill rate its `/metrics` report, uncached tokens per second of one request.
+    pub prefill_tokens_per_s: Option<f64>,
     /// Polls so far.
     pub polls: u64,
     /// The latest problem (`/health`, `/metrics`, no identity).

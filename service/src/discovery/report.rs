@@ -48,6 +48,7 @@ impl DiscoveryActor {
             num_requests_waiting: reading.map(|r| r.waiting),
             num_requests_running: reading.map(|r| r.running),
             kv_cache_usage_perc: reading.map(|r| r.usage),
+            prefill_tokens_per_s: e.prefill_rate(),
             polls: e.polls,
             error: e.error.clone(),
             events: e.spec.events.clone(),

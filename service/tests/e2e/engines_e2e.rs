@@ -54,6 +54,15 @@ fn credited(addr: &str, name: &str, tokens: &[i32]) -> Result<Value, String> {
     }
 }
 
+/// The candidate's TTFT terms once its rate comes from `source`.
+fn reported_rate(addr: &str, tokens: &[i32], source: &str) -> Result<Value, String> {
+    let c = credited(addr, "vllm-a", tokens)?;
+    match c["ttft"]["rate_source"] == source {
+        true => Ok(c),
+        false => Err(c.to_string()),
+    }
+}
+
 fn write_config(dir: &Path, http: u16, events: &str, replay: &str, topic: &str) -> String {
     let config = json!({"engines": [{
         "name": "vllm-a", "url": format!("http://127.0.0.1:{http}/v1"), "dialect": "vllm",
@@ -106,6 +115,21 @@ fn a_listed_engine_gets_identity_load_credit_and_requests_without_etcd() {
     events.process(0, &tokens).unwrap();
     let c = eventually("credit on the listed engine", || credited(addr, "vllm-a", &tokens));
     assert_eq!(c["dp_hits"][0]["identity_matches"], true, "{c}");
+    assert_eq!(c["ttft"]["rate_source"], "configured", "no prefill sums yet: {c}");
+
+    // The prefill sums of two polls give the engine's reported prefill rate: 2,000 more
+    // tokens in 0.5 more seconds.
+    http.set(|s| s.prefill = Some((1000.0, 1.0)));
+    let polls = || instance(addr, "vllm-a").and_then(|i| i["engine"]["polls"].as_u64());
+    let after = polls().expect("polls") + 1;
+    eventually("a poll of the first sums", || {
+        polls().filter(|p| *p > after).ok_or("not yet".to_string())
+    });
+    http.set(|s| s.prefill = Some((3000.0, 1.5)));
+    let c = eventually("a reported rate", || reported_rate(addr, &tokens, "reported"));
+    assert_eq!(c["ttft"]["prefill_tokens_per_s"], 4000.0, "{c}");
+    let i = instance(addr, "vllm-a").unwrap();
+    assert_eq!(i["engine"]["prefill_tokens_per_s"], 4000.0, "{i}");
 
     // The front door forwards to the engine's URL (its name is no address).
     let body = json!({"model": "kvdir-demo", "prompt": "hello there"}).to_string();
@@ -123,6 +147,7 @@ fn a_listed_engine_gets_identity_load_credit_and_requests_without_etcd() {
     });
     let c = eventually("credit for the new process", || credited(addr, "vllm-a", &tokens));
     assert_eq!(c["dp_hits"][0]["identity_matches"], true, "{c}");
+    assert_eq!(c["ttft"]["rate_source"], "configured", "the new process's rate is unknown: {c}");
 
     // An unhealthy engine is not routed to; a healthy one again is.
     http.set(|s| s.healthy = false);

@@ -17,6 +17,8 @@ pub(crate) struct RankGauges {
     pub(crate) running: u64,
     /// Device blocks in use over Device capacity, 0..=1.
     pub(crate) kv_cache_usage: f64,
+    /// Prefills so far, the uncached tokens they computed and the seconds they took.
+    pub(crate) prefill: (u64, f64, f64),
 }
 
 /// Reads one gauge's value from a rank's gauges.
@@ -24,7 +26,10 @@ type Gauge = fn(&RankGauges) -> f64;
 
 /// The whole exposition: `process_start_time_seconds`, then `vllm:num_requests_running`,
 /// `vllm:num_requests_waiting` and `vllm:kv_cache_usage_perc` labelled
-/// `{engine="<rank>",model_name="<model>"}` (labels sorted, as `prometheus_client` does).
+/// `{engine="<rank>",model_name="<model>"}` (labels sorted, as `prometheus_client` does),
+/// then the prefill histograms `vllm:request_prefill_kv_computed_tokens` and
+/// `vllm:request_prefill_time_seconds` (their `+Inf` bucket, count and sum; the simulator
+/// keeps no finer buckets).
 pub(crate) fn render(process_start: f64, model: &str, ranks: &[RankGauges]) -> String {
     let mut out = String::new();
     family(
@@ -50,6 +55,20 @@ pub(crate) fn render(process_start: f64, model: &str, ranks: &[RankGauges]) -> S
         for (rank, g) in ranks.iter().enumerate() {
             let v = go_float(value(g));
             let _ = writeln!(out, "{name}{{engine=\"{rank}\",model_name=\"{model}\"}} {v}");
+        }
+    }
+    let histograms: [(&str, &str, Gauge); 2] = [
+        ("vllm:request_prefill_kv_computed_tokens", "Tokens computed in prefill.", |g| g.prefill.1),
+        ("vllm:request_prefill_time_seconds", "Time spent in the prefill phase.", |g| g.prefill.2),
+    ];
+    for (name, help, sum) in histograms {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (rank, g) in ranks.iter().enumerate() {
+            let labels = format!("engine=\"{rank}\",model_name=\"{model}\"");
+            let count = go_float(g.prefill.0 as f64);
+            let _ = writeln!(out, "{name}_bucket{{{labels},le=\"+Inf\"}} {count}");
+            let _ = writeln!(out, "{name}_count{{{labels}}} {count}");
+            let _ = writeln!(out, "{name}_sum{{{labels}}} {}", go_float(sum(g)));
         }
     }
     out
@@ -93,7 +112,12 @@ mod tests {
 
     #[test]
     fn every_gauge_is_labelled_per_rank() {
-        let g = |waiting, running, kv_cache_usage| RankGauges { waiting, running, kv_cache_usage };
+        let g = |waiting, running, kv_cache_usage| RankGauges {
+            waiting,
+            running,
+            kv_cache_usage,
+            prefill: (waiting, 100.0 * waiting as f64, 0.25),
+        };
         let text = render(1_764_701_234.5, "m\"x", &[g(1, 2, 0.5), g(0, 0, 0.0)]);
         for line in [
             "# TYPE process_start_time_seconds gauge",
@@ -102,6 +126,10 @@ mod tests {
             "vllm:num_requests_waiting{engine=\"0\",model_name=\"m\\\"x\"} 1.0",
             "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\\\"x\"} 0.5",
             "vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"m\\\"x\"} 0.0",
+            "# TYPE vllm:request_prefill_time_seconds histogram",
+            "vllm:request_prefill_kv_computed_tokens_sum{engine=\"0\",model_name=\"m\\\"x\"} 100.0",
+            "vllm:request_prefill_time_seconds_count{engine=\"1\",model_name=\"m\\\"x\"} 0.0",
+            "vllm:request_prefill_time_seconds_bucket{engine=\"0\",model_name=\"m\\\"x\",le=\"+Inf\"} 1.0",
         ] {
             assert!(text.lines().any(|l| l == line), "no line {line:?} in\n{text}");
         }

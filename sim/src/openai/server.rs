@@ -6,6 +6,7 @@
 
 use std::io;
 use std::net::TcpListener;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{mpsc, Arc};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
@@ -48,6 +49,9 @@ struct Served {
     /// One lock per DP rank, held through a prefill when `serial_prefill` (tokio's mutex is
     /// fair: first come, first served).
     lanes: Vec<tokio::sync::Mutex<()>>,
+    /// Per DP rank: prefills, their uncached tokens and the microseconds they took (vLLM's
+    /// prefill histograms' counts and sums).
+    prefilled: Vec<[AtomicU64; 3]>,
 }
 
 impl Served {
@@ -72,7 +76,9 @@ impl EngineServer {
         let listener = TcpListener::bind(("127.0.0.1", port)).map_err(http_err)?;
         let pieces = engine.config.openai.as_ref().map(|o| generate::answer_pieces(&o.model));
         let lanes = (0..engine.ranks.dp_size()).map(|_| tokio::sync::Mutex::new(())).collect();
-        let served = Served { engine, pieces: Arc::new(pieces.unwrap_or_default()), lanes };
+        let prefilled = (0..engine.ranks.dp_size()).map(|_| Default::default()).collect();
+        let pieces = Arc::new(pieces.unwrap_or_default());
+        let served = Served { engine, pieces, lanes, prefilled };
         let name = format!("sim-{}-http", served.engine.config.name);
         let (ready, started) = mpsc::sync_channel(1);
         let thread = thread::Builder::new()
@@ -163,7 +169,12 @@ async fn prometheus(request: HttpRequest, served: web::Data<Served>) -> HttpResp
             let (device, _) = engine.ranks.call(rank, |r| Ok(r.counts())).map_err(unavailable)?;
             let (waiting, running) = engine.load.on_rank_by_phase(rank);
             let kv_cache_usage = (device as f64 / capacity).clamp(0.0, 1.0);
-            gauges.push(RankGauges { waiting, running, kv_cache_usage });
+            let [count, tokens, micros] = &data.prefilled[rank as usize];
+            let prefills = count.load(Ordering::Relaxed);
+            let prefill_tokens = tokens.load(Ordering::Relaxed) as f64;
+            let prefill_seconds = micros.load(Ordering::Relaxed) as f64 / 1e6;
+            let prefill = (prefills, prefill_tokens, prefill_seconds);
+            gauges.push(RankGauges { waiting, running, kv_cache_usage, prefill });
         }
         let model = engine.config.openai.as_ref().map(|o| o.served_model_name.as_str());
         let model = model.unwrap_or(&engine.config.name);
@@ -273,7 +284,13 @@ async fn prefill(
         Some(lane) => Some(lane.lock().await),
         None => None,
     };
+    let started = Instant::now();
     tokio::time::sleep(cost).await;
+    if let Some([count, tokens, micros]) = served.prefilled.get(rank as usize) {
+        count.fetch_add(1, Ordering::Relaxed);
+        tokens.fetch_add(uncached, Ordering::Relaxed);
+        micros.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+    }
     let data = served.clone();
     let process =
         move || data.engine.ranks.call(rank, move |r| r.process(&tokens, salt.as_deref()));

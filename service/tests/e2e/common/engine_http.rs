@@ -17,6 +17,9 @@ pub struct EngineState {
     pub waiting: u64,
     pub running: u64,
     pub usage: f64,
+    /// The `_sum`s of vLLM's prefill histograms: uncached tokens and seconds; `None` leaves
+    /// them out.
+    pub prefill: Option<(f64, f64)>,
 }
 
 /// The test engine's HTTP side on 127.0.0.1 (one thread, one request per connection).
@@ -37,6 +40,7 @@ impl TestEngine {
             waiting: 3,
             running: 2,
             usage: 0.25,
+            prefill: None,
         }));
         let shared = Arc::clone(&state);
         std::thread::spawn(move || {
@@ -91,9 +95,16 @@ fn metrics(s: &EngineState) -> String {
     let start = s.start_time.map_or(String::new(), |t| {
         format!("# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {t}\n")
     });
+    let prefill = s.prefill.map_or(String::new(), |(tokens, seconds)| {
+        format!(
+            "vllm:request_prefill_kv_computed_tokens_sum{l} {tokens:?}\n\
+             vllm:request_prefill_time_seconds_bucket{{engine=\"0\",le=\"+Inf\"}} 1.0\n\
+             vllm:request_prefill_time_seconds_sum{l} {seconds:?}\n"
+        )
+    });
     format!(
         "{start}# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting{l} {}\n\
-         vllm:num_requests_running{l} {}\nvllm:kv_cache_usage_perc{l} {}\n",
+         vllm:num_requests_running{l} {}\nvllm:kv_cache_usage_perc{l} {}\n{prefill}",
         s.waiting, s.running, s.usage
     )
 }
