@@ -156,12 +156,13 @@ fn score_side(
     let ratios = ratio(kv_hit_ratio);
     let predicted = ratio(super::predicted_hit_ratio);
     let reuse = |k: usize| ratios[k] + p.predict_weight * predicted[k];
+    let reported = super::ttft::fleet_reported_rate(list.iter().map(|&i| &cands[i]));
     let mut ttft: Vec<Option<TtftTerms>> = list
         .iter()
         .enumerate()
         .map(|(k, &i)| {
             let c = &cands[i];
-            (side == Side::Prefill).then(|| estimate(c, input_tokens, reuse(k), &p.ttft))
+            (side == Side::Prefill).then(|| estimate(c, input_tokens, reuse(k), reported, &p.ttft))
         })
         .collect();
     add_later(&mut ttft, p.ttft.later_weight);

@@ -121,15 +121,33 @@ impl TtftTerms {
     }
 }
 
+/// The fleet's reported prefill rate: the mean of the rates `cands` report
+/// (`LoadMetrics::prefill_tokens_per_s`), each within the learned rates' bounds. One value for
+/// every candidate, as the learned fleet rate is: an engine's own report moves only while it
+/// prefills, so a slow one (a restart's warm-up) would otherwise never be chosen again.
+pub fn fleet_reported_rate<'a>(cands: impl Iterator<Item = &'a Candidate>) -> Option<f64> {
+    let rates = cands.filter_map(|c| c.load.and_then(|l| l.prefill_tokens_per_s));
+    let (sum, n) = rates
+        .filter(|r| r.is_finite() && *r > 0.0)
+        .fold((0.0, 0u32), |(s, n), r| (s + r.clamp(RATE_BOUNDS.0, RATE_BOUNDS.1), n + 1));
+    (n > 0).then(|| sum / f64::from(n))
+}
+
 /// The estimate for candidate `c` (with its queued work, `c.queued`), for a request of
 /// `input_tokens` of which the share `reuse` (CAR's reuse term: exact hit ratio plus weighted
-/// predicted ratio) is credited there.
-pub fn estimate(c: &Candidate, input_tokens: usize, reuse: f64, p: &TtftParams) -> TtftTerms {
+/// predicted ratio) is credited there; `reported` is the fleet's reported prefill rate
+/// ([`fleet_reported_rate`]), used where no rate was learned.
+pub fn estimate(
+    c: &Candidate,
+    input_tokens: usize,
+    reuse: f64,
+    reported: Option<f64>,
+    p: &TtftParams,
+) -> TtftTerms {
     let (dp, queued) = (c.dp_size.max(1), &c.queued);
-    let reported = c.load.and_then(|l| l.prefill_tokens_per_s).filter(|r| r.is_finite());
     let (rate, rate_source) = match (queued.learned_rate, reported) {
         (Some(r), _) => (r, RateSource::Learned),
-        (None, Some(r)) => (r.clamp(RATE_BOUNDS.0, RATE_BOUNDS.1), RateSource::Reported),
+        (None, Some(r)) => (r, RateSource::Reported),
         (None, None) => (p.tokens_per_s, RateSource::Configured),
     };
     let input = input_tokens as f64;
@@ -237,31 +255,39 @@ mod tests {
     fn the_estimate_follows_the_formula() {
         let p = TtftParams { tokens_per_s: 1000.0, decode_ms: 20.0, ..TtftParams::default() };
         let c = cand("a", 0, 2, (4000.0, 4), 0.5);
-        let t = estimate(&c, 1000, 0.25, &p);
+        let t = estimate(&c, 1000, 0.25, None, &p);
         assert_eq!(t.own_uncached_tokens, 750.0, "a quarter of 1000 tokens is credited");
         assert_eq!(t.overhead_ms, 5.0 * (4.0 / 2.0 + 1.0), "two ranks share four requests");
         assert_eq!(t.decode_ms, 10.0, "half of a full cache's 20 ms");
         assert_eq!(t.estimate_ms, 1000.0 * (2000.0 + 750.0) / 1000.0 + 15.0 + 10.0);
         assert_eq!((t.rate_source, t.prefill_tokens_per_s), (RateSource::Configured, 1000.0));
         let learned = QueuedWork { learned_rate: Some(2000.0), ..c.queued };
-        let t = estimate(&Candidate { queued: learned, ..c }, 1000, 1.5, &p);
+        let t = estimate(&Candidate { queued: learned, ..c }, 1000, 1.5, None, &p);
         assert_eq!((t.rate_source, t.own_uncached_tokens), (RateSource::Learned, 0.0));
         assert_eq!(t.estimate_ms, 1000.0 * 2000.0 / 2000.0 + 15.0 + 10.0);
     }
 
     #[test]
-    fn an_engines_reported_rate_comes_after_a_learned_one_and_before_the_setting() {
+    fn the_fleets_reported_rate_comes_after_a_learned_one_and_before_the_setting() {
         let p = TtftParams::default();
-        let mut c = cand("a", 0, 1, (0.0, 0), 0.0);
-        c.load = c.load.map(|l| LoadMetrics { prefill_tokens_per_s: Some(4000.0), ..l });
-        let t = estimate(&c, 1000, 0.0, &p);
+        let reporting = |name, rate| {
+            let mut c = cand(name, 0, 1, (0.0, 0), 0.0);
+            c.load = c.load.map(|l| LoadMetrics { prefill_tokens_per_s: rate, ..l });
+            c
+        };
+        let fleet =
+            [reporting("a", Some(6000.0)), reporting("b", Some(2000.0)), reporting("c", None)];
+        let reported = fleet_reported_rate(fleet.iter());
+        assert_eq!(reported, Some(4000.0), "the mean of the engines that report one");
+        let t = estimate(&fleet[1], 1000, 0.0, reported, &p);
         assert_eq!((t.rate_source, t.prefill_tokens_per_s), (RateSource::Reported, 4000.0));
         assert_eq!(t.estimate_ms, 1000.0 * 1000.0 / 4000.0 + 5.0);
-        let learned = QueuedWork { learned_rate: Some(2000.0), ..c.queued };
-        let t = estimate(&Candidate { queued: learned, ..c.clone() }, 1000, 0.0, &p);
+        let learned = QueuedWork { learned_rate: Some(2000.0), ..fleet[0].queued };
+        let t =
+            estimate(&Candidate { queued: learned, ..fleet[0].clone() }, 1000, 0.0, reported, &p);
         assert_eq!((t.rate_source, t.prefill_tokens_per_s), (RateSource::Learned, 2000.0));
-        c.load = c.load.map(|l| LoadMetrics { prefill_tokens_per_s: Some(f64::NAN), ..l });
-        assert_eq!(estimate(&c, 1000, 0.0, &p).rate_source, RateSource::Configured);
+        let nan = reporting("d", Some(f64::NAN));
+        assert_eq!(fleet_reported_rate([nan].iter()), None);
     }
 
     #[test]
