@@ -32,7 +32,7 @@
 //!    - [`stream`] (`backoff`, `config`, `index`, `wire`): one subscription's recovery state
 //!      machine: sequence gaps, snapshots with buffered deltas, back-off and periodic resync,
 //!      with time passed in;
-//!    - [`discovery`] (`config`, `prometheus`, `registry`): the streams to run for the
+//!    - [`discovery`] (`car`, `config`, `prometheus`, `registry`): the streams to run for the
 //!      instance set, and the state of engines listed by address;
 //!    - [`indexer_api`] (`config`, `query`): the KV indexer API of Mooncake RFC #1403: register
 //!      bodies and the RFC answer.

@@ -151,8 +151,9 @@ pub struct WorkLedger {
     input: f64,
 }
 
-fn ewma(old: Option<f64>, sample: f64) -> f64 {
-    old.map_or(sample, |o| o + EWMA_WEIGHT * (sample - o))
+/// An exponentially weighted moving average: `sample` weighs `weight`, the first is taken whole.
+pub fn ewma(old: Option<f64>, sample: f64, weight: f64) -> f64 {
+    old.map_or(sample, |o| o + weight * (sample - o))
 }
 
 impl WorkLedger {
@@ -209,7 +210,7 @@ impl WorkLedger {
         work: RoutedWork,
         key: Option<u64>,
     ) {
-        self.typical = Some(ewma(self.typical, work.uncached));
+        self.typical = Some(ewma(self.typical, work.uncached, EWMA_WEIGHT));
         let credited = (work.input - work.uncached).max(0.0);
         self.credited += REUSE_WEIGHT * (credited - self.credited);
         self.input += REUSE_WEIGHT * (work.input - self.input);
@@ -244,9 +245,9 @@ impl WorkLedger {
         let seconds = (now_ms.saturating_sub(e.routed_ms) as f64 - e.work.fixed_ms) / 1000.0;
         if tokens >= MIN_LEARN_TOKENS && seconds > 0.0 {
             let rate = (tokens / seconds).clamp(RATE_BOUNDS.0, RATE_BOUNDS.1);
-            i.rate = Some(ewma(i.rate, rate));
+            i.rate = Some(ewma(i.rate, rate, EWMA_WEIGHT));
             i.samples = i.samples.saturating_add(1);
-            self.fleet_rate = Some(ewma(self.fleet_rate, rate));
+            self.fleet_rate = Some(ewma(self.fleet_rate, rate, EWMA_WEIGHT));
         }
     }
 

@@ -40,7 +40,7 @@ mod types;
 
 pub use approx::{ApproxCache, ApproxEngine, ApproxSettings};
 pub use inflight::{prompt_id, InFlight, PromptId, RequestId};
-pub use ledger::{QueuedWork, RoutedWork, WorkLedger};
+pub use ledger::{ewma, QueuedWork, RoutedWork, WorkLedger};
 pub use policy::{kv_hit_ratio, route, Rotation, RouteError};
 pub use predict::{predicted_hit_ratio, PredictCounters, Predictions};
 pub use recent::{RecentRoutes, RecentRoutesReport, RouteRecord};

@@ -6,6 +6,7 @@
 //! it reads low then. The TTFT policy uses it, as `reported`, where the front door has learned
 //! no rate of its own (`kvdir::car::ttft`).
 
+use crate::car::ewma;
 use crate::prometheus::Samples;
 
 /// The metrics read: each histogram's `_sum`, over every label set (DP rank).
@@ -53,8 +54,7 @@ impl PrefillRate {
             if tokens < 0.0 || seconds < 0.0 {
                 self.rate = None;
             } else if tokens > 0.0 && seconds > 0.0 {
-                let sample = tokens / seconds;
-                self.rate = Some(self.rate.map_or(sample, |r| r + ALPHA * (sample - r)));
+                self.rate = Some(ewma(self.rate, tokens / seconds, ALPHA));
             }
         }
     }
