@@ -1,6 +1,6 @@
 //! The `kvdir-bench` binary's command line: help and flag errors (also of `replay`), a missing
 //! trace, and `--write_config` against a kvdir that never comes (the runs against a real kvdir
-//! are in `service/tests/e2e/bench.rs` and `service/tests/e2e/replay.rs`, where the `kvdir` binary is
+//! are in `actors/tests/e2e/bench.rs` and `actors/tests/e2e/replay.rs`, where the `kvdir` binary is
 //! built).
 
 use std::net::TcpListener;

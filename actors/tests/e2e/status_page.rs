@@ -20,7 +20,7 @@ use serde_json::Value;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 const TOKEN: &str = "status-page-test-token";
-/// The demo's engines and their DP sizes (service/src/demo.rs).
+/// The demo's engines and their DP sizes (actors/src/demo.rs).
 /// DP sizes of the demo's three engines (named `127.0.0.1:<port>`), in name order.
 const DP_SIZES: usize = 4;
 /// How long the demo may take to fill.
