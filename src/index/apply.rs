@@ -26,12 +26,14 @@
 //! taken one after the other.
 
 use super::blocks::{bit, Block, Blocks, Slot, OUT_OF_SCOPE};
+use super::groups::Groups;
 use super::key::ContentKey;
 use super::namespace::Keys;
 use super::retired::Retired;
 use super::IndexError;
 use crate::wire::{Batch, EngineHash, Event, Stored, Tier};
 
+mod hybrid;
 mod removal;
 
 /// How far ahead engine hashes are prefetched: enough to overlap the misses, few enough that the
@@ -67,6 +69,10 @@ pub struct ApplyStats {
     /// On a partial stream: blocks skipped because their parent, or for a tokenless store the
     /// block itself, was never seen (learned before the history the stream has).
     pub unknown_parents: u64,
+    /// On a hybrid stream: block copies stored without content that no store has located
+    /// (a sliding-window group's stores at vLLM's default retention, when no full-attention
+    /// store of the same hash came first). They give no credit until one does.
+    pub unlocated: u64,
 }
 
 impl ApplyStats {
@@ -78,6 +84,7 @@ impl ApplyStats {
         self.orphans += o.orphans;
         self.out_of_scope += o.out_of_scope;
         self.unknown_parents += o.unknown_parents;
+        self.unlocated += o.unlocated;
     }
 }
 
@@ -103,6 +110,8 @@ pub(crate) trait Sink {
 pub(crate) struct Table {
     blocks: Blocks,
     retired: Retired,
+    /// A hybrid stream's groups (`None` for a dense stream: one group, full attention).
+    groups: Option<Box<Groups>>,
     pub device: u64,
     pub host: u64,
 }
@@ -119,7 +128,13 @@ impl Table {
     /// An empty table for a stream of at most `max_blocks` blocks, with room for `blocks`.
     pub fn with_capacity(blocks: usize, max_blocks: usize) -> Self {
         let retired = Retired::new(max_blocks);
-        Table { blocks: Blocks::with_capacity(blocks, max_blocks), retired, device: 0, host: 0 }
+        let blocks = Blocks::with_capacity(blocks, max_blocks);
+        Table { blocks, retired, groups: None, device: 0, host: 0 }
+    }
+
+    /// A hybrid stream's groups, none for a dense stream.
+    pub fn groups(&self) -> Option<&Groups> {
+        self.groups.as_deref()
     }
 
     /// Engine blocks held (the unit of `max_blocks_per_stream`).
@@ -152,11 +167,17 @@ impl Table {
     ) -> Result<(), IndexError> {
         for event in &batch.events {
             match event {
+                Event::Stored(s) if self.hybrid_for(&s.group) => {
+                    self.hybrid_stored(batch, s, ctx, out, stats)?
+                }
                 Event::Stored(s) => self.stored(batch, s, ctx, out, stats)?,
                 Event::OutOfScope { hashes, tier } => {
                     self.out_of_scope(batch.hashes(*hashes), *tier, ctx.max_blocks)?
                 }
-                Event::Removed { hashes, tier } => {
+                Event::Removed { hashes, tier, group } if self.hybrid_for(group) => {
+                    self.hybrid_removed(batch.hashes(*hashes), *tier, group, out, stats)
+                }
+                Event::Removed { hashes, tier, .. } => {
                     self.removed(batch.hashes(*hashes), *tier, out, stats)
                 }
                 Event::Cleared { tier } => {

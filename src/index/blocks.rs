@@ -187,6 +187,12 @@ impl Blocks {
         self.wide.retain(|k, b| f(k.hash(), b));
     }
 
+    /// Every block with its engine hash, narrow hashes first.
+    pub fn entries(&self) -> impl Iterator<Item = (EngineHash, &Block)> {
+        let narrow = self.narrow.iter().map(|(k, b)| (k.hash(), b));
+        narrow.chain(self.wide.iter().map(|(k, b)| (k.hash(), b)))
+    }
+
     /// Every block, narrow hashes first.
     pub fn iter(&self) -> impl Iterator<Item = &Block> {
         self.narrow.iter().map(|(_, b)| b).chain(self.wide.iter().map(|(_, b)| b))

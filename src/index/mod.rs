@@ -22,6 +22,7 @@
 mod apply;
 mod blocks;
 mod flat;
+mod groups;
 mod key;
 mod namespace;
 mod retired;
@@ -31,6 +32,7 @@ mod status;
 /// The wire's namespace, re-exported beside the keys it seeds.
 pub use crate::wire::Namespace;
 pub use apply::ApplyStats;
+pub use groups::{class_key, AttentionClass};
 pub use key::{ContentKey, KeyHasher, TokenId};
 pub use namespace::Keys;
 pub use shared::{
@@ -95,6 +97,8 @@ pub enum IndexError {
     NotSynchronized(String),
 }
 
+#[cfg(test)]
+mod hybrid_tests;
 #[cfg(test)]
 mod retire_tests;
 #[cfg(test)]

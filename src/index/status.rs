@@ -41,4 +41,11 @@ pub struct StreamStatus {
     /// Not a stream: an engine without KV events, credited from kvdir's own routing
     /// (`kvdir::car::ApproxCache`); its hits are assumptions.
     pub approximate: bool,
+    /// A hybrid stream's attention classes (its KV cache groups by kind), full attention
+    /// first; empty for a dense stream (one group, full attention).
+    pub attention: Vec<super::AttentionClass>,
+    /// Hashes stored by a group without content that no store has located yet: they give no
+    /// credit (a sliding-window model with no full-attention group, at vLLM's default
+    /// retention, has only these).
+    pub unlocated_blocks: u64,
 }

@@ -21,6 +21,16 @@ impl View {
         self.handle.status(self.slot).expect("the stream is in the index")
     }
 
+    /// Device and Host-only hit tokens of a prompt, hashed by the query.
+    pub fn query(&mut self, tokens: &[i32]) -> (u64, u64) {
+        self.handle.query(tokens).tokens(self.slot)
+    }
+
+    /// Distinct keys in the view.
+    pub fn content_entries(&self) -> usize {
+        self.handle.content_entries()
+    }
+
     /// Device and Host-only hit tokens of keys computed beforehand.
     pub fn match_keys(&self, keys: &[ContentKey]) -> (u64, u64) {
         self.handle.match_keys(keys).tokens(self.slot)

@@ -7,6 +7,7 @@
 //! rolls its arena entries back.
 
 use super::extra_keys::{read_extra_keys, salt_and_mark, Extra};
+use super::group::{AttentionKind, Group, MAX_GROUPS};
 use super::msgpack::{Int, Reader};
 use super::types::{Batch, EngineHash, Event, Span, Stored, Tier};
 use super::WireError;
@@ -21,8 +22,11 @@ const STORED_FIELDS: &[&str] = &[
     "medium",
     "lora_name",
     "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+    "kv_cache_spec_sliding_window",
 ];
-const REMOVED_FIELDS: &[&str] = &["block_hashes", "medium"];
+const REMOVED_FIELDS: &[&str] = &["block_hashes", "medium", "group_idx"];
 const CLEARED_FIELDS: &[&str] = &["medium"];
 
 /// Decodes `payload` into `batch`, replacing its contents.
@@ -126,6 +130,22 @@ struct Fields<'a> {
     lora_bytes: Option<&'a [u8]>,
     /// What `extra_keys` says of the blocks (vLLM sends one entry per block).
     extra: Extra<'a>,
+    /// `group_idx`: the KV cache group (vLLM's hybrid allocator).
+    group_idx: Option<u32>,
+    /// `kv_cache_spec_kind` and `kv_cache_spec_sliding_window`.
+    spec_kind: Option<&'a [u8]>,
+    window: Option<u32>,
+}
+
+impl Fields<'_> {
+    /// The group the event names; a store's kind is full attention when neither a group nor
+    /// a kind was sent.
+    fn group(&self, store: bool) -> Group {
+        let idx = self.group_idx.unwrap_or(0);
+        let named = self.group_idx.is_some() || self.spec_kind.is_some();
+        let kind = (store && named).then(|| AttentionKind::from_wire(self.spec_kind, self.window));
+        Group { idx, kind }
+    }
 }
 
 fn decode_event(r: &mut Reader<'_>, batch: &mut Batch) -> Result<(), WireError> {
@@ -202,9 +222,38 @@ fn read_field<'a>(
             f.lora_name = super::Namespace::lora_name(f.lora_bytes.unwrap_or_default());
         }
         b"extra_keys" => f.extra = read_extra_keys(r, f.lora_bytes)?,
+        b"group_idx" => {
+            let allowed = "0..=31 (kvdir keeps at most 32 KV cache groups per stream)";
+            f.group_idx = read_small(r, "group_idx", MAX_GROUPS - 1, allowed)?
+        }
+        b"kv_cache_spec_kind" => {
+            let kind = if r.eat_nil()? { None } else { Some(r.str_bytes("kv_cache_spec_kind")?) };
+            f.spec_kind = kind;
+        }
+        b"kv_cache_spec_sliding_window" => {
+            let allowed = "0..=4294967295";
+            f.window = read_small(r, "kv_cache_spec_sliding_window", u32::MAX, allowed)?
+        }
         _ => r.skip()?,
     }
     Ok(())
+}
+
+/// An optional unsigned integer field (nil: absent) of at most `max`, which `allowed` says.
+fn read_small(
+    r: &mut Reader<'_>,
+    field: &'static str,
+    max: u32,
+    allowed: &'static str,
+) -> Result<Option<u32>, WireError> {
+    if r.eat_nil()? {
+        return Ok(None);
+    }
+    match r.int(field)? {
+        Int::U(v) if v <= u64::from(max) => Ok(Some(v as u32)),
+        Int::U(v) => Err(range(field, v, allowed)),
+        Int::I(v) => Err(range(field, v, allowed)),
+    }
 }
 
 /// `lora_name`: nil and `""` are the base model.
@@ -302,7 +351,8 @@ fn finish_event(
         b"BlockStored" => return finish_stored(f, batch, marks),
         b"BlockRemoved" => {
             let hashes = f.hashes.ok_or(missing("BlockRemoved", "block_hashes"))?;
-            tier_or_skip(f.medium, batch).map(|tier| Event::Removed { hashes, tier })
+            let group = f.group(false);
+            tier_or_skip(f.medium, batch).map(|tier| Event::Removed { hashes, tier, group })
         }
         b"AllBlocksCleared" => match f.medium {
             None => Some(Event::Cleared { tier: None }),
@@ -339,8 +389,10 @@ fn finish_stored(f: &Fields<'_>, batch: &mut Batch, marks: (u32, u32)) -> Result
         batch.arena_truncate(marks);
         return Ok(());
     };
+    let group = f.group(true);
     let stored = |hashes, tokens| {
-        Event::Stored(Stored { hashes, parent: f.parent, tokens, block_size, tier, lora, salt })
+        let parent = f.parent;
+        Event::Stored(Stored { hashes, parent, tokens, block_size, tier, lora, salt, group })
     };
     let Some(k) = marked else {
         batch.events.push(stored(hashes, tokens));

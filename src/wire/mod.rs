@@ -16,6 +16,7 @@ mod decode;
 mod encode;
 mod extra_keys;
 mod frames;
+mod group;
 pub mod msgpack;
 mod namespace;
 pub mod record;
@@ -28,6 +29,7 @@ pub use frames::{
     encode_history_reply, encode_live, encode_snapshot_end, encode_snapshot_reply, HistoryFrame,
     SnapshotFrame, SNAPSHOT_END_WATERMARK,
 };
+pub use group::{AttentionKind, Group, Unmodelled, MAX_GROUPS};
 pub use namespace::Namespace;
 pub use types::{Batch, EngineHash, Event, SkipCounts, Span, Stored, Tier};
 

@@ -3,6 +3,8 @@
 
 use std::fmt;
 
+use super::group::Group;
+
 /// An engine's block hash in canonical form (protocol.md section 2.2): an integer as itself
 /// (negative values bit-cast to u64), a `bin` of up to 16 bytes as a big-endian number, a longer
 /// `bin` reduced to 128 bits with XXH3-128. Only an identifier, never used for matching.
@@ -98,6 +100,8 @@ pub struct Stored {
     /// one: its first block is keyed in the salt's namespace, and the blocks chained to it
     /// follow by chaining.
     pub salt: u64,
+    /// The KV cache group that stored the blocks, with its kind (see `group.rs`).
+    pub group: Group,
 }
 
 /// One event the index acts on.
@@ -121,6 +125,8 @@ pub enum Event {
         hashes: Span,
         /// The tier they left.
         tier: Tier,
+        /// The KV cache group they left (its kind is not sent with removals).
+        group: Group,
     },
     /// Every block left one tier (`Some`) or both (`None`).
     Cleared {
@@ -252,8 +258,25 @@ impl Batch {
     ) {
         let hashes = self.push_hashes(hashes);
         let tokens = self.push_tokens(tokens);
-        let stored = Stored { hashes, parent, tokens, block_size, tier, lora, salt: 0 };
+        let group = Group::default();
+        let stored = Stored { hashes, parent, tokens, block_size, tier, lora, salt: 0, group };
         self.events.push(Event::Stored(stored));
+    }
+
+    /// [`Self::push_stored`] by KV cache group `group` (a hybrid model's group, with its kind).
+    pub fn push_stored_by(
+        &mut self,
+        hashes: &[EngineHash],
+        parent: Option<EngineHash>,
+        tokens: &[i32],
+        block_size: u32,
+        tier: Tier,
+        group: Group,
+    ) {
+        self.push_stored(hashes, parent, tokens, block_size, tier);
+        if let Some(Event::Stored(s)) = self.events.last_mut() {
+            s.group = group;
+        }
     }
 
     /// [`Self::push_stored`] with the token ids written by `fill` into `tokens` zeroed slots,
@@ -272,7 +295,8 @@ impl Batch {
         let start = self.tokens.len() as u32;
         fill(self.token_slots(tokens));
         let tokens = Span { start, len: tokens as u32 };
-        let stored = Stored { hashes, parent, tokens, block_size, tier, lora: 0, salt: 0 };
+        let group = Group::default();
+        let stored = Stored { hashes, parent, tokens, block_size, tier, lora: 0, salt: 0, group };
         self.events.push(Event::Stored(stored));
     }
 
@@ -284,8 +308,13 @@ impl Batch {
 
     /// Appends a `BlockRemoved` event.
     pub fn push_removed(&mut self, hashes: &[EngineHash], tier: Tier) {
+        self.push_removed_from(hashes, tier, Group::default());
+    }
+
+    /// [`Self::push_removed`] from KV cache group `group`.
+    pub fn push_removed_from(&mut self, hashes: &[EngineHash], tier: Tier, group: Group) {
         let hashes = self.push_hashes(hashes);
-        self.events.push(Event::Removed { hashes, tier });
+        self.events.push(Event::Removed { hashes, tier, group });
     }
 
     /// Appends an `AllBlocksCleared` event.

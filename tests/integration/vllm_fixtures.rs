@@ -65,7 +65,7 @@ fn owned(batch: &Batch) -> Vec<Owned> {
             Event::OutOfScope { hashes, tier } => {
                 Owned::OutOfScope { hashes: batch.hashes(*hashes).to_vec(), tier: *tier }
             }
-            Event::Removed { hashes, tier } => {
+            Event::Removed { hashes, tier, .. } => {
                 Owned::Removed { hashes: batch.hashes(*hashes).to_vec(), tier: *tier }
             }
             Event::Cleared { tier } => Owned::Cleared { tier: *tier },

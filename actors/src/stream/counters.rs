@@ -38,7 +38,7 @@ impl StreamCounters {
         for ev in &batch.events {
             let (slot, n) = match ev {
                 Event::Stored(s) => (&self.blocks_stored[tier_index(s.tier)], s.hashes.len),
-                Event::Removed { hashes, tier } => {
+                Event::Removed { hashes, tier, .. } => {
                     (&self.blocks_removed[tier_index(*tier)], hashes.len)
                 }
                 Event::Cleared { .. } => (&self.cleared, 1),

@@ -32,7 +32,7 @@ fn summary(batch: &Batch) -> Vec<(&'static str, Vec<EngineHash>, usize, Option<T
                 let tokens = batch.tokens(s.tokens).len();
                 ("stored", batch.hashes(s.hashes).to_vec(), tokens, Some(s.tier))
             }
-            Event::Removed { hashes, tier } => {
+            Event::Removed { hashes, tier, .. } => {
                 ("removed", batch.hashes(*hashes).to_vec(), 0, Some(*tier))
             }
             Event::OutOfScope { hashes, tier } => {

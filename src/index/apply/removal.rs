@@ -63,6 +63,9 @@ impl Table {
     /// One change per resident (block, tier): `add` for all of them, or their removal.
     /// Out-of-scope blocks are never in the view, so they make no change.
     pub fn changes_of_all(&self, add: bool, out: &mut Vec<Change>) {
+        if self.groups.is_some() {
+            return self.hybrid_changes(None, add, out);
+        }
         for tier in [Tier::Device, Tier::Host] {
             self.changes_of_tier(tier, add, out);
         }
@@ -70,6 +73,9 @@ impl Table {
 
     /// One change per in-scope block resident on `tier`.
     fn changes_of_tier(&self, tier: Tier, add: bool, out: &mut Vec<Change>) {
+        if self.groups.is_some() {
+            return self.hybrid_changes(Some(tier), add, out);
+        }
         let on = |b: &&Block| b.tiers & bit(tier) != 0 && !b.is_out_of_scope();
         out.extend(self.blocks.iter().filter(on).map(|b| Change { key: b.key, tier, add }));
     }
@@ -87,11 +93,18 @@ impl Table {
         }
         match tier {
             None => {
+                if let Some(groups) = &mut self.groups {
+                    groups.blocks.clear();
+                    groups.unlocated.copies.clear();
+                }
                 self.blocks.clear();
                 self.retired.clear();
                 (self.device, self.host) = (0, 0);
             }
             Some(t) => {
+                if self.groups.is_some() {
+                    self.hybrid_clear_tier(t);
+                }
                 let retired = &mut self.retired;
                 self.blocks.retain(|h, b| {
                     b.tiers &= !bit(t);

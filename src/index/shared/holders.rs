@@ -114,6 +114,8 @@ pub(crate) struct SharedData {
     extra: HashMap<(ContentKey, u8, u8), u32>,
     /// Streams whose hits count: synchronized and present.
     pub synced: u128,
+    /// Hybrid streams (their status lists attention classes): each class is probed apart.
+    pub hybrid: u128,
     pub status: Vec<Option<Arc<StreamStatus>>>,
     pub labels: Vec<Option<Arc<StreamLabel>>>,
     /// The labeled slots ordered by instance name, then DP rank (then slot): the order answers
@@ -161,12 +163,14 @@ impl SharedData {
             self.status.resize(i + 1, None);
         }
         let synced = status.as_ref().is_some_and(|s| s.synchronized);
+        let hybrid = status.as_ref().is_some_and(|s| !s.attention.is_empty());
         if status.is_none() && i < self.labels.len() && self.labels[i].take().is_some() {
             self.order.retain(|&s| s != slot);
         }
         self.status[i] = status;
         let b = 1u128 << slot;
         self.synced = if synced { self.synced | b } else { self.synced & !b };
+        self.hybrid = if hybrid { self.hybrid | b } else { self.hybrid & !b };
     }
 
     /// Sets who holds a slot.

@@ -22,6 +22,7 @@
 
 mod diff;
 mod holders;
+mod hybrid_read;
 mod log;
 mod read;
 mod replay;
@@ -259,6 +260,8 @@ impl StreamWriter {
             error,
             partial: self.partial,
             approximate: false,
+            attention: self.table.groups().map(|g| g.classes.clone()).unwrap_or_default(),
+            unlocated_blocks: self.table.groups().map_or(0, |g| g.unlocated.copies.len() as u64),
         }
     }
 

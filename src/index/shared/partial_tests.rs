@@ -13,7 +13,7 @@ fn both(mut a: Batch, b: &Batch) -> Batch {
                 let hs = b.hashes(s.hashes).to_vec();
                 a.push_stored(&hs, s.parent, b.tokens(s.tokens), B, s.tier);
             }
-            crate::wire::Event::Removed { hashes, tier } => {
+            crate::wire::Event::Removed { hashes, tier, .. } => {
                 a.push_removed(b.hashes(*hashes), *tier)
             }
             crate::wire::Event::Cleared { tier } => a.push_cleared(*tier),

@@ -18,6 +18,7 @@ use std::sync::{Arc, RwLock};
 use super::super::key::{ContentKey, KeyHasher, TokenId};
 use super::super::StreamStatus;
 use super::holders::{SharedData, StreamLabel, MAX_STREAMS};
+use super::hybrid_read;
 use super::log::read;
 use crate::wire::Namespace;
 
@@ -62,6 +63,19 @@ impl SharedMatches {
         Bits(self.hit).map(|s| (s, self.device[usize::from(s)], self.host_only[usize::from(s)]))
     }
 
+    /// The index's block size.
+    pub(super) fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    /// Sets stream `slot`'s matched blocks (a hybrid stream's, by its own rule).
+    pub(super) fn set(&mut self, slot: u8, device: u32, host_only: u32) {
+        let i = usize::from(slot) % MAX_STREAMS;
+        (self.device[i], self.host_only[i]) = (device, host_only);
+        let bit = 1u128 << i;
+        self.hit = if device + host_only > 0 { self.hit | bit } else { self.hit & !bit };
+    }
+
     fn credit(&mut self, device: u128, host_only: u128, blocks: u32) {
         if blocks == 0 {
             return;
@@ -77,7 +91,7 @@ impl SharedMatches {
 }
 
 /// The set bits of a `u128`, lowest first.
-struct Bits(u128);
+pub(super) struct Bits(pub u128);
 
 impl Iterator for Bits {
     type Item = u8;
@@ -148,7 +162,11 @@ impl Walk {
 pub(crate) fn walk(data: &SharedData, keys: &[ContentKey], block_size: u32) -> SharedMatches {
     let mut w = Walk::new(data, block_size);
     w.keys(data, keys);
-    w.finish()
+    let mut out = w.finish();
+    if data.hybrid & data.synced != 0 {
+        hybrid_read::rehit(data, keys, keys.len(), &mut out);
+    }
+    out
 }
 
 /// The walk, hashing `tokens` a group of [`AHEAD`] blocks at a time and stopping at the group
@@ -169,7 +187,16 @@ fn walk_hashing<T: TokenId>(
             break;
         }
     }
-    w.finish()
+    let mut out = w.finish();
+    if data.hybrid & data.synced != 0 {
+        if hybrid_read::needs_all_keys(data) {
+            hasher.extend_keys(tokens, keys, usize::MAX);
+        }
+        // The last token is always computed: whole blocks within the first n - 1 tokens.
+        let max = tokens.len().saturating_sub(1) / block_size.max(1) as usize;
+        hybrid_read::rehit(data, keys, max, &mut out);
+    }
+    out
 }
 
 /// One present stream as a reader saw it: its slot, label and status.
