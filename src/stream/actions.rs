@@ -139,6 +139,9 @@ pub struct RecoveryStats {
     pub replayed_batches: u64,
     /// Live batches dropped as copies of replayed ones already applied.
     pub duplicate_batches: u64,
+    /// Back-offs after the index refused a batch (`index` faults): the stream waits, from 1 s
+    /// doubling to 60 s, before it asks the engine again, instead of replaying at once.
+    pub index_backoffs: u64,
     /// Time the last completed synchronization (of any reason) took.
     #[serde(skip)]
     pub last_sync: Option<Duration>,

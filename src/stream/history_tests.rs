@@ -241,3 +241,61 @@ fn a_disconnect_forgets_the_position_and_a_reconnect_starts_over() {
     m.on_connected(t0, &mut out);
     assert_eq!(show(&mut out), ["reset", "request 0"], "a restarted engine counts from 0 again");
 }
+
+/// The index refuses live batch `seq` of a live machine.
+fn refused(m: &mut Recovery, seq: u64, now: Instant, out: &mut Vec<Action>) {
+    let fault = StreamFault::IndexRejected { seq, error: "BlockStored has 4 token ids".into() };
+    m.on_fault(fault, now, out);
+}
+
+#[test]
+fn a_batch_the_index_refuses_backs_off_doubling_to_a_minute_before_the_engine_is_asked_again() {
+    // Regression: a hybrid model's stores were refused on every replay, and the stream asked
+    // the engine for its whole history about ten times a second.
+    let t0 = Instant::now();
+    let (mut m, mut out) = live_at(3, t0);
+    let mut now = t0;
+    let mut waits = Vec::new();
+    for seq in 3..12 {
+        refused(&mut m, seq, now, &mut out);
+        assert_eq!(m.phase(), StreamPhase::Backoff);
+        let shown = show(&mut out);
+        assert!(shown[0].starts_with("invalidate"), "{shown:?}");
+        assert!(!shown.iter().any(|a| a.starts_with("request")), "no replay at once: {shown:?}");
+        let until = m.next_deadline().expect("a back-off ends");
+        waits.push(until.duration_since(now).as_secs());
+        // Nothing is asked before the wait ends; then the history is replayed.
+        m.on_tick(until - Duration::from_millis(1), &mut out);
+        assert!(out.is_empty());
+        now = until;
+        m.on_tick(now, &mut out);
+        assert_eq!(show(&mut out), ["reset", "request 0"]);
+        m.on_history_batch(0, batch(), now, &mut out);
+        m.on_snapshot_end(now, &mut out);
+        out.clear();
+    }
+    assert_eq!(waits, [1, 2, 4, 8, 16, 32, 60, 60, 60]);
+    assert_eq!(m.stats().index_backoffs, 9);
+    // Five quiet minutes later, a refusal waits the shortest time again.
+    now += Duration::from_secs(301);
+    refused(&mut m, 12, now, &mut out);
+    assert_eq!(m.next_deadline().unwrap().duration_since(now), Duration::from_secs(1));
+}
+
+#[test]
+fn a_refusal_during_a_replay_closes_it_and_backs_off() {
+    let t0 = Instant::now();
+    let mut m = machine();
+    let mut out = Vec::new();
+    m.on_connected(t0, &mut out);
+    m.on_history_batch(0, batch(), t0, &mut out);
+    out.clear();
+    refused(&mut m, 0, t0, &mut out);
+    let shown = show(&mut out);
+    assert!(shown.contains(&"close".to_string()), "{shown:?}");
+    assert_eq!(m.phase(), StreamPhase::Backoff);
+    // Other faults still recover at once.
+    let (mut m, mut out) = live_at(2, t0);
+    m.on_fault(StreamFault::LiveRejected("bad msgpack".into()), t0, &mut out);
+    assert!(show(&mut out).contains(&"request 0".to_string()));
+}

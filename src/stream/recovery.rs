@@ -1,7 +1,7 @@
 //! [`Recovery`]: sequence tracking, snapshot recovery, buffering and back-off for one stream.
 
 use std::ops::Range;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use crate::backoff::Backoff;
 use crate::config::ReplayKind;
@@ -17,6 +17,16 @@ use super::StreamFault;
 /// keep credit forever on an index that silently lost events. With the default 30 s resync
 /// interval that bounds unverified credit to about 90 s.
 pub const MAX_FAILED_RESYNCS: u32 = 3;
+
+/// The first wait after the index refuses a batch; it doubles with each refusal up to
+/// [`INDEX_BACKOFF_MAX`]. A refusal is rarely cured by asking again at once (a batch the index
+/// cannot apply comes back in the replay), so a persistent one costs the engine about one
+/// replay a minute instead of ten a second.
+pub const INDEX_BACKOFF_MIN: Duration = Duration::from_secs(1);
+/// The longest wait after a refusal.
+pub const INDEX_BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// A refusal this long after the last back-off ended starts again from the shortest wait.
+const INDEX_QUIET: Duration = Duration::from_secs(300);
 
 pub(super) struct Pending {
     started: Instant,
@@ -57,6 +67,10 @@ pub struct Recovery {
     pub(super) last_live: Option<u64>,
     /// Sequences applied from a history replay before their live copies arrived.
     pub(super) duplicates: Range<u64>,
+    /// The wait after the index refuses a batch ([`INDEX_BACKOFF_MIN`]).
+    index_backoff: Backoff,
+    /// When the last index back-off ended.
+    index_backoff_end: Option<Instant>,
 }
 
 impl std::fmt::Debug for Recovery {
@@ -83,6 +97,8 @@ impl Recovery {
             partial: false,
             last_live: None,
             duplicates: 0..0,
+            index_backoff: Backoff::new(INDEX_BACKOFF_MIN, INDEX_BACKOFF_MAX),
+            index_backoff_end: None,
         }
     }
 
@@ -165,15 +181,40 @@ impl Recovery {
     }
 
     /// A problem on the live side (decode error, index error, full mailbox): resynchronize.
+    ///
+    /// A batch the index refused backs off first ([`INDEX_BACKOFF_MIN`]): the engine would
+    /// send the same batch again in the replay.
     pub fn on_fault(&mut self, fault: StreamFault, now: Instant, out: &mut Vec<Action>) {
+        let refused = matches!(fault, StreamFault::IndexRejected { .. });
         self.invalidate(fault, out);
         if self.cfg.replay == ReplayKind::History {
             // The blocks may not match the engine's any more: replay from the start.
             self.next_seq = None;
         }
-        if !matches!(self.phase, Phase::Disconnected | Phase::Backoff { .. }) {
-            self.begin_sync(now, self.regain_reason(), out);
+        if matches!(self.phase, Phase::Disconnected | Phase::Backoff { .. }) {
+            return;
         }
+        if refused {
+            return self.back_off_index(now, out);
+        }
+        self.begin_sync(now, self.regain_reason(), out);
+    }
+
+    /// Waits before asking again after the index refused a batch.
+    fn back_off_index(&mut self, now: Instant, out: &mut Vec<Action>) {
+        if self
+            .index_backoff_end
+            .is_some_and(|end| now.saturating_duration_since(end) > INDEX_QUIET)
+        {
+            self.index_backoff.reset();
+        }
+        if self.awaits_reply() {
+            out.push(Action::CloseSnapshot);
+        }
+        let until = now + self.index_backoff.next_delay();
+        self.index_backoff_end = Some(until);
+        self.stats.index_backoffs += 1;
+        self.phase = Phase::Backoff { until };
     }
 
     /// A decoded live batch; `wire_bytes` counts against the buffering budget.

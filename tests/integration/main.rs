@@ -6,6 +6,7 @@ mod harness;
 mod oracle;
 
 mod decode_robustness;
+mod hybrid_oracle;
 mod index_oracle;
 mod peer_adapter;
 mod shared_oracle;

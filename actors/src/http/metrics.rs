@@ -160,7 +160,7 @@ type TierSlots = fn(&StreamCounters) -> &[AtomicU64; 2];
 /// One per-stream family: its name, kind, help and value.
 type StreamFamily = (&'static str, Kind, &'static str, fn(&StreamSample) -> u64);
 
-const STREAM_FAMILIES: [StreamFamily; 17] = [
+const STREAM_FAMILIES: [StreamFamily; 20] = [
     ("kvdir_live_messages_total", Kind::Counter, "Live messages received.", |s| {
         s.report.status.messages
     }),
@@ -223,6 +223,24 @@ const STREAM_FAMILIES: [StreamFamily; 17] = [
         Kind::Counter,
         "Live batches dropped as copies of replayed ones.",
         |s| s.report.status.stats.duplicate_batches,
+    ),
+    (
+        "kvdir_index_backoffs_total",
+        Kind::Counter,
+        "Back-offs after the index refused a batch (1 s doubling to 60 s).",
+        |s| s.report.status.stats.index_backoffs,
+    ),
+    (
+        "kvdir_stream_attention_classes",
+        Kind::Gauge,
+        "A hybrid stream's attention classes (KV cache groups by kind); 0 for a dense stream.",
+        |s| s.report.status.attention.len() as u64,
+    ),
+    (
+        "kvdir_stream_unlocated_blocks",
+        Kind::Gauge,
+        "Hashes a group stored without content that no store located: no credit.",
+        |s| s.report.status.unlocated_blocks,
     ),
 ];
 

@@ -67,6 +67,13 @@ pub struct WorkerStatus {
     pub skipped_events: u64,
     /// The last fault, for operators.
     pub last_fault: Option<String>,
+    /// A hybrid model's attention classes (its KV cache groups by kind), as `kind xN` with
+    /// N groups, full attention first; empty for a dense model.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub attention: Vec<String>,
+    /// A hybrid stream's hashes stored by a group without content that no store located:
+    /// they give no credit.
+    pub unlocated_blocks: u64,
 }
 
 /// Everything a worker needs.
@@ -109,6 +116,8 @@ pub struct Worker {
     /// Whether the next invalidation is logged at WARN: once per loss of synchronization, so a
     /// publisher that keeps failing does not fill the log.
     warn_on_invalidate: bool,
+    /// Whether a hybrid model's advice was logged (once per worker).
+    hybrid_advised: bool,
 }
 
 impl Worker {
@@ -149,6 +158,7 @@ impl Worker {
             dirty: false,
             ended: false,
             warn_on_invalidate: true,
+            hybrid_advised: false,
         };
         if w.ctx.spec.endpoint.starts_with("inproc://") {
             // No ZMTP handshake in process: connected once the connect returned (the first

@@ -55,14 +55,20 @@ impl Table {
         out: &mut Vec<Change>,
         stats: &mut ApplyStats,
     ) -> Result<(), IndexError> {
-        let b = ctx.hasher.block_size();
-        if s.block_size as usize != b {
-            return Err(IndexError::BlockSize { expected: b as u32, got: s.block_size });
-        }
         let group = s.group.idx as u8;
         let old = self.groups_mut().classes.clone();
         if self.groups_mut().learn(group, s.group.kind) {
             self.reclassify(&old, out);
+        }
+        if matches!(s.group.kind, Some(AttentionKind::Unmodelled(_))) {
+            // Never credited (the stream credits nothing while it has such a group), so its
+            // blocks are not kept: a Mamba group's partial blocks are not even of the stream's
+            // block size.
+            return Ok(());
+        }
+        let b = ctx.hasher.block_size();
+        if s.block_size as usize != b {
+            return Err(IndexError::BlockSize { expected: b as u32, got: s.block_size });
         }
         let (hashes, tokens) = (batch.hashes(s.hashes), batch.tokens(s.tokens));
         let exact = tokens.len() == hashes.len() * b;

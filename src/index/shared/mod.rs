@@ -246,6 +246,13 @@ impl StreamWriter {
         self.table.len()
     }
 
+    /// A hybrid stream's attention classes and its unlocated hashes; `None` for a dense
+    /// stream.
+    pub fn hybrid(&self) -> Option<(&[super::AttentionClass], u64)> {
+        let g = self.table.groups()?;
+        Some((&g.classes, g.unlocated.copies.len() as u64))
+    }
+
     /// The status the next commit will show.
     pub fn status(&self) -> StreamStatus {
         let error = match &self.sync {

@@ -4,9 +4,9 @@
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use kvdir::index::{ApplyStats, IndexError, SharedSnapshot, StreamWriter};
+use kvdir::index::{ApplyStats, AttentionClass, IndexError, SharedSnapshot, StreamWriter};
 use kvdir::stream::StreamFault;
-use kvdir::wire::Batch;
+use kvdir::wire::{AttentionKind, Batch};
 
 use super::Worker;
 
@@ -134,7 +134,38 @@ impl Worker {
     /// Makes everything this turn changed visible to queries at once.
     pub(super) fn publish(&mut self) {
         if std::mem::take(&mut self.dirty) {
-            self.ctx.shared.with_writer(StreamWriter::publish);
+            let hybrid = self.ctx.shared.with_writer(|w| {
+                w.publish();
+                w.hybrid().map(|(classes, unlocated)| (classes.to_vec(), unlocated))
+            });
+            if let Some(Some((classes, unlocated))) = hybrid {
+                self.hybrid_status(&classes, unlocated);
+            }
+        }
+    }
+
+    /// A hybrid stream's classes in its report; once per worker, the setting that makes its
+    /// credit exact when its window stores cannot be located.
+    fn hybrid_status(&mut self, classes: &[AttentionClass], unlocated: u64) {
+        let names = classes.iter().map(|c| format!("{} x{}", c.kind, c.groups.count_ones()));
+        self.status.attention = names.collect();
+        self.status.unlocated_blocks = unlocated;
+        if self.hybrid_advised {
+            return;
+        }
+        let (stream, dp) = (&self.ctx.spec.instance_name, self.ctx.spec.dp_rank);
+        let unmodelled = classes.iter().find(|c| matches!(c.kind, AttentionKind::Unmodelled(_)));
+        let windows_alone = classes.first().is_some_and(|c| c.kind != AttentionKind::Full);
+        if let Some(c) = unmodelled {
+            self.hybrid_advised = true;
+            tracing::warn!(%stream, dp, kind = %c.kind, "this model has a KV cache group of a \
+                kind kvdir does not model: the stream gives no credit");
+        } else if unlocated > 0 && windows_alone {
+            self.hybrid_advised = true;
+            let block_size = self.ctx.spec.block_size;
+            tracing::warn!(%stream, dp, "sliding-window stores with no full-attention group \
+                cannot be located, and their blocks give no credit; start vLLM with \
+                --prefix-cache-retention-interval {block_size} for exact credit");
         }
     }
 }
