@@ -46,12 +46,16 @@ fn write_event(w: &mut Writer, e: &EventRecord, form: EventForm) {
     let positional = form == EventForm::Positional;
     match e {
         EventRecord::Stored(s) => write_stored(w, s, positional),
-        EventRecord::Removed { hashes, medium } => {
-            header(w, positional, "BlockRemoved", 2);
+        EventRecord::Removed { hashes, medium, group_idx } => {
+            header(w, positional, "BlockRemoved", 2 + usize::from(group_idx.is_some()));
             key(w, positional, "block_hashes");
             write_hashes(w, hashes);
             key(w, positional, "medium");
             opt_str(w, medium.as_deref());
+            if let Some(g) = group_idx {
+                key(w, positional, "group_idx");
+                w.uint(u64::from(*g));
+            }
         }
         EventRecord::Cleared { medium } => {
             let fields = usize::from(medium.is_some());
@@ -66,8 +70,11 @@ fn write_event(w: &mut Writer, e: &EventRecord, form: EventForm) {
 }
 
 fn write_stored(w: &mut Writer, s: &StoredRecord, positional: bool) {
-    let extra = !s.extra_keys.is_empty();
-    header(w, positional, "BlockStored", 7 + usize::from(extra));
+    // Positional group fields come after `extra_keys`, which is then written (nil if none).
+    let group = s.group.as_ref();
+    let extra = !s.extra_keys.is_empty() || (positional && group.is_some());
+    let fields = 7 + usize::from(extra) + 3 * usize::from(group.is_some());
+    header(w, positional, "BlockStored", fields);
     key(w, positional, "block_hashes");
     write_hashes(w, &s.hashes);
     key(w, positional, "parent_block_hash");
@@ -93,15 +100,34 @@ fn write_stored(w: &mut Writer, s: &StoredRecord, positional: bool) {
     opt_str(w, s.lora_name.as_deref());
     if extra {
         key(w, positional, "extra_keys");
-        w.array(s.extra_keys.len());
-        for entry in &s.extra_keys {
-            match entry {
-                Some(keys) => {
-                    w.array(keys.len());
-                    keys.iter().for_each(|k| write_extra_key(w, k));
-                }
-                None => w.nil(),
+        write_extra_keys(w, &s.extra_keys);
+    }
+    if let Some(g) = group {
+        key(w, positional, "group_idx");
+        w.uint(u64::from(g.idx));
+        key(w, positional, "kv_cache_spec_kind");
+        opt_str(w, g.kind.as_deref());
+        key(w, positional, "kv_cache_spec_sliding_window");
+        match g.window {
+            Some(v) => w.uint(u64::from(v)),
+            None => w.nil(),
+        }
+    }
+}
+
+/// `extra_keys`: one entry per block, nil or a list; none at all is nil.
+fn write_extra_keys(w: &mut Writer, entries: &[Option<Vec<ExtraKey>>]) {
+    if entries.is_empty() {
+        return w.nil();
+    }
+    w.array(entries.len());
+    for entry in entries {
+        match entry {
+            Some(keys) => {
+                w.array(keys.len());
+                keys.iter().for_each(|k| write_extra_key(w, k));
             }
+            None => w.nil(),
         }
     }
 }

@@ -46,6 +46,17 @@ impl From<u64> for WireHash {
     }
 }
 
+/// A KV cache group as vLLM's hybrid allocator names it on an event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupRecord {
+    /// `group_idx`.
+    pub idx: u32,
+    /// `kv_cache_spec_kind` (stores only; `None` writes nil).
+    pub kind: Option<String>,
+    /// `kv_cache_spec_sliding_window` (stores only; `None` writes nil).
+    pub window: Option<u32>,
+}
+
 /// A `BlockStored` event.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredRecord {
@@ -67,6 +78,9 @@ pub struct StoredRecord {
     /// empty list is not written. A multimodal or embeddings entry puts that block and the ones
     /// after it out of scope; a lone string on a prefix's first block is its `cache_salt`.
     pub extra_keys: Vec<Option<Vec<ExtraKey>>>,
+    /// The KV cache group fields (`group_idx`, `kv_cache_spec_kind`,
+    /// `kv_cache_spec_sliding_window`), written after `extra_keys`; `None` writes none.
+    pub group: Option<GroupRecord>,
 }
 
 /// One element of a block's `extra_keys` entry, in the shapes vLLM 0.32 publishes.
@@ -110,6 +124,7 @@ impl StoredRecord {
             lora_id: None,
             lora_name: None,
             extra_keys: Vec::new(),
+            group: None,
         }
     }
 }
@@ -125,6 +140,8 @@ pub enum EventRecord {
         hashes: Vec<WireHash>,
         /// The medium string, or `None` for nil.
         medium: Option<String>,
+        /// `group_idx`, written after `medium` when set.
+        group_idx: Option<u32>,
     },
     /// `AllBlocksCleared`, optionally limited to one medium.
     Cleared {
@@ -141,7 +158,7 @@ pub enum EventRecord {
 impl EventRecord {
     /// A `BlockRemoved` on `tier`.
     pub fn removed(hashes: Vec<WireHash>, tier: Tier) -> Self {
-        EventRecord::Removed { hashes, medium: Some(tier.medium().to_string()) }
+        EventRecord::Removed { hashes, medium: Some(tier.medium().to_string()), group_idx: None }
     }
 
     /// An `AllBlocksCleared`, limited to `tier` when given.

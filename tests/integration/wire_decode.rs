@@ -4,7 +4,7 @@
 use kvdir::index::Namespace;
 use kvdir::wire::msgpack::Writer;
 use kvdir::wire::record::{
-    BatchForm, BatchRecord, EventForm, EventRecord, ExtraKey, StoredRecord, WireHash,
+    BatchForm, BatchRecord, EventForm, EventRecord, ExtraKey, GroupRecord, StoredRecord, WireHash,
 };
 use kvdir::wire::{decode_batch, encode_batch, Batch, EngineHash, Event, Tier, WireError};
 
@@ -168,6 +168,7 @@ fn out_of_scope_events_are_skipped_and_counted_and_lora_events_are_namespaced() 
             EventRecord::Removed {
                 hashes: vec![WireHash::Uint(8)],
                 medium: Some("Storage".into()),
+                group_idx: None,
             },
             EventRecord::Cleared { medium: Some("disk".into()) },
         ],
@@ -331,4 +332,76 @@ fn a_reused_batch_holds_only_the_latest_payload() {
     decode_batch(&encode_batch(&one, BatchForm::Map, EventForm::Positional), &mut b).unwrap();
     assert_eq!(b, decode(&encode_batch(&one, BatchForm::Map, EventForm::Positional)).unwrap());
     assert_eq!(b.block_count(), 1);
+}
+
+/// vLLM 0.32's events of a model with a sliding-window group 0 (window 64) and a
+/// full-attention group 1: the window's store lists one of its two blocks.
+fn hybrid() -> BatchRecord {
+    let group =
+        |idx, kind: &str, window| Some(GroupRecord { idx, kind: Some(kind.into()), window });
+    let mut window = stored(vec![WireHash::Uint(2)], None, Tier::Device);
+    window.tokens = (0..4).collect();
+    window.group = group(0, "sliding_window", Some(64));
+    let mut full = stored(vec![WireHash::Uint(1), WireHash::Uint(2)], None, Tier::Device);
+    full.group = group(1, "full_attention", None);
+    let mut mamba = stored(vec![WireHash::Uint(3)], None, Tier::Device);
+    mamba.group = group(2, "mamba", None);
+    let removed = EventRecord::Removed {
+        hashes: vec![WireHash::Uint(2)],
+        medium: Some("GPU".into()),
+        group_idx: Some(0),
+    };
+    let events = vec![
+        EventRecord::Stored(window),
+        EventRecord::Stored(full),
+        EventRecord::Stored(mamba),
+        removed,
+    ];
+    BatchRecord { timestamp: 1.0, events, dp_rank: Some(0) }
+}
+
+#[test]
+fn kv_cache_groups_and_their_kinds_decode_in_both_event_forms() {
+    use kvdir::wire::{AttentionKind, Group, Unmodelled};
+    for form in [EventForm::Map, EventForm::Positional] {
+        let b = decode(&encode_batch(&hybrid(), BatchForm::Array, form)).unwrap();
+        let groups: Vec<Group> = b
+            .events
+            .iter()
+            .map(|e| match e {
+                Event::Stored(s) => s.group,
+                Event::Removed { group, .. } => *group,
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        let sw = AttentionKind::SlidingWindow { window: 64 };
+        let mamba = AttentionKind::Unmodelled(Unmodelled::Mamba);
+        assert_eq!(
+            groups,
+            [
+                Group { idx: 0, kind: Some(sw) },
+                Group { idx: 1, kind: Some(AttentionKind::Full) },
+                Group { idx: 2, kind: Some(mamba) },
+                Group { idx: 0, kind: None },
+            ],
+            "{form:?}"
+        );
+        let Event::Stored(s) = b.events[0] else { unreachable!() };
+        assert_eq!((b.hashes(s.hashes).len(), b.tokens(s.tokens).len()), (1, 4), "kept as sent");
+    }
+    // A dense model's events, with no group fields, are group 0, no kind named.
+    let b = decode(&encode_batch(&sample(), BatchForm::Array, EventForm::Map)).unwrap();
+    let Event::Stored(s) = b.events[0] else { unreachable!() };
+    assert!(s.group.is_default() && s.group.kind.is_none());
+}
+
+#[test]
+fn a_group_index_past_the_limit_is_an_error_naming_it() {
+    let mut record = hybrid();
+    if let EventRecord::Stored(s) = &mut record.events[0] {
+        s.group.as_mut().unwrap().idx = 40;
+    }
+    let err = decode(&encode_batch(&record, BatchForm::Array, EventForm::Map)).unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains("group_idx") && text.contains("40"), "{text}");
 }
