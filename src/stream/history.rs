@@ -208,11 +208,21 @@ impl Recovery {
             self.apply(seq, batch, out);
             return None;
         }
-        if self.duplicates.contains(&seq) {
+        if self.duplicates.contains(&seq) || self.applied_from_history(seq) {
             self.stats.duplicate_batches += 1;
             return None;
         }
         Some(batch)
+    }
+
+    /// Whether live batch `seq` was applied already from the history: it is below the next
+    /// expected sequence but later than the live batch before it (or that batch again), which a
+    /// restarted publisher's numbering, going back below what it sent live, never is. A resync's
+    /// history can get ahead of the live socket, whose copies then follow.
+    fn applied_from_history(&self, seq: u64) -> bool {
+        let below_next = self.next_seq.is_some_and(|n| seq < n);
+        let after_live = self.live_before.is_some_and(|l| seq > l || (seq == l && seq > 0));
+        below_next && after_live
     }
 
     /// A batch that clears every tier makes a partial stream exact from then on: everything

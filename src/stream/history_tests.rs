@@ -299,3 +299,31 @@ fn a_refusal_during_a_replay_closes_it_and_backs_off() {
     m.on_fault(StreamFault::LiveRejected("bad msgpack".into()), t0, &mut out);
     assert!(show(&mut out).contains(&"request 0".to_string()));
 }
+
+#[test]
+fn a_live_copy_of_a_batch_the_resync_applied_first_is_a_duplicate_not_a_restart() {
+    // Regression (4,096 bound streams): during a periodic resync the history got ahead of the
+    // live socket, and the live copy that came next was taken for a restarted publisher
+    // ("sequence went back from 8 to 7"), costing a recovery and its sockets.
+    let t0 = Instant::now();
+    let (mut m, mut out) = live_at(5, t0);
+    m.on_live(5, batch(), 10, t0, &mut out);
+    m.on_live(6, batch(), 10, t0, &mut out);
+    let t1 = t0 + Duration::from_secs(11);
+    m.on_tick(t1, &mut out);
+    out.clear();
+    m.on_history_batch(7, batch(), t1, &mut out);
+    m.on_history_batch(8, batch(), t1, &mut out);
+    m.on_live(7, batch(), 10, t1, &mut out);
+    m.on_live(8, batch(), 10, t1, &mut out);
+    m.on_live(8, batch(), 10, t1, &mut out);
+    assert_eq!(show(&mut out), ["apply 7", "apply 8"], "the live copies are dropped");
+    m.on_snapshot_end(t1, &mut out);
+    m.on_live(9, batch(), 10, t1, &mut out);
+    assert_eq!(show(&mut out), ["close", "apply 9"]);
+    assert_eq!((m.stats().duplicate_batches, m.stats().gaps), (3, 0));
+    assert_eq!(syncs(&m), (1, 1, 0), "no recovery");
+    // A publisher that really restarts goes back below what it sent live.
+    m.on_live(2, batch(), 10, t1, &mut out);
+    assert!(show(&mut out)[0].contains("went back from 9 to 2"));
+}

@@ -65,6 +65,8 @@ pub struct Recovery {
     pub(super) partial: bool,
     /// The last live sequence received.
     pub(super) last_live: Option<u64>,
+    /// The live sequence received before the last one.
+    pub(super) live_before: Option<u64>,
     /// Sequences applied from a history replay before their live copies arrived.
     pub(super) duplicates: Range<u64>,
     /// The wait after the index refuses a batch ([`INDEX_BACKOFF_MIN`]).
@@ -96,6 +98,7 @@ impl Recovery {
             stats: RecoveryStats::default(),
             partial: false,
             last_live: None,
+            live_before: None,
             duplicates: 0..0,
             index_backoff: Backoff::new(INDEX_BACKOFF_MIN, INDEX_BACKOFF_MAX),
             index_backoff_end: None,
@@ -229,7 +232,7 @@ impl Recovery {
         if matches!(self.phase, Phase::Disconnected) {
             self.begin_sync(now, self.regain_reason(), out);
         }
-        self.last_live = Some(seq);
+        self.live_before = self.last_live.replace(seq);
         let in_order = self.next_seq == Some(seq);
         let live = matches!(self.phase, Phase::Live { .. });
         if batch.is_full_state() && !(in_order && live) {
