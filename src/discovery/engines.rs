@@ -6,11 +6,16 @@
 //! - **vLLM**: `process_start_time_seconds` from `/metrics`. Another value is another process:
 //!   its streams restart cold. An unreachable engine keeps its identity, so a network blip
 //!   costs no resynchronization.
-//! - **SGLang** (no `process_start_time_seconds`, and nothing per process in `/server_info`)
-//!   and **xLLM**: a run of healthy probes. A failed `/health` ends the run; the next healthy
-//!   answer starts a new identity, so a restart (SGLang takes seconds to start) is seen as one.
-//!   A restart faster than the poll interval is left to the stream: a new process numbers its
-//!   batches from 0 again, and a sequence regression withdraws credit until it is synchronized.
+//! - **SGLang** (no `process_start_time_seconds`, and nothing per process in `/server_info`),
+//!   **xLLM**, and **vLLM without a start time** (several API servers put its metrics in
+//!   multiprocess mode): [`FROM_EVENTS`], known at the first healthy poll and never changed by
+//!   a poll. Polls time nothing: a slow or failed one makes the engine SUSPECT, never another
+//!   process. A restart is seen by the streams themselves: the new process's events number
+//!   from 0 again (SGLang's seq 0 is an `AllBlocksCleared`), and its socket reconnects, so the
+//!   stream withdraws its credit and replays the new history, exact from its start.
+//! - **An engine without KV events** (approximate credit, which no stream can withdraw): a run
+//!   of healthy polls. A failed poll ends the run, and the next healthy answer starts a new
+//!   identity, which drops the credit kvdir assumed for the old one.
 //!
 //! Health: a 200 from `/health` is ACTIVE, anything else SUSPECT (never routed). A listed engine
 //! is never removed for being down; its streams keep reconnecting.
@@ -41,7 +46,15 @@ pub struct EngineReading {
     pub usage: f64,
     /// vLLM's prefill sums, when exported ([`super::prefill_rate`]).
     pub prefill: Option<PrefillTotals>,
+    /// SGLang serves a hybrid sliding-window model (a `sglang:max_total_num_tokens_swa`
+    /// sample): its events say nothing of the window's blocks (see [`HYBRID_SWA`]).
+    pub hybrid_swa: bool,
 }
+
+/// Why an SGLang engine serving a hybrid sliding-window model gets no streams.
+pub const HYBRID_SWA: &str = "SGLang serves a hybrid sliding-window model \
+    (sglang:max_total_num_tokens_swa): its KV events do not say which window blocks it keeps, \
+    so kvdir gives it no cache credit and routes it by load";
 
 impl EngineReading {
     /// The load routing reads: continuous batching admits most requests at once, so the queue
@@ -82,7 +95,8 @@ pub fn read_metrics(dialect: Dialect, text: &str) -> Result<EngineReading, Strin
     let process_start = s.max("process_start_time_seconds");
     let Some([waiting, running, usage, usage_alias]) = names(dialect) else {
         let (waiting, running, usage, prefill) = (0, 0, 0.0, None);
-        return Ok(EngineReading { process_start, waiting, running, usage, prefill });
+        let hybrid_swa = false;
+        return Ok(EngineReading { process_start, waiting, running, usage, prefill, hybrid_swa });
     };
     let missing = |name: &str| {
         format!(
@@ -98,7 +112,9 @@ pub fn read_metrics(dialect: Dialect, text: &str) -> Result<EngineReading, Strin
         return Err(format!("KV cache usage {usage} is outside 0..=1"));
     }
     let prefill = PrefillTotals::read(&s);
-    Ok(EngineReading { process_start, waiting, running, usage, prefill })
+    let hybrid_swa =
+        dialect == Dialect::Sglang && s.max("sglang:max_total_num_tokens_swa").is_some();
+    Ok(EngineReading { process_start, waiting, running, usage, prefill, hybrid_swa })
 }
 
 /// Every endpoint of an engine, in canonical form.
@@ -118,6 +134,10 @@ pub struct Probe {
     /// `/metrics`.
     pub metrics: Result<String, String>,
 }
+
+/// The identity of an engine whose process only its events tell apart (see the module
+/// documentation).
+pub const FROM_EVENTS: &str = "from-events";
 
 /// What a poll did to the engine's process identity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,7 +168,7 @@ pub struct ListedEngine {
     pub error: Option<String>,
     /// Polls so far.
     pub polls: u64,
-    /// Runs of healthy polls so far (the SGLang and xLLM identity).
+    /// Runs of healthy polls so far (the identity of an engine without KV events).
     runs: u64,
     /// Whether the latest poll was healthy.
     healthy: bool,
@@ -214,6 +234,9 @@ impl ListedEngine {
         self.healthy = true;
         let i = &mut self.instance;
         if let Ok(r) = reading {
+            if r.hybrid_swa {
+                self.error = Some(HYBRID_SWA.into());
+            }
             self.reading = Some(r);
             self.prefill_rate.observe(r.prefill);
             i.load = Some(r.load(self.prefill_rate.get()));
@@ -250,24 +273,18 @@ impl ListedEngine {
     /// The process a healthy poll with `reading` shows, if it shows one (see the module
     /// documentation); a vLLM without a start time is noted as the latest problem.
     fn process(&mut self, reading: &Result<EngineReading, String>) -> Option<String> {
-        match (self.spec.dialect, reading) {
-            (Dialect::Vllm, Ok(r)) => {
-                let start = r.process_start.map(|t| format!("process_start_time_seconds={t}"));
-                if start.is_none() {
-                    self.error = Some(
-                        "/metrics has no process_start_time_seconds: the process is unknown, so \
-                         no CAR credit"
-                            .into(),
-                    );
-                }
-                start
-            }
-            (Dialect::Vllm, Err(_)) => None,
-            _ if !self.healthy => {
+        let start = match (self.spec.dialect, reading) {
+            (Dialect::Vllm, Ok(r)) => r.process_start,
+            _ => None,
+        };
+        match start {
+            Some(t) => Some(format!("process_start_time_seconds={t}")),
+            None if !self.spec.is_approximate() => Some(FROM_EVENTS.to_string()),
+            None if !self.healthy => {
                 self.runs += 1;
                 Some(format!("healthy-run-{}", self.runs))
             }
-            _ => None,
+            None => None,
         }
     }
 }
@@ -355,7 +372,7 @@ impl Engines {
     /// The streams of every engine whose process is known, for that process.
     pub fn planned(&self) -> Vec<PlannedStream> {
         self.iter()
-            .filter(|e| e.identity_known)
+            .filter(|e| e.identity_known && !e.reading.is_some_and(|r| r.hybrid_swa))
             .flat_map(|e| {
                 let identity = e.instance.record.identity.clone();
                 e.spec.streams().into_iter().map(move |spec| PlannedStream {

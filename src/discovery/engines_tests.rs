@@ -87,11 +87,6 @@ fn vllm_identity_is_its_process_start_time() {
     let one = |e: &Engines| e.get("127.0.0.1:8100").unwrap().clone();
     assert!(e.planned().is_empty(), "no streams before the process is known");
     assert_eq!(one(&e).instance.state, InstanceState::Suspect);
-    assert_eq!(
-        poll(&mut e, true, &VLLM.replace("process_start", "other")),
-        IdentityChange::Unchanged
-    );
-    assert!(one(&e).error.unwrap().contains("no process_start_time_seconds"));
     assert_eq!(poll(&mut e, true, VLLM), IdentityChange::Learned);
     let id = one(&e).instance.record.identity.incarnation_id.unwrap();
     assert_eq!(id, "process_start_time_seconds=1764598123.45");
@@ -110,15 +105,52 @@ fn vllm_identity_is_its_process_start_time() {
 }
 
 #[test]
-fn sglang_identity_is_a_run_of_healthy_polls() {
+fn sglang_identity_comes_from_its_events_and_a_slow_or_failed_poll_is_no_restart() {
+    // Regression: SGLang's /health takes a second; one slow poll made the engine SUSPECT and
+    // the next healthy one "restarted" it, and a stream whose history no longer reached back
+    // lost its credit for good.
     let mut e = engine("sglang");
     assert_eq!(poll(&mut e, true, SGLANG), IdentityChange::Learned);
     assert_eq!(poll(&mut e, true, SGLANG), IdentityChange::Unchanged);
     assert_eq!(poll(&mut e, false, ""), IdentityChange::Unchanged);
-    assert_eq!(poll(&mut e, true, SGLANG), IdentityChange::Changed, "down, then up: restarted");
     let i = &e.get("127.0.0.1:8100").unwrap().instance;
-    assert_eq!(i.record.identity.incarnation_id.as_deref(), Some("healthy-run-2"));
+    assert_eq!(i.state, InstanceState::Suspect, "a failed poll: not routed");
+    assert_eq!(poll(&mut e, true, SGLANG), IdentityChange::Unchanged, "down, then up: the same");
+    let i = &e.get("127.0.0.1:8100").unwrap().instance;
+    assert_eq!(i.state, InstanceState::Active);
+    assert_eq!(i.record.identity.incarnation_id.as_deref(), Some(FROM_EVENTS));
     assert_eq!(i.record.backend, "sglang");
+}
+
+#[test]
+fn an_sglang_hybrid_sliding_window_model_gets_no_streams_and_says_why() {
+    // SGLang 0.5.23 frees and restores a gpt-oss window's KV without an event: its events
+    // credit more than it reuses, so no credit is the only safe answer.
+    let mut e = engine("sglang");
+    let swa = format!("{SGLANG}sglang:max_total_num_tokens_swa{{tp_rank=\"0\"}} 4096\n");
+    assert_eq!(poll(&mut e, true, &swa), IdentityChange::Learned);
+    assert!(e.planned().is_empty(), "no streams, so no credit");
+    let one = e.get("127.0.0.1:8100").unwrap();
+    assert_eq!(one.error.as_deref(), Some(HYBRID_SWA));
+    assert_eq!(one.instance.state, InstanceState::Active, "still routed, by load");
+    let mut dense = engine("sglang");
+    poll(&mut dense, true, SGLANG);
+    assert_eq!(dense.planned().len(), 2);
+}
+
+#[test]
+fn a_vllm_without_a_start_time_gets_credit_from_its_events() {
+    // Regression: vLLM's default data-parallel launch runs several API servers, whose metrics
+    // have no process_start_time_seconds; kvdir started no streams and credited nothing.
+    let mut e = engine("vllm");
+    let multiprocess = VLLM.replace("process_start", "other");
+    assert_eq!(poll(&mut e, true, &multiprocess), IdentityChange::Learned);
+    assert_eq!(e.planned().len(), 2, "both ranks' streams start");
+    let one = e.get("127.0.0.1:8100").unwrap();
+    assert_eq!(one.instance.record.identity.incarnation_id.as_deref(), Some(FROM_EVENTS));
+    assert!(one.error.is_none(), "{:?}", one.error);
+    assert_eq!(poll(&mut e, false, ""), IdentityChange::Unchanged);
+    assert_eq!(poll(&mut e, true, &multiprocess), IdentityChange::Unchanged);
 }
 
 #[test]

@@ -8,7 +8,10 @@ mod engines;
 mod plan;
 mod prefill_rate;
 
-pub use engines::{read_metrics, EngineReading, Engines, IdentityChange, ListedEngine, Probe};
+pub use engines::{
+    read_metrics, EngineReading, Engines, IdentityChange, ListedEngine, Probe, FROM_EVENTS,
+    HYBRID_SWA,
+};
 pub use plan::{plan, wants_subscription, Exclusion, Plan, PlannedStream};
 pub use prefill_rate::{PrefillRate, PrefillTotals};
 

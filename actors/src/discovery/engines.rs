@@ -1,11 +1,16 @@
-//! Engines listed by address: each is polled every `engine_poll_interval_ms` (`/health`, then
-//! `/metrics`), and the rules of `kvdir::discovery::Engines` turn the answers into its state,
-//! load and process identity. A new identity re-plans the engine's streams (they start, or
-//! restart cold for another process); anything else updates the router in place.
+//! Engines listed by address: each is polled every `engine_poll_interval_ms`, and the rules of
+//! `kvdir::discovery::Engines` turn the answers into its state, load and process identity. A
+//! new identity re-plans the engine's streams (they start, or restart cold for another
+//! process); anything else updates the router in place.
+//!
+//! What is asked, by dialect: vLLM and xLLM `/health` (cheap there), then `/metrics`; SGLang
+//! `/metrics` alone, which answers liveness and load without running the model, and `/health`
+//! only when `/metrics` fails (SGLang's `/health` generates a token and takes a second).
 
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
+use kvdir::config::Dialect;
 use kvdir::discovery::{IdentityChange, Probe};
 
 use super::messages::EnginePolled;
@@ -17,17 +22,20 @@ const POLL_TIMEOUT: Duration = Duration::from_secs(2);
 impl DiscoveryActor {
     /// Polls every listed engine that has no poll in flight.
     pub(super) fn poll_engines(&mut self, ctx: &mut Context<Self>) {
-        let due: Vec<(String, String)> = self
+        let due: Vec<(String, String, Dialect)> = self
             .engines
             .iter()
             .filter(|e| !self.polling.contains(&e.spec.name))
-            .map(|e| (e.spec.name.clone(), e.spec.url.clone()))
+            .map(|e| (e.spec.name.clone(), e.spec.url.clone(), e.spec.dialect))
             .collect();
-        for (name, url) in due {
+        for (name, url, dialect) in due {
             self.polling.insert(name.clone());
             let (me, http) = (ctx.address(), self.http.clone());
             actix::spawn(async move {
-                let probe = poll(&http, &url).await;
+                let probe = match dialect {
+                    Dialect::Sglang => poll_metrics_first(&http, &url).await,
+                    _ => poll(&http, &url).await,
+                };
                 me.do_send(EnginePolled { name, probe });
             });
         }
@@ -36,21 +44,37 @@ impl DiscoveryActor {
 
 /// `GET {url}/health` (a 200 is healthy), then `GET {url}/metrics` when healthy.
 async fn poll(client: &reqwest::Client, url: &str) -> Probe {
-    let get = |path: &str| client.get(format!("{url}{path}")).timeout(POLL_TIMEOUT).send();
-    let health = match get("/health").await {
-        Ok(r) if r.status() == reqwest::StatusCode::OK => Ok(()),
-        Ok(r) => Err(format!("answered {}", r.status())),
-        Err(e) => Err(e.to_string()),
-    };
+    let health = get_health(client, url).await;
     if health.is_err() {
         return Probe { health, metrics: Err("not polled: unhealthy".into()) };
     }
-    let metrics = match get("/metrics").await {
+    Probe { health, metrics: get_metrics(client, url).await }
+}
+
+/// `GET {url}/metrics` (an answer is healthy), and `GET {url}/health` only when it fails.
+async fn poll_metrics_first(client: &reqwest::Client, url: &str) -> Probe {
+    let metrics = get_metrics(client, url).await;
+    let health = match &metrics {
+        Ok(_) => Ok(()),
+        Err(_) => get_health(client, url).await,
+    };
+    Probe { health, metrics }
+}
+
+async fn get_health(client: &reqwest::Client, url: &str) -> Result<(), String> {
+    match client.get(format!("{url}/health")).timeout(POLL_TIMEOUT).send().await {
+        Ok(r) if r.status() == reqwest::StatusCode::OK => Ok(()),
+        Ok(r) => Err(format!("answered {}", r.status())),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+async fn get_metrics(client: &reqwest::Client, url: &str) -> Result<String, String> {
+    match client.get(format!("{url}/metrics")).timeout(POLL_TIMEOUT).send().await {
         Ok(r) if r.status() == reqwest::StatusCode::OK => r.text().await.map_err(|e| e.to_string()),
         Ok(r) => Err(format!("answered {}", r.status())),
         Err(e) => Err(e.to_string()),
-    };
-    Probe { health, metrics }
+    }
 }
 
 impl Handler<EnginePolled> for DiscoveryActor {
@@ -88,10 +112,14 @@ impl Handler<ListEngine> for DiscoveryActor {
 
     fn handle(&mut self, msg: ListEngine, ctx: &mut Context<Self>) -> Self::Result {
         let name = msg.0.name.clone();
-        for spec in msg.0.streams() {
-            self.set.check_new(&spec).map_err(|e| e.to_string())?;
-        }
+        let streams = msg.0.streams();
+        // The engine first: a second registration of a listed engine says so, even once the
+        // first one's streams run.
         self.engines.add(msg.0, Instant::now())?;
+        if let Err(e) = streams.iter().try_for_each(|spec| self.set.check_new(spec)) {
+            self.engines.remove(&name);
+            return Err(e.to_string());
+        }
         self.registered_engines.insert(name.clone());
         tracing::info!(engine = %name, "engine registered");
         self.push_candidates();
