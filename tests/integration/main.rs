@@ -12,4 +12,5 @@ mod peer_adapter;
 mod shared_oracle;
 mod vllm_fixtures;
 mod vllm_history_fixtures;
+mod vllm_hybrid_fixtures;
 mod wire_decode;

@@ -94,6 +94,14 @@ impl Table {
                     return self.out_of_scope(hashes, s.tier, ctx.max_blocks);
                 }
                 Some(block) => Some(block.key),
+                // A window group's parent may be a block it never stored (masked out), and
+                // one no other group located: the hashes are then located as a window's are.
+                None if self.groups_mut().classes[0].kind != AttentionKind::Full => {
+                    for h in hashes {
+                        self.locate_by_table(*h, group, s.tier, ctx.max_blocks, out, stats)?;
+                    }
+                    return Ok(());
+                }
                 None => return unknown_parent(p, hashes.len(), ctx.mode, stats),
             },
         };
