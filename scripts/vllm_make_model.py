@@ -1,24 +1,33 @@
 """Makes a tiny chat model for scripts/vllm-e2e.sh without any model hub.
 
-    python scripts/vllm_make_model.py OUTDIR
+    python scripts/vllm_make_model.py OUTDIR [--kind dense|gemma3|sliding]
 
 The tokenizer is a byte-level BPE of 2,000 tokens trained on the licence texts every Debian
 machine carries (/usr/share/common-licenses, /usr/share/doc/*/copyright), with a ChatML chat
-template. The model is a randomly initialised 2-layer Llama (hidden size 128, 4 attention heads
-of size 32, the smallest head size vLLM's CPU attention accepts) saved in bfloat16. Its answers
-are noise; its KV cache, prefix caching and KV events are the real engine's. The seed is fixed,
-so the same machine makes the same model.
+template. The model is randomly initialised, 2 layers, hidden size 128, 4 attention heads of
+size 32 (the smallest head size vLLM's CPU attention accepts), saved in bfloat16:
+- dense (the default): a Llama, every layer full attention (one KV cache group);
+- gemma3: a Gemma3 text model (Gemma3ForCausalLM) whose layer 0 is sliding_attention with
+  sliding_window 64 and layer 1 full_attention: vLLM's hybrid KV cache manager gives it two
+  KV cache groups (sliding_window and full_attention) and names the group in every KV event;
+- sliding: a Llama whose layers are all sliding_attention with sliding_window 128
+  (`layer_types` and `sliding_window` in its config.json): one sliding_window group.
+Its answers are noise; its KV cache, prefix caching and KV events are the real engine's. The
+seed is fixed, so the same machine makes the same model.
 """
 
+import argparse
 import glob
 import json
 import os
-import sys
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
+KINDS = ("dense", "gemma3", "sliding")
+GEMMA3_WINDOW = 64
+SLIDING_WINDOW = 128
 VOCAB = 2000
 MAX_LEN = 2048
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -75,10 +84,10 @@ def make_tokenizer(out):
     return bpe
 
 
-def make_model(out, bpe):
-    """Saves a random 2-layer Llama sized to the tokenizer."""
+def common(bpe):
+    """The sizes and special tokens every kind shares."""
     bos, eos = bpe.token_to_id("<|endoftext|>"), bpe.token_to_id("<|im_end|>")
-    config = LlamaConfig(
+    return dict(
         vocab_size=bpe.get_vocab_size(),
         hidden_size=128,
         intermediate_size=256,
@@ -89,20 +98,51 @@ def make_model(out, bpe):
         bos_token_id=bos,
         eos_token_id=eos,
         pad_token_id=bos,
-        tie_word_embeddings=False,
     )
+
+
+def make_model(out, bpe, kind="dense"):
+    """Saves a random 2-layer model of the given kind sized to the tokenizer."""
     torch.manual_seed(0)
-    LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(out)
+    if kind == "dense":
+        config = LlamaConfig(**common(bpe), tie_word_embeddings=False)
+        model = LlamaForCausalLM(config)
+    elif kind == "sliding":
+        # vLLM's Llama reads `layer_types` and gives each "sliding_attention" layer
+        # `sliding_window` (vllm/model_executor/models/llama.py).
+        config = LlamaConfig(**common(bpe), tie_word_embeddings=False,
+                             layer_types=["sliding_attention", "sliding_attention"],
+                             sliding_window=SLIDING_WINDOW)
+        model = LlamaForCausalLM(config)
+    elif kind == "gemma3":
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+        config = Gemma3TextConfig(**common(bpe), head_dim=32, query_pre_attn_scalar=32,
+                                  sliding_window=GEMMA3_WINDOW,
+                                  layer_types=["sliding_attention", "full_attention"])
+        model = Gemma3ForCausalLM(config)
+    else:
+        raise ValueError(f"unknown kind {kind!r} (one of {', '.join(KINDS)})")
+    model.to(torch.bfloat16).save_pretrained(out)
+    # Check that the window and layer kinds reached config.json (vLLM reads them there).
+    with open(os.path.join(out, "config.json")) as f:
+        saved = json.load(f)
+    if kind != "dense":
+        assert saved.get("layer_types") == config.layer_types, saved.get("layer_types")
+        assert saved.get("sliding_window") == config.sliding_window, saved.get("sliding_window")
 
 
 def main():
-    if len(sys.argv) != 2:
-        sys.exit("usage: vllm_make_model.py OUTDIR")
-    out = sys.argv[1]
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("outdir")
+    p.add_argument("--kind", choices=KINDS, default="dense",
+                   help="dense Llama (default), hybrid Gemma3 or all-sliding-window Llama")
+    args = p.parse_args()
+    out = args.outdir
     os.makedirs(out, exist_ok=True)
     bpe = make_tokenizer(out)
-    make_model(out, bpe)
-    print(f"model in {out}: vocab {bpe.get_vocab_size()}, files {sorted(os.listdir(out))}")
+    make_model(out, bpe, args.kind)
+    print(f"{args.kind} model in {out}: vocab {bpe.get_vocab_size()}, "
+          f"files {sorted(os.listdir(out))}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 
 mod history;
 mod recorded;
+mod recorded_hybrid;
 
 use crate::common::*;
 use kvdir::wire::Tier;

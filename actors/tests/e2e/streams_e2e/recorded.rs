@@ -23,7 +23,7 @@ fn fixture(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/vllm-history").join(name)
 }
 
-fn unhex(s: &str) -> Vec<u8> {
+pub(super) fn unhex(s: &str) -> Vec<u8> {
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
 }
 
@@ -70,15 +70,15 @@ fn prompts(live: &[Vec<Vec<u8>>]) -> Vec<Vec<i32>> {
 
 /// A vLLM publisher made of the recording: its history is `live[first..]` (the older batches
 /// fell out of its buffer), answered from the asked sequence on, then the end marker.
-struct Recorded {
-    event: String,
-    replay: String,
+pub(super) struct Recorded {
+    pub(super) event: String,
+    pub(super) replay: String,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
 }
 
 impl Recorded {
-    fn serve(live: Vec<Vec<Vec<u8>>>, first: usize) -> Recorded {
+    pub(super) fn serve(live: Vec<Vec<Vec<u8>>>, first: usize) -> Recorded {
         let ctx = zmq::Context::new();
         let (publisher, router) = (ctx.socket(zmq::PUB).unwrap(), ctx.socket(zmq::ROUTER).unwrap());
         publisher.bind("tcp://127.0.0.1:*").unwrap();
