@@ -265,7 +265,7 @@ pub enum Source {
 
 /// The validated `kv_events_config_file`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DirectoryConfig {
+pub struct ConfigFile {
     /// Discovery or static streams.
     pub source: Source,
     /// Engines listed by address (beside discovery or static streams, or alone).
