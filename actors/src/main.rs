@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use kvdir::config::{
-    parse_config_file_with_bind, parse_flags, Command, ConfigFile, Flags, LogFormat, USAGE,
+    parse_config_file_with_bind, parse_flags, usage, Command, ConfigFile, Flags, LogFormat,
 };
 use kvdir_service::held_logs::HeldLogs;
 use kvdir_service::Service;
@@ -53,7 +53,7 @@ fn main() -> ExitCode {
             *f
         }
         Ok(Command::Help) => {
-            print!("{USAGE}");
+            print!("{}", usage());
             return ExitCode::SUCCESS;
         }
         Ok(Command::Version) => {

@@ -18,7 +18,7 @@ pub use bind::{
 pub use endpoint::{canonical_endpoint, check_endpoint};
 pub use engines::{parse_engine_json, parse_engine_json_with, EngineSpec, ENGINE_FIELDS};
 pub use file::{parse_config_file, parse_config_file_with_bind};
-pub use flags::{parse_flags, Command, Flags, FrontDoorFlags, LogFormat, USAGE};
+pub use flags::{parse_flags, usage, Command, Flags, FrontDoorFlags, LogFormat};
 pub use json::kind as json_type_name;
 
 use std::fmt;
