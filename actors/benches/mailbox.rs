@@ -29,12 +29,14 @@ mod common;
 
 use std::collections::VecDeque;
 use std::hint::black_box;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::dev::Request;
 use actix::prelude::*;
 use common::{percentile, Estimates, Rng, BLOCK_SIZE};
 use criterion::{Criterion, Throughput};
+use kvdir::car::RouteParams;
 use kvdir::index::{IndexConfig, StreamLabel, StreamWriter};
 use kvdir::query::QueryResponse;
 use kvdir::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord, WireHash};
@@ -97,8 +99,8 @@ fn router_snapshot() -> (Batch, Vec<i32>) {
 
 /// `STREAMS` synchronized streams holding `snapshot` in one shared index; the writers must
 /// outlive the reads.
-fn router_indexes(snapshot: &Batch) -> (Directory, Vec<StreamWriter>) {
-    let indexes = Directory::default();
+fn router_directory(snapshot: &Batch) -> (Directory, Vec<StreamWriter>) {
+    let directory = Directory::default();
     let writers = (0..STREAMS)
         .map(|i| {
             let label = StreamLabel {
@@ -106,13 +108,13 @@ fn router_indexes(snapshot: &Batch) -> (Directory, Vec<StreamWriter>) {
                 dp_rank: (i % 8) as u32,
                 ..StreamLabel::default()
             };
-            let mut w = indexes.add_stream(IndexConfig::default(), label).expect("a free slot");
+            let mut w = directory.add_stream(IndexConfig::default(), label).expect("a free slot");
             w.load_snapshot(snapshot, 0).expect("router snapshot applies");
             w.publish();
             w
         })
         .collect();
-    (indexes, writers)
+    (directory, writers)
 }
 
 fn check_full_hit(r: &QueryResponse, tokens: usize) {
@@ -136,7 +138,7 @@ fn print_percentiles(label: &str, mut f: impl FnMut() -> Duration) {
 struct RouterCases<'a> {
     sys: &'a SystemRunner,
     tokens: Vec<i32>,
-    indexes: &'a Directory,
+    directory: &'a Directory,
     local: Addr<RouterActor>,
     remote: Addr<RouterActor>,
 }
@@ -152,13 +154,13 @@ const ROUTER_CASES: [&str; 4] = [
 impl RouterCases<'_> {
     /// Runs case `case` (an index into `ROUTER_CASES`) `iters` times; returns the time taken.
     fn time(&mut self, case: usize, iters: u64) -> Duration {
-        let (tokens, indexes) = (&self.tokens, self.indexes);
-        let route = || RouteRequest { input_tokens: tokens.len(), hits: indexes.read(tokens) };
+        let (tokens, directory) = (&self.tokens, self.directory);
+        let route = || RouteRequest { input_tokens: tokens.len(), hits: directory.read(tokens) };
         match case {
             0 => {
                 let start = Instant::now();
                 for _ in 0..iters {
-                    black_box(indexes.query(black_box(tokens)));
+                    black_box(directory.query(black_box(tokens)));
                 }
                 start.elapsed()
             }
@@ -194,12 +196,21 @@ impl RouterCases<'_> {
 
 fn bench_router(c: &mut Criterion, sys: &SystemRunner) {
     let (snapshot, tokens) = router_snapshot();
-    let (indexes, writers) = router_indexes(&snapshot);
-    let local = sys.block_on(async move { RouterActor::default().start() });
+    let (directory, writers) = router_directory(&snapshot);
+    let directory = Arc::new(directory);
+    let router = {
+        let directory = Arc::clone(&directory);
+        let params = RouteParams::default();
+        move || RouterActor::new(directory, params.clone(), params.policy)
+    };
+    let local = sys.block_on({
+        let router = router.clone();
+        async move { router().start() }
+    });
     let other_arbiter = Arbiter::new();
-    let remote = RouterActor::start_in_arbiter(&other_arbiter.handle(), |_| RouterActor::default());
-    let mut cases = RouterCases { sys, tokens, indexes: &indexes, local, remote };
-    check_full_hit(&indexes.query(&cases.tokens), cases.tokens.len());
+    let remote = RouterActor::start_in_arbiter(&other_arbiter.handle(), move |_| router());
+    let mut cases = RouterCases { sys, tokens, directory: &directory, local, remote };
+    check_full_hit(&directory.query(&cases.tokens), cases.tokens.len());
 
     let mut g = c.benchmark_group(ROUTER);
     g.sample_size(10)

@@ -25,7 +25,7 @@ use kvdir_text::TextModel;
 
 use crate::held_logs::HeldLogs;
 use crate::router::{InstanceInfo, SetCandidates};
-use crate::service::{Directory, Service};
+use crate::service::{Service, StartPlan};
 
 const BLOCK: u32 = 16;
 const TICK: Duration = Duration::from_millis(100);
@@ -85,8 +85,7 @@ pub fn run(mut flags: Flags, held: &HeldLogs) -> Result<(), String> {
     flags.front.served_model_name = Some(served.clone());
     let mut demo = Demo::start(OpenAiConfig::new(std::sync::Arc::new(model), &served))?;
     demo.token = flags.internal_api_token.clone();
-    let svc =
-        Service::start_directory(flags.clone(), demo.directory()).map_err(|e| e.to_string())?;
+    let svc = Service::start_plan(flags.clone(), demo.plan()).map_err(|e| e.to_string())?;
     drop(model_dir);
     let addr = svc.http_addr();
     print_urls(&addr.to_string(), demo.token.is_some(), &served);
@@ -177,7 +176,7 @@ impl Demo {
         })
     }
 
-    fn directory(&self) -> Directory {
+    fn plan(&self) -> StartPlan {
         let mut streams = Vec::new();
         for (e, id) in self.engines.iter().zip(&self.identities) {
             for (rank, ep) in e.endpoints().into_iter().enumerate() {
@@ -196,7 +195,7 @@ impl Demo {
                 streams.push((spec, Some(id.clone())));
             }
         }
-        Directory {
+        StartPlan {
             streams,
             discovery: None,
             engines: Vec::new(),

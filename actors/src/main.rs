@@ -3,13 +3,13 @@
 use std::process::ExitCode;
 
 use kvdir::config::{
-    parse_config_file_with_bind, parse_flags, Command, DirectoryConfig, Flags, LogFormat, USAGE,
+    parse_config_file_with_bind, parse_flags, usage, Command, ConfigFile, Flags, LogFormat,
 };
 use kvdir_service::held_logs::HeldLogs;
 use kvdir_service::Service;
 use tracing_subscriber::EnvFilter;
 
-fn load_directory(flags: &Flags) -> Result<Option<DirectoryConfig>, String> {
+fn load_config_file(flags: &Flags) -> Result<Option<ConfigFile>, String> {
     let Some(path) = &flags.kv_events_config_file else { return Ok(None) };
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("cannot read --kv_events_config_file {}: {e}", path.display()))?;
@@ -53,7 +53,7 @@ fn main() -> ExitCode {
             *f
         }
         Ok(Command::Help) => {
-            print!("{USAGE}");
+            print!("{}", usage());
             return ExitCode::SUCCESS;
         }
         Ok(Command::Version) => {
@@ -65,7 +65,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let directory = match load_directory(&flags) {
+    let file = match load_config_file(&flags) {
         Ok(d) => d,
         Err(e) => {
             held.release();
@@ -91,7 +91,7 @@ fn main() -> ExitCode {
         println!("configuration is valid");
         return ExitCode::SUCCESS;
     }
-    match Service::start(flags, directory) {
+    match Service::start(flags, file) {
         Ok(service) => {
             println!("kvdir listening on http://{}", service.http_addr());
             service.wait();

@@ -11,11 +11,12 @@ use std::thread::JoinHandle;
 use actix::prelude::*;
 use actix_web::{web, App, HttpServer};
 use kvdir::config::{
-    BindConfig, DirectoryConfig, DiscoveryConfig, EngineSpec, Flags, Limits, Source, StreamSpec,
+    BindConfig, ConfigFile, DiscoveryConfig, EngineSpec, Flags, Limits, Source, StreamSpec,
 };
 use kvdir::registry::Identity;
 use thiserror::Error;
 
+use crate::directory::Directory;
 use crate::discovery::DiscoveryActor;
 use crate::http::frontdoor::{FrontDoor, FrontDoorSetupError};
 use crate::http::{routes, AppState};
@@ -60,10 +61,10 @@ pub struct Service {
     thread: Option<JoinHandle<()>>,
 }
 
-/// What to run: static streams (with the process identity they stand for, if known),
-/// discovery, and limits.
+/// What to start: static streams (with the process identity they stand for, if known),
+/// discovery, listed engines and limits.
 #[derive(Debug, Clone, Default)]
-pub struct Directory {
+pub struct StartPlan {
     /// Streams started once; an identity lets them earn CAR credit.
     pub streams: Vec<(StreamSpec, Option<Identity>)>,
     /// Discovery from etcd (streams for discovered instances), if enabled.
@@ -85,9 +86,9 @@ pub struct Directory {
 
 impl Service {
     /// Starts everything and returns once the HTTP port accepts connections. The instance
-    /// registry follows etcd at `--etcd_addr` whatever the directory config says (unless that
-    /// flag is empty): the directory only supplies hit ratios.
-    pub fn start(flags: Flags, directory: Option<DirectoryConfig>) -> Result<Service, StartError> {
+    /// registry follows etcd at `--etcd_addr` whatever the config file says (unless that
+    /// flag is empty): the config file's streams only supply hit ratios.
+    pub fn start(flags: Flags, file: Option<ConfigFile>) -> Result<Service, StartError> {
         for warning in &flags.warnings {
             tracing::warn!("{warning}");
         }
@@ -96,7 +97,7 @@ impl Service {
         } else {
             format!("instances, loads and heartbeats still follow etcd at {}", flags.etcd_addr)
         };
-        let source = directory.as_ref().map(|d| &d.source);
+        let source = file.as_ref().map(|d| &d.source);
         let streams = match source {
             Some(Source::Streams(s)) => {
                 tracing::warn!(
@@ -120,19 +121,18 @@ impl Service {
             }
             _ => None,
         };
-        let engines = directory.as_ref().map(|d| d.engines.clone()).unwrap_or_default();
+        let engines = file.as_ref().map(|d| d.engines.clone()).unwrap_or_default();
         if streams.is_empty() && discovery.is_none() && engines.is_empty() {
             tracing::warn!(
                 "no streams, discovery or engines: the KV directory is empty until engines are \
                  registered (POST /register), and CAR uses zero prefill hit ratios; {etcd}"
             );
         }
-        let poll = directory
-            .as_ref()
-            .map_or(std::time::Duration::from_secs(1), |d| d.engine_poll_interval);
-        let bind = bind_config(&flags, directory.as_ref())?;
-        let limits = directory.map(|d| d.limits).unwrap_or_default();
-        let dir = Directory {
+        let poll =
+            file.as_ref().map_or(std::time::Duration::from_secs(1), |d| d.engine_poll_interval);
+        let bind = bind_config(&flags, file.as_ref())?;
+        let limits = file.map(|d| d.limits).unwrap_or_default();
+        let plan = StartPlan {
             bind,
             streams,
             discovery,
@@ -141,11 +141,11 @@ impl Service {
             registry: true,
             limits,
         };
-        Service::start_directory(flags, dir)
+        Service::start_plan(flags, plan)
     }
 
-    /// Starts everything for an explicit [`Directory`].
-    pub fn start_directory(flags: Flags, dir: Directory) -> Result<Service, StartError> {
+    /// Starts everything for an explicit [`StartPlan`].
+    pub fn start_plan(flags: Flags, plan: StartPlan) -> Result<Service, StartError> {
         let front = Arc::new(FrontDoor::new(&flags.front)?);
         let (tx, rx) = std::sync::mpsc::channel();
         let thread = std::thread::Builder::new()
@@ -153,7 +153,7 @@ impl Service {
             .spawn(move || {
                 let sys = actix_rt::System::new();
                 sys.block_on(async move {
-                    match boot(&flags, dir, front).await {
+                    match boot(&flags, plan, front).await {
                         Ok((server, addr, router, threads, (arbiters, bind))) => {
                             let _ = tx.send(Ok((server.handle(), addr, router, threads)));
                             let _ = server.await;
@@ -228,8 +228,8 @@ type Booted = (
     (Vec<Arbiter>, Option<BindReceiver>),
 );
 
-async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Booted, StartError> {
-    let Directory {
+async fn boot(flags: &Flags, plan: StartPlan, front: Arc<FrontDoor>) -> Result<Booted, StartError> {
+    let StartPlan {
         streams: specs,
         discovery,
         engines,
@@ -237,7 +237,7 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
         registry,
         limits,
         bind,
-    } = dir;
+    } = plan;
     let limits = &limits;
     let mut params = flags.route.clone();
     let front_policy = flags.front.policy;
@@ -251,17 +251,19 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
         );
     }
     let overload = flags.front.overload;
+    let directory = Arc::new(Directory::new(limits.approximate));
+    let for_router = Arc::clone(&directory);
     let router = RouterActor::start_in_arbiter(&Arbiter::new().handle(), move |_| {
-        RouterActor::new(params, front_policy).with_overload(overload)
+        RouterActor::new(for_router, params, front_policy).with_overload(overload)
     });
     let mut arbiters: Vec<Arbiter> = (0..INDEX_ARBITERS).map(|_| Arbiter::new()).collect();
     let mut set = StreamSet::new(
+        Arc::clone(&directory),
         router.clone(),
         arbiters.iter().map(Arbiter::handle).collect(),
         limits.clone(),
     )
     .map_err(StartError::IoThreads)?;
-    router.do_send(crate::router::UseDirectory(set.indexes()));
     // Bound before any stream connects to its in-process socket.
     let receiver = match bind {
         Some(b) => {
@@ -294,7 +296,7 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
     });
     let state = web::Data::new(AppState {
         router: router.clone(),
-        indexes: set.indexes(),
+        directory,
         streams,
         set: set.clone(),
         discovery,
@@ -321,11 +323,8 @@ async fn boot(flags: &Flags, dir: Directory, front: Arc<FrontDoor>) -> Result<Bo
 
 /// The endpoint engines connect to: the config file's `kv_events_bind` (its endpoint
 /// overridden by `--kv_events_bind`), or the flag alone with the default ranks and topic.
-fn bind_config(
-    flags: &Flags,
-    directory: Option<&DirectoryConfig>,
-) -> Result<Option<BindConfig>, StartError> {
-    let from_file = directory.and_then(|d| d.bind.clone());
+fn bind_config(flags: &Flags, file: Option<&ConfigFile>) -> Result<Option<BindConfig>, StartError> {
+    let from_file = file.and_then(|d| d.bind.clone());
     Ok(match (from_file, &flags.kv_events_bind) {
         (Some(b), Some(ep)) => Some(BindConfig { endpoint: ep.clone(), ..b }),
         (None, Some(ep)) => Some(BindConfig::with_endpoint(ep).map_err(StartError::KvEventsBind)?),

@@ -14,8 +14,8 @@ use super::endpoint::{canonical_endpoint, check_endpoint};
 use super::engines::parse_engine;
 use super::json::{kind, Fields};
 use super::{
-    ConfigError, DirectoryConfig, DiscoveryConfig, EngineSpec, Limits, ReplayKind, Source,
-    StreamSpec, MAX_STREAMS,
+    ConfigError, ConfigFile, DiscoveryConfig, EngineSpec, Limits, ReplayKind, Source, StreamSpec,
+    MAX_STREAMS,
 };
 
 const TOP: &[&str] = &[
@@ -64,7 +64,7 @@ const MAX_APPROXIMATE_BLOCKS: u64 = 1 << 24;
 const MAX_BLOCK_SIZE: u64 = 65_536;
 
 /// Parses and validates the JSON text of a config file.
-pub fn parse_config_file(text: &str) -> Result<DirectoryConfig, ConfigError> {
+pub fn parse_config_file(text: &str) -> Result<ConfigFile, ConfigError> {
     parse_config_file_with_bind(text, None)
 }
 
@@ -73,7 +73,7 @@ pub fn parse_config_file(text: &str) -> Result<DirectoryConfig, ConfigError> {
 pub fn parse_config_file_with_bind(
     text: &str,
     bind_endpoint: Option<&str>,
-) -> Result<DirectoryConfig, ConfigError> {
+) -> Result<ConfigFile, ConfigError> {
     let value: Value = serde_json::from_str(text)
         .map_err(|e| ConfigError::new(vec![format!("config is not valid JSON: {e}")]))?;
     let mut errors = Vec::new();
@@ -88,7 +88,7 @@ fn parse_value(
     value: &Value,
     bind_endpoint: Option<&str>,
     errors: &mut Vec<String>,
-) -> Option<DirectoryConfig> {
+) -> Option<ConfigFile> {
     let mut top = Fields::new("", value, TOP, errors)?;
     let limits = parse_limits(&mut top);
     let bind = match (top.raw("kv_events_bind"), bind_endpoint) {
@@ -135,7 +135,7 @@ fn parse_value(
     };
     check_engines_against_streams(&listed, statics, &limits, errors);
     let engines = listed.into_iter().map(|(_, e)| e).collect();
-    Some(DirectoryConfig { source, engines, engine_poll_interval: poll, limits, bind })
+    Some(ConfigFile { source, engines, engine_poll_interval: poll, limits, bind })
 }
 
 /// The engines that parse, each with its index in the list.

@@ -18,7 +18,7 @@ pub use bind::{
 pub use endpoint::{canonical_endpoint, check_endpoint};
 pub use engines::{parse_engine_json, parse_engine_json_with, EngineSpec, ENGINE_FIELDS};
 pub use file::{parse_config_file, parse_config_file_with_bind};
-pub use flags::{parse_flags, Command, Flags, FrontDoorFlags, LogFormat, USAGE};
+pub use flags::{parse_flags, usage, Command, Flags, FrontDoorFlags, LogFormat};
 pub use json::kind as json_type_name;
 
 use std::fmt;
@@ -265,7 +265,7 @@ pub enum Source {
 
 /// The validated `kv_events_config_file`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DirectoryConfig {
+pub struct ConfigFile {
     /// Discovery or static streams.
     pub source: Source,
     /// Engines listed by address (beside discovery or static streams, or alone).

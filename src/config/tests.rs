@@ -295,7 +295,7 @@ fn the_old_block_size_flag_starts_with_a_warning_instead_of_failing() {
          streams[].block_size"
     );
     assert!(f.warnings[1].starts_with("--block_size=16 does not configure the directory"));
-    assert!(USAGE.contains("--block_size"));
+    assert!(usage().contains("--block_size"));
     let Command::Run(plain) = parse_flags(&["--http_server_port=9000"]).unwrap() else {
         panic!("run expected")
     };

@@ -7,9 +7,12 @@
 //!   error (over the simulator's reqwest client, [`kvdir_sim::http::request`]).
 //! - [`etcd`]: the etcd server of a test: the one CI names in `KVDIR_TEST_ETCD`, or a private
 //!   one; without etcd a test fails loudly, it never skips.
+//! - [`layers`]: the check that a crate's modules form layers (no import cycle), which the
+//!   core and the service run on their own `src/`.
 
 pub mod etcd;
 pub mod http;
+pub mod layers;
 
 use std::time::{Duration, Instant};
 

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use kvdir::config::is_bound;
 use kvdir::discovery::PlannedStream;
 
-use crate::router::StreamKey;
+use crate::stream::StreamKey;
 use crate::stream::{StreamSet, StreamSource};
 
 /// What one refresh wants running.

@@ -1,4 +1,4 @@
-//! Which instances get approximate credit ([`crate::router::Approximate`]) instead of streams:
+//! Which instances get approximate credit ([`crate::directory::Approximate`]) instead of streams:
 //! engines listed or registered without `events`, once their process is known, and, with
 //! `discovery.events = "none"`, every prefill-side instance found in etcd (blocks of
 //! `discovery.block_size` tokens). Discovery names them on every change of its instance set,

@@ -41,7 +41,7 @@ use crate::stream::StreamSet;
 /// How often the registry's timeouts are applied when no discovery config sets a refresh.
 const REGISTRY_TICK: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Discovery from etcd.
+/// Owns the instance set: the registry in etcd, the listed engines and their streams.
 pub struct DiscoveryActor {
     /// Set when discovered instances get streams; without it the actor only keeps the
     /// registry (states, loads, heartbeats) that routing needs.
@@ -218,7 +218,7 @@ impl DiscoveryActor {
                 url: url.map(str::to_string),
             })
             .collect();
-        self.set.indexes().approximate().set_engines(self.approximate_engines());
+        self.set.directory().approximate().set_engines(self.approximate_engines());
         self.set.router().do_send(SetCandidates(infos));
     }
 

@@ -8,7 +8,7 @@ use kvdir::registry::{Instance, InstanceType};
 use super::{DiscoveryActor, EngineReport, GetInstances, InstanceReport, InstancesReport};
 
 impl DiscoveryActor {
-    fn report(&self, i: &Instance, keys: &[crate::router::StreamKey]) -> InstanceReport {
+    fn report(&self, i: &Instance, keys: &[crate::stream::StreamKey]) -> InstanceReport {
         let r = &i.record;
         InstanceReport {
             name: r.name.clone(),
@@ -28,7 +28,12 @@ impl DiscoveryActor {
             streams: keys.iter().filter(|k| k.instance_name == r.name).map(|k| k.dp_rank).collect(),
             excluded: self.excluded.get(&r.name).map(ToString::to_string),
             approximate: self.is_approximate(&r.name),
-            approximate_blocks: self.set.indexes().approximate().blocks(&r.name).map(|b| b as u64),
+            approximate_blocks: self
+                .set
+                .directory()
+                .approximate()
+                .blocks(&r.name)
+                .map(|b| b as u64),
             engine: self.engines.get(&r.name).map(|e| self.engine_report(e)),
         }
     }

@@ -21,7 +21,7 @@ use serde::Serialize;
 use super::metrics::Endpoint;
 use super::{authorize, authorized_body, observed, read_tokens, ApiError, AppState};
 use crate::discovery::{ListEngine, UnlistEngine};
-use crate::router::StreamKey;
+use crate::stream::StreamKey;
 use crate::stream::StreamSource;
 
 /// Registers the indexer routes.
@@ -133,7 +133,7 @@ async fn query(
     let started = Instant::now();
     let result = async {
         let (tokens, scope) = read_tokens(&req, payload, &state).await?;
-        let hits = state.indexes.read_in(&tokens, &scope);
+        let hits = state.directory.read_in(&tokens, &scope);
         Ok(rfc_answer(hits.iter().map(|h| (h.tenant.as_str(), &h.matched))))
     };
     let answer = observed(&state, Endpoint::Query, started, result.await)?;

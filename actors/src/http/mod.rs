@@ -38,8 +38,8 @@ use metrics::{Endpoint, ServiceMetrics, StreamSample};
 pub struct AppState {
     /// Routing decisions (rotation, recent decisions).
     pub router: Addr<RouterActor>,
-    /// The shared query indexes, read directly by the handlers.
-    pub indexes: Arc<Directory>,
+    /// The KV-cache directory, read directly by the handlers.
+    pub directory: Arc<Directory>,
     /// Every running stream.
     pub streams: StreamMap,
     /// Starts and stops streams (`POST /register`, `POST /unregister`).
@@ -158,7 +158,7 @@ async fn query(
     let result = async {
         let (tokens, scope) = read_tokens(&req, payload, &state).await?;
         // serde_json's bytes for the QueryResponse, faster (kvdir::query's fast path).
-        Ok(state.indexes.query_json_in(&tokens, &scope))
+        Ok(state.directory.query_json_in(&tokens, &scope))
     };
     let json = observed(&state, Endpoint::Query, started, result.await)?;
     Ok(HttpResponse::Ok().content_type(ContentType::json()).body(json))
@@ -172,7 +172,7 @@ async fn route_request(
     let started = Instant::now();
     let result = async {
         let (tokens, scope) = read_tokens(&req, payload, &state).await?;
-        let hits = state.indexes.read_keyed_in(&tokens, &scope);
+        let hits = state.directory.read_keyed_in(&tokens, &scope);
         let routed = state.router.send(RouteRequest { input_tokens: tokens.len(), hits }).await?;
         Ok(routed?)
     };
@@ -219,7 +219,7 @@ async fn stream_reports(
 
 async fn prometheus(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let reports = stream_reports(&state).await?;
-    let views = state.indexes.query(&[]).matches;
+    let views = state.directory.query(&[]).matches;
     let samples: Vec<StreamSample> = reports
         .into_iter()
         .map(|(report, counters)| {

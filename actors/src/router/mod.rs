@@ -1,10 +1,11 @@
-//! `RouterActor`: routing decisions from the hits a request's handler read from the shared
-//! indexes and the instance snapshot that discovery pushes.
+//! `RouterActor`: routing decisions from the hits a request's handler read from the
+//! [`Directory`] and the instance snapshot that discovery pushes. It is given the directory
+//! when it is made, and credits the engines without KV events there with what it routes.
 //!
 //! Messages: [`SetCandidates`] (every instance) and [`SetLoad`] (one instance's heartbeat) from
 //! discovery, [`RouteRequest`], [`GetRecentRoutes`], [`GetPredictCounters`], and for the front
 //! door [`RequestProgress`] and overload admission's (`overload.rs`).
-//! The handler reads the indexes itself ([`crate::directory::Directory::read`], no mailbox); this
+//! The handler reads the directory itself ([`Directory::read`], no mailbox); this
 //! actor keeps only what must be serialized: the instance snapshot, the tie rotation, the
 //! front door's requests in flight ([`InFlight`], added to each instance's reported queue until
 //! its next load report), the content keys it expects on instances it recently chose
@@ -12,16 +13,14 @@
 //! ([`RecentRoutes`], the last 20, token counts only) for the status page, the prefill
 //! work routed to each instance and not done yet ([`WorkLedger`], the TTFT estimate's queue,
 //! see `work.rs`). Engines without KV events are credited from its decisions
-//! ([`Approximate`], `approx.rs`).
+//! ([`Directory::approximate`]).
 
-mod approx;
 mod overload;
 mod predict;
 mod work;
 
-pub use approx::{Approximate, UseDirectory};
-
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
@@ -32,17 +31,8 @@ use kvdir::car::{
 };
 use kvdir::registry::{Identity, InstanceState, LoadMetrics};
 
-use crate::directory::StreamHit;
+use crate::directory::{now_ms, Directory, StreamHit};
 pub use overload::{Admission, AdmitForward, Forwarded, GetOverload, WithdrawHeld};
-
-/// A stream's identity: instance and DP rank.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct StreamKey {
-    /// Instance name.
-    pub instance_name: String,
-    /// DP rank.
-    pub dp_rank: u32,
-}
 
 /// One instance for routing, with its current identity.
 #[derive(Debug, Clone)]
@@ -91,7 +81,7 @@ pub struct SetLoad {
 pub struct RouteRequest {
     /// Tokens in the prompt.
     pub input_tokens: usize,
-    /// Every stream's hits for the prompt ([`crate::directory::Directory::read`]).
+    /// Every stream's hits for the prompt ([`Directory::read`]).
     pub hits: Vec<StreamHit>,
 }
 
@@ -138,9 +128,11 @@ pub enum Answer {
 #[rtype(result = "RecentRoutesReport")]
 pub struct GetRecentRoutes;
 
-/// The query and routing side of the directory.
-#[derive(Default)]
+/// Routes from the hits the handlers read in the [`Directory`], and credits the directory's
+/// approximate engines with what it routes.
 pub struct RouterActor {
+    /// The directory: read by the handlers, credited here for engines without KV events.
+    directory: Arc<Directory>,
     instances: Vec<InstanceInfo>,
     /// Position of each instance in `instances`, by name.
     positions: HashMap<String, usize>,
@@ -152,8 +144,6 @@ pub struct RouterActor {
     recent: RecentRoutes,
     inflight: InFlight,
     predictions: Predictions,
-    /// The indexes whose approximate engines this router credits ([`UseDirectory`]).
-    approx: Option<std::sync::Arc<crate::directory::Directory>>,
     /// Prefill work routed and not done yet, per instance (the TTFT estimate's queue).
     ledger: WorkLedger,
     /// Overload admission: held requests (`overload.rs`).
@@ -226,7 +216,7 @@ impl Handler<RequestProgress> for RouterActor {
             RequestProgress::FirstByte(instance, id, answer) => {
                 self.inflight.first_byte(&instance, id);
                 match answer {
-                    Answer::Streamed => self.ledger.first_byte(&instance, id, predict::now_ms()),
+                    Answer::Streamed => self.ledger.first_byte(&instance, id, now_ms()),
                     Answer::Whole => self.ledger.forget(&instance, id),
                 }
             }
@@ -258,11 +248,24 @@ impl Handler<GetRecentRoutes> for RouterActor {
 }
 
 impl RouterActor {
-    /// A router deciding with `params`, and with `front_policy` for the front door.
-    pub fn new(params: RouteParams, front_policy: Policy) -> Self {
+    /// A router over `directory` deciding with `params`, and with `front_policy` for the front
+    /// door.
+    pub fn new(directory: Arc<Directory>, params: RouteParams, front_policy: Policy) -> Self {
         let predictions = Predictions::new(params.predict_ttl_ms, Predictions::DEFAULT_CAPACITY);
         let front = RouteParams { policy: front_policy, ..params.clone() };
-        RouterActor { params, front, predictions, ..RouterActor::default() }
+        RouterActor {
+            directory,
+            instances: Vec::new(),
+            positions: HashMap::new(),
+            params,
+            front,
+            rotation: Rotation::default(),
+            recent: RecentRoutes::default(),
+            inflight: InFlight::default(),
+            predictions,
+            ledger: WorkLedger::default(),
+            gate: overload::Gate::default(),
+        }
     }
 
     /// This router with overload admission (`--overload_*`).
@@ -298,7 +301,7 @@ impl RouterActor {
         exclude: &[String],
         prompt: Option<PromptId>,
     ) -> Result<Routed, RouteError> {
-        let now_ms = predict::now_ms();
+        let now_ms = now_ms();
         let params = match prompt {
             Some(_) => self.front.clone(),
             None => self.params.clone(),
@@ -315,7 +318,7 @@ impl RouterActor {
             predict::record(&mut self.predictions, now_ms, &r.prefill, hits);
         }
         if let Ok(r) = &routed {
-            approx::record(self.approx.as_deref(), now_ms, &r.prefill, hits);
+            self.directory.approximate().record(now_ms, &r.prefill, hits);
         }
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         self.recent.record(now, input_tokens, &routed);

@@ -19,7 +19,8 @@ use kvdir::overload::{
 };
 use tokio::sync::oneshot;
 
-use super::{predict, RouteForward, RouterActor};
+use super::{RouteForward, RouterActor};
+use crate::directory::now_ms;
 
 /// A forwarded request's decision: the route, its in-flight id and the instance's base URL.
 pub type Forwarded = Result<(Routed, RequestId, String), RouteError>;
@@ -83,7 +84,7 @@ impl Handler<AdmitForward> for RouterActor {
         }
         let estimate = self.lowest_estimate(&msg.0);
         let (tx, rx) = oneshot::channel();
-        let now = predict::now_ms();
+        let now = now_ms();
         MessageResult(match self.gate.queue.arrive(now, estimate, Pending { msg: msg.0, tx }) {
             Arrival::Send(p) => Admission::Now(self.handle(p.msg, ctx)),
             Arrival::Held(id) => {
@@ -122,7 +123,7 @@ impl RouterActor {
             return;
         }
         self.gate.queue.withdraw_where(|p| p.tx.is_closed());
-        let now = predict::now_ms();
+        let now = now_ms();
         while let Some(head) = self.gate.queue.head() {
             let estimate = self.lowest_estimate(&head.msg);
             let Some((p, why)) = self.gate.queue.pop_due(now, estimate) else { break };
@@ -144,7 +145,7 @@ impl RouterActor {
             ctx.cancel_future(t);
         }
         let Some(deadline) = self.gate.queue.next_deadline_ms() else { return };
-        let wait = deadline.saturating_sub(predict::now_ms());
+        let wait = deadline.saturating_sub(now_ms());
         let after = std::time::Duration::from_millis(wait);
         self.gate.timer = Some(ctx.run_later(after, |act, ctx| {
             act.gate.timer = None;
@@ -159,7 +160,7 @@ impl RouterActor {
     /// answers why).
     fn lowest_estimate(&self, msg: &RouteForward) -> Option<f64> {
         let prompt = Some(msg.prompt).filter(|_| self.predicting(self.front.policy));
-        let mut cands = self.candidates(&msg.hits, msg.input_tokens, prompt, predict::now_ms());
+        let mut cands = self.candidates(&msg.hits, msg.input_tokens, prompt, now_ms());
         cands.retain(|c| !msg.exclude.contains(&c.name));
         let mut rotation = self.rotation;
         let routed = route(&cands, msg.input_tokens, &self.front, &mut rotation).ok()?;

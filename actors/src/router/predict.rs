@@ -10,18 +10,9 @@
 //! 3. [`record`]: the chosen prefill instance gets the request's keys beyond what it already
 //!    holds exactly, for the TTL.
 
-use std::sync::OnceLock;
-use std::time::Instant;
-
 use kvdir::car::Predictions;
 
 use crate::directory::StreamHit;
-
-/// Milliseconds on a monotonic clock (since the first call in this process).
-pub(crate) fn now_ms() -> u64 {
-    static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_millis() as u64
-}
 
 /// The hits of `instance` (hits are sorted by instance, then rank).
 fn of<'a>(hits: &'a [StreamHit], instance: &str) -> &'a [StreamHit] {

@@ -5,7 +5,7 @@
 
 use kvdir::car::{RequestId, Routed, RoutedWork, WorkLedger};
 
-use super::{predict, InstanceInfo};
+use super::InstanceInfo;
 
 /// Applies the load reports of `instances` (a snapshot) and forgets instances not in it.
 pub(crate) fn snapshot(ledger: &mut WorkLedger, instances: &[InstanceInfo]) {
@@ -38,5 +38,5 @@ pub(crate) fn record(
         ahead_tokens: terms.ahead_per_rank(),
         fixed_ms: terms.fixed_ms(),
     };
-    ledger.routed(&routed.prefill, reports, predict::now_ms(), work, key);
+    ledger.routed(&routed.prefill, reports, crate::directory::now_ms(), work, key);
 }

@@ -1,5 +1,5 @@
-//! `IndexActor`: the supervisor-facing owner of one stream's [`StreamWriter`] in the shared
-//! index of its block size and seed.
+//! `IndexActor`: owns one stream's writer ([`StreamWriter`]) of the shared index of its block
+//! size and seed, in the service's [`Directory`](crate::directory::Directory).
 //!
 //! The stream's own thread (the worker) is the single writer: it applies live batches, installs
 //! snapshots and invalidates through [`StreamShared::with_writer`] and publishes once per poll,
@@ -75,7 +75,7 @@ pub struct Invalidate {
     pub fault: StreamFault,
 }
 
-/// The owner of one stream's writer.
+/// Owns one stream's writer of the shared index (its lifetime; the worker writes through it).
 pub struct IndexActor {
     shared: Arc<StreamShared>,
 }

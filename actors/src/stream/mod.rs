@@ -29,7 +29,7 @@ pub use bind::{BindReceiver, BindReport, BindRoutes};
 pub use counters::StreamCounters;
 pub use index_actor::{IndexActor, Invalidate, StreamShared};
 pub use pool::{IoPool, IoThreadStats, PoolStats, MAX_IO_THREADS};
-pub use set::{RunningStream, StartStreamError, StreamMap, StreamSet, StreamSource};
+pub use set::{RunningStream, StartStreamError, StreamKey, StreamMap, StreamSet, StreamSource};
 pub use worker::WorkerStatus;
 
 /// End a stream for good, sent to both of its actors: the `IndexActor` drops the writer (the

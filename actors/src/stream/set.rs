@@ -26,7 +26,7 @@ use super::{BindRoutes, StreamCounters};
 use super::{IndexActor, StreamShared};
 use super::{Shutdown, StreamActor, StreamOrigin};
 use crate::directory::Directory;
-use crate::router::{RouterActor, StreamKey};
+use crate::router::RouterActor;
 use crate::sync::{read, write};
 
 /// Why a stream could not start.
@@ -70,6 +70,15 @@ pub enum StartStreamError {
         /// Streams running.
         running: usize,
     },
+}
+
+/// A stream's identity: instance and DP rank.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct StreamKey {
+    /// Instance name.
+    pub instance_name: String,
+    /// DP rank.
+    pub dp_rank: u32,
 }
 
 /// Where a stream comes from, as `/v1/internal/streams` shows it.
@@ -129,7 +138,7 @@ pub type StreamMap = Arc<RwLock<BTreeMap<StreamKey, RunningStream>>>;
 #[derive(Clone)]
 pub struct StreamSet {
     router: Addr<RouterActor>,
-    indexes: Arc<Directory>,
+    directory: Arc<Directory>,
     arbiters: Vec<ArbiterHandle>,
     zmq: ZmqContext,
     limits: Limits,
@@ -144,9 +153,11 @@ pub struct StreamSet {
 }
 
 impl StreamSet {
-    /// A set whose index and stream actors run on `arbiters` (round robin) and whose streams
-    /// are served by `limits.io_threads` I/O threads; fails only if a thread cannot start.
+    /// A set whose streams write to `directory`, whose index and stream actors run on
+    /// `arbiters` (round robin) and whose streams are served by `limits.io_threads` I/O
+    /// threads; fails only if a thread cannot start.
     pub fn new(
+        directory: Arc<Directory>,
         router: Addr<RouterActor>,
         arbiters: Vec<ArbiterHandle>,
         limits: Limits,
@@ -157,11 +168,10 @@ impl StreamSet {
         let pool = IoPool::start(pool::thread_count(limits.io_threads), replays)?;
         tracing::debug!(open_files = ?fds, io_threads = pool.stats().io_threads.len(), "stream pool");
         let (map, registering) = Default::default();
-        let indexes = Arc::new(Directory::new(limits.approximate));
         let (bind, changes) = (None, Arc::default());
         Ok(StreamSet {
             router,
-            indexes,
+            directory,
             arbiters,
             zmq,
             limits,
@@ -189,9 +199,9 @@ impl StreamSet {
         &self.zmq
     }
 
-    /// The shared indexes the streams write to and queries read.
-    pub fn indexes(&self) -> Arc<Directory> {
-        Arc::clone(&self.indexes)
+    /// The directory the streams write to and queries read.
+    pub fn directory(&self) -> Arc<Directory> {
+        Arc::clone(&self.directory)
     }
 
     /// The router the streams register with.
@@ -340,7 +350,7 @@ impl StreamSet {
             worker_spec.topic =
                 routes.add(&spec.topic, spec.dp_rank).map_err(StartStreamError::Bind)?;
         }
-        let writer = match self.indexes.add_stream(spec.index_config(&self.limits), label) {
+        let writer = match self.directory.add_stream(spec.index_config(&self.limits), label) {
             Ok(w) => w,
             Err(e) => {
                 self.unroute(&spec);

@@ -20,7 +20,40 @@ fn version_and_help() {
         format!("kvdir {}", env!("CARGO_PKG_VERSION"))
     );
     let out = kvdir().arg("--help").output().unwrap();
-    assert!(String::from_utf8_lossy(&out.stdout).contains("--kv_events_config_file PATH"));
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(help.contains("--kv_events_config_file <PATH>"), "{help}");
+    assert!(help.contains("[env: KVDIR_ETCD_ADDR]"), "{help}");
+    assert!(help.contains("router for vLLM, SGLang and xLLM fleets"), "{help}");
+}
+
+#[test]
+fn every_flag_can_come_from_the_environment_and_the_command_line_wins() {
+    let config = repo_file("config/vllm-engines.json");
+    let out = kvdir()
+        .env("KVDIR_CHECK_CONFIG", "true")
+        .env("KVDIR_KV_EVENTS_CONFIG_FILE", &config)
+        .env("KVDIR_HTTP_SERVER_PORT", "99999")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "the environment alone is not the demo");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "--http_server_port=\"99999\" is not an integer in 0..=65535 (set by \
+             KVDIR_HTTP_SERVER_PORT)"
+        ),
+        "{err}"
+    );
+    let out = kvdir()
+        .env("KVDIR_CHECK_CONFIG", "true")
+        .env("KVDIR_KV_EVENTS_CONFIG_FILE", &config)
+        .env("KVDIR_HTTP_SERVER_PORT", "99999")
+        .arg("--http_server_port=9000")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text} {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(text.trim(), "configuration is valid");
 }
 
 #[test]

@@ -17,11 +17,12 @@ fn help_entries() -> BTreeMap<String, String> {
     for line in help.lines() {
         let trimmed = line.trim_start();
         let indent = line.len() - trimmed.len();
-        if indent == 4 && trimmed.starts_with("--") && !trimmed.starts_with("--help") {
+        // Clap's layout: `      --flag <VALUE>`, then the help indented further.
+        if indent <= 6 && trimmed.starts_with("--") {
             let flag = trimmed.split_whitespace().next().unwrap_or_default().to_string();
             entries.insert(flag.clone(), trimmed.to_string());
             current = Some(flag);
-        } else if indent > 4 {
+        } else if indent > 6 {
             if let Some(entry) = current.as_ref().and_then(|f| entries.get_mut(f)) {
                 entry.push(' ');
                 entry.push_str(trimmed);

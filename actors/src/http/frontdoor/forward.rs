@@ -43,7 +43,7 @@ pub async fn run(
 ) -> Result<HttpResponse, FrontError> {
     let started = Instant::now();
     let body = Bytes::from(body);
-    let hits = state.indexes.read_keyed_in(&tokens, scope);
+    let hits = state.directory.read_keyed_in(&tokens, scope);
     let prompt = kvdir::car::prompt_id(&tokens);
     let mut failed: Vec<(String, String)> = Vec::new();
     loop {

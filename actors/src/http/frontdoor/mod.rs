@@ -4,7 +4,7 @@
 //! A request is authorized (`--api_key`, Bearer; separate from the internal token), read up to
 //! `--max_request_bytes`, parsed ([`request`]), tokenized on actix's blocking pool exactly as the
 //! engine does (`kvdir-text`: chat template, then the tokenizer; at most `--max_query_tokens`),
-//! routed in process with the configured policy over the shared indexes and the instance
+//! routed in process with the configured policy over the directory and the instance
 //! registry, and forwarded (untouched, but for the audit's `stream_options.include_usage`) to
 //! the chosen instance ([`forward`]), whose answer streams back chunk by chunk. Errors use OpenAI's error JSON ([`FrontError`]; its status codes are
 //! mapped in [`crate::http`], with the internal API's).

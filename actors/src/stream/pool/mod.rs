@@ -255,9 +255,9 @@ mod tests {
             replay: ReplayKind::Snapshot,
         };
         let limits = Limits::default();
-        let indexes = Directory::default();
+        let directory = Directory::default();
         let label = StreamLabel { instance_name: "inproc".into(), ..StreamLabel::default() };
-        let writer = indexes.add_stream(spec.index_config(&limits), label).unwrap();
+        let writer = directory.add_stream(spec.index_config(&limits), label).unwrap();
         let shared = Arc::new(StreamShared::new("inproc", 0, writer));
         let status = Arc::new(Mutex::new(Default::default()));
         let ctx = WorkerCtx { spec, limits, shared, status: Arc::clone(&status), zmq };

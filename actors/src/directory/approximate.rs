@@ -5,34 +5,27 @@
 //!   change of its instance set): listed or registered engines without `events`, and with
 //!   `discovery.events = "none"` every instance found in etcd. An engine leaves the set, or
 //!   comes back with another process, and its entries are gone.
-//! - **Reads.** Every read of the shared indexes ([`crate::directory::Directory`]: the query
-//!   endpoint, the indexer API, routes and the front door) also lists each approximate engine
+//! - **Reads.** Every read of the [`Directory`](super::Directory) (the query endpoint, the
+//!   indexer API, routes and the front door) also lists each approximate engine
 //!   in scope, one entry per DP rank, with `approximate: true`, synchronized, its process as
 //!   identity, and the longest prefix of the prompt's keys credited there ([`Approximate::each`]).
 //! - **Writes.** When the router chooses an approximate engine to prefill a request, the
-//!   request's keys (carried by its hits) are recorded there ([`record`]): the message
-//!   [`UseDirectory`] gives the router the indexes once, at start.
+//!   request's keys (carried by its hits) are recorded there ([`Approximate::record`]); the
+//!   router is given the directory when it is made.
 //!
 //! One mutex guards the cache; it is held for lookups and recordings (one probe per block),
 //! never while hashing.
 
 use std::sync::{Arc, Mutex};
 
-use actix::prelude::*;
 use kvdir::car::{ApproxCache, ApproxEngine, ApproxSettings};
 use kvdir::index::{ContentKey, SlotRead, StreamLabel, StreamStatus};
 use kvdir::query::QueryScope;
 
-use super::RouterActor;
-use crate::directory::{Directory, StreamHit};
+use super::{now_ms, StreamHit};
 
 /// The hash seed of an approximate engine's keys (every engine's default).
 const HASH_SEED: u64 = 1024;
-
-/// Milliseconds on the router's monotonic clock.
-pub(crate) fn now_ms() -> u64 {
-    super::predict::now_ms()
-}
 
 /// The approximate engines and their credit, shared by readers and the router.
 #[derive(Debug, Default)]
@@ -65,6 +58,16 @@ impl Approximate {
     /// The settings.
     pub fn settings(&self) -> ApproxSettings {
         self.lock().settings()
+    }
+
+    /// The chosen `instance` prefills a request: if it is an approximate engine, the request's
+    /// keys (those its hits carry) are assumed cached there from `now_ms`.
+    pub fn record(&self, now_ms: u64, instance: &str, hits: &[StreamHit]) {
+        let hit =
+            hits.iter().find(|h| h.matched.approximate && h.matched.instance_name == instance);
+        if let Some(h) = hit {
+            self.lock().record(now_ms, instance, &h.keys);
+        }
     }
 
     /// One `make(entry, (Device, Host-only) hit tokens, the prompt's keys, block size)` per
@@ -121,28 +124,5 @@ impl Approximate {
             }
         }
         out
-    }
-}
-
-/// Gives the router the indexes whose approximate engines it credits with what it routes.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct UseDirectory(pub Arc<Directory>);
-
-impl Handler<UseDirectory> for RouterActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: UseDirectory, _: &mut Context<Self>) {
-        self.approx = Some(msg.0);
-    }
-}
-
-/// The chosen `instance` prefills the request: if it is an approximate engine, the request's
-/// keys (those its hits carry) are assumed cached there from `now_ms`.
-pub(crate) fn record(indexes: Option<&Directory>, now_ms: u64, instance: &str, hits: &[StreamHit]) {
-    let Some(indexes) = indexes else { return };
-    let hit = hits.iter().find(|h| h.matched.approximate && h.matched.instance_name == instance);
-    if let Some(h) = hit {
-        indexes.approximate().lock().record(now_ms, instance, &h.keys);
     }
 }

@@ -1,83 +1,24 @@
-//! Command-line flags in xllm-service style: `--flag=value` and `--flag value` both work.
-//! Unknown flags and bad values are collected and reported together. Flags of xllm-service that
-//! do not apply to kvdir (`--block_size`) are accepted with a warning in [`Flags::warnings`],
-//! so an existing command line still starts.
+//! Command-line flags in xllm-service style, parsed by clap (`cli.rs`): `--flag=value` and
+//! `--flag value` both work, and every flag also reads `KVDIR_<FLAG>` from the environment
+//! (the command line wins). Unknown flags, missing values and bad values are collected and
+//! reported together, in the order of the command line. Flags of xllm-service that do not
+//! apply to kvdir (`--block_size`) are accepted with a warning in [`Flags::warnings`], so an
+//! existing command line still starts.
 
 use std::path::PathBuf;
+
+use clap::parser::ValueSource;
 
 use super::ConfigError;
 use crate::car::{Policy, RouteParams};
 use crate::overload::OverloadParams;
 
-/// Usage text for `--help`.
-pub const USAGE: &str = "\
-kvdir: KV-cache directory and cache-aware router for xLLM clusters
+mod cli;
 
-USAGE:
-    kvdir [FLAGS]
-
-FLAGS (--flag=value or --flag value):
-    --kv_events_config_file PATH   JSON file with `streams` (or `discovery`) and limits;
-                                   empty or absent disables the directory
-    --kv_events_bind ENDPOINT      bind this endpoint (tcp://*:5557) for engines that connect
-                                   to kvdir; overrides kv_events_bind.endpoint of the config
-                                   file [default: none]
-    --http_server_port PORT        HTTP port; 0 picks a free one [default: 8888]
-    --server_host ADDR             HTTP bind address [default: 127.0.0.1]
-    --internal_api_token TOKEN     require X-Internal-Token on internal endpoints
-    --max_request_bytes N          largest accepted HTTP body [default: 4194304]
-    --max_query_tokens N           largest accepted token_ids list [default: 1048576]
-    --etcd_addr HOST:PORT          etcd of the instance registry (routing, discovery);
-                                   empty: no etcd, only listed engines [default: 127.0.0.1:2379]
-    --etcd_namespace NS            key prefix /NS/ of the instance registry [default: none]
-    --load_balance_policy P        RR, SLO_AWARE, CAR or TTFT, for /v1/internal/route and,
-                                   when given without --frontend_policy, the front door
-                                   [default: CAR]
-    --frontend_policy P            the front door's policy
-                                   [default: --load_balance_policy if given, else TTFT]
-    --car_prefill_lambda X         CAR weight of cache reuse against queue length, 0..=1 [default: 0.5]
-    --car_host_hit_weight X        CAR weight of Host-only hits against Device hits, 0..=1 [default: 0.5]
-    --car_predict_ttl_ms MS        predict-on-route: a routed request's blocks count as expected
-                                   on its instance for MS, until the engine's events confirm
-                                   them; 0 turns it off [default: 2000]
-    --car_predict_weight X         CAR weight of expected (predicted) blocks against exact
-                                   hits, 0..=1 [default: 0.5]
-    --ttft_prefill_tokens_per_s X  TTFT: prefill rate of one DP rank until one is learned
-                                   from the front door's observed TTFTs [default: 10000]
-    --ttft_overhead_ms MS          TTFT: fixed cost of every request [default: 5]
-    --ttft_decode_ms MS            TTFT: decode term of an instance with a full KV cache,
-                                   scaled by gpu_cache_usage_perc [default: 10]
-    --ttft_later_weight X          TTFT: weight of a cache miss's cost to a loaded fleet
-                                   that reuses its cache; 0 chooses on the estimate alone
-                                   [default: 32]
-    --target_ttft MS               SLO_AWARE time-to-first-token target [default: 1000]
-    --target_tpot MS               SLO_AWARE time-per-output-token target [default: 50]
-    --tokenizer_path PATH          the served model's tokenizer.json, or its directory (with
-                                   tokenizer_config.json); turns on the OpenAI front door
-                                   (/v1/chat/completions, /v1/completions, /v1/models)
-    --chat_template FILE           Jinja chat template overriding tokenizer_config.json's
-    --served_model_name NAME       model name of the front door [default: the tokenizer
-                                   directory's name]
-    --lora_adapters A,B            LoRA adapter names the engines serve; a request whose
-                                   `model` names one is looked up in that adapter's keys
-    --api_key KEY                  require `Authorization: Bearer KEY` on the front door
-    --upstream_connect_timeout_ms MS  connecting to an engine [default: 3000]
-    --upstream_timeout_ms MS       waiting for an engine's response head, and the longest
-                                   silence between two chunks of its body [default: 300000]
-    --overload_ttft_ms MS          hold a front door request while every engine's estimated
-                                   time to first token is above MS; 0 turns it off [default: 0]
-    --overload_queue N             requests held at most; past it they get 429 [default: 256]
-    --overload_max_wait_ms MS      the longest a request is held, then it is sent anyway
-                                   [default: 30000]
-    --check_config                 validate flags and the config file, then exit
-    --demo                         run with in-process simulated engines (the default with no flags)
-    --demo_seconds N               run the demo and stop it after N seconds [default: run until Ctrl-C]
-    --log_format F                 text or json (one object per line), to stderr; filter
-                                   with RUST_LOG, e.g. RUST_LOG=kvdir_service=debug [default: text]
-    --block_size N                 accepted for xllm-service compatibility and ignored with a
-                                   warning: set block_size in the kv_events_config_file
-    --help, --version
-";
+/// The `--help` text, generated from the flags' declaration (`cli.rs`).
+pub fn usage() -> String {
+    cli::command().render_help().to_string()
+}
 
 /// What the command line asks for.
 #[derive(Debug, Clone, PartialEq)]
@@ -315,51 +256,61 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Flags that take no value.
-const SWITCHES: &[&str] = &["check_config", "demo", "help", "version"];
-
-/// Parses the arguments after the program name.
+/// Parses the arguments after the program name, and the `KVDIR_*` environment variables.
+/// No flag at all (on the command line or in the environment) means the demo.
 pub fn parse_flags<S: AsRef<str>>(args: &[S]) -> Result<Command, ConfigError> {
+    let sorted = |mut problems: Vec<(usize, String)>| {
+        problems.sort_by_key(|(at, _)| *at);
+        ConfigError::new(problems.into_iter().map(|(_, p)| p).collect())
+    };
+    let mut parsed = match cli::parse(args.iter().map(AsRef::as_ref).collect()) {
+        Ok(parsed) => parsed,
+        Err(cli::Early::Help) => return Ok(Command::Help),
+        Err(cli::Early::Version) => return Ok(Command::Version),
+        Err(cli::Early::Fatal(problems)) => return Err(sorted(problems)),
+    };
     let mut flags = Flags::default();
-    let mut errors = Vec::new();
-    let mut it = args.iter().map(AsRef::as_ref).peekable();
-    let mut seen: Vec<&str> = Vec::new();
-    while let Some(arg) = it.next() {
-        let Some(body) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) else {
-            errors.push(format!("unexpected argument {arg:?}; flags look like --name=value"));
-            continue;
-        };
-        let (name, inline) = match body.split_once('=') {
-            Some((n, v)) => (n, Some(v)),
-            None => (body, None),
-        };
-        seen.push(name);
-        match (name, inline) {
-            ("help" | "h", None) => return Ok(Command::Help),
-            ("version" | "V", None) => return Ok(Command::Version),
-            ("check_config", None) => flags.check_config = true,
-            ("demo", None) => flags.demo = true,
-            (n, Some(_)) if SWITCHES.contains(&n) => {
-                errors.push(format!("--{n} takes no value"));
-            }
-            (n, Some(v)) => errors.extend(set(&mut flags, n, v).err()),
-            (n, None) => match it.next_if(|next| !next.starts_with("--")) {
-                Some(v) => errors.extend(set(&mut flags, n, v).err()),
-                None => errors.push(format!("--{n} needs a value: --{n}=VALUE")),
-            },
-        }
+    for arg in cli::command().get_arguments() {
+        apply(&mut flags, &mut parsed, arg);
     }
     // No flags, or a demo length, mean the demo.
-    if args.is_empty() || flags.demo_seconds.is_some() {
+    let any = cli::command().get_arguments().any(|a| parsed.given(a.get_id().as_str()));
+    if !any || flags.demo_seconds.is_some() {
         flags.demo = true;
     }
     // The front door follows --load_balance_policy unless it has a policy of its own.
-    if seen.contains(&"load_balance_policy") && !seen.contains(&"frontend_policy") {
+    if parsed.given("load_balance_policy") && !parsed.given("frontend_policy") {
         flags.front.policy = flags.route.policy;
     }
-    if errors.is_empty() {
-        Ok(Command::Run(Box::new(flags)))
-    } else {
-        Err(ConfigError::new(errors))
+    match parsed.problems.is_empty() {
+        true => Ok(Command::Run(Box::new(flags))),
+        false => Err(sorted(parsed.problems)),
+    }
+}
+
+/// Sets `arg`'s values, if it has any, in `flags`; a bad one is a problem of `parsed`, at its
+/// place on the command line, or naming its environment variable.
+fn apply(flags: &mut Flags, parsed: &mut cli::Parsed<'_>, arg: &clap::Arg) {
+    let id = arg.get_id().as_str();
+    let m = &parsed.matches;
+    let (Some(source), Some(values)) = (m.value_source(id), m.get_raw(id)) else { return };
+    match id {
+        "check_config" => return flags.check_config = m.get_flag(id),
+        "demo" => return flags.demo = m.get_flag(id),
+        _ => {}
+    }
+    let given_at = parsed.occurrences(id);
+    // The last occurrence wins (only --block_size keeps them all).
+    let skip = given_at.len().saturating_sub(values.len());
+    for (k, v) in values.enumerate() {
+        let result = set(flags, id, &v.to_string_lossy());
+        let Err(problem) = result else { continue };
+        parsed.problems.push(match (source, given_at.get(skip + k)) {
+            (ValueSource::CommandLine, Some(&at)) => (at, problem),
+            _ => {
+                let env = arg.get_env().map(|e| e.to_string_lossy()).unwrap_or_default();
+                (usize::MAX, format!("{problem} (set by {env})"))
+            }
+        });
     }
 }

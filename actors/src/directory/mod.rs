@@ -13,12 +13,18 @@
 //! never lends an old stream's bits or name to a new one; an unsynchronized stream gives zero.
 //!
 //! Engines without KV events have no stream: every read also lists them, one entry per DP
-//! rank marked `approximate`, from [`Approximate`] (see `router/approx.rs`).
+//! rank marked `approximate`, from [`Approximate`] (`approximate.rs`), which the router credits
+//! with what it routes there.
+
+mod approximate;
+
+pub use approximate::Approximate;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::Instant;
 
 use kvdir::index::{
     ContentKey, IndexConfig, SharedError, SharedHandle, SharedIndex, SlotRead, StreamLabel,
@@ -27,7 +33,12 @@ use kvdir::index::{
 use kvdir::query::{answer_json, MatchRef, QueryResponse, QueryScope, StreamMatch};
 use kvdir::registry::Identity;
 
-use crate::router::Approximate;
+/// Milliseconds on a monotonic clock (since the first call in this process): the clock of
+/// approximate credit and of the router's predictions, overload deadlines and queued work.
+pub(crate) fn now_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
 
 /// Ids of indexes, unique in the process (several services may share a thread in tests).
 static NEXT_INDEX: AtomicU64 = AtomicU64::new(0);
@@ -278,11 +289,11 @@ mod tests {
 
     #[test]
     fn the_json_answer_is_the_query_answer_in_name_order_across_indexes() {
-        let indexes = Directory::default();
+        let directory = Directory::default();
         let config = |block_size| IndexConfig { block_size, ..IndexConfig::default() };
-        let mut b1 = indexes.add_stream(config(2), label("b", 1)).unwrap();
-        let mut a0 = indexes.add_stream(config(4), label("a", 0)).unwrap();
-        let mut a2 = indexes.add_stream(config(2), label("a\"2", 2)).unwrap();
+        let mut b1 = directory.add_stream(config(2), label("b", 1)).unwrap();
+        let mut a0 = directory.add_stream(config(4), label("a", 0)).unwrap();
+        let mut a2 = directory.add_stream(config(2), label("a\"2", 2)).unwrap();
         b1.apply(1, &holding(&[1, 2])).unwrap();
         b1.publish();
         a0.apply(1, &holding(&[1, 2, 3, 4])).unwrap();
@@ -290,34 +301,34 @@ mod tests {
         a0.publish();
         a2.publish();
         let tokens = [1, 2, 3, 4];
-        let want = indexes.query_in(&tokens, &QueryScope::default());
+        let want = directory.query_in(&tokens, &QueryScope::default());
         let order: Vec<_> =
             want.matches.iter().map(|m| (m.instance_name.as_str(), m.dp_rank)).collect();
         assert_eq!(order, [("a", 0), ("a\"2", 2), ("b", 1)]);
         let hits: Vec<_> = want.matches.iter().map(|m| m.device_hit_tokens).collect();
         assert_eq!(hits, [0, 0, 2], "only b holds the query's first block and is synchronized");
         assert!(want.matches[0].error.is_some());
-        let json = indexes.query_json_in(&tokens, &QueryScope::default());
+        let json = directory.query_json_in(&tokens, &QueryScope::default());
         assert_eq!(String::from_utf8(json).unwrap(), serde_json::to_string(&want).unwrap());
     }
 
     #[test]
     fn streams_beyond_one_indexs_slots_get_another_index_and_all_answer() {
-        let indexes = Directory::default();
+        let directory = Directory::default();
         let config = IndexConfig { block_size: 2, ..IndexConfig::default() };
         let n = MAX_STREAMS + 2;
         let mut writers: Vec<_> = (0..n)
-            .map(|i| indexes.add_stream(config, label("s", i as u32)).expect("room for all"))
+            .map(|i| directory.add_stream(config, label("s", i as u32)).expect("room for all"))
             .collect();
         let last = writers.last_mut().unwrap();
         last.apply(1, &holding(&[1, 2])).unwrap();
         last.publish();
-        let r = indexes.query(&[1, 2]);
+        let r = directory.query(&[1, 2]);
         assert_eq!(r.matches.len(), n, "every stream is listed");
         let ranks: Vec<u32> = r.matches.iter().map(|m| m.dp_rank).collect();
         assert_eq!(ranks, (0..n as u32).collect::<Vec<_>>(), "in rank order across indexes");
         assert_eq!(r.matches[n - 1].device_hit_tokens, 2, "the overflow stream's blocks count");
         writers.clear();
-        assert!(indexes.query(&[1, 2]).matches.is_empty(), "dropped writers free their slots");
+        assert!(directory.query(&[1, 2]).matches.is_empty(), "dropped writers free their slots");
     }
 }
