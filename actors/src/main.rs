@@ -41,6 +41,22 @@ fn init_logs(format: LogFormat, held: &HeldLogs) {
     }
 }
 
+/// Waits for SIGTERM (a container runtime stopping kvdir) or SIGINT (Ctrl-C); the one that
+/// came. kvdir is often a container's first process, which gets no default signal handling.
+async fn termination() -> &'static str {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) =
+        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+    else {
+        tracing::warn!("cannot handle SIGTERM and SIGINT: kvdir stops only when killed");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let held = HeldLogs::default();
@@ -94,7 +110,14 @@ fn main() -> ExitCode {
     match Service::start(flags, file) {
         Ok(service) => {
             println!("kvdir listening on http://{}", service.http_addr());
+            let stop = service.stop_handle();
+            std::thread::spawn(move || {
+                let signal = actix_rt::System::new().block_on(termination());
+                tracing::info!(%signal, "stopping: no new requests; finishing those in flight");
+                stop.stop();
+            });
             service.wait();
+            tracing::info!("stopped");
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -61,6 +61,23 @@ pub struct Service {
     thread: Option<JoinHandle<()>>,
 }
 
+/// How long a stopping service lets the requests in flight finish (below Kubernetes' default
+/// 30 s grace period, so a rollout's SIGTERM ends in an exit, not a SIGKILL).
+pub const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(25);
+
+/// Stops a running [`Service`] from another thread (see [`Service::stop_handle`]).
+#[derive(Clone)]
+pub struct StopHandle(actix_web::dev::ServerHandle);
+
+impl StopHandle {
+    /// Stops accepting connections and waits for the requests in flight (at most
+    /// [`SHUTDOWN_GRACE`]); the service's [`Service::wait`] returns after.
+    pub fn stop(&self) {
+        let server = self.0.clone();
+        actix_rt::System::new().block_on(server.stop(true));
+    }
+}
+
 /// What to start: static streams (with the process identity they stand for, if known),
 /// discovery, listed engines and limits.
 #[derive(Debug, Clone, Default)]
@@ -196,6 +213,13 @@ impl Service {
         }
     }
 
+    /// A handle that stops the service from another thread (a signal handler): the HTTP
+    /// server stops accepting, finishes the requests in flight within [`SHUTDOWN_GRACE`], and
+    /// [`Service::wait`] then returns once every stream thread has stopped.
+    pub fn stop_handle(&self) -> StopHandle {
+        StopHandle(self.server.clone())
+    }
+
     /// Stops the HTTP server and every actor, and waits for the service and stream threads.
     pub fn stop(mut self) {
         self.shutdown();
@@ -309,7 +333,10 @@ async fn boot(flags: &Flags, plan: StartPlan, front: Arc<FrontDoor>) -> Result<B
     let addr = format!("{}:{}", flags.server_host, flags.http_server_port);
     let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(routes))
         .workers(2)
+        // The binary handles SIGTERM and SIGINT itself (`StopHandle`): it stops the streams
+        // too, which actix's own handler would not.
         .disable_signals()
+        .shutdown_timeout(SHUTDOWN_GRACE.as_secs())
         // A client that closes its connection ends its handler at once (a held request leaves
         // the overload queue, an unanswered one is cancelled at its engine) instead of when
         // the answer is written.

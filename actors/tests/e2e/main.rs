@@ -28,6 +28,7 @@ mod predict_e2e;
 mod replay;
 mod route_e2e;
 mod salt_route_e2e;
+mod shutdown_e2e;
 mod status_page;
 mod streams_e2e;
 mod supervision_e2e;

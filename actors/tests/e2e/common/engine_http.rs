@@ -4,6 +4,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use serde_json::json;
@@ -20,6 +21,8 @@ pub struct EngineState {
     /// The `_sum`s of vLLM's prefill histograms: uncached tokens and seconds; `None` leaves
     /// them out.
     pub prefill: Option<(f64, f64)>,
+    /// How long `/v1/completions` takes to answer.
+    pub completion_time: std::time::Duration,
 }
 
 /// The test engine's HTTP side on 127.0.0.1 (one thread, one request per connection).
@@ -27,6 +30,8 @@ pub struct TestEngine {
     /// Its HTTP port.
     pub port: u16,
     state: Arc<Mutex<EngineState>>,
+    /// `/v1/completions` requests received (counted before the answer's delay).
+    pub completions: Arc<AtomicU64>,
 }
 
 impl TestEngine {
@@ -41,15 +46,17 @@ impl TestEngine {
             running: 2,
             usage: 0.25,
             prefill: None,
+            completion_time: std::time::Duration::ZERO,
         }));
-        let shared = Arc::clone(&state);
+        let (shared, completions) = (Arc::clone(&state), Arc::new(AtomicU64::new(0)));
+        let received = Arc::clone(&completions);
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
                 let s = shared.lock().unwrap().clone();
-                let _ = answer(conn, &s);
+                let _ = answer(conn, &s, &received);
             }
         });
-        TestEngine { port, state }
+        TestEngine { port, state, completions }
     }
 
     /// Changes what it answers.
@@ -59,7 +66,7 @@ impl TestEngine {
 }
 
 /// Reads one request and answers it as a vLLM server would (the parts kvdir reads).
-fn answer(mut conn: TcpStream, s: &EngineState) -> std::io::Result<()> {
+fn answer(mut conn: TcpStream, s: &EngineState, completions: &AtomicU64) -> std::io::Result<()> {
     let mut reader = BufReader::new(conn.try_clone()?);
     let (mut line, mut length) = (String::new(), 0usize);
     reader.read_line(&mut line)?;
@@ -75,6 +82,10 @@ fn answer(mut conn: TcpStream, s: &EngineState) -> std::io::Result<()> {
         }
     }
     reader.read_exact(&mut vec![0; length])?;
+    if path == "/v1/completions" {
+        completions.fetch_add(1, Ordering::SeqCst);
+        std::thread::sleep(s.completion_time); // the engine's own work, not a synchronisation
+    }
     let (status, body) = match path.as_str() {
         "/health" if s.healthy => ("200 OK", String::new()),
         "/health" => ("503 Service Unavailable", String::new()),
