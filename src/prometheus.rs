@@ -15,6 +15,23 @@ pub struct Sample<'a> {
     pub value: f64,
 }
 
+impl<'a> Sample<'a> {
+    /// The value of label `key`, escapes left as written (`None` when absent).
+    pub fn label(&self, key: &str) -> Option<&'a str> {
+        let mut rest = self.labels;
+        while !rest.is_empty() {
+            let (name, after) = rest.split_once("=\"")?;
+            let end =
+                after.char_indices().find(|(i, c)| *c == '"' && !after[..*i].ends_with('\\'))?.0;
+            if name.trim().trim_start_matches(',').trim() == key {
+                return Some(&after[..end]);
+            }
+            rest = after[end + 1..].trim_start_matches(',');
+        }
+        None
+    }
+}
+
 /// The samples of an exposition text, and how many non-comment lines did not parse.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Samples<'a> {
@@ -128,6 +145,11 @@ mod tests {
         assert_eq!(s.samples.len(), 4, "{s:?}");
         assert_eq!(s.malformed, 3);
         assert_eq!(s.samples[1].labels, "a=\"1\",b=\"q\\\"}uoted\"");
+        assert_eq!(
+            (s.samples[1].label("a"), s.samples[1].label("b")),
+            (Some("1"), Some("q\\\"}uoted"))
+        );
+        assert_eq!(s.samples[1].label("c"), None);
         assert_eq!(s.sum("x_total"), Some(3.0));
         assert_eq!(s.sum("y"), Some(2.5), "infinite values are left out");
         assert_eq!(s.sum("z"), None, "NaN is no value");

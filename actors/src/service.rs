@@ -310,10 +310,12 @@ async fn boot(flags: &Flags, plan: StartPlan, front: Arc<FrontDoor>) -> Result<B
         let (addr, ns) = (flags.etcd_addr.clone(), flags.etcd_namespace.clone());
         let set = set.clone();
         let limits = limits.clone();
+        let text = front.text_model();
         let arbiter = Arbiter::new();
         let actor = DiscoveryActor::start_in_arbiter(&arbiter.handle(), move |_| {
             DiscoveryActor::new(discovery, &limits, addr, &ns, set)
                 .with_engines(engines, engine_poll_interval)
+                .with_parity(text)
         });
         arbiters.push(arbiter);
         actor

@@ -170,6 +170,8 @@ pub struct ListedEngine {
     pub polls: u64,
     /// Runs of healthy polls so far (the identity of an engine without KV events).
     runs: u64,
+    /// The parity check of its current process against kvdir's tokenizer and config, once run.
+    pub parity: Option<super::parity::Parity>,
     /// Whether the latest poll was healthy.
     healthy: bool,
 }
@@ -206,6 +208,7 @@ impl ListedEngine {
             error,
             polls: 0,
             runs: 0,
+            parity: None,
             healthy: false,
         }
     }
@@ -254,6 +257,7 @@ impl ListedEngine {
             return IdentityChange::Unchanged;
         };
         i.record.identity = Identity { incarnation_id: Some(id), register_ts_ms: None };
+        self.parity = None; // another process: checked again
         if self.identity_known {
             // Another process: its sums started over, and so does its rate.
             self.prefill_rate.reset();
@@ -352,6 +356,13 @@ impl Engines {
     /// One engine.
     pub fn get(&self, name: &str) -> Option<&ListedEngine> {
         self.by_name.get(name)
+    }
+
+    /// Records the parity check of engine `name`'s current process.
+    pub fn set_parity(&mut self, name: &str, parity: super::parity::Parity) {
+        if let Some(e) = self.by_name.get_mut(name) {
+            e.parity = Some(parity);
+        }
     }
 
     /// Whether `name` is a listed engine.

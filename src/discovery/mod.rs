@@ -2,9 +2,11 @@
 //! ([`plan`]: one per DP rank of every subscribable instance, or an [`Exclusion`] saying why
 //! not), and the state of engines listed by address ([`Engines`]: identity and health from
 //! their `/health` and `/metrics`). The discovery actor feeds it the [`crate::registry`] and
-//! the engines' answers, and runs what it plans.
+//! the engines' answers, and runs what it plans. [`parity`] checks a listed engine's tokenizer,
+//! block size and model against kvdir's own.
 
 mod engines;
+pub mod parity;
 mod plan;
 mod prefill_rate;
 

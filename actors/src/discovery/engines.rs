@@ -102,6 +102,7 @@ impl Handler<EnginePolled> for DiscoveryActor {
                 }
                 self.push_candidates();
                 self.reconcile(ctx);
+                self.check_parity(&msg.name, ctx);
             }
         }
     }

@@ -135,6 +135,17 @@ pub struct EngineReport {
     pub block_size: u32,
     /// The served model.
     pub model: String,
+    /// The parity check of its tokenizer, block size and model against kvdir's, once run
+    /// (only with `--tokenizer_path`).
+    pub parity: Option<kvdir::discovery::parity::Parity>,
+}
+
+/// A listed engine's parity check finished.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub(super) struct ParityChecked {
+    pub(super) name: String,
+    pub(super) parity: kvdir::discovery::parity::Parity,
 }
 
 /// One poll of a listed engine.

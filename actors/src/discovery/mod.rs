@@ -15,6 +15,7 @@ mod approx;
 mod engines;
 mod etcd_watch;
 mod messages;
+mod parity;
 mod report;
 
 use apply::{apply_plans, Applied, Plans};
@@ -25,6 +26,7 @@ pub use messages::{
 };
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use actix::prelude::*;
@@ -67,6 +69,8 @@ pub struct DiscoveryActor {
     polling: BTreeSet<String>,
     /// One HTTP client (and connection pool) for every `/health` probe and engine poll.
     http: reqwest::Client,
+    /// The front door's tokenizer: listed engines are checked against it (`parity.rs`).
+    text: Option<Arc<kvdir_text::TextModel>>,
 }
 
 impl DiscoveryActor {
@@ -100,7 +104,14 @@ impl DiscoveryActor {
             // No proxy: engines are reached directly. Building fails only without a TLS or
             // DNS backend, which this build does not use; then the default client serves.
             http: reqwest::Client::builder().no_proxy().build().unwrap_or_default(),
+            text: None,
         }
+    }
+
+    /// Also checks each listed engine's tokenizer against `text`, kvdir's own (`parity.rs`).
+    pub fn with_parity(mut self, text: Option<Arc<kvdir_text::TextModel>>) -> Self {
+        self.text = text;
+        self
     }
 
     /// Also the engines listed in the config, polled every `poll_interval`.

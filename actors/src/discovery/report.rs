@@ -60,6 +60,7 @@ impl DiscoveryActor {
             replay: e.spec.replay.clone(),
             block_size: e.spec.block_size,
             model: e.spec.model.clone(),
+            parity: e.parity.clone(),
         }
     }
 }

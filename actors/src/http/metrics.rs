@@ -82,6 +82,28 @@ pub struct ServiceSample<'a> {
     pub bind: Option<crate::stream::BindReport>,
     /// The streams' I/O threads.
     pub pool: PoolStats,
+    /// Per listed engine whose parity was checked: whether something disagrees.
+    pub parity: Vec<(String, bool)>,
+}
+
+/// Per listed engine whose parity check ran, whether it found a disagreement.
+pub fn parity_of(instances: &crate::discovery::InstancesReport) -> Vec<(String, bool)> {
+    let checked = instances.instances.iter().filter_map(|i| {
+        let parity = i.engine.as_ref()?.parity.as_ref()?;
+        Some((i.name.clone(), !parity.problems().is_empty()))
+    });
+    checked.collect()
+}
+
+fn render_parity(e: &mut Exposition, parity: &[(String, bool)]) {
+    let name = "kvdir_engine_parity_mismatch";
+    let help =
+        "1 when a listed engine tokenizes kvdir's check chat differently, or its block size \
+                or model differs from the config (engine.parity in /v1/internal/instances).";
+    e.family(name, Kind::Gauge, help);
+    for (instance, mismatch) in parity {
+        e.sample(name, &[("instance", instance.as_str())], f64::from(u8::from(*mismatch)));
+    }
 }
 
 /// Renders every metric in the Prometheus text format.
@@ -92,6 +114,7 @@ pub fn render(streams: &[StreamSample], service: &ServiceSample) -> String {
     service.front.render(&mut e);
     super::frontdoor::render_overload(&mut e, service.overload);
     render_predictions(&mut e, service.predictions);
+    render_parity(&mut e, &service.parity);
     if let Some(bind) = &service.bind {
         render_bind(&mut e, bind);
     }

@@ -232,7 +232,12 @@ async fn prometheus(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
         .collect();
     let predictions = state.router.send(GetPredictCounters).await?;
     let overload = state.router.send(GetOverload).await?;
+    let parity = match &state.discovery {
+        Some(d) => metrics::parity_of(&d.send(GetInstances).await?),
+        None => Vec::new(),
+    };
     let service = metrics::ServiceSample {
+        parity,
         metrics: &state.metrics,
         front: &state.front.metrics,
         predictions,

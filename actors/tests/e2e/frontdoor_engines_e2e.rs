@@ -5,6 +5,7 @@
 
 mod audit;
 mod overload;
+mod parity;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;

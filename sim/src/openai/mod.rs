@@ -316,7 +316,7 @@ pub enum ApiError {
     #[error("the engine cannot serve the request: {0}; retry on another engine")]
     Unavailable(String),
     /// No such route.
-    #[error("no route {method} {path}; this engine serves GET /health, GET /v1/models, POST /v1/chat/completions and POST /v1/completions")]
+    #[error("no route {method} {path}; this engine serves GET /health, GET /metrics, GET /v1/models, POST /tokenize, POST /v1/chat/completions and POST /v1/completions")]
     NotFound {
         /// The request method.
         method: String,

@@ -62,6 +62,20 @@ pub(crate) fn parse(
     Ok(Parsed { tokens, params, salt })
 }
 
+/// `POST /tokenize` (vLLM's and SGLang's): the ids of `messages` rendered as a chat, or of
+/// `prompt`, as this engine computes them for a request.
+pub(crate) fn tokenize(body: &[u8], config: &OpenAiConfig) -> Result<Vec<i32>, ApiError> {
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| ApiError::BadJson(e.to_string()))?;
+    let Value::Object(fields) = value else {
+        return Err(ApiError::BadJson(format!("got {}", json_type_name(&value))));
+    };
+    match field(&fields, "messages") {
+        Some(_) => chat_tokens(&fields, config),
+        None => completion_tokens(&fields, config),
+    }
+}
+
 /// `cache_salt`: absent, or a non-empty string (as vLLM requires).
 fn cache_salt(fields: &Map<String, Value>) -> Result<Option<String>, ApiError> {
     match field(fields, "cache_salt") {

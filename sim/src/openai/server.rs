@@ -124,6 +124,7 @@ fn run(listener: TcpListener, served: Served, ready: &mpsc::SyncSender<io::Resul
                 .service(route("/health", web::get().to(health)))
                 .service(route("/metrics", web::get().to(prometheus)))
                 .service(route("/v1/models", web::get().to(models)))
+                .service(route("/tokenize", web::post().to(tokenize)))
                 .service(route("/v1/chat/completions", web::post().to(chat)))
                 .service(route("/v1/completions", web::post().to(completions)))
                 .default_service(web::to(not_found))
@@ -178,7 +179,11 @@ async fn prometheus(request: HttpRequest, served: web::Data<Served>) -> HttpResp
         }
         let model = engine.config.openai.as_ref().map(|o| o.served_model_name.as_str());
         let model = model.unwrap_or(&engine.config.name);
-        Ok(metrics::render(engine.started.seconds(), model, &gauges))
+        let mut text = metrics::render(engine.started.seconds(), model, &gauges);
+        // vLLM's cache settings as an info gauge: kvdir compares the block size with its own.
+        let block_size = engine.config.block_size;
+        text.push_str(&format!("vllm:cache_config_info{{block_size=\"{block_size}\"}} 1.0\n"));
+        Ok(text)
     })
     .await;
     match text {
@@ -190,6 +195,18 @@ async fn prometheus(request: HttpRequest, served: web::Data<Served>) -> HttpResp
 async fn not_found(request: HttpRequest) -> HttpResponse {
     let (method, path) = (request.method().to_string(), request.path().to_string());
     actix_web::ResponseError::error_response(&ApiError::NotFound { method, path })
+}
+
+/// `POST /tokenize`: `{"tokens": [...], "count": n}`, as vLLM and SGLang answer.
+async fn tokenize(
+    request: HttpRequest,
+    payload: web::Payload,
+    served: web::Data<Served>,
+) -> Result<HttpResponse, ApiError> {
+    let openai = served.openai()?.clone();
+    let body = read_body(&request, payload, openai.max_request_bytes).await?;
+    let tokens = blocking(move || request::tokenize(&body, &openai)).await?;
+    Ok(HttpResponse::Ok().json(json!({"tokens": tokens, "count": tokens.len()})))
 }
 
 async fn models(served: web::Data<Served>) -> Result<HttpResponse, ApiError> {

@@ -91,6 +91,11 @@ impl FrontDoor {
         })
     }
 
+    /// The tokenizer and chat template, when `--tokenizer_path` names one.
+    pub fn text_model(&self) -> Option<Arc<TextModel>> {
+        self.model.clone()
+    }
+
     fn authorize(&self, req: &HttpRequest) -> Result<(), FrontError> {
         let Some(key) = &self.api_key else { return Ok(()) };
         let given = req
