@@ -211,7 +211,7 @@ fn the_ttft_policy_and_its_settings_are_validated() {
     assert_eq!(
         err.problems,
         [
-            "--ttft_prefill_tokens_per_s=\"0\" is not a rate of at least 1 token per second",
+            "--ttft_prefill_tokens_per_s=\"0\" is not a number of tokens per second of at least 1",
             "--ttft_overhead_ms=\"-1\" is not a non-negative number of milliseconds",
             "--ttft_decode_ms=\"x\" is not a non-negative number of milliseconds",
         ]
