@@ -369,5 +369,4 @@ impl Engines {
 }
 
 #[cfg(test)]
-#[path = "engines_tests.rs"]
 mod tests;
