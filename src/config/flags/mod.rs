@@ -309,3 +309,6 @@ fn apply(flags: &mut Flags, parsed: &mut args::Parsed<'_>, arg: &clap::Arg) {
         });
     }
 }
+
+#[cfg(test)]
+mod tests;
