@@ -11,7 +11,7 @@
 //!   (`send_other_arbiter_16_in_flight`): what a route pays for its mailbox hop.
 //!
 //! Live batches no longer take a mailbox: the stream thread applies them itself (see
-//! `worker.rs`), so the former `index_mailbox_512_blocks_per_batch` group is gone; the ingest
+//! `worker/`), so the former `index_mailbox_512_blocks_per_batch` group is gone; the ingest
 //! bench measures that path directly.
 //!
 //! After criterion, each group is measured again in 30 **paired rounds**: every case runs a

@@ -50,6 +50,7 @@ use kvdir_service::Service;
 use kvdir_sim::workload::{Request, Workload, WorkloadConfig};
 use kvdir_sim::{EngineConfig, Registration, RegistrationOptions, SimEngine};
 use kvdir_testkit::etcd::EtcdServer;
+use kvdir_testkit::Patience;
 use serde_json::{json, Value};
 
 /// Engines per fleet.
@@ -100,18 +101,10 @@ fn call(addr: &str, method: &str, path: &str, body: Option<&str>) -> Result<Stri
     }
 }
 
-/// Polls `probe` every [`POLL_INTERVAL`] until it returns `Ok`; panics at the deadline.
-fn eventually<T>(what: &str, mut probe: impl FnMut() -> Result<T, String>) -> T {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        match probe() {
-            Ok(v) => return v,
-            Err(last) if Instant::now() >= deadline => {
-                panic!("timed out after {DEADLINE:?} waiting for {what}; last: {last}")
-            }
-            Err(_) => std::thread::sleep(POLL_INTERVAL),
-        }
-    }
+/// [`Patience::eventually`] with the bench's deadline and fast polling (setup waits sit between
+/// measured phases).
+fn eventually<T>(what: &str, probe: impl FnMut() -> Result<T, String>) -> T {
+    Patience::new(DEADLINE).polling_every(POLL_INTERVAL).eventually(what, probe)
 }
 
 /// Hands out HTTP ports whose derived event (+10000) and snapshot (+30000) ports are free.

@@ -10,8 +10,10 @@
 //! not (BENCHMARKS.md, *The shared index against the peers*). `std::hint::prefetch_read` is not
 //! stable yet (Rust issue 146941); when it is, this crate goes away.
 //!
-//! This is the workspace's only `unsafe` block, and every other crate forbids `unsafe`. It has no
-//! unit test: a hint has no effect a test could observe; the benches measure it.
+//! This is the core's only `unsafe` block; the only other `unsafe` code of the workspace is the
+//! service's ZeroMQ context (`actors/src/stream/sockets.rs`, in a crate that denies `unsafe`
+//! elsewhere), and every other crate forbids it. It has no unit test: a hint has no effect a
+//! test could observe; the benches measure it.
 
 /// Hints that `value`'s cache line will be read soon. Never reads or writes memory as far as
 /// the program can tell, never faults, and does nothing on CPUs other than x86-64.

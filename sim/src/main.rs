@@ -22,7 +22,7 @@ const LOAD_EVERY: Duration = Duration::from_secs(1);
 fn main() -> ExitCode {
     match cli::parse_args(std::env::args().skip(1)) {
         Ok(CliCommand::Help) => {
-            print!("{}", cli::HELP);
+            print!("{}", cli::help());
             ExitCode::SUCCESS
         }
         Ok(CliCommand::WriteDemoModel(dir)) => {

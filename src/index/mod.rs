@@ -6,7 +6,7 @@
 //!   `content key -> (Device streams, Host streams)`, with each stream's status and label
 //!   (`shared/`). A query walks it once for all streams ([`SharedHandle`]), hashing the prompt
 //!   into content keys ([`KeyHasher`], `key.rs`, in the query's [`Namespace`]) as it goes;
-//! - each stream's [`StreamWriter`] owns `engine hash -> (content key, tiers)` (`apply.rs`,
+//! - each stream's [`StreamWriter`] owns `engine hash -> (content key, tiers)` (`apply/`,
 //!   `blocks.rs`, `retired.rs`): the truth for parents, removals and tokenless replica events,
 //!   counting resident blocks per tier. It applies batches and builds snapshots
 //!   ([`SharedSnapshot`]) on its own thread, and commits the resulting changes to the view,

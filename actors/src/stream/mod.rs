@@ -6,7 +6,7 @@
 //! - [`StreamActor`] (`actor.rs`): supervises the worker, restarts it with back-off, answers
 //!   [`GetStreamReport`].
 //! - [`IoPool`] (`pool/`): the fixed set of I/O threads that serve every stream's sockets.
-//! - `worker.rs`: one stream on its thread: SUB socket, monitor, replay DEALER, decoding and
+//! - `worker/`: one stream on its thread: SUB socket, monitor, replay DEALER, decoding and
 //!   recovery; it is the single writer of its stream's state.
 //! - `sockets.rs`: the ZeroMQ context sized for `max_streams`, and the open-file limit.
 //! - [`IndexActor`] (`index_actor.rs`): owns the writer's lifetime ([`Invalidate`],

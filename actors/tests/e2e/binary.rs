@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::common::{eventually, eventually_within, kvdir, post_to, request, spawn, spawn_command};
+use crate::common::{eventually, kvdir, post_to, request, spawn, spawn_command, Patience};
 use kvdir_sim::{EngineConfig, SimEngine};
 
 fn repo_file(path: &str) -> PathBuf {
@@ -158,18 +158,19 @@ fn the_demo_runs_without_any_setup() {
         let all = streams["streams"].as_array().cloned().unwrap_or_default();
         all.iter().filter(|s| s["initial_syncs"] == 1).count()
     };
-    let (query, route, streams) = eventually_within(Duration::from_secs(30), "the demo", || {
-        let query = post_to(addr, "/v1/internal/kv-cache/query", r#"{"token_ids":[]}"#);
-        let route = post_to(addr, "/v1/internal/route", r#"{"token_ids":[1,2,3,4]}"#);
-        let body = request(addr, "GET", "/v1/internal/streams", None, None).body;
-        let streams: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
-        let synchronized = query.matches("\"synchronized\":true").count();
-        let routed = route.contains("\"prefill\":\"127.0.0.1:");
-        match synchronized == 4 && routed && first_syncs(&streams) == 4 {
-            true => Ok((query, route, streams)),
-            false => Err(format!("{query} {route} {streams}")),
-        }
-    });
+    let (query, route, streams) =
+        Patience::new(Duration::from_secs(30)).eventually("the demo", || {
+            let query = post_to(addr, "/v1/internal/kv-cache/query", r#"{"token_ids":[]}"#);
+            let route = post_to(addr, "/v1/internal/route", r#"{"token_ids":[1,2,3,4]}"#);
+            let body = request(addr, "GET", "/v1/internal/streams", None, None).body;
+            let streams: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            let synchronized = query.matches("\"synchronized\":true").count();
+            let routed = route.contains("\"prefill\":\"127.0.0.1:");
+            match synchronized == 4 && routed && first_syncs(&streams) == 4 {
+                true => Ok((query, route, streams)),
+                false => Err(format!("{query} {route} {streams}")),
+            }
+        });
     assert_eq!(query.matches("\"synchronized\":true").count(), 4, "{query}");
     assert_eq!(first_syncs(&streams), 4, "{streams:#}");
     for s in streams["streams"].as_array().unwrap() {

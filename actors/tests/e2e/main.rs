@@ -13,6 +13,7 @@ mod bench_chat;
 mod binary;
 mod bind_e2e;
 mod discovery_e2e;
+mod docs_paths;
 mod engines_e2e;
 mod fleet_e2e;
 mod frontdoor_e2e;

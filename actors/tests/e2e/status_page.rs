@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::common::{eventually_within, request, spawn};
+use crate::common::{request, spawn, Patience};
 use serde_json::Value;
 
 const CHROMIUM: &str = "/usr/bin/chromium";
@@ -89,7 +89,7 @@ fn the_page_shows_the_cache_audit_of_a_front_door_answer(addr: &str) {
     let chat = r#"{"model": "kvdir-demo", "messages": [{"role": "user", "content": "Hi"}]}"#;
     let reply = request(addr, "POST", "/v1/chat/completions", None, Some(chat));
     assert_eq!(reply.status, 200, "{}", reply.body);
-    let (name, audit) = eventually_within(DEADLINE, "a cache audit of the answer", || {
+    let (name, audit) = Patience::new(DEADLINE).eventually("a cache audit of the answer", || {
         let listed = get_json(addr, "GET", "/v1/internal/instances");
         let audits = listed["cache_audit"].as_object().cloned().unwrap_or_default();
         audits.into_iter().next().ok_or_else(|| listed.to_string())
@@ -139,7 +139,7 @@ fn assert_matches_the_service(shown: Vec<Row>, observed: &Observed) {
 /// Polls the service until every demo stream is synchronized with Device blocks and more
 /// decisions were made than the ring keeps; returns each instance with its DP size.
 fn wait_until_filled(addr: &str) -> Vec<(String, u32)> {
-    let matches = eventually_within(DEADLINE, "the demo filled", || {
+    let matches = Patience::new(DEADLINE).eventually("the demo filled", || {
         let query = get_json(addr, "POST", "/v1/internal/kv-cache/query");
         let recent = get_json(addr, "GET", "/v1/internal/route/recent");
         let matches = query["matches"].as_array().cloned().unwrap_or_default();

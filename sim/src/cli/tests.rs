@@ -152,7 +152,7 @@ fn text_flag_problems_name_the_value_and_the_fix() {
     assert!(msg.contains("need --tokenizer_path"), "{msg}");
     let flags = ["--tokenizer_path", "--chat_template", "--prefill_us_per_token", "x-sim-dp-rank"];
     for flag in flags.into_iter().chain(["--report_cached_tokens"]) {
-        assert!(HELP.contains(flag), "{flag} missing from the help");
+        assert!(help().contains(flag), "{flag} missing from the help");
     }
 }
 
@@ -185,7 +185,7 @@ fn dialect_flags_make_vllm_engines_that_do_not_register() {
     let msg = o.engine_configs().unwrap_err().to_string();
     assert!(msg.contains("buffer_steps = 0"), "{msg}");
     assert_eq!(CliOptions::default().dialect, Dialect::Xllm);
-    assert!(HELP.contains("--dialect") && HELP.contains("--buffer_steps"));
+    assert!(help().contains("--dialect") && help().contains("--buffer_steps"));
 }
 
 #[test]

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use kvdir_text::TextModel;
 
-use super::number;
 use crate::{CachedReport, OpenAiConfig};
+use kvdir::config::args::number;
 
 /// Flags of the OpenAI engine; without `tokenizer_path` the engines serve no text model.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,7 +8,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::etcd_support::{engine_with_http, eventually, EtcdReader, HeartbeatSink, DEADLINE};
+use crate::etcd_support::{
+    engine_with_http, eventually, EtcdReader, HeartbeatSink, Patience, DEADLINE,
+};
 use kvdir::registry::{parse_instance, parse_key, parse_load, InstanceType, RegistryKey};
 use kvdir_sim::http;
 use kvdir_sim::{Registration, RegistrationOptions, SimError};
@@ -84,7 +86,8 @@ fn pause_lets_the_lease_expire_while_health_answers_and_resume_puts_it_back() {
     reg.pause();
     let paused = Instant::now();
     let gone = Duration::from_secs(ttl_s as u64 + 2);
-    eventually(gone, "the key expires after pause", || reader.get(reg.key()).is_none());
+    Patience::new(gone)
+        .eventually("the key expires after pause", || reader.get(reg.key()).is_none());
     assert!(paused.elapsed() <= gone);
     assert_eq!(health(&engine.instance_name()), 200, "/health answers while paused");
     reg.resume().expect("resume registers again");
@@ -108,7 +111,7 @@ fn a_deleted_key_is_put_again_and_kill_removes_it_at_once() {
     let key = reg.key().to_string();
     reader.delete(&key);
     assert!(reader.get(&key).is_none());
-    eventually(DEADLINE, "the deleted key is put again", || reader.get(&key).is_some());
+    eventually("the deleted key is put again", || reader.get(&key).is_some());
     reg.kill();
     assert!(reader.get(&key).is_none(), "kill revokes the lease before it returns");
     let again = Registration::start(&engine, options(&etcd)).unwrap();
@@ -181,7 +184,7 @@ fn loadmetrics_parse_and_follow_set_load() {
     };
     assert_eq!(load(&reader), Some((0, 0.0)));
     reg.set_load(5, 0.5);
-    eventually(DEADLINE, "LOADMETRICS follows set_load", || load(&reader) == Some((5, 0.5)));
+    eventually("LOADMETRICS follows set_load", || load(&reader) == Some((5, 0.5)));
 }
 
 #[test]
@@ -203,9 +206,9 @@ fn heartbeats_carry_name_incarnation_load_and_token() {
     assert_eq!(beat.body["name"], engine.instance_name());
     assert_eq!(beat.body["incarnation_id"], reg.incarnation_id());
     assert_eq!(beat.body["load_metrics"]["gpu_cache_usage_perc"], 0.25);
-    eventually(DEADLINE, "status 200 recorded", || reg.last_heartbeat_status() == Some(200));
+    eventually("status 200 recorded", || reg.last_heartbeat_status() == Some(200));
     sink.set_status(409);
-    eventually(DEADLINE, "status 409 recorded", || reg.last_heartbeat_status() == Some(409));
+    eventually("status 409 recorded", || reg.last_heartbeat_status() == Some(409));
     reg.pause();
     let before = sink.count();
     // The observation window itself (six heartbeat intervals): an absence cannot be polled for.
@@ -213,7 +216,7 @@ fn heartbeats_carry_name_incarnation_load_and_token() {
     assert!(sink.count() <= before + 1, "heartbeats stop while paused (one may be in flight)");
     reg.resume().unwrap();
     let resumed = sink.count();
-    eventually(DEADLINE, "heartbeats resume", || sink.count() > resumed);
+    eventually("heartbeats resume", || sink.count() > resumed);
 }
 
 #[test]
@@ -224,17 +227,13 @@ fn registration_survives_an_etcd_restart() {
         Registration::start(&engine, RegistrationOptions { ttl_s: 2, ..options(&etcd) }).unwrap();
     etcd.restart();
     let reader = EtcdReader::new(&etcd);
-    eventually(DEADLINE, "the key is back after the restart", || reader.get(reg.key()).is_some());
+    eventually("the key is back after the restart", || reader.get(reg.key()).is_some());
     reader.delete(reg.key());
-    eventually(DEADLINE, "the worker still re-puts a deleted key", || {
-        reader.get(reg.key()).is_some()
-    });
+    eventually("the worker still re-puts a deleted key", || reader.get(reg.key()).is_some());
     etcd.stop();
     etcd.restart();
     let reader = EtcdReader::new(&etcd);
-    eventually(DEADLINE, "the key is back after a stop and start", || {
-        reader.get(reg.key()).is_some()
-    });
+    eventually("the key is back after a stop and start", || reader.get(reg.key()).is_some());
 }
 
 #[test]
@@ -269,12 +268,12 @@ fn the_binary_registers_its_engines_and_prints_derived_ports() {
     let name = format!("127.0.0.1:{port}");
     let key = format!("/demo/XLLM:PREFILL:{name}");
     let reader = EtcdReader::new(&etcd);
-    eventually(DEADLINE, "the binary registers", || reader.get(&key).is_some());
+    eventually("the binary registers", || reader.get(&key).is_some());
     let record = parse_instance(&name, &reader.get(&key).unwrap().value).unwrap();
     assert_eq!((record.kind, record.dp_size), (InstanceType::Prefill, 2));
     // Written after the instance key, so an observer can see the key first.
     let load_key = format!("/demo/XLLM:LOADMETRICS:{name}");
-    eventually(DEADLINE, "the binary writes LOADMETRICS", || reader.get(&load_key).is_some());
+    eventually("the binary writes LOADMETRICS", || reader.get(&load_key).is_some());
     assert_eq!(health(&name), 200);
     let mut child = child.0.take().expect("still running");
     child.kill().expect("kill the binary");

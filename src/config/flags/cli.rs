@@ -3,11 +3,11 @@
 //! (`KVDIR_` and the flag's name in capitals, the usual way to configure a service in a
 //! container). Values are kept as text here and checked in [`super::parse_flags`], so every bad
 //! value is reported at once; the errors clap finds itself (an unknown flag, a missing value)
-//! become problems of the same list ([`problem`]).
+//! become problems of the same list ([`crate::config::args`]).
 
-use clap::error::{ContextKind, ContextValue, ErrorKind};
-use clap::parser::ValueSource;
-use clap::{ArgMatches, CommandFactory};
+use clap::CommandFactory;
+
+use crate::config::args;
 
 /// `kvdir`'s flags, each named after its field (`snake_case`, as in xllm-service). Declaration
 /// only: [`super::parse_flags`] reads each value by name from the matches, with its source and
@@ -18,9 +18,7 @@ use clap::{ArgMatches, CommandFactory};
     name = "kvdir",
     version,
     about = "kvdir: KV-cache directory and cache-aware router for vLLM, SGLang and xLLM fleets",
-    rename_all = "snake_case",
-    args_override_self = true,
-    term_width = 100
+    rename_all = "snake_case"
 )]
 struct Cli {
     /// JSON file with `streams` (or `discovery`) and limits; empty or absent disables the directory
@@ -158,112 +156,8 @@ struct Cli {
     block_size: Vec<String>,
 }
 
-/// The command: [`Cli`] with every value allowed to look like a negative number and no
-/// environment value shown in `--help` (`KVDIR_API_KEY` is a secret).
+/// The command: [`Cli`] as [`args::command`] sets it up, and with no environment value shown
+/// in `--help` (`KVDIR_API_KEY` is a secret).
 pub fn command() -> clap::Command {
-    Cli::command().mut_args(|a| {
-        let takes_value = a.get_action().takes_values();
-        a.hide_env_values(true).allow_negative_numbers(takes_value)
-    })
-}
-
-/// What clap made of a command line: its matches, and the problems of the arguments it had to
-/// leave out, each at its position on the command line.
-pub struct Parsed<'a> {
-    /// The matches of the arguments kept.
-    pub matches: ArgMatches,
-    /// Problems found so far, by position (`usize::MAX`: not on the command line).
-    pub problems: Vec<(usize, String)>,
-    /// The arguments kept, and their positions on the command line.
-    args: Vec<(usize, &'a str)>,
-}
-
-/// A command line that is not to be run: `--help`, `--version`, or an error clap cannot place.
-pub enum Early {
-    /// `--help` or `-h`.
-    Help,
-    /// `--version` or `-V`.
-    Version,
-    /// Problems, the last one clap's own message.
-    Fatal(Vec<(usize, String)>),
-}
-
-/// Parses `args` (after the program name) and the environment. An argument clap rejects (an
-/// unknown flag, a missing value) becomes a problem and is left out, and the rest is parsed
-/// again, so every problem is found in one run.
-pub fn parse(args: Vec<&str>) -> Result<Parsed<'_>, Early> {
-    let mut args: Vec<(usize, &str)> = args.into_iter().enumerate().collect();
-    let mut problems = Vec::new();
-    loop {
-        let argv = std::iter::once("kvdir").chain(args.iter().map(|(_, a)| *a));
-        let error = match command().try_get_matches_from(argv) {
-            Ok(matches) => return Ok(Parsed { matches, problems, args }),
-            Err(e) => e,
-        };
-        match error.kind() {
-            ErrorKind::DisplayHelp => return Err(Early::Help),
-            ErrorKind::DisplayVersion => return Err(Early::Version),
-            _ => {}
-        }
-        let kept: Vec<&str> = args.iter().map(|(_, a)| *a).collect();
-        let Some((at, n, problem)) = problem(&error, &kept) else {
-            problems.push((usize::MAX, error.render().to_string().trim().to_string()));
-            return Err(Early::Fatal(problems));
-        };
-        problems.push((args[at].0, problem));
-        args.drain(at..at + n);
-    }
-}
-
-impl Parsed<'_> {
-    /// Whether flag `id` was given, on the command line or in the environment.
-    pub fn given(&self, id: &str) -> bool {
-        let source = self.matches.value_source(id);
-        matches!(source, Some(ValueSource::CommandLine | ValueSource::EnvVariable))
-    }
-
-    /// The positions on the command line of each occurrence of flag `id`.
-    pub fn occurrences(&self, id: &str) -> Vec<usize> {
-        let flag = format!("--{id}");
-        let is = |a: &str| a == flag || a.split_once('=').is_some_and(|(n, _)| n == flag);
-        self.args.iter().filter(|(_, a)| is(a)).map(|(at, _)| *at).collect()
-    }
-}
-
-/// What went wrong in `error`, as a problem of the list, and how many of `args` (from `at`)
-/// to leave out before parsing again; `None` when clap names no argument to leave out.
-fn problem(error: &clap::Error, args: &[&str]) -> Option<(usize, usize, String)> {
-    let invalid = match error.get(ContextKind::InvalidArg) {
-        Some(ContextValue::String(s)) => s.as_str(),
-        _ => return None,
-    };
-    // `--name <VALUE>` in clap's words: the flag is its first word.
-    let flag = invalid.split_whitespace().next().unwrap_or(invalid);
-    let at = args
-        .iter()
-        .position(|a| *a == flag || a.split_once('=').is_some_and(|(n, _)| n == flag))?;
-    let name = flag.trim_start_matches('-');
-    match error.kind() {
-        ErrorKind::UnknownArgument if flag.starts_with('-') => {
-            let hint = match error.get(ContextKind::SuggestedArg) {
-                Some(ContextValue::String(s)) => format!(" (did you mean {s}?)"),
-                _ => String::new(),
-            };
-            // `--bogus value` gives its value to the unknown flag, as `--bogus=value` does.
-            let value =
-                !args[at].contains('=') && args.get(at + 1).is_some_and(|v| !v.starts_with('-'));
-            let problem = format!("unknown flag --{name}{hint}; run kvdir --help for the list");
-            Some((at, 1 + usize::from(value), problem))
-        }
-        ErrorKind::UnknownArgument => {
-            Some((at, 1, format!("unexpected argument {flag:?}; flags look like --name=value")))
-        }
-        ErrorKind::InvalidValue | ErrorKind::NoEquals if !args[at].contains('=') => {
-            Some((at, 1, format!("--{name} needs a value: --{name}=VALUE")))
-        }
-        ErrorKind::TooManyValues | ErrorKind::InvalidValue => {
-            Some((at, 1, format!("--{name} takes no value")))
-        }
-        _ => None,
-    }
+    args::command(Cli::command()).mut_args(|a| a.hide_env_values(true))
 }

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 
 use clap::parser::ValueSource;
 
-use super::ConfigError;
+use super::{args, ConfigError};
 use crate::car::{Policy, RouteParams};
 use crate::overload::OverloadParams;
 
@@ -179,14 +179,6 @@ fn weight(name: &str, v: &str) -> Result<f64, String> {
     }
 }
 
-/// A positive, finite rate.
-fn rate(name: &str, v: &str) -> Result<f64, String> {
-    match v.parse::<f64>() {
-        Ok(x) if x.is_finite() && x >= 1.0 => Ok(x),
-        _ => Err(format!("--{name}={v:?} is not a rate of at least 1 token per second")),
-    }
-}
-
 /// An optional path: empty means none.
 fn path(v: &str) -> Option<PathBuf> {
     (!v.is_empty()).then(|| PathBuf::from(v))
@@ -223,7 +215,9 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
         "car_host_hit_weight" => flags.route.host_weight = fraction(name, v, 1.0)?,
         "car_predict_ttl_ms" => flags.route.predict_ttl_ms = number(name, v, 0, 600_000)?,
         "car_predict_weight" => flags.route.predict_weight = fraction(name, v, 1.0)?,
-        "ttft_prefill_tokens_per_s" => flags.route.ttft.tokens_per_s = rate(name, v)?,
+        "ttft_prefill_tokens_per_s" => {
+            flags.route.ttft.tokens_per_s = args::rate(name, v, (1.0, f64::MAX), "token")?;
+        }
         "ttft_overhead_ms" => flags.route.ttft.overhead_ms = fraction(name, v, f64::MAX)?,
         "ttft_decode_ms" => flags.route.ttft.decode_ms = fraction(name, v, f64::MAX)?,
         "ttft_later_weight" => flags.route.ttft.later_weight = weight(name, v)?,
@@ -263,18 +257,19 @@ pub fn parse_flags<S: AsRef<str>>(args: &[S]) -> Result<Command, ConfigError> {
         problems.sort_by_key(|(at, _)| *at);
         ConfigError::new(problems.into_iter().map(|(_, p)| p).collect())
     };
-    let mut parsed = match cli::parse(args.iter().map(AsRef::as_ref).collect()) {
+    let command = cli::command();
+    let mut parsed = match args::parse(&command, args.iter().map(AsRef::as_ref).collect()) {
         Ok(parsed) => parsed,
-        Err(cli::Early::Help) => return Ok(Command::Help),
-        Err(cli::Early::Version) => return Ok(Command::Version),
-        Err(cli::Early::Fatal(problems)) => return Err(sorted(problems)),
+        Err(args::Early::Help) => return Ok(Command::Help),
+        Err(args::Early::Version) => return Ok(Command::Version),
+        Err(args::Early::Fatal(problems)) => return Err(sorted(problems)),
     };
     let mut flags = Flags::default();
-    for arg in cli::command().get_arguments() {
+    for arg in command.get_arguments() {
         apply(&mut flags, &mut parsed, arg);
     }
     // No flags, or a demo length, mean the demo.
-    let any = cli::command().get_arguments().any(|a| parsed.given(a.get_id().as_str()));
+    let any = command.get_arguments().any(|a| parsed.given(a.get_id().as_str()));
     if !any || flags.demo_seconds.is_some() {
         flags.demo = true;
     }
@@ -290,7 +285,7 @@ pub fn parse_flags<S: AsRef<str>>(args: &[S]) -> Result<Command, ConfigError> {
 
 /// Sets `arg`'s values, if it has any, in `flags`; a bad one is a problem of `parsed`, at its
 /// place on the command line, or naming its environment variable.
-fn apply(flags: &mut Flags, parsed: &mut cli::Parsed<'_>, arg: &clap::Arg) {
+fn apply(flags: &mut Flags, parsed: &mut args::Parsed<'_>, arg: &clap::Arg) {
     let id = arg.get_id().as_str();
     let m = &parsed.matches;
     let (Some(source), Some(values)) = (m.value_source(id), m.get_raw(id)) else { return };
@@ -314,3 +309,6 @@ fn apply(flags: &mut Flags, parsed: &mut cli::Parsed<'_>, arg: &clap::Arg) {
         });
     }
 }
+
+#[cfg(test)]
+mod tests;

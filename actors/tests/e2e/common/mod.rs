@@ -11,6 +11,6 @@ pub use binary::*;
 pub use engine_http::TestEngine;
 pub use kvdir_testkit::etcd::etcd_endpoint;
 pub use kvdir_testkit::http::Response;
-pub use kvdir_testkit::{eventually, eventually_within};
+pub use kvdir_testkit::{eventually, Patience};
 pub use logs::{capture_logs, captured_log, LogCapture};
 pub use service::*;

@@ -5,6 +5,7 @@
 //! traffic: `engine.parity` in `/v1/internal/instances`, `kvdir_engine_parity_mismatch` in
 //! `/metrics`, and a WARN naming the first differing position.
 
+use super::listed::listed_without_events;
 use super::*;
 
 /// kvdir listing `listings`, with the demo tokenizer and chat template `template`, if any.

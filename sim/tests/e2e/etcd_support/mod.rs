@@ -1,6 +1,7 @@
 //! Helpers for the etcd tests: engines on free HTTP ports (with the derived ZeroMQ ports), a
 //! synchronous etcd reader, a heartbeat sink (a tiny std HTTP server that records what it is
-//! sent), and [`eventually`], the polling-with-deadline every test uses instead of sleeping.
+//! sent), and the test kit's [`eventually`] and [`Patience`], the polling with a deadline every
+//! test uses instead of sleeping.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -18,7 +19,7 @@ use serde_json::Value;
 pub const DEADLINE: Duration = Duration::from_secs(10);
 
 /// Polls until a check holds, with a deadline (the workspace test kit's).
-pub use kvdir_testkit::eventually_true_within as eventually;
+pub use kvdir_testkit::{eventually, Patience};
 
 /// An engine with an HTTP port in 20000..25000 whose derived ports (+10000, +30000) are free.
 pub fn engine_with_http(dp_size: u32) -> SimEngine {
@@ -65,7 +66,7 @@ impl EtcdReader {
     pub fn get(&self, key: &str) -> Option<Kv> {
         let get =
             || self.runtime.block_on(self.client.get(key.as_bytes())).map_err(|e| e.to_string());
-        let found = kvdir_testkit::eventually_within(DEADLINE, &format!("etcd get {key}"), get);
+        let found = Patience::new(DEADLINE).eventually(&format!("etcd get {key}"), get);
         found.map(|kv| Kv { value: kv.value, lease: kv.lease })
     }
 
@@ -127,7 +128,7 @@ impl HeartbeatSink {
     /// The first recorded heartbeat matching `pred`, waiting up to [`DEADLINE`].
     pub fn wait_for(&self, pred: impl Fn(&Beat) -> bool) -> Beat {
         let mut found = None;
-        eventually(DEADLINE, "a matching heartbeat arrives", || {
+        Patience::new(DEADLINE).eventually("a matching heartbeat arrives", || {
             found = self.beats.lock().unwrap().iter().find(|b| pred(b)).cloned();
             found.is_some()
         });

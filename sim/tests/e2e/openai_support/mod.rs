@@ -132,7 +132,7 @@ pub fn cached(answer: &Answer) -> u64 {
 }
 
 /// Polls until a check holds (the workspace test kit's).
-pub use kvdir_testkit::eventually_true as eventually;
+pub use kvdir_testkit::eventually;
 
 /// A long system prompt: the first `lines` lines of the demo corpus.
 pub fn system_prompt(lines: usize) -> String {

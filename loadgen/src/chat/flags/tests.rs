@@ -101,7 +101,10 @@ fn rate_is_requests_per_second_zero_is_the_closed_loop_and_prefill_may_be_serial
     assert_eq!((o.rate, o.serial_prefill), (12.5, true));
     args.push("--rate=-1");
     let err = parse(&args).unwrap_err().to_string();
-    assert!(err.contains("--rate = \"-1\" is not requests/s in 0..=100000"), "{err}");
+    assert!(
+        err.contains("--rate=\"-1\" is not a number of requests per second in 0..=100000"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -34,7 +34,7 @@ pub mod report;
 pub mod step;
 pub mod trace;
 
-pub use flags::{parse_replay_args, ReplayCommand, ReplayOptions, RunSpec, REPLAY_HELP};
+pub use flags::{parse_replay_args, replay_help, ReplayCommand, ReplayOptions, RunSpec};
 pub use report::{PolicyRun, ReplayReport, RunSetup};
 use step::Replayer;
 use trace::Trace;

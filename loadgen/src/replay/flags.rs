@@ -5,49 +5,17 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::super::flags::{BenchOptions, Mode};
+use super::super::flags::{cli, BenchOptions, Mode};
 use super::super::BenchError;
 use super::clock::Cost;
 use super::trace::TRACE_BLOCK;
 use kvdir::car::Policy;
-use kvdir_sim::cli::{choice, flag_pairs, number};
+use kvdir::config::args::{choice, number};
 
-/// `kvdir-bench replay --help`.
-pub const REPLAY_HELP: &str = "\
-kvdir-bench replay: replay a Mooncake-format trace through simulated engines registered in
-etcd and a kvdir the tool starts, routing every request with POST /v1/internal/route; once with
---policy, then with RR on fresh engines and a fresh kvdir; print hit share, TTFT, imbalance
-
-USAGE: kvdir-bench replay --trace FILE --etcd_addr H:P --spawn_kvdir PATH [--flag=value]...
-
-  --trace FILE             the trace (JSON lines: timestamp, input_length, hash_ids)
-  --etcd_addr H:P          etcd where the engines register and kvdir discovers them
-  --spawn_kvdir PATH       the kvdir binary to start (127.0.0.1, port 0) for each run
-  --routers R              kvdir replicas per run, requests spread round-robin  [1]
-  --requests K             replay only the first K requests (0 = all)          [0]
-  --engines N              simulated engines                                   [8]
-  --dp_size N              DP ranks per engine                                 [1]
-  --cache_blocks N         Device blocks of 512 tokens per engine, split over its ranks [2048]
-  --speed X                simulated seconds per wall second (0 = no pacing)   [30]
-  --prefill_us_per_token U prefill cost of one uncached token, simulated µs   [50]
-  --overhead_ms M          fixed cost of every request, simulated ms           [5]
-  --policy P               CAR, RR, SLO_AWARE or TTFT, for the spawned kvdir   [CAR]
-  --compare_rr B           also replay with RR when --policy is not RR         [true]
-  --policies LIST          runs in this order instead, each on fresh engines, e.g.
-                           CAR@0.5,CAR@0.8,TTFT,RR (CAR@L: --car_prefill_lambda=L)
-  --car_prefill_lambda L   passed to kvdir (0..=1)                             [kvdir's]
-  --car_host_hit_weight W  passed to kvdir (0..=1)                             [kvdir's]
-  --events E               exact: kvdir follows the engines' KV events; none: it has no
-                           events and credits engines approximately from its own routing
-                           (discovery \"events\": \"none\", capacity --cache_blocks)  [exact]
-  --etcd_namespace NS      namespace prefix [kvdir-replay-<pid>]; each run adds -<policy>
-  --internal_api_token T   X-Internal-Token for kvdir (and the spawned kvdir)
-  --kvdir_arg=FLAG         extra flag for the spawned kvdir (repeatable)
-  --sync_timeout_seconds S longest wait for kvdir to synchronize or catch up   [60]
-  --allow_remote           accept a non-loopback --etcd_addr
-  --json                   print the report as JSON
-  --help                   this text
-";
+/// `kvdir-bench replay --help`, generated from the flags' declaration (`flags/cli.rs`).
+pub fn replay_help() -> String {
+    cli::replay_command().render_help().to_string()
+}
 
 /// Parsed and validated replay flags.
 #[derive(Debug, Clone, PartialEq)]
@@ -127,7 +95,7 @@ pub const MAX_ROUTERS: usize = 8;
 /// What `kvdir-bench replay ...` asks for.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ReplayCommand {
-    /// Print [`REPLAY_HELP`].
+    /// Print [`replay_help`].
     Help,
     /// Replay.
     Run(Box<ReplayOptions>),
@@ -194,8 +162,9 @@ pub fn parse_replay_args<I>(args: I) -> Result<ReplayCommand, BenchError>
 where
     I: IntoIterator<Item = String>,
 {
-    let mut problems = Vec::new();
-    let Some(pairs) = flag_pairs(args, &["json", "allow_remote"], &mut problems) else {
+    let Some((pairs, mut problems)) =
+        cli::parse(&cli::replay_command(), args.into_iter().collect())?
+    else {
         return Ok(ReplayCommand::Help);
     };
     let mut o = ReplayOptions::default();

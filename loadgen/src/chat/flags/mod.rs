@@ -5,57 +5,16 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use super::super::flags::{check_loopback, switch, BenchOptions, Mode};
+use super::super::flags::{check_loopback, cli, switch, BenchOptions, Mode};
 use super::super::replay::flags::{policy_name, POLICIES};
 use super::super::BenchError;
 use kvdir::car::Policy;
-use kvdir_sim::cli::{choice, flag_pairs, number};
+use kvdir::config::args::{self, choice, number};
 
-/// `kvdir-bench chat --help`.
-pub const CHAT_HELP: &str = "\
-kvdir-bench chat: start simulated OpenAI engines registered in etcd and a kvdir with its OpenAI
-front door, send a shared-prefix chat workload (system prompt + unique user turn) through
-kvdir (or, with --direct, straight to the engines), print latency, TTFT, cached-token share,
-kvdir CPU per request and tokenization time
-
-USAGE: kvdir-bench chat --etcd_addr H:P --spawn_kvdir PATH [--flag=value]...
-
-  --etcd_addr H:P          etcd where the engines register and kvdir discovers them
-  --spawn_kvdir PATH       the kvdir binary to start (127.0.0.1, port 0); not needed with --direct
-  --direct                 send the requests round-robin straight to the engines (baseline)
-  --engines N              simulated OpenAI engines                            [4]
-  --dp_size N              DP ranks per engine                                 [1]
-  --block_size N           tokens per KV block                                 [16]
-  --device_blocks N        Device blocks per rank                              [65536]
-  --clients C              client threads, each with its own keep-alive client [4]
-  --requests K             requests in all (the run stops at K or the duration) [200]
-  --duration_seconds S     longest run of the clients                          [60]
-  --rate R                 open loop: request k is due at k/R s (R per second); a client sends
-                           it when due, or late when all are busy, and its latency and TTFT
-                           count from when it was due [0 = closed loop: each client sends its
-                           next request when the last one ends]
-  --system_prompts S       distinct system prompts (requests take them in turn) [4]
-  --prompt_tokens N        approximate prompt size; the system prompt is sized to fit [1000]
-  --system_prompt_tokens N approximate system prompt size (instead of --prompt_tokens)
-  --stream                 stream (SSE); TTFT = the first `data:` line
-  --siblings K             send each prompt K times at once (parallel sampling, fan-out); each
-                           group's prompt is new; --clients groups run at a time; reports the
-                           share of siblings on their group's most used instance [1 = off]
-  --prefill_us_per_token U engines' cost per uncached prompt token, µs           [20]
-  --decode_us_per_token U  engines' cost per output token, µs                   [1000]
-  --serial_prefill         each engine rank prefills one request at a time, first come first
-                           served, so requests queue past its prefill rate [off: all at once]
-  --max_tokens N           output tokens per request                           [16]
-  --policy P               CAR, RR or SLO_AWARE, for the spawned kvdir         [CAR]
-  --served_model_name M    the model name of engines and front door            [kvdir-demo]
-  --etcd_namespace NS      etcd namespace                                      [kvdir-chat-<pid>]
-  --internal_api_token T   X-Internal-Token for kvdir (and the spawned kvdir)
-  --kvdir_arg=FLAG         extra flag for the spawned kvdir (repeatable)
-  --sync_timeout_seconds S longest wait for kvdir to know and synchronize every engine [60]
-  --allow_remote           accept a non-loopback --etcd_addr
-  --json                   print the report as JSON
-  --help                   this text
-";
+/// `kvdir-bench chat --help`, generated from the flags' declaration (`flags/cli.rs`).
+pub fn chat_help() -> String {
+    cli::chat_command().render_help().to_string()
+}
 
 /// Approximate tokens of a user turn and the template around it.
 pub const USER_TURN_TOKENS: usize = 32;
@@ -153,7 +112,7 @@ impl Default for ChatOptions {
 /// What `kvdir-bench chat ...` asks for.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ChatCommand {
-    /// Print [`CHAT_HELP`].
+    /// Print [`chat_help`].
     Help,
     /// Run.
     Run(Box<ChatOptions>),
@@ -164,9 +123,8 @@ pub fn parse_chat_args<I>(args: I) -> Result<ChatCommand, BenchError>
 where
     I: IntoIterator<Item = String>,
 {
-    let mut problems = Vec::new();
-    let switches = ["json", "allow_remote", "stream", "direct", "serial_prefill"];
-    let Some(pairs) = flag_pairs(args, &switches, &mut problems) else {
+    let Some((pairs, mut problems)) = cli::parse(&cli::chat_command(), args.into_iter().collect())?
+    else {
         return Ok(ChatCommand::Help);
     };
     let mut o = ChatOptions::default();
@@ -223,10 +181,7 @@ impl ChatOptions {
                 }
                 _ => return Err(format!("--{name} = {value:?} is not seconds in 0.1..=3600")),
             },
-            "rate" => match value.parse::<f64>() {
-                Ok(r) if r.is_finite() && (0.0..=100_000.0).contains(&r) => self.rate = r,
-                _ => return Err(format!("--{name} = {value:?} is not requests/s in 0..=100000")),
-            },
+            "rate" => self.rate = args::rate(name, value, (0.0, 100_000.0), "request")?,
             "system_prompts" => self.system_prompts = number(name, value)?,
             "stream" => self.stream = switch(name, value)?,
             "siblings" => match value.parse::<u32>() {

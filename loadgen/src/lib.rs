@@ -43,7 +43,7 @@ pub mod report;
 pub mod scale;
 
 pub use clients::{Kind, KindStats};
-pub use flags::{parse_args, BenchCommand, BenchOptions, Mode, HELP};
+pub use flags::{help, parse_args, BenchCommand, BenchOptions, Mode};
 pub use report::{Applied, Report};
 
 use clients::{with_clients, ClientPlan};

@@ -1,7 +1,8 @@
 //! Flags of the `kvdir-sim` binary, the engine configs they describe, and the static-stream
 //! JSON a kvdir config file needs to subscribe to those engines.
 //!
-//! Flags take `--flag=value` or `--flag value`; all problems are reported together. With
+//! Flags take `--flag=value` or `--flag value` (clap, declared in `help.rs`); all problems are
+//! reported together. With
 //! `--engines N`, engine `k` (0-based) is named `<name>-<k>` and its rank `r` binds
 //! `event_port + k * dp_size + r` and `replay_port + k * dp_size + r`; a port of 0 makes every
 //! rank pick an ephemeral port.
@@ -22,17 +23,16 @@
 //! binding (a kvdir `kv_events_bind` endpoint); `{name}` in `--topic` becomes each engine's
 //! name, so engines sharing the endpoint publish with topics of their own.
 
+use kvdir::config::args::{self, choice, number, Early};
 use kvdir::wire::record::{BatchForm, EventForm};
 use serde_json::{json, Value};
 
 use crate::{Dialect, EngineConfig, HashMode, RegistrationOptions, SimEngine, SimError};
 
-mod args;
 mod help;
 mod text;
 
-pub use args::{choice, flag_pairs, number};
-pub use help::HELP;
+pub use help::help;
 pub use text::TextOptions;
 
 /// With `--http_port`, engine `k` uses `http_port + k * HTTP_PORT_STRIDE`.
@@ -41,7 +41,7 @@ pub const HTTP_PORT_STRIDE: u16 = 100;
 /// What the command line asks for.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CliCommand {
-    /// Print [`HELP`].
+    /// Print [`help`].
     Help,
     /// Run engines.
     Run(Box<CliOptions>),
@@ -141,9 +141,17 @@ impl Default for CliOptions {
 
 /// Parses the arguments after the program name.
 pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<CliCommand, SimError> {
+    let args: Vec<String> = args.into_iter().collect();
+    let parsed = match args::parse(&help::command(), args.iter().map(String::as_str).collect()) {
+        Ok(parsed) => parsed,
+        Err(Early::Help | Early::Version) => return Ok(CliCommand::Help),
+        Err(Early::Fatal(problems)) => {
+            return Err(SimError::Flags(problems.into_iter().map(|(_, p)| p).collect()))
+        }
+    };
     let mut options = CliOptions::default();
-    let mut problems = Vec::new();
-    let Some(pairs) = flag_pairs(args, &[], &mut problems) else { return Ok(CliCommand::Help) };
+    let mut problems: Vec<String> = parsed.problems.iter().map(|(_, p)| p.clone()).collect();
+    let pairs = parsed.pairs();
     if let [(name, dir)] = pairs.as_slice() {
         if name == "write_demo_model" && problems.is_empty() {
             return Ok(CliCommand::WriteDemoModel(dir.clone()));
@@ -179,7 +187,7 @@ impl CliOptions {
             "seed" => self.seed = number(name, value)?,
             "duration_s" => self.duration_s = Some(number(name, value)?),
             "query_file" => self.query_file = Some(value.to_string()),
-            "rate" => self.rate = rate(value)?,
+            "rate" => self.rate = args::rate(name, value, (0.0, f64::MAX), "request")?,
             "http_port" => self.http_port = number(name, value)?,
             "etcd_addr" => self.etcd_addr = Some(value.to_string()),
             "etcd_namespace" => self.etcd_namespace = value.to_string(),
@@ -368,13 +376,6 @@ impl CliOptions {
             write_loadmetrics: true,
             ..RegistrationOptions::default()
         })
-    }
-}
-
-fn rate(value: &str) -> Result<f64, String> {
-    match value.parse::<f64>() {
-        Ok(r) if r.is_finite() && r >= 0.0 => Ok(r),
-        _ => Err(format!("--rate = {value:?} is not a finite number of requests per second >= 0")),
     }
 }
 

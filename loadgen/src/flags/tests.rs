@@ -41,7 +41,7 @@ fn bad_values_name_the_value_and_are_reported_together() {
     let msg = problems(&["--engines=x", "--rate=-1", "--duration_seconds=0", "--bogus=1", "stray"]);
     for needle in [
         "--engines = \"x\"",
-        "--rate = \"-1\" is not a finite rate",
+        "--rate=\"-1\" is not a number of requests per second",
         "--duration_seconds = \"0\" is not a number of seconds in 0.1..=3600",
         "unknown flag --bogus",
         "\"stray\"",

@@ -58,7 +58,7 @@ fn stream_reports(svc: &kvdir_service::Service) -> (Value, Vec<Value>) {
 
 /// Waits until all of `fleet`'s streams are live in `svc`.
 fn all_live(svc: &kvdir_service::Service, streams: usize) {
-    eventually_within(Duration::from_secs(60), "every stream to be live", || {
+    Patience::new(Duration::from_secs(60)).eventually("every stream to be live", || {
         let (_, reports) = stream_reports(svc);
         let live = reports.iter().filter(|s| s["phase"] == "live").count();
         if reports.len() == streams && live == streams {
@@ -72,7 +72,7 @@ fn all_live(svc: &kvdir_service::Service, streams: usize) {
 /// Publishes [`BATCHES`] per stream and checks that every one is applied live, in order.
 fn every_batch_applied(svc: &kvdir_service::Service, fleet: &Fleet, streams: usize) {
     fleet.publish(BATCHES);
-    eventually_within(Duration::from_secs(60), "every batch to be applied", || {
+    Patience::new(Duration::from_secs(60)).eventually("every batch to be applied", || {
         let m = query(svc, &[]);
         let behind: Vec<_> = m
             .matches
@@ -196,7 +196,7 @@ fn figures_per_idle_stream_and_per_batch() {
             .unwrap()
     };
     let t0 = std::time::Instant::now();
-    eventually_within(Duration::from_secs(120), "every stream to be live", || {
+    Patience::new(Duration::from_secs(120)).eventually("every stream to be live", || {
         let r = report();
         let streams_now = r["streams"].as_array().cloned().unwrap_or_default();
         let live = streams_now.iter().filter(|s| s["phase"] == "live").count();
@@ -225,7 +225,7 @@ fn figures_per_idle_stream_and_per_batch() {
         all.iter().filter_map(|s| s["messages"].as_u64()).sum()
     };
     let total = batches * streams as u64;
-    eventually_within(Duration::from_secs(120), "every batch to arrive", || {
+    Patience::new(Duration::from_secs(120)).eventually("every batch to arrive", || {
         let n = applied(&report());
         if n == total {
             Ok(())

@@ -397,5 +397,4 @@ impl Engines {
 }
 
 #[cfg(test)]
-#[path = "engines_tests.rs"]
 mod tests;

@@ -1,11 +1,15 @@
 //! The front door end to end: kvdir discovers three simulated engines in a real etcd, each an
 //! OpenAI-compatible server over its prefix cache; chat requests go client -> kvdir -> engine
 //! -> KV events -> kvdir's directory -> the next route. The cache-truth audit's tests are in
-//! [`audit`], overload admission's in [`overload`].
+//! [`audit`], overload admission's in [`overload`], the spread of requests in flight and of
+//! siblings in [`spread`], engines listed without KV events in [`listed`], and the tokenizer
+//! parity check at registration in [`parity`].
 
 mod audit;
+mod listed;
 mod overload;
 mod parity;
+mod spread;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -256,119 +260,6 @@ fn an_unreachable_engine_gets_one_retry_elsewhere_then_a_502() {
 }
 
 #[test]
-fn requests_in_flight_spread_a_burst_that_would_all_hit_one_cache() {
-    let etcd = etcd_endpoint();
-    let ns = format!("fd-burst-{}", std::process::id());
-    // Slow prefill: a burst is still in flight when its last request is routed.
-    let openai = costs(3_000, 0, 1);
-    let engines: Vec<_> = (0..3).map(|_| serving(&etcd.endpoint, &ns, &openai)).collect();
-    let svc = kvdir(&etcd.endpoint, &ns, Policy::Car);
-    ready(&svc, 3);
-    let system = long_system_prompt();
-    let warm = conversation(&system, "warm up");
-    let r = chat(&svc, &warm, false);
-    assert_eq!(r.status().as_u16(), 200);
-    let holder = header(&r, "x-kvdir-instance");
-    let prompt = tokens_of(&warm);
-    eventually("the prompt in kvdir's directory", || {
-        match find_entry(&query(&svc, &prompt), &holder, 0) {
-            Some(m) if m.device_hit_tokens > 0 => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    });
-    // The holder's load report taken during the warm-up is replaced by an idle one.
-    eventually("every engine reporting an empty queue", || {
-        let inst = http(svc.http_addr(), "GET", "/v1/internal/instances", &[], b"").json();
-        let busy: Vec<Value> = inst["instances"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter(|i| i["waiting_requests_num"] != 0)
-            .cloned()
-            .collect();
-        if busy.is_empty() {
-            Ok(())
-        } else {
-            Err(format!("{busy:?}"))
-        }
-    });
-    // Eight requests at once, each a hit on `holder` only. Load reports come every second at
-    // best; without its own in-flight count kvdir would send all eight there.
-    let bodies = (0..8)
-        .map(|i| json!({"model": MODEL, "messages": conversation(&system, &format!("burst {i}"))}))
-        .collect();
-    let chosen = burst(&svc, bodies);
-    let on_holder = chosen.iter().filter(|c| **c == holder).count();
-    assert!((1..8).contains(&on_holder), "spread: {chosen:?}");
-    drop(engines);
-}
-
-/// Sends every body in `bodies` to the front door at once; the instances that served them.
-fn burst(svc: &kvdir_service::Service, bodies: Vec<Value>) -> Vec<String> {
-    let svc_addr = svc.http_addr();
-    let start = Arc::new(std::sync::Barrier::new(bodies.len()));
-    let threads: Vec<_> = bodies
-        .into_iter()
-        .map(|body| {
-            let start = Arc::clone(&start);
-            std::thread::spawn(move || {
-                start.wait();
-                let r = client()
-                    .post(format!("http://{svc_addr}/v1/chat/completions"))
-                    .json(&body)
-                    .send()
-                    .unwrap();
-                assert_eq!(r.status().as_u16(), 200);
-                header(&r, "x-kvdir-instance")
-            })
-        })
-        .collect();
-    threads.into_iter().map(|t| t.join().unwrap()).collect()
-}
-
-#[test]
-fn siblings_of_one_new_prompt_stay_together_with_prediction_and_spread_without_it() {
-    let etcd = etcd_endpoint();
-    let ns = format!("fd-siblings-{}", std::process::id());
-    // Slow prefill: every sibling is still in flight when the last one is routed.
-    let openai = costs(3_000, 0, 1);
-    let engines: Vec<_> = (0..3).map(|_| serving(&etcd.endpoint, &ns, &openai)).collect();
-    let predicting = kvdir(&etcd.endpoint, &ns, Policy::Car);
-    let (_tmp, dir) = model_dir();
-    let mut flags = Flags {
-        front: FrontDoorFlags {
-            tokenizer_path: Some(dir),
-            policy: Policy::Car,
-            ..Default::default()
-        },
-        ..Flags::default()
-    };
-    flags.route.predict_ttl_ms = 0;
-    let exact_only = discovery_service(&etcd.endpoint, &ns, json!({}), flags);
-    ready(&predicting, 3);
-    ready(&exact_only, 3);
-    let siblings = |question: &str| {
-        let messages = conversation(&long_system_prompt(), question);
-        vec![json!({"model": MODEL, "messages": messages}); 8]
-    };
-    // Eight copies of a prompt no engine has seen: the first one's placement is expected, and
-    // its in-flight twins do not count as its queue.
-    let together = burst(&predicting, siblings("sampled eight times"));
-    assert!(together.iter().all(|c| *c == together[0]), "together: {together:?}");
-    let recent = http(predicting.http_addr(), "GET", "/v1/internal/route/recent", &[], b"").json();
-    let credited = recent["routes"].as_array().unwrap().iter().any(|r| {
-        r["routed"]["candidates"].as_array().unwrap().iter().any(|c| {
-            c["chosen"] == true && c["predicted_hit_ratio"].as_f64().is_some_and(|p| p > 0.9)
-        })
-    });
-    assert!(credited, "the recent routes show the predicted term: {recent}");
-    // With prediction off, the in-flight count spreads the same kind of burst.
-    let spread = burst(&exact_only, siblings("sampled eight more times"));
-    assert!(spread.iter().any(|c| *c != spread[0]), "spread: {spread:?}");
-    drop(engines);
-}
-
-#[test]
 fn a_client_that_goes_away_cancels_the_request_at_the_engine() {
     let etcd = etcd_endpoint();
     let ns = format!("fd-cancel-{}", std::process::id());
@@ -433,108 +324,6 @@ fn a_fully_cached_prompt_of_whole_blocks_is_credited_all_but_its_last_block() {
     let cached = &body["usage"]["prompt_tokens_details"]["cached_tokens"];
     assert_eq!(cached, 3 * B, "the engine reuses as much: {body}");
     assert_eq!(predicted, cached.to_string(), "kvdir predicts what the engine reports");
-}
-
-/// An engine serving the demo model in vLLM's dialect (`/health`, `/metrics` with its process
-/// start), listed by address without `events`: kvdir subscribes to nothing of it.
-fn listed_without_events(openai: &OpenAiConfig) -> (SimEngine, Value) {
-    let engine = engine_on_free_port(1, |http_port| EngineConfig {
-        http_port,
-        block_size: B,
-        device_capacity_blocks: 4096,
-        dialect: kvdir_sim::Dialect::Vllm,
-        openai: Some(openai.clone()),
-        ..EngineConfig::default()
-    });
-    let url = format!("http://{}", engine.instance_name());
-    let listing = json!({"url": url, "dialect": "vllm", "block_size": B, "model": MODEL});
-    (engine, listing)
-}
-
-#[test]
-fn a_listed_engine_without_events_is_credited_approximately_until_its_ttl() {
-    let openai = costs(20, 0, 4);
-    let (engines, listings): (Vec<_>, Vec<_>) =
-        (0..2).map(|_| listed_without_events(&openai)).unzip();
-    let config = json!({"engines": listings, "engine_poll_interval_ms": 100,
-        "approximate_ttl_ms": 3000});
-    let directory = kvdir::config::parse_config_file(&config.to_string()).expect("valid config");
-    let (_tmp, dir) = model_dir();
-    let front = FrontDoorFlags { tokenizer_path: Some(dir), ..FrontDoorFlags::default() };
-    let flags = Flags { front, http_server_port: 0, etcd_addr: String::new(), ..Flags::default() };
-    let svc = kvdir_service::Service::start(flags, Some(directory)).expect("kvdir starts");
-    eventually("both engines known by their process, approximate, with a load", || {
-        let inst = http(svc.http_addr(), "GET", "/v1/internal/instances", &[], b"").json();
-        let list = inst["instances"].as_array().cloned().unwrap_or_default();
-        let ready =
-            |i: &Value| i["approximate_blocks"].is_u64() && i["waiting_requests_num"].is_u64();
-        match list.iter().filter(|i| i["approximate"] == true && ready(i)).count() {
-            2 => Ok(()),
-            _ => Err(inst.to_string()),
-        }
-    });
-    let streams = report(&svc);
-    assert_eq!(streams["streams"].as_array().map(Vec::len), Some(0), "no streams: {streams}");
-
-    // The first chat: nothing credited anywhere, and the answer says the credit is approximate.
-    let system = long_system_prompt();
-    let first = conversation(&system, "What is the capital of France?");
-    let r = chat(&svc, &first, false);
-    assert_eq!(r.status().as_u16(), 200);
-    let holder = header(&r, "x-kvdir-instance");
-    assert_eq!(header(&r, "x-kvdir-stream-state"), "approximate");
-    assert_eq!(header(&r, "x-kvdir-cached-tokens"), "0");
-
-    // Its blocks are now assumed cached on the engine that served it, and only there.
-    let prompt = tokens_of(&first);
-    let answer = query(&svc, &prompt);
-    let whole = prompt.len() as u64 / u64::from(B) * u64::from(B);
-    for m in &answer.matches {
-        assert!(m.approximate && m.synchronized, "{m:?}");
-        let want = if m.instance_name == holder { whole } else { 0 };
-        assert_eq!(m.device_hit_tokens, want, "{m:?}");
-    }
-
-    // A load report taken while the first chat ran is replaced by an idle one (CAR at the
-    // default lambda would leave a busier engine).
-    eventually("every engine reporting an empty queue", || {
-        let inst = http(svc.http_addr(), "GET", "/v1/internal/instances", &[], b"").json();
-        let list = inst["instances"].as_array().cloned().unwrap_or_default();
-        match list.iter().all(|i| i["waiting_requests_num"] == 0) {
-            true => Ok(()),
-            false => Err(inst.to_string()),
-        }
-    });
-    // The second chat with that system prompt goes back to it, and the engine confirms the
-    // credit: it reuses what kvdir assumed.
-    let second = conversation(&system, "And the capital of Spain?");
-    let r = chat(&svc, &second, false);
-    assert_eq!(r.status().as_u16(), 200);
-    assert_eq!(header(&r, "x-kvdir-instance"), holder, "back to the engine that served it");
-    assert_eq!(header(&r, "x-kvdir-stream-state"), "approximate");
-    let assumed = header(&r, "x-kvdir-cached-tokens");
-    let body: Value = r.json().unwrap();
-    let cached = &body["usage"]["prompt_tokens_details"]["cached_tokens"];
-    assert!(cached.as_u64() > Some(200), "the system prompt's blocks are reused: {body}");
-    assert_eq!(assumed, cached.to_string(), "kvdir assumed what the engine reused");
-
-    // The route answer marks the credit approximate on every rank.
-    let routed = route(&svc, &tokens_of(&second)).expect("routed");
-    let c = routed.candidates.iter().find(|c| c.name == holder).unwrap();
-    assert!(c.kv_hit_ratio > Some(0.5) && c.dp_hits.iter().all(|h| h.approximate), "{c:?}");
-    let json = serde_json::to_value(&routed).unwrap();
-    assert!(json.to_string().contains("\"approximate\":true"), "{json}");
-
-    // The credit lives its TTL from the latest request that used it, then expires.
-    eventually("the approximate credit to expire after its TTL", || {
-        let answer = query(&svc, &prompt);
-        let m = find_entry(&answer, &holder, 0).cloned();
-        match m {
-            Some(m) if m.approximate && m.device_hit_tokens == 0 => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    });
-    drop(engines);
 }
 
 /// With `--frontend_policy TTFT` the front door routes with TTFT while `POST /v1/internal/route`

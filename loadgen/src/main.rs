@@ -22,7 +22,7 @@ fn main() -> ExitCode {
     }
     let options = match bench::parse_args(args) {
         Ok(BenchCommand::Help) => {
-            print!("{}", bench::HELP);
+            print!("{}", bench::help());
             return ExitCode::SUCCESS;
         }
         Ok(BenchCommand::Run(options)) => options,
@@ -37,7 +37,7 @@ fn main() -> ExitCode {
 
 fn replay_main(args: impl Iterator<Item = String>) -> ExitCode {
     let options = match replay::parse_replay_args(args) {
-        Ok(ReplayCommand::Help) => return print_ok(replay::REPLAY_HELP.to_string()),
+        Ok(ReplayCommand::Help) => return print_ok(replay::replay_help()),
         Ok(ReplayCommand::Run(options)) => options,
         Err(e) => return flags_failed(e),
     };
@@ -50,7 +50,7 @@ fn replay_main(args: impl Iterator<Item = String>) -> ExitCode {
 
 fn chat_main(args: impl Iterator<Item = String>) -> ExitCode {
     let options = match chat::parse_chat_args(args) {
-        Ok(ChatCommand::Help) => return print_ok(chat::CHAT_HELP.to_string()),
+        Ok(ChatCommand::Help) => return print_ok(chat::chat_help()),
         Ok(ChatCommand::Run(options)) => options,
         Err(e) => return flags_failed(e),
     };

@@ -217,5 +217,4 @@ pub fn predicted_hit_ratio(c: &Candidate, input_tokens: usize, host_weight: f64)
 }
 
 #[cfg(test)]
-#[path = "predict_tests.rs"]
 mod tests;

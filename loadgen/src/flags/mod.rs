@@ -1,5 +1,6 @@
-//! Flags of the `kvdir-bench` binary ([`BenchOptions`]), parsed in xllm-service style
-//! (`--flag=value` or `--flag value`, switches alone), with every problem reported together.
+//! Flags of the `kvdir-bench` binary ([`BenchOptions`]), parsed by clap in xllm-service style
+//! (`--flag=value` or `--flag value`, switches alone; declared in `flags/cli.rs`), with every
+//! problem reported together.
 //!
 //! How kvdir learns about the engines ([`Mode`]) follows from three flags: `--etcd_addr`
 //! registers the engines in etcd (kvdir discovers them); without it the engines' static
@@ -11,71 +12,17 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::BenchError;
-use kvdir_sim::cli::{flag_pairs, number};
+use kvdir::config::args::{self, number};
+
+pub(crate) mod cli;
 
 /// Most streams one run drives: kvdir's `max_streams` ceiling.
 pub const MAX_STREAMS: u64 = 65_536;
 
-/// `kvdir-bench --help`.
-pub const HELP: &str = "\
-kvdir-bench: drive a running kvdir with simulated engines and HTTP clients, print a report
-
-USAGE: kvdir-bench [--flag=value | --flag value]...
-       kvdir-bench replay --trace FILE ...   replay a request trace (kvdir-bench replay --help)
-       kvdir-bench chat --etcd_addr H:P ...  chat load through the OpenAI front door
-                                             (kvdir-bench chat --help)
-
-How kvdir learns about the engines (one of):
-  --etcd_addr H:P          register every engine in this etcd (leased key, LOADMETRICS,
-                           heartbeats); a kvdir started with --etcd_addr and a discovery
-                           config finds them
-  --write_config PATH      write the kvdir config for the engines there (static streams,
-                           or discovery with --etcd_addr), then wait for kvdir
-  --spawn_kvdir PATH       start this kvdir binary on 127.0.0.1 port 0 with the generated
-                           config (and --etcd_addr), stop it at the end
-
-Target:
-  --kvdir_addr H:P         HTTP address of a running kvdir (not with --spawn_kvdir) [127.0.0.1:8888]
-  --etcd_namespace NS      etcd key namespace kvdir uses [none; a private one with --spawn_kvdir]
-  --internal_api_token T   X-Internal-Token for kvdir's internal endpoints
-  --kvdir_pid PID          read kvdir's RSS from /proc/PID/status
-  --kvdir_arg=FLAG         extra flag for the spawned kvdir (repeatable; use the = form)
-  --allow_remote           accept non-loopback --kvdir_addr and --etcd_addr
-
-Engines:
-  --engines N              simulated engines                                      [4]
-  --dp_size N              DP ranks per engine (streams = engines x dp_size <= 65536) [2]
-  --block_size N           tokens per block; must equal kvdir's block_size        [128]
-  --topic T                topic of live messages; must equal kvdir's topic       [xllm-kv]
-  --device_blocks N        Device blocks per rank                                 [1024]
-  --host_blocks N          Host blocks per rank (0 = no Host tier)                [1024]
-  --http_port P            HTTP port of engine 0 with --etcd_addr; engine k uses P + k*dp_size,
-                           events P+10000+.., snapshots P+30000+.. (0 = pick free ports) [0]
-  --event_port_offset N    with --etcd_addr: events of engine k rank r on P + k*dp_size +
-                           N + r (discovery's event_port_offset)                [10000]
-  --replay_port_offset N   the same for snapshot ports (replay_port_offset)       [30000]
-  --heartbeat_ms N         heartbeat interval with --etcd_addr (0 = none)         [500]
-  --events_bind P          kvdir binds ports P..P+dp_size-1 and every engine's rank r connects
-                           its PUB to P+r with its own topic (kv_events_bind); needs
-                           --etcd_addr [off: kvdir connects to every rank's PUB]
-  --rank_threads N         threads serving every simulated rank       [the cores]
-
-Load:
-  --duration_seconds S     length of the measured load                            [10]
-  --rate R                 engine requests (live batches) per second, all ranks (0 = max) [0]
-  --drivers N              threads publishing the workload                        [2]
-  --seed S                 workload seed                                          [42]
-  --query_clients N        threads sending POST /v1/internal/kv-cache/query       [2]
-  --route_clients N        threads sending POST /v1/internal/route (needs --etcd_addr)
-                                                         [1 with --etcd_addr, else 0]
-  --client_rate R          requests per second per client (0 = back to back)      [0]
-  --baseline_seconds S     then the same clients without ingest, for ratios (0 = skip) [3]
-  --sync_timeout_seconds S longest wait for kvdir to synchronize or catch up      [60]
-  --idle_seconds S         before the load, kvdir's CPU and threads with every stream
-                           connected and nothing published (0 = skip)            [2]
-  --json                   print the report as JSON
-  --help                   this text
-";
+/// `kvdir-bench --help`, generated from the flags' declaration (`flags/cli.rs`).
+pub fn help() -> String {
+    cli::bench_command().render_help().to_string()
+}
 
 /// How kvdir learns about the engines.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -194,7 +141,7 @@ impl Default for BenchOptions {
 /// What the command line asks for.
 #[derive(Debug, Clone, PartialEq)]
 pub enum BenchCommand {
-    /// Print [`HELP`].
+    /// Print [`help`].
     Help,
     /// Run the load.
     Run(Box<BenchOptions>),
@@ -212,9 +159,9 @@ struct Pending {
 
 /// Parses the arguments after the program name.
 pub fn parse_args<I: IntoIterator<Item = String>>(args: I) -> Result<BenchCommand, BenchError> {
-    let mut problems = Vec::new();
-    let switches = ["json", "allow_remote"];
-    let Some(pairs) = flag_pairs(args, &switches, &mut problems) else {
+    let Some((pairs, mut problems)) =
+        cli::parse(&cli::bench_command(), args.into_iter().collect())?
+    else {
         return Ok(BenchCommand::Help);
     };
     let (mut options, mut pending) = (BenchOptions::default(), Pending::default());
@@ -239,13 +186,10 @@ fn seconds(name: &str, value: &str, min: f64) -> Result<Duration, String> {
     }
 }
 
-/// A rate per second; 0 means "no pacing".
+/// A rate of requests per second; 0 means "no pacing".
 fn rate(name: &str, value: &str) -> Result<Option<f64>, String> {
-    match value.parse::<f64>() {
-        Ok(r) if r.is_finite() && r > 0.0 => Ok(Some(r)),
-        Ok(0.0) => Ok(None),
-        _ => Err(format!("--{name} = {value:?} is not a finite rate per second >= 0 (0 = max)")),
-    }
+    let r = args::rate(name, value, (0.0, f64::MAX), "request")?;
+    Ok((r > 0.0).then_some(r))
 }
 
 pub(crate) fn switch(name: &str, value: &str) -> Result<bool, String> {

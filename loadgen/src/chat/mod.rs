@@ -35,7 +35,7 @@ pub mod load;
 pub mod report;
 pub mod siblings;
 
-pub use flags::{parse_chat_args, ChatCommand, ChatOptions, CHAT_HELP, USER_TURN_TOKENS};
+pub use flags::{chat_help, parse_chat_args, ChatCommand, ChatOptions, USER_TURN_TOKENS};
 use load::{run_clients, Targets};
 pub use load::{ChatStats, Workload};
 pub use report::ChatReport;
