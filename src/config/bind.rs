@@ -22,7 +22,7 @@ pub const MAX_BIND_RANKS: u64 = 1024;
 /// The default topic pattern (llm-d's convention).
 pub const DEFAULT_TOPIC_PATTERN: &str = "kv@{host}@{model}";
 
-const FIELDS: &[&str] = &["endpoint", "ranks", "topic"];
+const FIELDS: &[&str] = &["endpoint", "ranks", "topic", "announce"];
 const PLACEHOLDERS: &[&str] = &["host", "port", "model", "name"];
 
 /// Whether a stream's live endpoint is the bind endpoint.
@@ -46,13 +46,15 @@ pub struct BindConfig {
     pub ranks: u32,
     /// How an engine's topic is named.
     pub topic: TopicPattern,
+    /// Engines that announce themselves by their topic, if allowed (`announce.rs`).
+    pub announce: Option<super::announce::AnnounceConfig>,
 }
 
 impl BindConfig {
     /// A bind endpoint with the default ranks (1) and topic pattern; `Err` names the problem.
     pub fn with_endpoint(endpoint: &str) -> Result<Self, String> {
         let topic = TopicPattern::parse(DEFAULT_TOPIC_PATTERN)?;
-        let c = BindConfig { endpoint: endpoint.to_string(), ranks: 1, topic };
+        let c = BindConfig { endpoint: endpoint.to_string(), ranks: 1, topic, announce: None };
         check_bind_endpoint(endpoint, 1)?;
         Ok(c)
     }
@@ -175,7 +177,8 @@ pub(crate) fn parse_bind(
             f.errors.push(format!("kv_events_bind.endpoint = {endpoint:?}: {e}"));
         }
     }
-    Some(BindConfig { endpoint, ranks, topic: topic? })
+    let announce = f.raw("announce").and_then(|a| super::announce::parse_announce(a, f.errors));
+    Some(BindConfig { endpoint, ranks, topic: topic?, announce })
 }
 
 /// The problem with `"events": "bind"` at `path` when kvdir binds nothing.

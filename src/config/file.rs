@@ -119,11 +119,15 @@ fn parse_value(
         }
         (Some(d), _) => Source::Discovery(parse_discovery(d, bind.as_ref(), errors)?),
         (None, Some(s)) => Source::Streams(parse_streams(s, &limits, errors)),
-        // An engines list alone (its own problems, if any, are reported already).
-        (None, None) if has_engines => Source::EnginesOnly,
+        // An engines list alone (its own problems, if any, are reported already), or engines
+        // that will announce themselves on the bind endpoint.
+        (None, None) if has_engines || bind.as_ref().is_some_and(|b| b.announce.is_some()) => {
+            Source::EnginesOnly
+        }
         (None, None) => {
             errors.push(
-                "config needs \"discovery\", a non-empty \"streams\" list or an \"engines\" list"
+                "config needs \"discovery\", a non-empty \"streams\" list, an \"engines\" list \
+                 or kv_events_bind.announce"
                     .into(),
             );
             return None;

@@ -4,6 +4,7 @@
 //! uses `Duration`s and checked values. Every problem is collected and reported together, each
 //! naming the offending value and the fix.
 
+pub mod announce;
 pub mod args;
 mod bind;
 mod endpoint;

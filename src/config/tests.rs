@@ -85,7 +85,8 @@ fn discovery_and_streams_are_exclusive_and_one_is_required() {
     );
     assert_eq!(
         problems("{}"),
-        ["config needs \"discovery\", a non-empty \"streams\" list or an \"engines\" list"]
+        ["config needs \"discovery\", a non-empty \"streams\" list, an \"engines\" list or \
+          kv_events_bind.announce"]
     );
     assert_eq!(
         problems(r#"{"streams": []}"#),

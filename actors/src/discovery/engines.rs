@@ -22,6 +22,7 @@ const POLL_TIMEOUT: Duration = Duration::from_secs(2);
 impl DiscoveryActor {
     /// Polls every listed engine that has no poll in flight.
     pub(super) fn poll_engines(&mut self, ctx: &mut Context<Self>) {
+        self.take_announced(ctx);
         let due: Vec<(String, String, Dialect)> = self
             .engines
             .iter()

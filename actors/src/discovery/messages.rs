@@ -109,7 +109,7 @@ pub struct EngineReport {
     pub url: String,
     /// `vllm`, `sglang` or `xllm`.
     pub dialect: Dialect,
-    /// `config` or `register`.
+    /// `config`, `register` or `announce` (`kv_events_bind.announce`).
     pub source: &'static str,
     /// Whether its process is known (no CAR credit before).
     pub identity_known: bool,

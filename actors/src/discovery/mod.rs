@@ -10,6 +10,7 @@
 //! cold, vanished ones stop, and a changed endpoint, DP topology or process identity restarts a
 //! stream with an empty index, so a replacement gets no credit before its own snapshot.
 
+mod announced;
 mod apply;
 mod approx;
 mod engines;
@@ -64,6 +65,8 @@ pub struct DiscoveryActor {
     /// Engines listed by address, and which of them came from `POST /register`.
     engines: Engines,
     registered_engines: BTreeSet<String>,
+    /// Engines that announced themselves, by name, with their topic (`announced.rs`).
+    announced: BTreeMap<String, String>,
     /// How often listed engines are polled, and the polls in flight.
     poll_interval: Duration,
     polling: BTreeSet<String>,
@@ -99,6 +102,7 @@ impl DiscoveryActor {
             applied: None,
             engines: Engines::default(),
             registered_engines: BTreeSet::new(),
+            announced: BTreeMap::new(),
             poll_interval: Duration::from_secs(1),
             polling: BTreeSet::new(),
             // No proxy: engines are reached directly. Building fails only without a TLS or

@@ -45,6 +45,8 @@ impl DiscoveryActor {
             dialect: e.spec.dialect,
             source: if self.registered_engines.contains(&e.spec.name) {
                 "register"
+            } else if self.announced.contains_key(&e.spec.name) {
+                "announce"
             } else {
                 "config"
             },

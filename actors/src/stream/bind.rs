@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 
+use kvdir::config::announce::Announced;
 use kvdir::config::{keyed_topic, BindConfig, Limits, BIND_ENDPOINT};
 use serde::Serialize;
 
@@ -48,6 +49,16 @@ struct Routes {
     messages: AtomicU64,
     unknown: AtomicU64,
     unknown_topics: Mutex<BTreeSet<String>>,
+    /// Engines that announced themselves (`kv_events_bind.announce`), for discovery to list,
+    /// and every topic announced so far (announced once, until discovery drops the engine).
+    announced: Mutex<Announcements>,
+}
+
+/// Announced engines waiting for discovery, and every topic announced so far.
+#[derive(Default)]
+struct Announcements {
+    queued: Vec<(String, Announced)>,
+    topics: HashSet<String>,
 }
 
 /// What `/v1/internal/streams` and `/metrics` show of the bind endpoint.
@@ -75,6 +86,7 @@ impl BindRoutes {
             messages: AtomicU64::new(0),
             unknown: AtomicU64::new(0),
             unknown_topics: Mutex::default(),
+            announced: Mutex::default(),
         }))
     }
 
@@ -116,6 +128,30 @@ impl BindRoutes {
                 table.remove(topic.as_bytes());
             }
         }
+    }
+
+    /// The engines announced since the last call, with their topics.
+    pub fn take_announced(&self) -> Vec<(String, Announced)> {
+        std::mem::take(&mut lock(&self.0.announced).queued)
+    }
+
+    /// Forgets that `topic` was announced: a message under it announces its engine again.
+    pub fn forget_announced(&self, topic: &str) {
+        lock(&self.0.announced).topics.remove(topic);
+    }
+
+    /// Queues the engine `topic` announces, once, when announcing is on and its address allowed;
+    /// whether it is one.
+    fn announce(&self, topic: &[u8]) -> bool {
+        let Some(config) = &self.0.config.announce else { return false };
+        let Ok(topic) = std::str::from_utf8(topic) else { return false };
+        let Some(engine) = config.engine(topic) else { return false };
+        let mut announced = lock(&self.0.announced);
+        if announced.topics.insert(topic.to_string()) {
+            tracing::info!(%topic, engine = %engine.host(), "an engine announced itself");
+            announced.queued.push((topic.to_string(), engine));
+        }
+        true
     }
 
     /// The keyed topic of `topic` on rank `rank`'s port.
@@ -262,6 +298,9 @@ impl Receiver {
 
     fn unknown(&mut self, rank: u32, topic: Vec<u8>) {
         self.routes.0.unknown.fetch_add(1, Ordering::Relaxed);
+        if self.routes.announce(&topic) {
+            return; // its stream replays what was sent before it started
+        }
         if self.logged.len() > MAX_LOGGED_TOPICS || self.logged.contains(&(topic.clone(), rank)) {
             return;
         }

@@ -5,7 +5,10 @@
 //! the engine's HTTP side (`/health`, `/metrics`) gives kvdir its process identity.
 //!
 //! What a user sees: the streams report (phase, endpoint, the bind counters), `/metrics`, and
-//! query hits per instance and rank.
+//! query hits per instance and rank. Engines that announce themselves by their topic are in
+//! [`announce`].
+
+mod announce;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -52,6 +55,12 @@ impl Rank {
     /// history replays on an ephemeral port.
     fn connect(ctx: &zmq::Context, port: u16, topic: &str, rank: u32) -> Rank {
         Rank::start(ctx, port, topic, rank, ("tcp://127.0.0.1:*", false))
+    }
+
+    /// vLLM's rank 0 publishing under `topic` to `tcp://127.0.0.1:port`, answering history
+    /// replays on `replay`.
+    fn with_replay(ctx: &zmq::Context, port: u16, topic: &str, replay: &str) -> Rank {
+        Rank::start(ctx, port, topic, 0, (replay, false))
     }
 
     /// An xLLM engine publishing under `topic` to `tcp://127.0.0.1:port`, answering
