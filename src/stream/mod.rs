@@ -15,6 +15,7 @@ mod actions;
 mod fault;
 mod history;
 mod recovery;
+mod snapshot;
 
 pub use actions::{Action, RecoveryConfig, RecoveryStats, StreamPhase, SyncReason};
 pub use fault::{StreamFault, FAULT_LABELS};

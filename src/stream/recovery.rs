@@ -10,6 +10,7 @@ use crate::wire::Batch;
 
 use super::actions::{Action, RecoveryConfig, RecoveryStats, StreamPhase, SyncReason};
 use super::history::Replay;
+use super::snapshot::Pending;
 use super::StreamFault;
 
 /// Consecutive failed periodic resyncs after which a live stream loses its credit: a
@@ -27,16 +28,6 @@ pub const INDEX_BACKOFF_MIN: Duration = Duration::from_secs(1);
 pub const INDEX_BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// A refusal this long after the last back-off ended starts again from the shortest wait.
 const INDEX_QUIET: Duration = Duration::from_secs(300);
-
-pub(super) struct Pending {
-    started: Instant,
-    builder: Box<SharedSnapshot>,
-    watermark: Option<u64>,
-    buffer: Vec<(u64, Batch)>,
-    buffered_bytes: usize,
-    /// Why it runs; a periodic resync that meets a gap becomes a recovery.
-    reason: SyncReason,
-}
 
 pub(super) enum Phase {
     Disconnected,
@@ -293,102 +284,6 @@ impl Recovery {
         self.backoff.reset();
     }
 
-    fn buffer(
-        &mut self,
-        seq: u64,
-        batch: Batch,
-        wire_bytes: usize,
-        now: Instant,
-        out: &mut Vec<Action>,
-    ) {
-        let Phase::Syncing(p) = &mut self.phase else { return };
-        p.buffered_bytes += wire_bytes + batch.heap_bytes();
-        p.buffer.push((seq, batch));
-        if p.buffered_bytes > self.cfg.max_buffered_bytes {
-            let fault = StreamFault::BufferOverflow { max_bytes: self.cfg.max_buffered_bytes };
-            self.fail(fault, now, out);
-        }
-    }
-
-    /// One snapshot reply message, already decoded. A reply of another DP rank's state (a
-    /// publisher wired to the wrong replay port) fails the snapshot like a malformed one.
-    pub fn on_snapshot_reply(
-        &mut self,
-        watermark: u64,
-        batch: &Batch,
-        now: Instant,
-        out: &mut Vec<Action>,
-    ) {
-        if !matches!(self.phase, Phase::Syncing(_)) || self.other_rank(batch, now, out) {
-            return;
-        }
-        let Phase::Syncing(p) = &mut self.phase else { return };
-        if p.watermark.is_some_and(|w| w != watermark) {
-            return self.fail(StreamFault::SnapshotWatermarks(watermark), now, out);
-        }
-        p.watermark = Some(watermark);
-        if let Err(e) = p.builder.add(batch) {
-            self.fail(StreamFault::SnapshotRejected(e.to_string()), now, out);
-        }
-    }
-
-    /// Fails the attempt when a reply's batch is of another DP rank (a publisher wired to the
-    /// wrong replay port); says whether it did.
-    pub(super) fn other_rank(
-        &mut self,
-        batch: &Batch,
-        now: Instant,
-        out: &mut Vec<Action>,
-    ) -> bool {
-        if batch.dp_rank == self.cfg.dp_rank {
-            return false;
-        }
-        let fault = StreamFault::SnapshotWrongDpRank { got: batch.dp_rank, want: self.cfg.dp_rank };
-        self.fail(fault, now, out);
-        true
-    }
-
-    /// A snapshot reply could not be read (malformed, oversized...).
-    pub fn on_snapshot_error(&mut self, fault: StreamFault, now: Instant, out: &mut Vec<Action>) {
-        if self.awaits_reply() {
-            self.fail(fault, now, out);
-        }
-    }
-
-    /// The snapshot terminator: install it with the buffered deltas that continue it.
-    pub fn on_snapshot_end(&mut self, now: Instant, out: &mut Vec<Action>) {
-        if matches!(self.phase, Phase::Replaying(_)) {
-            return self.end_history(now, out);
-        }
-        // A terminator after the attempt already failed (its reply was rejected) is ignored:
-        // the phase it failed into (back-off, or live for a resync) stands.
-        if !matches!(self.phase, Phase::Syncing(_)) {
-            return;
-        }
-        let Phase::Syncing(p) = std::mem::replace(&mut self.phase, Phase::Disconnected) else {
-            return;
-        };
-        let Some(watermark) = p.watermark else {
-            return self.fail_attempt(StreamFault::SnapshotRefused, p.reason, now, out);
-        };
-        let deltas: Vec<(u64, Batch)> =
-            p.buffer.into_iter().filter(|(s, _)| *s >= watermark).collect();
-        if let Some(hole) =
-            deltas.iter().enumerate().find(|(i, (s, _))| *s != watermark + *i as u64)
-        {
-            let fault =
-                StreamFault::SnapshotGap { expected: watermark + hole.0 as u64, got: (hole.1).0 };
-            return self.fail_attempt(fault, p.reason, now, out);
-        }
-        self.next_seq = Some(watermark + deltas.len() as u64);
-        self.stats.count_sync(p.reason, now.saturating_duration_since(p.started));
-        self.backoff.reset();
-        self.phase = Phase::Live { since_snapshot: now };
-        self.failed_resyncs = 0;
-        out.push(Action::CloseSnapshot);
-        out.push(Action::Install { snapshot: p.builder, watermark, deltas });
-    }
-
     /// When [`Recovery::on_tick`] next has something to do (a snapshot timeout, the end of a
     /// back-off, the periodic resync), so a caller can sleep until then; `None` while
     /// disconnected, when only an event can move the machine.
@@ -462,7 +357,7 @@ impl Recovery {
     /// A periodic resync of a live stream stays live and retries at the next interval, up to
     /// [`MAX_FAILED_RESYNCS`] in a row; otherwise the stream becomes unsynchronized and retries
     /// with back-off.
-    fn fail_attempt(
+    pub(super) fn fail_attempt(
         &mut self,
         fault: StreamFault,
         reason: SyncReason,
