@@ -42,7 +42,7 @@ fn replay_main(args: impl Iterator<Item = String>) -> ExitCode {
         Err(e) => return flags_failed(e),
     };
     match replay::run(&options) {
-        Ok(report) if options.json => print_ok(format!("{:#}\n", report.json())),
+        Ok(report) if options.kvdir.json => print_ok(format!("{:#}\n", report.json())),
         Ok(report) => print_ok(report.text()),
         Err(e) => failed(e),
     }
@@ -55,7 +55,7 @@ fn chat_main(args: impl Iterator<Item = String>) -> ExitCode {
         Err(e) => return flags_failed(e),
     };
     match chat::run(&options) {
-        Ok(report) if options.json => print_ok(format!("{:#}\n", report.json())),
+        Ok(report) if options.kvdir.json => print_ok(format!("{:#}\n", report.json())),
         Ok(report) => print_ok(report.text()),
         Err(e) => failed(e),
     }

@@ -23,7 +23,7 @@ fn bad_flags_exit_with_status_2_and_name_every_problem() {
     let out = Command::new(BIN).args(["--engines=0", "--rate", "fast"]).output().expect("runs");
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    for needle in ["--engines = 0 is below the minimum 1", "--rate = \"fast\"", "nothing tells"] {
+    for needle in ["--engines = 0 is below the minimum 1", "--rate=\"fast\"", "nothing tells"] {
         assert!(stderr.contains(needle), "{needle} missing from {stderr}");
     }
 }

@@ -11,9 +11,9 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 use clap::parser::ValueSource;
 use clap::ArgMatches;
 
-/// `command` as every binary's is set up: flags named as declared (`snake_case`), a later
-/// occurrence of a flag overriding an earlier one, values that may look like negative numbers
-/// (so that the check names them), and help wrapped at 100 columns.
+/// `command` as every binary's is set up: a later occurrence of a flag overrides an earlier one,
+/// values may look like negative numbers (so that the binary's check names them), and help is
+/// wrapped at 100 columns. (Each binary names its flags `snake_case` in its derive.)
 pub fn command(command: clap::Command) -> clap::Command {
     command.args_override_self(true).term_width(100).mut_args(|a| {
         let takes_value = a.get_action().takes_values();
@@ -42,9 +42,9 @@ pub enum Early {
     Fatal(Vec<(usize, String)>),
 }
 
-/// Parses `args` (after the program name) and the environment with `command`. An argument clap rejects (an
-/// unknown flag, a missing value) becomes a problem and is left out, and the rest is parsed
-/// again, so every problem is found in one run.
+/// Parses `args` (after the program name) and the environment with `command`. An argument
+/// clap rejects (an unknown flag, a missing value) becomes a problem and is left out, and the
+/// rest is parsed again, so every problem is found in one run.
 pub fn parse<'a>(command: &clap::Command, args: Vec<&'a str>) -> Result<Parsed<'a>, Early> {
     let mut args: Vec<(usize, &str)> = args.into_iter().enumerate().collect();
     let mut problems = Vec::new();
@@ -172,5 +172,56 @@ pub fn rate(name: &str, value: &str, (min, max): (f64, f64), unit: &str) -> Resu
         _ => Err(format!(
             "--{name}={value:?} is not a number of {unit}s per second in {min}..={max}"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{Arg, ArgAction};
+
+    use super::*;
+
+    fn tool() -> clap::Command {
+        command(
+            clap::Command::new("tool")
+                .arg(Arg::new("rate").long("rate"))
+                .arg(Arg::new("arg").long("arg").action(ArgAction::Append))
+                .arg(Arg::new("json").long("json").action(ArgAction::SetTrue)),
+        )
+    }
+
+    #[test]
+    fn pairs_come_in_command_line_order_and_the_last_of_a_flag_wins() {
+        let args = vec!["--arg=a", "--rate", "-1", "--json", "--arg", "b", "--rate=2"];
+        let Ok(parsed) = parse(&tool(), args) else { panic!("parses") };
+        let want = [("arg", "a"), ("json", "true"), ("arg", "b"), ("rate", "2")];
+        assert_eq!(parsed.pairs(), want.map(|(n, v)| (n.to_string(), v.to_string())));
+        assert_eq!(parsed.occurrences("rate"), [1, 6]);
+    }
+
+    #[test]
+    fn every_argument_clap_rejects_is_a_problem_at_its_place() {
+        let args = vec!["--rat=1", "--json=yes", "stray", "--rate"];
+        assert!(matches!(parse(&tool(), vec!["--help"]), Err(Early::Help)));
+        let Ok(parsed) = parse(&tool(), args) else { panic!("every problem is placed") };
+        let problems: Vec<&str> = parsed.problems.iter().map(|(_, p)| p.as_str()).collect();
+        assert_eq!(
+            problems,
+            [
+                "unknown flag --rat (did you mean --rate?); run tool --help for the list",
+                "--json takes no value",
+                "unexpected argument \"stray\"; flags look like --name=value",
+                "--rate needs a value: --rate=VALUE",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_rate_names_its_unit_and_range() {
+        assert_eq!(rate("r", "2.5", (0.0, 10.0), "request"), Ok(2.5));
+        let high = rate("r", "11", (0.0, 10.0), "request").unwrap_err();
+        assert_eq!(high, "--r=\"11\" is not a number of requests per second in 0..=10");
+        let low = rate("r", "0.5", (1.0, f64::MAX), "token").unwrap_err();
+        assert_eq!(low, "--r=\"0.5\" is not a number of tokens per second of at least 1");
     }
 }

@@ -105,9 +105,9 @@ fn through_kvdir(
     work: &Workload,
 ) -> Result<ChatReport, BenchError> {
     fleet.register(b, &kvdir.addr)?;
-    let conn = Conn::new(&kvdir.addr, o.internal_api_token.clone(), PROBE_TIMEOUT);
+    let conn = Conn::new(&kvdir.addr, o.kvdir.internal_api_token.clone(), PROBE_TIMEOUT);
     let mut probe = Probe::new(conn, fleet.streams());
-    probe.wait_synchronized(true, o.sync_timeout)?;
+    probe.wait_synchronized(true, o.kvdir.sync_timeout)?;
     let tokenization_before = tokenization(probe.conn());
     let cpu_before = kvdir.pid.and_then(cpu_seconds);
     let targets = Targets { addrs: vec![kvdir.addr.clone()], direct: false };

@@ -1,6 +1,6 @@
 //! The `kvdir-bench` command lines, declared for clap: the load tool's own ([`BenchCli`]),
 //! `kvdir-bench chat`'s and `kvdir-bench replay`'s, which share the flags of the kvdir they
-//! start and the etcd they use ([`KvdirRunFlags`]). `--help` is generated from these. Values are
+//! start and the etcd they use (`kvdir_run.rs`). `--help` is generated from these. Values are
 //! kept as text and checked by each mode's setter, with every problem reported at once
 //! ([`kvdir::config::args`]); a switch is `--json` or `--json=true|false`.
 
@@ -164,38 +164,6 @@ struct BenchCli {
     json: Option<String>,
 }
 
-/// The flags of the kvdir that `chat` and `replay` start, and of the etcd they use.
-#[allow(dead_code)]
-#[derive(Debug, clap::Args)]
-#[command(rename_all = "snake_case")]
-struct KvdirRunFlags {
-    /// etcd where the engines register and kvdir discovers them
-    #[arg(long, value_name = "H:P")]
-    etcd_addr: Option<String>,
-    /// the kvdir binary to start (127.0.0.1, port 0) for each run (chat: not needed with --direct)
-    #[arg(long, value_name = "PATH")]
-    spawn_kvdir: Option<String>,
-    /// etcd namespace [default: a private kvdir-chat-<pid> or kvdir-replay-<pid>; each replay run
-    /// adds -<run>-<policy>]
-    #[arg(long, value_name = "NS")]
-    etcd_namespace: Option<String>,
-    /// X-Internal-Token for kvdir (and the spawned kvdir)
-    #[arg(long, value_name = "T")]
-    internal_api_token: Option<String>,
-    /// extra flag for the spawned kvdir (repeatable; use the = form: --kvdir_arg=--flag=value)
-    #[arg(long, value_name = "FLAG", action = clap::ArgAction::Append)]
-    kvdir_arg: Vec<String>,
-    /// longest wait for kvdir to know and synchronize every engine, or to catch up [default: 60]
-    #[arg(long, value_name = "S")]
-    sync_timeout_seconds: Option<String>,
-    /// accept a non-loopback --etcd_addr
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    allow_remote: Option<String>,
-    /// print the report as JSON
-    #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
-    json: Option<String>,
-}
-
 /// `kvdir-bench chat`'s flags.
 #[allow(dead_code)]
 #[derive(Debug, clap::Parser)]
@@ -210,7 +178,7 @@ struct KvdirRunFlags {
 )]
 struct ChatCli {
     #[command(flatten)]
-    kvdir: KvdirRunFlags,
+    kvdir: super::kvdir_run::KvdirRunFlags,
     /// send the requests round-robin straight to the engines (baseline)
     #[arg(long, value_name = "BOOL", num_args = 0..=1, require_equals = true, default_missing_value = "true")]
     direct: Option<String>,
@@ -293,7 +261,7 @@ struct ChatCli {
 )]
 struct ReplayCli {
     #[command(flatten)]
-    kvdir: KvdirRunFlags,
+    kvdir: super::kvdir_run::KvdirRunFlags,
     /// the trace (JSON lines: timestamp, input_length, hash_ids)
     #[arg(long, value_name = "FILE")]
     trace: Option<String>,

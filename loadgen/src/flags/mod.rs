@@ -15,6 +15,7 @@ use super::BenchError;
 use kvdir::config::args::{self, number};
 
 pub(crate) mod cli;
+pub(crate) mod kvdir_run;
 
 /// Most streams one run drives: kvdir's `max_streams` ceiling.
 pub const MAX_STREAMS: u64 = 65_536;

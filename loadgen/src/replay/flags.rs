@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::super::flags::kvdir_run::KvdirRun;
 use super::super::flags::{cli, BenchOptions, Mode};
 use super::super::BenchError;
 use super::clock::Cost;
@@ -44,22 +45,11 @@ pub struct ReplayOptions {
     pub car_args: Vec<String>,
     /// `--events none`: kvdir gets no KV events and credits the engines approximately.
     pub approximate: bool,
-    /// etcd endpoint.
-    pub etcd_addr: String,
-    /// Namespace prefix.
-    pub namespace: String,
-    /// kvdir binary.
-    pub spawn_kvdir: PathBuf,
     /// kvdir replicas per run.
     pub routers: usize,
-    /// Extra kvdir flags.
-    pub kvdir_args: Vec<String>,
-    /// `X-Internal-Token`.
-    pub internal_api_token: Option<String>,
-    /// Deadline of every wait on kvdir.
-    pub sync_timeout: Duration,
-    /// Print JSON.
-    pub json: bool,
+    /// The kvdir to start and the etcd (the flags shared with `chat`; the namespace is each
+    /// run's prefix).
+    pub kvdir: KvdirRun,
 }
 
 impl Default for ReplayOptions {
@@ -77,14 +67,8 @@ impl Default for ReplayOptions {
             runs: Vec::new(),
             car_args: Vec::new(),
             approximate: false,
-            etcd_addr: String::new(),
-            namespace: format!("kvdir-replay-{}", std::process::id()),
-            spawn_kvdir: PathBuf::new(),
             routers: 1,
-            kvdir_args: Vec::new(),
-            internal_api_token: None,
-            sync_timeout: Duration::from_secs(60),
-            json: false,
+            kvdir: KvdirRun::new("replay"),
         }
     }
 }
@@ -168,17 +152,13 @@ where
         return Ok(ReplayCommand::Help);
     };
     let mut o = ReplayOptions::default();
-    let mut allow_remote = false;
     for (name, value) in pairs {
-        let set = match name.as_str() {
-            "allow_remote" => value.parse().map(|b| allow_remote = b).map_err(|_| bad(&name)),
-            _ => o.set(&name, &value),
-        };
+        let set = o.kvdir.set(&name, &value).unwrap_or_else(|| o.set(&name, &value));
         if let Err(problem) = set {
             problems.push(problem);
         }
     }
-    o.check(allow_remote, &mut problems);
+    o.check(&mut problems);
     match problems.is_empty() {
         true => Ok(ReplayCommand::Run(Box::new(o))),
         false => Err(BenchError::Flags(problems)),
@@ -223,27 +203,18 @@ impl ReplayOptions {
                 self.car_args.push(fraction(name, value)?)
             }
             "events" => self.approximate = choice(name, value, &EVENTS)?,
-            "etcd_addr" => self.etcd_addr = value.to_string(),
-            "etcd_namespace" => self.namespace = value.to_string(),
-            "spawn_kvdir" => self.spawn_kvdir = PathBuf::from(value),
             "routers" => self.routers = number(name, value)?,
-            "kvdir_arg" => self.kvdir_args.push(value.to_string()),
-            "internal_api_token" => self.internal_api_token = Some(value.to_string()),
-            "sync_timeout_seconds" => {
-                self.sync_timeout = Duration::from_secs_f64(number::<f64>(name, value)?.max(1.0))
-            }
-            "json" => self.json = value.parse().map_err(|_| bad(name))?,
             _ => return Err(format!("unknown flag --{name}; run kvdir-bench replay --help")),
         }
         Ok(())
     }
 
-    fn check(&self, allow_remote: bool, problems: &mut Vec<String>) {
+    fn check(&self, problems: &mut Vec<String>) {
+        self.kvdir.check(problems);
         let streams = u64::from(self.engines) * u64::from(self.dp_size);
         let checks = [
             (!self.trace.as_os_str().is_empty(), "--trace FILE is required".to_string()),
-            (!self.etcd_addr.is_empty(), "--etcd_addr H:P is required".into()),
-            (!self.spawn_kvdir.as_os_str().is_empty(), "--spawn_kvdir PATH is required".into()),
+            (self.kvdir.spawn_kvdir.is_some(), "--spawn_kvdir PATH is required".into()),
             (self.engines >= 1, "--engines = 0 is below the minimum 1".into()),
             (self.dp_size >= 1, "--dp_size = 0 is below the minimum 1".into()),
             (
@@ -263,9 +234,6 @@ impl ReplayOptions {
             ),
         ];
         problems.extend(checks.into_iter().filter(|(ok, _)| !ok).map(|(_, p)| p));
-        if !allow_remote && !self.etcd_addr.is_empty() {
-            super::super::flags::check_loopback("etcd_addr", &self.etcd_addr, problems);
-        }
     }
 
     /// The runs to replay, in order: `--policies`, else `--policy` and, unless it is RR or
@@ -288,7 +256,7 @@ impl ReplayOptions {
         let mut kvdir_args = vec![format!("--load_balance_policy={name}")];
         kvdir_args.extend(self.car_args.iter().cloned());
         kvdir_args.extend(run.lambda.map(|l| format!("--car_prefill_lambda={l}")));
-        kvdir_args.extend(self.kvdir_args.iter().cloned());
+        kvdir_args.extend(self.kvdir.kvdir_args.iter().cloned());
         let slug: String = run.label().to_ascii_lowercase().replace(' ', "");
         BenchOptions {
             engines: self.engines,
@@ -297,15 +265,15 @@ impl ReplayOptions {
             device_blocks: self.cache_blocks / self.dp_size.max(1) as usize,
             host_blocks: 0,
             mode: Mode::Etcd {
-                addr: self.etcd_addr.clone(),
-                namespace: format!("{}-{index}-{slug}", self.namespace),
+                addr: self.kvdir.etcd_addr.clone(),
+                namespace: format!("{}-{index}-{slug}", self.kvdir.namespace),
             },
-            spawn_kvdir: Some(self.spawn_kvdir.clone()),
+            spawn_kvdir: self.kvdir.spawn_kvdir.clone(),
             kvdir_args,
-            internal_api_token: self.internal_api_token.clone(),
-            sync_timeout: self.sync_timeout,
+            internal_api_token: self.kvdir.internal_api_token.clone(),
+            sync_timeout: self.kvdir.sync_timeout,
             route_clients: 1,
-            json: self.json,
+            json: self.kvdir.json,
             ..BenchOptions::default()
         }
     }

@@ -113,14 +113,14 @@ fn replay_on(
     kvdirs: &[Kvdir],
 ) -> Result<PolicyRun, (usize, BenchError)> {
     fleet.register(b, &kvdirs[0].addr).map_err(|e| (0, e))?;
-    let conn = |k: &Kvdir| Conn::new(&k.addr, o.internal_api_token.clone(), REQUEST_TIMEOUT);
+    let conn = |k: &Kvdir| Conn::new(&k.addr, o.kvdir.internal_api_token.clone(), REQUEST_TIMEOUT);
     let mut probes: Vec<Probe> =
         kvdirs.iter().map(|k| Probe::new(conn(k), fleet.streams())).collect();
     let mut before = Vec::with_capacity(probes.len());
     for (i, probe) in probes.iter_mut().enumerate() {
         let ready = match o.approximate {
-            true => probe.wait_loaded(o.sync_timeout),
-            false => probe.wait_synchronized(true, o.sync_timeout),
+            true => probe.wait_loaded(o.kvdir.sync_timeout),
+            false => probe.wait_synchronized(true, o.kvdir.sync_timeout),
         };
         ready.map_err(|e| (i, e))?;
     }
@@ -147,7 +147,7 @@ fn replay_on(
     let mut applies = Vec::with_capacity(probes.len());
     for (i, (probe, before)) in probes.iter_mut().zip(&before).enumerate() {
         let (after, lagging) =
-            probe.wait_caught_up(&expected, o.sync_timeout).map_err(|e| (i, e))?;
+            probe.wait_caught_up(&expected, o.kvdir.sync_timeout).map_err(|e| (i, e))?;
         applies.push(applied(&fleet.streams(), before, &after, lagging, start, wall));
     }
     Ok(PolicyRun::new(run, finished, applies))

@@ -2,10 +2,10 @@
 //! reported together, each naming the value and the fix), and the [`BenchOptions`] handed to the
 //! shared fleet, kvdir and probe modules.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use super::super::flags::{check_loopback, cli, switch, BenchOptions, Mode};
+use super::super::flags::kvdir_run::KvdirRun;
+use super::super::flags::{cli, switch, BenchOptions, Mode};
 use super::super::replay::flags::{policy_name, POLICIES};
 use super::super::BenchError;
 use kvdir::car::Policy;
@@ -60,20 +60,8 @@ pub struct ChatOptions {
     pub policy: Policy,
     /// Model name.
     pub served_model_name: String,
-    /// etcd endpoint.
-    pub etcd_addr: String,
-    /// Namespace.
-    pub namespace: String,
-    /// kvdir binary.
-    pub spawn_kvdir: Option<PathBuf>,
-    /// Extra kvdir flags.
-    pub kvdir_args: Vec<String>,
-    /// `X-Internal-Token`.
-    pub internal_api_token: Option<String>,
-    /// Deadline of every wait on kvdir.
-    pub sync_timeout: Duration,
-    /// Print JSON.
-    pub json: bool,
+    /// The kvdir to start and the etcd (the flags shared with `replay`).
+    pub kvdir: KvdirRun,
 }
 
 impl Default for ChatOptions {
@@ -98,13 +86,7 @@ impl Default for ChatOptions {
             max_tokens: 16,
             policy: Policy::Car,
             served_model_name: "kvdir-demo".to_string(),
-            etcd_addr: String::new(),
-            namespace: format!("kvdir-chat-{}", std::process::id()),
-            spawn_kvdir: None,
-            kvdir_args: Vec::new(),
-            internal_api_token: None,
-            sync_timeout: Duration::from_secs(60),
-            json: false,
+            kvdir: KvdirRun::new("chat"),
         }
     }
 }
@@ -128,14 +110,13 @@ where
         return Ok(ChatCommand::Help);
     };
     let mut o = ChatOptions::default();
-    let (mut allow_remote, mut sizes) = (false, Vec::new());
+    let mut sizes = Vec::new();
     for (name, value) in pairs {
         let set = match name.as_str() {
-            "allow_remote" => switch(&name, &value).map(|b| allow_remote = b),
             "prompt_tokens" | "system_prompt_tokens" => {
                 tokens(&name, &value).map(|n| sizes.push((name.clone(), n)))
             }
-            _ => o.set(&name, &value),
+            _ => o.kvdir.set(&name, &value).unwrap_or_else(|| o.set(&name, &value)),
         };
         if let Err(problem) = set {
             problems.push(problem);
@@ -151,7 +132,7 @@ where
             "--prompt_tokens and --system_prompt_tokens both size the prompt; give one".into(),
         ),
     }
-    o.check(allow_remote, &mut problems);
+    o.check(&mut problems);
     match problems.is_empty() {
         true => Ok(ChatCommand::Run(Box::new(o))),
         false => Err(BenchError::Flags(problems)),
@@ -195,30 +176,21 @@ impl ChatOptions {
             "max_tokens" => self.max_tokens = number(name, value)?,
             "policy" => self.policy = choice(name, value, &POLICIES)?,
             "served_model_name" => self.served_model_name = value.to_string(),
-            "etcd_addr" => self.etcd_addr = value.to_string(),
-            "etcd_namespace" => self.namespace = value.to_string(),
-            "spawn_kvdir" => self.spawn_kvdir = Some(PathBuf::from(value)),
-            "kvdir_arg" => self.kvdir_args.push(value.to_string()),
-            "internal_api_token" => self.internal_api_token = Some(value.to_string()),
-            "sync_timeout_seconds" => {
-                self.sync_timeout = Duration::from_secs_f64(number::<f64>(name, value)?.max(1.0))
-            }
-            "json" => self.json = switch(name, value)?,
             _ => return Err(format!("unknown flag --{name}; run kvdir-bench chat --help")),
         }
         Ok(())
     }
 
-    fn check(&self, allow_remote: bool, problems: &mut Vec<String>) {
+    fn check(&self, problems: &mut Vec<String>) {
+        self.kvdir.check(problems);
         let streams = u64::from(self.engines) * u64::from(self.dp_size);
         let at_least_one = |value: u64, flag: &str| {
             (value >= 1, format!("--{flag} = {value} is below the minimum 1"))
         };
         let checks = [
-            (!self.etcd_addr.is_empty(), "--etcd_addr H:P is required".to_string()),
             (
-                self.direct || self.spawn_kvdir.is_some(),
-                "--spawn_kvdir PATH is required (or --direct to bypass kvdir)".into(),
+                self.direct || self.kvdir.spawn_kvdir.is_some(),
+                "--spawn_kvdir PATH is required (or --direct to bypass kvdir)".to_string(),
             ),
             at_least_one(self.engines.into(), "engines"),
             at_least_one(self.dp_size.into(), "dp_size"),
@@ -237,9 +209,6 @@ impl ChatOptions {
             ),
         ];
         problems.extend(checks.into_iter().filter(|(ok, _)| !ok).map(|(_, p)| p));
-        if !allow_remote && !self.etcd_addr.is_empty() {
-            check_loopback("etcd_addr", &self.etcd_addr, problems);
-        }
     }
 
     /// The load tool's options: etcd mode in the private namespace, no Host tier, the spawned
@@ -250,20 +219,21 @@ impl ChatOptions {
             format!("--served_model_name={}", self.served_model_name),
             format!("--load_balance_policy={}", policy_name(self.policy)),
         ];
-        kvdir_args.extend(self.kvdir_args.iter().cloned());
+        let k = &self.kvdir;
+        kvdir_args.extend(k.kvdir_args.iter().cloned());
         BenchOptions {
             engines: self.engines,
             dp_size: self.dp_size,
             block_size: self.block_size,
             device_blocks: self.device_blocks,
             host_blocks: 0,
-            mode: Mode::Etcd { addr: self.etcd_addr.clone(), namespace: self.namespace.clone() },
-            spawn_kvdir: self.spawn_kvdir.clone().filter(|_| !self.direct),
+            mode: Mode::Etcd { addr: k.etcd_addr.clone(), namespace: k.namespace.clone() },
+            spawn_kvdir: k.spawn_kvdir.clone().filter(|_| !self.direct),
             kvdir_args,
-            internal_api_token: self.internal_api_token.clone(),
-            sync_timeout: self.sync_timeout,
+            internal_api_token: k.internal_api_token.clone(),
+            sync_timeout: k.sync_timeout,
             route_clients: 1,
-            json: self.json,
+            json: k.json,
             ..BenchOptions::default()
         }
     }

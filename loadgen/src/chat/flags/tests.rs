@@ -48,7 +48,7 @@ fn policy_prompt_size_switches_and_passthrough() {
     let b = o.bench_options(std::path::Path::new("/m"));
     assert_eq!(b.kvdir_args[2..], ["--load_balance_policy=RR", "--max_request_bytes=16777216"]);
     let o = run_options(&["--etcd_addr=127.0.0.1:2379", "--direct", "--system_prompt_tokens=50"]);
-    assert!(o.direct && o.spawn_kvdir.is_none());
+    assert!(o.direct && o.kvdir.spawn_kvdir.is_none());
     assert_eq!(o.system_prompt_tokens, 50);
     assert_eq!(o.bench_options(std::path::Path::new("/m")).spawn_kvdir, None);
 }
