@@ -37,6 +37,24 @@ fn the_route_follows_cache_and_queue() {
     ra.set_load(1, 0.2);
     rb.set_load(4, 0.2);
     let (na, nb) = (a.instance_name(), b.instance_name());
+    // Every route records its prompt as expected on the engine it chose (predict-on-route):
+    // a route taken before A's blocks and both loads are known would credit B with the prompt
+    // for the predictions' lifetime. So nothing is routed until kvdir knows them.
+    eventually("A's blocks and both loads known", || {
+        let loaded = |name: &str| {
+            let i = http(svc.http_addr(), "GET", "/v1/internal/instances", &[], b"").json();
+            let list = i["instances"].as_array().cloned().unwrap_or_default();
+            let load = |n: &str| {
+                list.iter().find(|x| x["name"] == n).map(|x| x["waiting_requests_num"].clone())
+            };
+            load(name)
+        };
+        let a_hits = hits(&svc, &na, 0, &prompt)?;
+        match (a_hits, loaded(&na), loaded(&nb)) {
+            ((64, 0), Some(la), Some(lb)) if la == 1 && lb == 4 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
     let cached = eventually("A to be chosen for its cache", || {
         let r = route(&svc, &prompt)?;
         let ca = r.candidates.iter().find(|c| c.name == na).ok_or("A unknown")?;
