@@ -223,6 +223,8 @@ impl DiscoveryActor {
                     tpot_profile: i.record.tpot_profile.clone(),
                     hits: Vec::new(),
                     queued: Default::default(),
+                    dp_routing: Default::default(),
+                    rank_loads: Vec::new(),
                 },
                 identity: i.record.identity.clone(),
                 load_reports: i.load_reports,
