@@ -203,7 +203,26 @@ impl DiscoveryActor {
         let engine = self.engines.get(&name).map(|e| &e.instance);
         if let Some(i) = engine.or_else(|| self.registry.get(&name)) {
             let (load, state, load_reports) = (i.load, i.state, i.load_reports);
-            self.set.router().do_send(SetLoad { name, load, state, load_reports });
+            let rank_loads = self.rank_loads(&name);
+            self.set.router().do_send(SetLoad { name, load, state, load_reports, rank_loads });
+        }
+    }
+
+    /// Each DP rank's load, where a listed engine reports one per rank.
+    fn rank_loads(&self, name: &str) -> Vec<kvdir::car::RankLoad> {
+        self.engines.get(name).map_or_else(Vec::new, |e| e.rank_loads.clone())
+    }
+
+    /// Who picks the DP rank of `i`: kvdir, where its engine takes the rank with the request
+    /// ([`kvdir::config::Dialect::rank_header`]) and has more than one; else the engine.
+    fn dp_routing(&self, i: &Instance) -> kvdir::car::DpRouting {
+        let dialect = match self.engines.get(&i.record.name) {
+            Some(e) => Some(e.spec.dialect),
+            None => kvdir::config::Dialect::parse(&i.record.backend),
+        };
+        match dialect.and_then(|d| d.rank_header()) {
+            Some(_) if i.record.dp_size > 1 => kvdir::car::DpRouting::Kvdir,
+            _ => kvdir::car::DpRouting::Engine,
         }
     }
 
@@ -223,8 +242,8 @@ impl DiscoveryActor {
                     tpot_profile: i.record.tpot_profile.clone(),
                     hits: Vec::new(),
                     queued: Default::default(),
-                    dp_routing: Default::default(),
-                    rank_loads: Vec::new(),
+                    dp_routing: self.dp_routing(i),
+                    rank_loads: self.rank_loads(&i.record.name),
                 },
                 identity: i.record.identity.clone(),
                 load_reports: i.load_reports,
