@@ -315,6 +315,9 @@ impl Actor for DiscoveryActor {
         ctx.run_interval(every, |a, ctx| a.reconcile(ctx));
         self.poll_engines(ctx);
         ctx.run_interval(self.poll_interval, |a, ctx| a.poll_engines(ctx));
+        if self.poll_interval > engines::SUSPECT_POLL_INTERVAL {
+            ctx.run_interval(engines::SUSPECT_POLL_INTERVAL, |a, ctx| a.poll_suspect_engines(ctx));
+        }
     }
 }
 
