@@ -229,6 +229,8 @@ impl Demo {
                 tpot_profile: Vec::new(),
                 hits: Vec::new(),
                 queued: Default::default(),
+                dp_routing: Default::default(),
+                rank_loads: Vec::new(),
             };
             let identity = self.identities[i].clone();
             infos.push(InstanceInfo {

@@ -21,7 +21,9 @@
 //! ```
 //! and for decode-side (D) candidates `score = gpu_cache_usage_perc + waiting / max(waiting)`.
 //! Equal scores rotate between calls. Without any D candidate only a DEFAULT instance may serve
-//! alone.
+//! alone. Where the engine accepts the DP rank with the request, kvdir also chooses the rank
+//! ([`choose_rank`]), and the instance's `kv_hit_ratio` and predicted term are that rank's own
+//! instead of the minimum over its ranks.
 //!
 //! [`InFlight`] counts a forwarding router's own unanswered requests between load reports.
 //! [`Predictions`] holds the content keys of recently routed requests, expected on their
@@ -34,6 +36,7 @@ mod inflight;
 mod ledger;
 mod policy;
 mod predict;
+mod rank;
 mod recent;
 mod ttft;
 mod types;
@@ -43,6 +46,7 @@ pub use inflight::{prompt_id, InFlight, PromptId, RequestId};
 pub use ledger::{ewma, QueuedWork, RoutedWork, WorkLedger};
 pub use policy::{kv_hit_ratio, route, Rotation, RouteError};
 pub use predict::{predicted_hit_ratio, PredictCounters, Predictions};
+pub use rank::{choose_rank, DpRouting, RankChoice, RankLoad, RankScore, MAX_SCORED_RANKS};
 pub use recent::{RecentRoutes, RecentRoutesReport, RouteRecord};
 pub use ttft::{add_later, estimate, RateSource, TtftParams, TtftTerms};
 pub use types::{

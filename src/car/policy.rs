@@ -1,6 +1,7 @@
 //! Candidate filtering and the four policies. Everything here is a pure function of its
 //! inputs plus a [`Rotation`] that the caller keeps between calls (for RR and for ties).
 
+use super::rank::{choose_rank, RankChoice};
 use super::ttft::{add_later, estimate, TtftTerms};
 use super::types::{Candidate, CandidateReport, Policy, RouteParams, Routed, Side};
 use crate::registry::{InstanceState, InstanceType};
@@ -23,6 +24,8 @@ pub struct Rotation {
     pub prefill: u64,
     /// Decode-side counter.
     pub decode: u64,
+    /// DP-rank counter (ties between an instance's ranks).
+    pub rank: u64,
 }
 
 fn side(c: &Candidate) -> Side {
@@ -124,7 +127,7 @@ fn predicted_tpot(c: &Candidate, input_tokens: usize) -> Option<f64> {
 }
 
 /// One candidate's score on its side and the terms behind it.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 struct Scored {
     /// Its position in the candidates.
     index: usize,
@@ -136,6 +139,8 @@ struct Scored {
     ratios: Option<(f64, f64)>,
     /// TTFT estimate (P only).
     ttft: Option<TtftTerms>,
+    /// The rank kvdir chose on it (P only, where the engine accepts one).
+    rank: Option<RankChoice>,
 }
 
 /// Scores each candidate of `list` (one side) under the policy, in the list's order.
@@ -145,16 +150,28 @@ fn score_side(
     side: Side,
     input_tokens: usize,
     p: &RouteParams,
+    rank_counter: &mut u64,
 ) -> Vec<Scored> {
     let costs = queue_costs(cands, list);
-    let ratio = |f: fn(&Candidate, usize, f64) -> f64| -> Vec<f64> {
+    let prefill = side == Side::Prefill;
+    let mut ranks: Vec<Option<RankChoice>> = list
+        .iter()
+        .map(|&i| prefill.then(|| choose_rank(&cands[i], input_tokens, p, rank_counter)).flatten())
+        .collect();
+    let ratio = |f: fn(&Candidate, usize, f64) -> f64, of_rank: fn(&RankChoice) -> f64| {
         let on = p.directory_enabled;
         list.iter()
-            .map(|&i| if on { f(&cands[i], input_tokens, p.host_weight) } else { 0.0 })
-            .collect()
+            .zip(&ranks)
+            .map(|(&i, rank)| match (on, rank.as_ref().and_then(|r| r.chosen().map(|_| r))) {
+                (false, _) => 0.0,
+                (true, Some(r)) => of_rank(r),
+                (true, None) => f(&cands[i], input_tokens, p.host_weight),
+            })
+            .collect::<Vec<f64>>()
     };
-    let ratios = ratio(kv_hit_ratio);
-    let predicted = ratio(super::predicted_hit_ratio);
+    let ratios = ratio(kv_hit_ratio, |r| r.chosen().map_or(0.0, |s| s.kv_hit_ratio));
+    let predicted =
+        ratio(super::predicted_hit_ratio, |r| r.chosen().map_or(0.0, |s| s.predicted_hit_ratio));
     let reuse = |k: usize| ratios[k] + p.predict_weight * predicted[k];
     let reported = super::ttft::fleet_reported_rate(list.iter().map(|&i| &cands[i]));
     let mut ttft: Vec<Option<TtftTerms>> = list
@@ -182,7 +199,6 @@ fn score_side(
             (Policy::SloAware, Side::Decode) => predicted_tpot(&cands[i], input_tokens),
         })
         .collect();
-    let prefill = side == Side::Prefill;
     (0..list.len())
         .map(|k| Scored {
             index: list[k],
@@ -190,6 +206,7 @@ fn score_side(
             cost: costs[k],
             ratios: prefill.then_some((ratios[k], predicted[k])),
             ttft: ttft[k],
+            rank: ranks[k].take(),
         })
         .collect()
 }
@@ -235,9 +252,9 @@ pub fn route(
             if why.is_empty() { "no instances are known".to_string() } else { why.join("; ") };
         return Err(RouteError::NoPrefill(why));
     }
-    let p_scored = score_side(cands, &p_list, Side::Prefill, input_tokens, p);
+    let p_scored = score_side(cands, &p_list, Side::Prefill, input_tokens, p, &mut rot.rank);
     let prefill = choose(&p_scored, p.policy, &mut rot.prefill);
-    let d_scored = score_side(cands, &d_list, Side::Decode, input_tokens, p);
+    let d_scored = score_side(cands, &d_list, Side::Decode, input_tokens, p, &mut rot.rank);
     let decode = (!d_list.is_empty()).then(|| choose(&d_scored, p.policy, &mut rot.decode));
     let mut reports: Vec<CandidateReport> = cands
         .iter()
@@ -254,6 +271,8 @@ pub fn route(
             meets_slo: None,
             estimated_ttft_ms: None,
             ttft: None,
+            dp_rank: None,
+            rank_scores: Vec::new(),
             chosen: false,
             reason: r.clone().unwrap_or_default(),
         })
@@ -266,10 +285,12 @@ pub fn route(
             explain_slo(&mut reports, scored, target);
         }
     }
+    let dp_rank = p_scored.iter().find(|s| s.index == prefill).and_then(|s| s.rank.as_ref());
     Ok(Routed {
         policy: p.policy,
         input_tokens,
         prefill: cands[prefill].name.clone(),
+        dp_rank: dp_rank.map(|r| r.dp_rank),
         decode: decode.map(|i| cands[i].name.clone()),
         candidates: reports,
     })
@@ -308,6 +329,8 @@ fn explain(
         r.predicted_hit_ratio = s.ratios.map(|v| v.1);
         r.ttft = s.ttft;
         r.estimated_ttft_ms = s.ttft.map(|t| t.estimate_ms);
+        r.dp_rank = s.rank.as_ref().map(|c| c.dp_rank);
+        r.rank_scores = s.rank.as_ref().map_or_else(Vec::new, |c| c.scores.clone());
         if policy == Policy::Car || (policy == Policy::Ttft && r.side == Side::Decode) {
             r.queue_cost = Some(s.cost);
         }

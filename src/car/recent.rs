@@ -103,6 +103,7 @@ mod tests {
             policy: Policy::Car,
             input_tokens: tokens,
             prefill: "a".into(),
+            dp_rank: None,
             decode: None,
             candidates: Vec::new(),
         })

@@ -32,6 +32,8 @@ fn cand(name: &str, kind: InstanceType, waiting: u64, hits: &[(u64, u64)]) -> Ca
             })
             .collect(),
         queued: QueuedWork::default(),
+        dp_routing: DpRouting::Engine,
+        rank_loads: Vec::new(),
     }
 }
 

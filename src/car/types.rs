@@ -6,6 +6,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use super::ledger::QueuedWork;
+use super::rank::{DpRouting, RankLoad, RankScore};
 use super::ttft::{TtftParams, TtftTerms};
 use crate::registry::{InstanceState, InstanceType, LoadMetrics};
 
@@ -153,16 +154,21 @@ impl CacheState {
 }
 
 impl CandidateReport {
-    /// The prompt tokens the instance is credited with reusing, as CAR credits them (the
-    /// minimum over its DP ranks of Device plus Host-only hits, within the reusable limit; 0
-    /// when a rank gives no credit), and the state of its streams.
+    /// The prompt tokens the instance is credited with reusing, as CAR credits them (Device
+    /// plus Host-only hits within the reusable limit: of the chosen rank when kvdir chose one,
+    /// else the minimum over its DP ranks; 0 when a rank it counts gives no credit), and the
+    /// state of those streams.
     pub fn cached_tokens(&self) -> (u64, CacheState) {
         let trusted = |h: &DpHit| h.synchronized && h.identity_matches;
-        if self.dp_hits.is_empty() || !self.dp_hits.iter().all(trusted) {
+        let counted: Vec<&DpHit> = match self.dp_rank {
+            Some(r) => self.dp_hits.iter().filter(|h| h.dp_rank == r).collect(),
+            None => self.dp_hits.iter().collect(),
+        };
+        if counted.is_empty() || !counted.iter().all(|h| trusted(h)) {
             return (0, CacheState::Unsynchronized);
         }
-        let tokens = self.dp_hits.iter().map(|h| h.device_hit_tokens + h.host_only_hit_tokens);
-        let any = |f: fn(&DpHit) -> bool| self.dp_hits.iter().any(f);
+        let tokens = counted.iter().map(|h| h.device_hit_tokens + h.host_only_hit_tokens);
+        let any = |f: fn(&DpHit) -> bool| counted.iter().any(|h| f(h));
         let state = match (any(|h| h.approximate), any(|h| h.partial)) {
             (true, _) => CacheState::Approximate,
             (false, true) => CacheState::Partial,
@@ -207,6 +213,10 @@ pub struct Candidate {
     pub hits: Vec<DpHit>,
     /// The work queued at it ([`super::WorkLedger`]), for the TTFT estimate.
     pub queued: QueuedWork,
+    /// Who picks its DP rank ([`super::choose_rank`]).
+    pub dp_routing: DpRouting,
+    /// Its load per DP rank, where the engine reports one (empty otherwise).
+    pub rank_loads: Vec<RankLoad>,
 }
 
 /// Which list a candidate is on.
@@ -253,6 +263,13 @@ pub struct CandidateReport {
     /// The estimate's terms (P only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttft: Option<TtftTerms>,
+    /// The DP rank kvdir chose on it (P only), where the engine accepts one; absent where the
+    /// engine picks its rank (its credit is then the minimum over its ranks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp_rank: Option<u32>,
+    /// Every scored rank, where kvdir chose one ([`super::choose_rank`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub rank_scores: Vec<RankScore>,
     /// Whether it was chosen.
     pub chosen: bool,
     /// Why it was or was not chosen.
@@ -268,6 +285,10 @@ pub struct Routed {
     pub input_tokens: usize,
     /// The chosen prefill (or DEFAULT) instance.
     pub prefill: String,
+    /// The DP rank chosen on it, where its engine accepts one (the front door sends it in
+    /// `X-data-parallel-rank`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dp_rank: Option<u32>,
     /// The chosen decode instance, if any.
     pub decode: Option<String>,
     /// Every known instance.
@@ -304,6 +325,8 @@ impl Candidate {
             tpot_profile: Vec::new(),
             hits: (0..dp).map(rank).collect(),
             queued: Default::default(),
+            dp_routing: DpRouting::Engine,
+            rank_loads: Vec::new(),
         }
     }
 }

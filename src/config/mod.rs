@@ -211,6 +211,18 @@ impl Dialect {
         }
     }
 
+    /// The request header that names the DP rank to serve a request, where the engine takes
+    /// one: vLLM's serving code reads `X-data-parallel-rank` (and its DP client then skips
+    /// its own balancer); SGLang 0.5's OpenAI routes read `X-Data-Parallel-Rank` (over the
+    /// body's `routed_dp_rank`), for every load-balance method of its DP controller. xLLM's
+    /// HTTP service reads no rank: its own scheduler places requests.
+    pub fn rank_header(self) -> Option<&'static str> {
+        match self {
+            Dialect::Vllm | Dialect::Sglang => Some("x-data-parallel-rank"),
+            Dialect::Xllm => None,
+        }
+    }
+
     /// Parses the config spelling.
     pub fn parse(s: &str) -> Option<Self> {
         match s {

@@ -1,4 +1,5 @@
-//! Engines listed by address: each is polled every `engine_poll_interval_ms`, and the rules of
+//! Engines listed by address: each is polled every `engine_poll_interval_ms` (a SUSPECT one
+//! every [`SUSPECT_POLL_INTERVAL`] when that is shorter), and the rules of
 //! `kvdir::discovery::Engines` turn the answers into its state, load and process identity. A
 //! new identity re-plans the engine's streams (they start, or restart cold for another
 //! process); anything else updates the router in place.
@@ -11,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use kvdir::config::Dialect;
-use kvdir::discovery::{IdentityChange, Probe};
+use kvdir::discovery::{IdentityChange, ListedEngine, Probe};
+use kvdir::registry::InstanceState;
 
 use super::messages::EnginePolled;
 use super::{DiscoveryActor, ListEngine, UnlistEngine};
@@ -19,14 +21,31 @@ use super::{DiscoveryActor, ListEngine, UnlistEngine};
 /// Upper bound of each poll request.
 const POLL_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How often a SUSPECT listed engine is polled when `engine_poll_interval_ms` is longer: a
+/// restarted engine is routable again within this of its `/health` turning 200, not a whole
+/// poll interval later. Bounded: one poll in flight per engine, so an engine that does not
+/// answer is asked at most once per `POLL_TIMEOUT`, and one that refuses at once ten times a
+/// second, at the cost of a refused connection.
+pub(super) const SUSPECT_POLL_INTERVAL: Duration = Duration::from_millis(100);
+
 impl DiscoveryActor {
     /// Polls every listed engine that has no poll in flight.
     pub(super) fn poll_engines(&mut self, ctx: &mut Context<Self>) {
         self.take_announced(ctx);
+        self.poll_where(ctx, |_| true);
+    }
+
+    /// Polls every SUSPECT listed engine that has no poll in flight (every
+    /// [`SUSPECT_POLL_INTERVAL`]).
+    pub(super) fn poll_suspect_engines(&mut self, ctx: &mut Context<Self>) {
+        self.poll_where(ctx, |e| e.instance.state == InstanceState::Suspect);
+    }
+
+    fn poll_where(&mut self, ctx: &mut Context<Self>, due: impl Fn(&ListedEngine) -> bool) {
         let due: Vec<(String, String, Dialect)> = self
             .engines
             .iter()
-            .filter(|e| !self.polling.contains(&e.spec.name))
+            .filter(|e| due(e) && !self.polling.contains(&e.spec.name))
             .map(|e| (e.spec.name.clone(), e.spec.url.clone(), e.spec.dialect))
             .collect();
         for (name, url, dialect) in due {

@@ -207,7 +207,26 @@ impl DiscoveryActor {
         let engine = self.engines.get(&name).map(|e| &e.instance);
         if let Some(i) = engine.or_else(|| self.registry.get(&name)) {
             let (load, state, load_reports) = (i.load, i.state, i.load_reports);
-            self.set.router().do_send(SetLoad { name, load, state, load_reports });
+            let rank_loads = self.rank_loads(&name);
+            self.set.router().do_send(SetLoad { name, load, state, load_reports, rank_loads });
+        }
+    }
+
+    /// Each DP rank's load, where a listed engine reports one per rank.
+    fn rank_loads(&self, name: &str) -> Vec<kvdir::car::RankLoad> {
+        self.engines.get(name).map_or_else(Vec::new, |e| e.rank_loads.clone())
+    }
+
+    /// Who picks the DP rank of `i`: kvdir, where its engine takes the rank with the request
+    /// ([`kvdir::config::Dialect::rank_header`]) and has more than one; else the engine.
+    fn dp_routing(&self, i: &Instance) -> kvdir::car::DpRouting {
+        let dialect = match self.engines.get(&i.record.name) {
+            Some(e) => Some(e.spec.dialect),
+            None => kvdir::config::Dialect::parse(&i.record.backend),
+        };
+        match dialect.and_then(|d| d.rank_header()) {
+            Some(_) if i.record.dp_size > 1 => kvdir::car::DpRouting::Kvdir,
+            _ => kvdir::car::DpRouting::Engine,
         }
     }
 
@@ -227,6 +246,8 @@ impl DiscoveryActor {
                     tpot_profile: i.record.tpot_profile.clone(),
                     hits: Vec::new(),
                     queued: Default::default(),
+                    dp_routing: self.dp_routing(i),
+                    rank_loads: self.rank_loads(&i.record.name),
                 },
                 identity: i.record.identity.clone(),
                 load_reports: i.load_reports,
@@ -298,6 +319,9 @@ impl Actor for DiscoveryActor {
         ctx.run_interval(every, |a, ctx| a.reconcile(ctx));
         self.poll_engines(ctx);
         ctx.run_interval(self.poll_interval, |a, ctx| a.poll_engines(ctx));
+        if self.poll_interval > engines::SUSPECT_POLL_INTERVAL {
+            ctx.run_interval(engines::SUSPECT_POLL_INTERVAL, |a, ctx| a.poll_suspect_engines(ctx));
+        }
     }
 }
 

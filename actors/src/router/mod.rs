@@ -25,9 +25,9 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use kvdir::car::{
-    reusable_limit, route, Candidate, DpHit, InFlight, Policy, PredictCounters, Predictions,
-    PromptId, RecentRoutes, RecentRoutesReport, RequestId, Rotation, RouteError, RouteParams,
-    Routed, WorkLedger,
+    reusable_limit, route, Candidate, DpHit, DpRouting, InFlight, Policy, PredictCounters,
+    Predictions, PromptId, RankLoad, RecentRoutes, RecentRoutesReport, RequestId, Rotation,
+    RouteError, RouteParams, Routed, WorkLedger,
 };
 use kvdir::registry::{Identity, InstanceState, LoadMetrics};
 
@@ -73,6 +73,8 @@ pub struct SetLoad {
     pub state: InstanceState,
     /// Load reports received from its process so far.
     pub load_reports: u64,
+    /// Its load per DP rank, where it reports one.
+    pub rank_loads: Vec<RankLoad>,
 }
 
 /// Choose instances for a tokenized request.
@@ -100,6 +102,9 @@ pub struct RouteForward {
     /// The prompt ([`kvdir::car::prompt_id`]): its in-flight siblings are not its queue when
     /// predicting.
     pub prompt: PromptId,
+    /// The DP rank the client named itself (`X-data-parallel-rank`), if any: where the engine
+    /// takes a rank, it is the one scored and credited.
+    pub pinned_rank: Option<u32>,
 }
 
 /// A forwarded request's progress.
@@ -177,6 +182,7 @@ impl Handler<SetLoad> for RouterActor {
         let Some(&i) = self.positions.get(&msg.name) else { return };
         let info = &mut self.instances[i];
         (info.candidate.load, info.candidate.state) = (msg.load, msg.state);
+        info.candidate.rank_loads = msg.rank_loads;
         info.load_reports = msg.load_reports;
         work::report(&mut self.ledger, info);
         self.release_held(ctx);
@@ -187,7 +193,7 @@ impl Handler<RouteRequest> for RouterActor {
     type Result = Result<Routed, RouteError>;
 
     fn handle(&mut self, msg: RouteRequest, _: &mut Context<Self>) -> Self::Result {
-        let routed = self.decide(&msg.hits, msg.input_tokens, &[], None)?;
+        let routed = self.decide(&msg.hits, msg.input_tokens, &[], (None, None))?;
         let reports = self.reports(&routed.prefill);
         work::record(&mut self.ledger, &routed, reports, None);
         Ok(routed)
@@ -198,7 +204,8 @@ impl Handler<RouteForward> for RouterActor {
     type Result = Result<(Routed, RequestId, String), RouteError>;
 
     fn handle(&mut self, msg: RouteForward, _: &mut Context<Self>) -> Self::Result {
-        let routed = self.decide(&msg.hits, msg.input_tokens, &msg.exclude, Some(msg.prompt))?;
+        let request = (Some(msg.prompt), msg.pinned_rank);
+        let routed = self.decide(&msg.hits, msg.input_tokens, &msg.exclude, request)?;
         let info = self.positions.get(&routed.prefill).map(|&i| &self.instances[i]);
         let reports = info.map_or(0, |i| i.load_reports);
         let url = base_url(&routed.prefill, info.and_then(|i| i.url.as_deref()));
@@ -293,13 +300,13 @@ impl RouterActor {
 
     /// Routes over the candidates not in `exclude` and records the decision (and, when
     /// predicting, the chosen instance's expected keys). A request with a `prompt` id is the
-    /// front door's and is routed with its policy.
+    /// front door's and is routed with its policy; a `pinned` rank is the client's own.
     fn decide(
         &mut self,
         hits: &[StreamHit],
         input_tokens: usize,
         exclude: &[String],
-        prompt: Option<PromptId>,
+        (prompt, pinned): (Option<PromptId>, Option<u32>),
     ) -> Result<Routed, RouteError> {
         let now_ms = now_ms();
         let params = match prompt {
@@ -313,6 +320,9 @@ impl RouterActor {
         let prompt = prompt.filter(|_| predicting);
         let mut cands = self.candidates(hits, input_tokens, prompt, now_ms);
         cands.retain(|c| !exclude.contains(&c.name));
+        for c in cands.iter_mut().filter(|c| c.dp_routing != DpRouting::Engine) {
+            c.dp_routing = pinned.map_or(DpRouting::Kvdir, DpRouting::Pinned);
+        }
         let routed = route(&cands, input_tokens, &params, &mut self.rotation);
         if let (true, Ok(r)) = (predicting, &routed) {
             predict::record(&mut self.predictions, now_ms, &r.prefill, hits);

@@ -6,6 +6,7 @@
 //! answering history replays.
 
 use std::path::Path;
+use std::time::Duration;
 
 use crate::common::*;
 use kvdir_sim::{Dialect, EngineConfig, SimEngine};
@@ -271,4 +272,37 @@ fn an_engine_registered_without_events_is_credited_approximately_for_its_process
         let e = entries(addr, &name, &tokens);
         e.is_empty().then_some(()).ok_or(format!("{e:?}"))
     });
+}
+
+/// Regression (#35): a restarted engine got 503 from kvdir for up to a poll interval after its
+/// `/health` turned 200, since kvdir marked it ACTIVE only at its next poll. A SUSPECT engine
+/// is polled every 100 ms, so it is routable again well within the interval.
+#[test]
+fn a_suspect_engine_is_routable_again_soon_after_its_health_returns() {
+    let http = TestEngine::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let config = json!({"engines": [{"name": "vllm-a", "dialect": "vllm", "block_size": B,
+        "url": format!("http://127.0.0.1:{}", http.port)}], "engine_poll_interval_ms": 5000});
+    let path = tmp.path().join("engines.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let file = format!("--kv_events_config_file={}", path.display());
+    let kv = spawn(&["--http_server_port=0", "--etcd_addr=", &file], "kvdir listening on http://");
+    let addr = &kv.addr;
+    let body = json!({ "token_ids": prompt(7, 4) }).to_string();
+    let route = || request(addr, "POST", "/v1/internal/route", None, Some(&body)).status;
+    eventually("routable after the first poll", || route() == 200);
+
+    // Down: SUSPECT at its next poll (up to the 5 s interval), and not routed.
+    http.set(|s| s.healthy = false);
+    let slow = kvdir_testkit::Patience::new(Duration::from_secs(15));
+    slow.eventually("SUSPECT while /health fails", || {
+        let i = instance(addr, "vllm-a").unwrap();
+        (i["state"] == "SUSPECT").then_some(()).ok_or(i.to_string())
+    });
+    assert_eq!(route(), 503);
+
+    // Up again: routable within a second, not at the next regular poll.
+    http.set(|s| s.healthy = true);
+    let soon = kvdir_testkit::Patience::new(Duration::from_secs(1));
+    soon.eventually("routable again within a second", || route() == 200);
 }

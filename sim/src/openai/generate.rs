@@ -1,5 +1,7 @@
-//! Serving one admitted request: which DP rank gets it, and the tokens it produces, as one
-//! JSON answer or as a stream of SSE chunks that stops when the client goes away.
+//! Serving one admitted request: which DP rank gets it (the xLLM dialect: [`choose_rank`], the
+//! longest cached prefix; the vLLM dialect: the rank the request's `X-data-parallel-rank`
+//! names, else vLLM's cache-blind balancer, [`balance_rank`]), and the tokens it produces, as
+//! one JSON answer or as a stream of SSE chunks that stops when the client goes away.
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -54,6 +56,30 @@ pub(crate) fn choose_rank(
         }
     }
     Ok(best.map_or((0, 0), |(cached, _, rank)| (rank, cached)))
+}
+
+/// The request header vLLM (and SGLang) take a DP rank from (`X-data-parallel-rank`; header
+/// names are case-insensitive).
+pub const RANK_HEADER: &str = "x-data-parallel-rank";
+
+/// vLLM's own balancer (`DPLBAsyncMPClient`, used when a request names no rank): the rank with
+/// the fewest requests in flight, scanning from a start that moves on every call, so idle
+/// ranks take requests in turn. It does not look at the cache.
+pub(crate) fn balance_rank(load: &RequestLoad, dp_size: u32, start: u64) -> u32 {
+    let dp = u64::from(dp_size.max(1));
+    (0..dp).map(|i| ((start + i) % dp) as u32).min_by_key(|&rank| load.on_rank(rank)).unwrap_or(0)
+}
+
+/// The cached prefix of `tokens` on `rank`, in tokens (Device or Host blocks).
+pub(crate) fn cached_on(
+    ranks: &Ranks,
+    rank: u32,
+    tokens: &[i32],
+    salt: Option<&str>,
+) -> Result<u64, SimError> {
+    let (prompt, salt) = (tokens.to_vec(), salt.map(str::to_string));
+    let (device, host) = ranks.call(rank, move |r| Ok(r.resident(&prompt, salt.as_deref())))?;
+    Ok(device + host)
 }
 
 /// Everything needed to answer one request once its prefill is done.

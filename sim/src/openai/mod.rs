@@ -7,9 +7,12 @@
 //! 1. tokenize like the engine (`request`): chat = the model's chat template rendered with
 //!    `add_generation_prompt` (default true, as in vLLM), encoded without special tokens;
 //!    completions = `prompt` text encoded with special tokens, or a token-id array as given;
-//! 2. pick the DP rank (`generate::choose_rank`): the rank holding the longest cached prefix
-//!    of the prompt (Device or Host), ties to the rank with fewest requests in flight, then to
-//!    the lowest rank. `usage.prompt_tokens_details.cached_tokens` is that prefix, in tokens
+//! 2. pick the DP rank: in the xLLM dialect (`generate::choose_rank`) the rank holding the
+//!    longest cached prefix of the prompt (Device or Host), ties to the rank with fewest
+//!    requests in flight, then to the lowest rank; in the vLLM dialect the rank named by the
+//!    request's `X-data-parallel-rank` header (400 outside `0..dp_size`, ignored when not an
+//!    integer, as vLLM does), else vLLM's own cache-blind balancer (`generate::balance_rank`:
+//!    fewest requests in flight, idle ranks in turn). `usage.prompt_tokens_details.cached_tokens` is that rank's cached prefix, in tokens
 //!    (whole blocks), at most the whole blocks before the prompt's last token (an engine
 //!    computes that token whatever it holds, `kvdir::car::reusable_limit`); the rank is in the
 //!    `x-sim-dp-rank` response header;

@@ -52,6 +52,8 @@ struct Served {
     /// Per DP rank: prefills, their uncached tokens and the microseconds they took (vLLM's
     /// prefill histograms' counts and sums).
     prefilled: Vec<[AtomicU64; 3]>,
+    /// The vLLM balancer's scan start, moved on every request it places.
+    balance_start: AtomicU64,
 }
 
 impl Served {
@@ -78,7 +80,8 @@ impl EngineServer {
         let lanes = (0..engine.ranks.dp_size()).map(|_| tokio::sync::Mutex::new(())).collect();
         let prefilled = (0..engine.ranks.dp_size()).map(|_| Default::default()).collect();
         let pieces = Arc::new(pieces.unwrap_or_default());
-        let served = Served { engine, pieces, lanes, prefilled };
+        let balance_start = AtomicU64::new(0);
+        let served = Served { engine, pieces, lanes, prefilled, balance_start };
         let name = format!("sim-{}-http", served.engine.config.name);
         let (ready, started) = mpsc::sync_channel(1);
         let thread = thread::Builder::new()
@@ -249,13 +252,11 @@ async fn serve(
     let body = read_body(request, payload, openai.max_request_bytes).await?;
     let mut guard = RequestGuard::new(Arc::clone(&served.engine.load));
     let (data, config) = (served.clone(), openai.clone());
+    let named = named_rank(request, &served.engine)?;
     let (parsed, rank, cached, mut guard) = blocking(move || {
         let salted = data.engine.config.dialect == Dialect::Vllm;
         let parsed = request::parse(kind, &body, &config, salted)?;
-        let (ranks, load) = (&data.engine.ranks, &data.engine.load);
-        let (rank, cached) =
-            generate::choose_rank(ranks, load, &parsed.tokens, parsed.salt.as_deref())
-                .map_err(unavailable)?;
+        let (rank, cached) = place(&data, named, &parsed.tokens, parsed.salt.as_deref())?;
         let cached = data.engine.config.reused_tokens(parsed.tokens.len(), cached);
         // Counted on the rank at once, so the next request's choice sees it.
         guard.assign(rank);
@@ -283,6 +284,45 @@ async fn serve(
     let body = reply.complete().await;
     drop(guard);
     Ok(response.json(body))
+}
+
+/// The rank a vLLM request names in `X-data-parallel-rank`, as vLLM reads it: a value that is
+/// not an integer is ignored; one outside `0..dp_size` is refused. The xLLM dialect reads none.
+fn named_rank(request: &HttpRequest, engine: &ServerState) -> Result<Option<u32>, ApiError> {
+    if engine.config.dialect != Dialect::Vllm {
+        return Ok(None);
+    }
+    let value = request.headers().get(generate::RANK_HEADER).and_then(|v| v.to_str().ok());
+    let Some(rank) = value.and_then(|v| v.trim().parse::<i64>().ok()) else { return Ok(None) };
+    let dp_size = engine.ranks.dp_size();
+    match u32::try_from(rank).ok().filter(|&r| r < dp_size) {
+        Some(r) => Ok(Some(r)),
+        None => Err(ApiError::BadField {
+            field: "X-data-parallel-rank",
+            problem: format!(
+                "is {rank}, out of range 0..{dp_size}; name one of this engine's ranks"
+            ),
+        }),
+    }
+}
+
+/// The rank that serves a request and its cached prefix: the named rank, else vLLM's balancer
+/// (vLLM dialect) or the longest cached prefix (xLLM dialect).
+fn place(
+    data: &Served,
+    named: Option<u32>,
+    tokens: &[i32],
+    salt: Option<&str>,
+) -> Result<(u32, u64), ApiError> {
+    let (ranks, load) = (&data.engine.ranks, &data.engine.load);
+    if data.engine.config.dialect != Dialect::Vllm {
+        return generate::choose_rank(ranks, load, tokens, salt).map_err(unavailable);
+    }
+    let rank = named.unwrap_or_else(|| {
+        let start = data.balance_start.fetch_add(1, Ordering::Relaxed);
+        generate::balance_rank(load, ranks.dp_size(), start)
+    });
+    Ok((rank, generate::cached_on(ranks, rank, tokens, salt).map_err(unavailable)?))
 }
 
 /// Sleeps the prefill cost of the uncached tokens, then puts the prompt (tokens and

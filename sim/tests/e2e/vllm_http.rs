@@ -2,7 +2,8 @@
 //! `GET /metrics` is Prometheus text with `process_start_time_seconds` and the per-rank
 //! `vllm:` load gauges, a restart shows a new process start time on the same port, and
 //! `cached_tokens` never counts the prompt's last token. The xLLM dialect keeps its JSON
-//! health and has no `/metrics`.
+//! health and has no `/metrics`. Without `X-data-parallel-rank` a DP request goes where vLLM's
+//! cache-blind balancer puts it; with it, to the named rank.
 
 use crate::common;
 use crate::openai_support;
@@ -172,4 +173,38 @@ fn a_cache_salt_keys_the_prompt_apart_and_travels_in_the_first_blocks_extra_keys
     let bad = json!({"prompt": tokens, "cache_salt": 5}).to_string();
     assert_eq!(post(&engine, "/v1/completions", &bad).status, 400);
     assert_eq!(post(&engine_xllm(), "/v1/completions", &bad).status, 200, "xLLM ignores it");
+}
+
+/// POSTs a completion of `tokens` with `X-data-parallel-rank: rank` (none when `None`) and
+/// answers `(status, serving rank, cached tokens)`.
+fn complete_on(engine: &SimEngine, tokens: &[i32], rank: Option<&str>) -> (u16, Option<u32>, u64) {
+    let url = format!("http://{}/v1/completions", engine.instance_name());
+    let mut request = client().post(url).header("content-type", "application/json");
+    if let Some(rank) = rank {
+        request = request.header("X-data-parallel-rank", rank);
+    }
+    let body = json!({"prompt": tokens, "max_tokens": 1}).to_string();
+    let response = request.body(body).send().expect("the engine answers");
+    let rank = response.headers().get(kvdir_sim::DP_RANK_HEADER).map(|v| v.to_str().unwrap());
+    let rank = rank.and_then(|v| v.parse().ok());
+    let status = response.status().as_u16();
+    let cached = response.headers().get("x-sim-cached-tokens").map(|v| v.to_str().unwrap());
+    (status, rank, cached.and_then(|v| v.parse().ok()).unwrap_or(0))
+}
+
+#[test]
+fn without_a_rank_header_vllm_balances_blind_to_the_cache_and_with_one_it_obeys() {
+    let engine = vllm(2, 64);
+    let tokens = prompt(500, 3 * B as usize + 1);
+    // vLLM's own balancer: idle ranks take requests in turn, wherever the prompt is cached.
+    let (first, second) =
+        (complete_on(&engine, &tokens, None), complete_on(&engine, &tokens, None));
+    assert_eq!((first.1, second.1), (Some(0), Some(1)), "round robin: {first:?} {second:?}");
+    assert_eq!(second.2, 0, "rank 1 never saw the prompt");
+    // The header names the rank, which reports its own cache.
+    assert_eq!(complete_on(&engine, &tokens, Some("0")), (200, Some(0), 3 * B as u64));
+    assert_eq!(complete_on(&engine, &tokens, Some("1")), (200, Some(1), 3 * B as u64));
+    assert_eq!(complete_on(&engine, &tokens, Some("2")).0, 400, "out of range");
+    let ignored = complete_on(&engine, &tokens, Some("one"));
+    assert_eq!(ignored.0, 200, "vLLM ignores a value that is not an integer");
 }

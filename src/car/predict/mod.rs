@@ -9,6 +9,8 @@
 //! - **Instances, not ranks.** A prediction is recorded for the chosen instance and applies to
 //!   every one of its DP ranks: kvdir cannot know which rank the engine's DP scheduler picks,
 //!   and CAR takes the minimum over ranks, so a prediction on one rank would give no credit.
+//!   (Where kvdir chooses the rank itself, [`super::choose_rank`], the prediction still covers
+//!   every rank: a sibling sees its prefix expected on each, and the ranks' loads decide.)
 //! - **Confirmation.** Once the exact directory credits a key on any rank of the instance, the
 //!   engine has placed it; the prediction is dropped and the exact term takes over
 //!   ([`Predictions::confirm`]). Confirmation is lazy: it happens when a later request reads

@@ -2,7 +2,7 @@
 //! with the predicted term.
 
 use super::*;
-use crate::car::{route, CandidateReport, DpHit, Rotation, RouteParams, Routed};
+use crate::car::{route, CandidateReport, DpHit, DpRouting, Rotation, RouteParams, Routed};
 use crate::registry::{InstanceState, InstanceType, LoadMetrics};
 
 fn keys(n: u128) -> Vec<ContentKey> {
@@ -109,6 +109,8 @@ fn cand(name: &str, waiting: u64, ranks: &[(u64, u64)]) -> Candidate {
             })
             .collect(),
         queued: crate::car::QueuedWork::default(),
+        dp_routing: DpRouting::Engine,
+        rank_loads: Vec::new(),
     }
 }
 

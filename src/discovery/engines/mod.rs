@@ -25,6 +25,7 @@ use std::time::Instant;
 
 use super::plan::{Exclusion, Plan, PlannedStream};
 use super::prefill_rate::{PrefillRate, PrefillTotals};
+use crate::car::RankLoad;
 use crate::config::{canonical_endpoint, Dialect, EngineSpec};
 use crate::prometheus::Samples;
 use crate::registry::{
@@ -117,6 +118,39 @@ pub fn read_metrics(dialect: Dialect, text: &str) -> Result<EngineReading, Strin
     Ok(EngineReading { process_start, waiting, running, usage, prefill, hybrid_swa })
 }
 
+/// The label naming the DP rank of a dialect's load gauges: vLLM `engine="r"`, SGLang
+/// `dp_rank="r"`.
+fn rank_label(dialect: Dialect) -> Option<&'static str> {
+    match dialect {
+        Dialect::Vllm => Some("engine"),
+        Dialect::Sglang => Some("dp_rank"),
+        Dialect::Xllm => None,
+    }
+}
+
+/// Each DP rank's load in a `/metrics` answer, where its gauges carry the rank label
+/// ([`rank_label`]): waiting plus running (summed over the rank's label sets), and KV usage
+/// (the largest). Empty when no gauge names a rank.
+pub fn read_rank_loads(dialect: Dialect, text: &str) -> Vec<RankLoad> {
+    let (Some([waiting, running, usage, usage_alias]), Some(label)) =
+        (names(dialect), rank_label(dialect))
+    else {
+        return Vec::new();
+    };
+    let mut ranks: BTreeMap<u32, RankLoad> = BTreeMap::new();
+    for s in Samples::parse(text).samples.iter().filter(|s| s.value.is_finite()) {
+        let Some(rank) = s.label(label).and_then(|r| r.parse::<u32>().ok()) else { continue };
+        let entry =
+            ranks.entry(rank).or_insert(RankLoad { dp_rank: rank, waiting: 0, kv_usage: 0.0 });
+        if s.name == waiting || s.name == running {
+            entry.waiting += s.value.max(0.0).round() as u64;
+        } else if s.name == usage || s.name == usage_alias {
+            entry.kv_usage = entry.kv_usage.max(s.value.clamp(0.0, 1.0));
+        }
+    }
+    ranks.into_values().collect()
+}
+
 /// Every endpoint of an engine, in canonical form.
 fn endpoints(spec: &EngineSpec) -> impl Iterator<Item = String> + '_ {
     spec.events
@@ -162,6 +196,8 @@ pub struct ListedEngine {
     pub identity_known: bool,
     /// The latest `/metrics` reading.
     pub reading: Option<EngineReading>,
+    /// Each DP rank's load in the latest `/metrics` answer ([`read_rank_loads`]).
+    pub rank_loads: Vec<RankLoad>,
     /// The prefill rate its readings report.
     prefill_rate: PrefillRate,
     /// The latest problem (`/health`, `/metrics`, no identity), if any.
@@ -204,6 +240,7 @@ impl ListedEngine {
             instance,
             identity_known: false,
             reading: None,
+            rank_loads: Vec::new(),
             prefill_rate: PrefillRate::default(),
             error,
             polls: 0,
@@ -230,6 +267,9 @@ impl ListedEngine {
         if let Err(e) = probe.health {
             (self.healthy, self.error) = (false, Some(format!("/health: {e}")));
             return IdentityChange::Unchanged;
+        }
+        if let Ok(text) = &probe.metrics {
+            self.rank_loads = read_rank_loads(self.spec.dialect, text);
         }
         let reading = probe.metrics.and_then(|text| read_metrics(self.spec.dialect, &text));
         self.error = reading.as_ref().err().map(|e| format!("/metrics: {e}"));

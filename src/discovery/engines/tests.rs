@@ -194,3 +194,24 @@ fn a_listed_engine_wins_over_an_etcd_instance_by_name_or_endpoint() {
     let why = plan.excluded["x:1"].to_string();
     assert_eq!(why, "endpoint tcp://127.0.0.1:5557 is one of listed engine \"127.0.0.1:8100\"");
 }
+
+#[test]
+fn each_dp_ranks_load_is_read_from_its_label() {
+    let vllm = "vllm:num_requests_waiting{engine=\"0\",model_name=\"m\"} 2.0\n\
+        vllm:num_requests_waiting{engine=\"1\",model_name=\"m\"} 0.0\n\
+        vllm:num_requests_running{engine=\"0\",model_name=\"m\"} 1.0\n\
+        vllm:num_requests_running{engine=\"1\",model_name=\"m\"} 4.0\n\
+        vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\n\
+        vllm:kv_cache_usage_perc{engine=\"1\",model_name=\"m\"} 0.5\n";
+    let ranks = read_rank_loads(Dialect::Vllm, vllm);
+    let got: Vec<(u32, u64, f64)> =
+        ranks.iter().map(|r| (r.dp_rank, r.waiting, r.kv_usage)).collect();
+    assert_eq!(got, [(0, 3, 0.25), (1, 4, 0.5)], "waiting plus running, per engine label");
+    let sglang = "sglang:num_queue_reqs{dp_rank=\"1\",tp_rank=\"0\"} 5\n\
+        sglang:num_running_reqs{dp_rank=\"1\",tp_rank=\"0\"} 1\n\
+        sglang:token_usage{dp_rank=\"1\",tp_rank=\"0\"} 0.75\n";
+    let ranks = read_rank_loads(Dialect::Sglang, sglang);
+    assert_eq!(ranks, [RankLoad { dp_rank: 1, waiting: 6, kv_usage: 0.75 }]);
+    assert!(read_rank_loads(Dialect::Vllm, "vllm:num_requests_waiting 2\n").is_empty());
+    assert!(read_rank_loads(Dialect::Xllm, vllm).is_empty());
+}

@@ -11,7 +11,12 @@
 //!   its first byte, and is finished when the answer ends or the client goes away: dropping the
 //!   relayed body drops the upstream response, which closes the engine connection and so
 //!   cancels the request there.
-//! - Responses carry `x-kvdir-instance`, `x-kvdir-kv-hit-ratio` and `x-kvdir-policy`.
+//! - Responses carry `x-kvdir-instance`, `x-kvdir-kv-hit-ratio` and `x-kvdir-policy`, and
+//!   `x-kvdir-dp-rank` where kvdir chose the DP rank.
+//! - DP ranks: where the engine takes the rank with the request (vLLM, SGLang), the router
+//!   chooses one and it goes to the engine in `X-data-parallel-rank`; a client's own
+//!   `X-data-parallel-rank` is passed through unchanged (and is the rank scored and credited).
+//!   Elsewhere the engine picks and no header is added.
 //! - The answer passes through [`audit::tap`], which reads its usage for the cache audit.
 
 use std::pin::Pin;
@@ -32,10 +37,35 @@ use super::{FrontError, FrontMetrics};
 use crate::http::AppState;
 use crate::router::{Answer, RequestProgress, RouteForward, RouterActor};
 
+/// The request header naming the DP rank that serves a request (vLLM, SGLang).
+pub const RANK_HEADER: &str = "x-data-parallel-rank";
+
+/// What goes to the engine besides the body: the API called and the client's own
+/// `X-data-parallel-rank`, passed through unchanged.
+pub struct Outgoing {
+    /// Chat or completions.
+    pub kind: ApiKind,
+    /// The client's rank header, as sent.
+    pub client_rank: Option<String>,
+}
+
+impl Outgoing {
+    /// The API called, and the rank header of `req`.
+    pub fn new(kind: ApiKind, req: &actix_web::HttpRequest) -> Self {
+        let client_rank = req.headers().get(RANK_HEADER).and_then(|v| v.to_str().ok());
+        Outgoing { kind, client_rank: client_rank.map(str::to_string) }
+    }
+
+    /// The rank header the engine gets: the client's, else kvdir's choice, if any.
+    fn rank_header(&self, chosen: Option<u32>) -> Option<String> {
+        self.client_rank.clone().or_else(|| chosen.map(|r| r.to_string()))
+    }
+}
+
 /// Routes the request and relays the chosen engine's answer.
 pub async fn run(
     state: &web::Data<AppState>,
-    kind: ApiKind,
+    out: Outgoing,
     body: Vec<u8>,
     tokens: Vec<i32>,
     scope: &QueryScope,
@@ -46,10 +76,11 @@ pub async fn run(
     let hits = state.directory.read_keyed_in(&tokens, scope);
     let prompt = kvdir::car::prompt_id(&tokens);
     let mut failed: Vec<(String, String)> = Vec::new();
+    let pinned_rank = out.client_rank.as_deref().and_then(|r| r.trim().parse().ok());
     loop {
         let exclude = failed.iter().map(|f| f.0.clone()).collect();
         let (input_tokens, hits) = (tokens.len(), hits.clone());
-        let msg = RouteForward { input_tokens, hits, exclude, prompt };
+        let msg = RouteForward { input_tokens, hits, exclude, prompt, pinned_rank };
         let (routed, id, url) = match super::admission::route(state, msg, failed.is_empty()).await?
         {
             Ok(r) => r,
@@ -57,7 +88,8 @@ pub async fn run(
             Err(e) => return Err(unreachable(&failed, Some(&e.to_string()))),
         };
         let progress = Progress::new(state.router.clone(), routed.prefill.clone(), id);
-        match send(state, kind, &url, body.clone()).await {
+        let rank = out.rank_header(routed.dp_rank);
+        match send(state, (out.kind, rank), &url, body.clone()).await {
             Ok(response) => return Ok(relay(state, response, &routed, progress, (started, usage))),
             Err(Some(e)) => {
                 tracing::warn!(instance = %routed.prefill, error = %e, "engine unreachable");
@@ -78,22 +110,25 @@ pub async fn run(
     }
 }
 
-/// POSTs `body` to the instance at `base_url`; `Err(None)` when it took longer than `--upstream_timeout_ms`
+/// POSTs `body` to the instance at `base_url`, with the rank header when there is a rank;
+/// `Err(None)` when it took longer than `--upstream_timeout_ms`
 /// (the engine has the request and is slow: retrying would run it twice), `Err(Some(e))` when
 /// it could not be reached.
 async fn send(
     state: &AppState,
-    kind: ApiKind,
+    (kind, rank): (ApiKind, Option<String>),
     base_url: &str,
     body: Bytes,
 ) -> Result<reqwest::Response, Option<reqwest::Error>> {
-    let request = state
+    let mut request = state
         .front
         .client
         .post(format!("{base_url}{}", kind.path()))
-        .header(reqwest::header::CONTENT_TYPE, "application/json")
-        .body(body)
-        .send();
+        .header(reqwest::header::CONTENT_TYPE, "application/json");
+    if let Some(rank) = rank {
+        request = request.header(RANK_HEADER, rank);
+    }
+    let request = request.body(body).send();
     match tokio::time::timeout(state.front.upstream_timeout, request).await {
         Ok(Ok(response)) => Ok(response),
         Ok(Err(e)) if e.is_timeout() => Err(None),
@@ -134,6 +169,9 @@ fn relay(
         .insert_header(("x-kvdir-cached-tokens", cached.to_string()))
         .insert_header(("x-kvdir-stream-state", sync.as_str()))
         .insert_header(("x-kvdir-policy", policy_name(routed)));
+    if let Some(rank) = routed.dp_rank {
+        out.insert_header(("x-kvdir-dp-rank", rank.to_string()));
+    }
     let metrics = state.front.metrics.clone();
     let sse = response
         .headers()

@@ -303,7 +303,7 @@ async fn serve(
             .await
             .map_err(|e| FrontError::Internal(format!("tokenizer task failed: {e}")))??;
         front.metrics.tokenization.observe(started.elapsed());
-        forward::run(&state, kind, body, tokens, &scope, usage).await
+        forward::run(&state, forward::Outgoing::new(kind, &req), body, tokens, &scope, usage).await
     };
     let result = result.await;
     if let Err(e) = &result {

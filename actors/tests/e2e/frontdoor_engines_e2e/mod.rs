@@ -2,10 +2,12 @@
 //! OpenAI-compatible server over its prefix cache; chat requests go client -> kvdir -> engine
 //! -> KV events -> kvdir's directory -> the next route. The cache-truth audit's tests are in
 //! [`audit`], overload admission's in [`overload`], the spread of requests in flight and of
-//! siblings in [`spread`], engines listed without KV events in [`listed`], and the tokenizer
-//! parity check at registration in [`parity`].
+//! siblings in [`spread`], engines listed without KV events in [`listed`], the tokenizer
+//! parity check at registration in [`parity`], and routing to a vLLM engine's DP rank in
+//! [`dp_rank`].
 
 mod audit;
+mod dp_rank;
 mod listed;
 mod overload;
 mod parity;
