@@ -130,6 +130,8 @@ struct Fields<'a> {
     lora_bytes: Option<&'a [u8]>,
     /// What `extra_keys` says of the blocks (vLLM sends one entry per block).
     extra: Extra<'a>,
+    /// SGLang's `cache_salt` (its salted requests' stores carry it; vLLM's is in `extra_keys`).
+    cache_salt: Option<&'a [u8]>,
     /// `group_idx`: the KV cache group (vLLM's hybrid allocator).
     group_idx: Option<u32>,
     /// `kv_cache_spec_kind` and `kv_cache_spec_sliding_window`.
@@ -222,6 +224,10 @@ fn read_field<'a>(
             f.lora_name = super::Namespace::lora_name(f.lora_bytes.unwrap_or_default());
         }
         b"extra_keys" => f.extra = read_extra_keys(r, f.lora_bytes)?,
+        b"cache_salt" => {
+            let salt = if r.eat_nil()? { None } else { Some(r.str_bytes("cache_salt")?) };
+            f.cache_salt = salt.filter(|s| !s.is_empty());
+        }
         b"group_idx" => {
             let allowed = "0..=31 (kvdir keeps at most 32 KV cache groups per stream)";
             f.group_idx = read_small(r, "group_idx", MAX_GROUPS - 1, allowed)?
@@ -380,7 +386,12 @@ fn finish_stored(f: &Fields<'_>, batch: &mut Batch, marks: (u32, u32)) -> Result
     let block_size = f.block_size.ok_or(missing("BlockStored", "block_size"))?;
     let n = hashes.len;
     let lora = if f.lora_name != 0 { f.lora_name } else { f.lora_id };
-    let (salt, marked) = salt_and_mark(&f.extra, f.lora_bytes, f.parent.is_some(), n as usize);
+    let (mut salt, marked) = salt_and_mark(&f.extra, f.lora_bytes, f.parent.is_some(), n as usize);
+    if let (0, Some(s), None) = (salt, f.cache_salt, f.parent) {
+        // SGLang names the salt on every store of a salted request; a store with a parent
+        // chains to a block already keyed in the salt's namespace.
+        salt = super::Namespace::salt(s);
+    }
     let Some(tier) = Tier::from_medium(f.medium) else {
         match marked {
             Some(_) => batch.skipped.lora_or_multimodal += 1,

@@ -9,6 +9,7 @@ mod decode_robustness;
 mod hybrid_oracle;
 mod index_oracle;
 mod peer_adapter;
+mod sglang_fixtures;
 mod shared_oracle;
 mod vllm_fixtures;
 mod vllm_history_fixtures;

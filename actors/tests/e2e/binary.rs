@@ -62,6 +62,7 @@ fn the_example_configs_are_valid() {
         "config/static-streams.json",
         "config/kv_events_discovery_config.json",
         "config/vllm-engines.json",
+        "config/sglang-engines.json",
     ] {
         let out = kvdir()
             .arg("--check_config")
