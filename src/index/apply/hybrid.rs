@@ -13,7 +13,7 @@ use super::super::blocks::{bit, Block};
 use super::super::groups::{class_key, AttentionClass, Groups, Residency};
 use super::super::key::ContentKey;
 use super::super::IndexError;
-use super::{ApplyStats, Change, Ctx, Mode, Table};
+use super::{same_content, ApplyStats, Change, Ctx, Mode, Table};
 use crate::wire::{AttentionKind, Batch, EngineHash, Group, Stored, Tier};
 
 impl Table {
@@ -157,12 +157,7 @@ impl Table {
         stats: &mut ApplyStats,
     ) -> Result<(), IndexError> {
         match self.blocks.find(h) {
-            Ok(slot) => {
-                let block = self.blocks.at_mut(slot);
-                if block.is_out_of_scope() || block.key != key {
-                    return Err(IndexError::HashConflict(h));
-                }
-            }
+            Ok(slot) => same_content(self.blocks.at_mut(slot), h, key)?,
             Err(at) => {
                 if self.blocks.len() + self.groups_mut().unlocated.copies.len() >= max_blocks {
                     return Err(IndexError::LimitExceeded { limit: max_blocks });

@@ -273,9 +273,7 @@ impl Table {
         match self.blocks.find(h) {
             Ok(slot) => {
                 let block = self.blocks.at_mut(slot);
-                if block.is_out_of_scope() || block.key != key {
-                    return Err(IndexError::HashConflict(h));
-                }
+                same_content(block, h, key)?;
                 Self::add_tier_counts(&mut self.device, &mut self.host, block, tier, out, stats);
             }
             Err(at) => {
@@ -417,4 +415,17 @@ impl Table {
         out.push(Change { key: block.key, tier, add: true });
         stats.stored += 1;
     }
+}
+
+/// A block stored again must hold the same content: an engine hash names its content (and
+/// its context, so it cannot be in scope once and out of scope another time).
+pub(super) fn same_content(
+    block: &Block,
+    h: EngineHash,
+    key: ContentKey,
+) -> Result<(), IndexError> {
+    if block.is_out_of_scope() || block.key != key {
+        return Err(IndexError::HashConflict(h));
+    }
+    Ok(())
 }
