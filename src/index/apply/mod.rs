@@ -12,11 +12,11 @@
 //! counts as unknown.
 //!
 //! Blocks outside the index's scope ([`Event::OutOfScope`]: multimodal context)
-//! are remembered by engine hash with the [`OUT_OF_SCOPE`] flag, on their tiers, and never reach
+//! are remembered by engine hash with the `OUT_OF_SCOPE` flag (`blocks.rs`), on their tiers, and never reach
 //! the view. A store whose parent is one of them, and a tokenless replica of one, is out of scope
 //! too (vLLM marks only the blocks that carry the context; the text blocks after them chain to
 //! them unmarked): remembered the same way and counted in [`ApplyStats::out_of_scope`], where it
-//! used to be taken for a child of an unknown parent and force a snapshot. They count against
+//! used to be taken for a child of an unknown parent and force a snapshot (`replica.rs`). They count against
 //! `max_blocks`, and removals and clears retire them like any block, the mark kept. A parent
 //! that is truly unknown is still an error in a live batch.
 //!
@@ -25,7 +25,7 @@
 //! overlap with the work (the hashing of a block takes longer than a miss) instead of being
 //! taken one after the other.
 
-use super::blocks::{bit, Block, Blocks, Slot, OUT_OF_SCOPE};
+use super::blocks::{bit, Block, Blocks, Slot};
 use super::groups::Groups;
 use super::key::ContentKey;
 use super::namespace::Keys;
@@ -35,6 +35,7 @@ use crate::wire::{Batch, EngineHash, Event, Stored, Tier};
 
 mod hybrid;
 mod removal;
+mod replica;
 
 /// How far ahead engine hashes are prefetched: enough to overlap the misses, few enough that the
 /// lines are still in L1 when used.
@@ -299,49 +300,6 @@ impl Table {
         }
     }
 
-    /// A tokenless store: known blocks (resident, or retired: the engine says it holds the
-    /// block again, and its content is known) are put on `tier`.
-    fn tokenless(
-        &mut self,
-        hashes: &[EngineHash],
-        tier: Tier,
-        ctx: &Ctx<'_>,
-        out: &mut Vec<Change>,
-        stats: &mut ApplyStats,
-    ) -> Result<(), IndexError> {
-        let mut replicas_out_of_scope = false;
-        for h in hashes {
-            let block = match self.blocks.find(*h) {
-                Ok(slot) => self.blocks.at_mut(slot),
-                Err(at) => match self.retired.get(*h) {
-                    Some(e) => {
-                        let block = e.block(bit(tier));
-                        self.insert(at, *h, block, ctx.max_blocks, out, stats)?;
-                        replicas_out_of_scope |= block.is_out_of_scope();
-                        continue;
-                    }
-                    None if ctx.mode == Mode::Snapshot => {
-                        stats.orphans += 1;
-                        continue;
-                    }
-                    None if ctx.mode == Mode::Partial => {
-                        stats.unknown_parents += 1;
-                        continue;
-                    }
-                    None => return Err(IndexError::UnknownHash(*h)),
-                },
-            };
-            if block.is_out_of_scope() {
-                block.tiers |= bit(tier);
-                replicas_out_of_scope = true;
-            } else {
-                Self::add_tier_counts(&mut self.device, &mut self.host, block, tier, out, stats)
-            }
-        }
-        stats.out_of_scope += u64::from(replicas_out_of_scope);
-        Ok(())
-    }
-
     /// Inserts a block absent from the table (new, or retired and back) at `at` (the `Err` of
     /// [`Blocks::find`] for `h`). It enters on exactly one tier: the counts of
     /// `add_tier_counts`.
@@ -363,35 +321,6 @@ impl Table {
             *self.tier_count(tier) += 1;
             out.push(Change { key: block.key, tier, add: true });
             stats.stored += 1;
-        }
-        Ok(())
-    }
-
-    /// Remembers out-of-scope blocks on `tier`. The same hash held in scope is a conflict: an
-    /// engine hash covers the block's context, so one block cannot be both.
-    fn out_of_scope(
-        &mut self,
-        hashes: &[EngineHash],
-        tier: Tier,
-        max_blocks: usize,
-    ) -> Result<(), IndexError> {
-        for h in hashes {
-            match self.blocks.find(*h) {
-                Ok(slot) => {
-                    let block = self.blocks.at_mut(slot);
-                    if !block.is_out_of_scope() {
-                        return Err(IndexError::HashConflict(*h));
-                    }
-                    block.tiers |= bit(tier);
-                }
-                Err(at) => {
-                    if self.blocks.len() >= max_blocks {
-                        return Err(IndexError::LimitExceeded { limit: max_blocks });
-                    }
-                    let block = Block { key: ContentKey([0; 16]), tiers: bit(tier) | OUT_OF_SCOPE };
-                    self.blocks.insert_at(at, *h, block);
-                }
-            }
         }
         Ok(())
     }
