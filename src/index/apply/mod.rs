@@ -11,13 +11,14 @@
 //! `retired.rs`): a parent or tokenless hash that is not resident is looked up there before it
 //! counts as unknown.
 //!
-//! Blocks outside the index's scope ([`Event::OutOfScope`]: multimodal context)
-//! are remembered by engine hash with the `OUT_OF_SCOPE` flag (`blocks.rs`), on their tiers, and never reach
-//! the view. A store whose parent is one of them, and a tokenless replica of one, is out of scope
-//! too (vLLM marks only the blocks that carry the context; the text blocks after them chain to
-//! them unmarked): remembered the same way and counted in [`ApplyStats::out_of_scope`], where it
-//! used to be taken for a child of an unknown parent and force a snapshot (`replica.rs`). They count against
-//! `max_blocks`, and removals and clears retire them like any block, the mark kept. A parent
+//! Blocks outside the index's scope ([`Event::OutOfScope`]: multimodal context) are
+//! remembered by engine hash with the `OUT_OF_SCOPE` flag (`blocks.rs`), on their tiers, and
+//! never reach the view (`replica.rs`). A store whose parent is one of them, and a tokenless
+//! replica of one, is out of scope too (vLLM marks only the blocks that carry the context; the
+//! text blocks after them chain to them unmarked): remembered the same way and counted in
+//! [`ApplyStats::out_of_scope`], where it used to be taken for a child of an unknown parent and
+//! force a snapshot. They count against `max_blocks`, and removals and clears retire them like
+//! any block, the mark kept. A parent
 //! that is truly unknown is still an error in a live batch.
 //!
 //! The block table does not fit in cache, so while the code works on one engine hash it starts
