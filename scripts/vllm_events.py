@@ -54,6 +54,7 @@ class Tap:
     def __init__(self, endpoint, topic):
         self.endpoint = endpoint
         self.messages = []  # (topic, seq, payload, [event dicts])
+        self.arrived = []  # time.monotonic() at which each message was received
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ctx = zmq.Context.instance()
@@ -74,6 +75,7 @@ class Tap:
             events = decode_batch(payload)[1]
             with self._lock:
                 self.messages.append((topic, int.from_bytes(seq, "big"), payload, events))
+                self.arrived.append(time.monotonic())
 
     def close(self):
         self._stop.set()
@@ -94,6 +96,11 @@ class Tap:
         with self._lock:
             return list(self.messages[start:])
 
+    def record(self):
+        """(every message, the time.monotonic() each was received), read together."""
+        with self._lock:
+            return list(self.messages), list(self.arrived)
+
     def wait(self, predicate, timeout, start=0):
         """Polls until predicate(messages since start) is true; returns it or None."""
         deadline = time.monotonic() + timeout
@@ -113,6 +120,7 @@ class ReplayTap(Tap):
     def __init__(self, endpoint, topic):  # pylint: disable=super-init-not-called
         self.endpoint = endpoint
         self.messages = []
+        self.arrived = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._ctx = zmq.Context.instance()
@@ -136,6 +144,7 @@ class ReplayTap(Tap):
                 events = decode_batch(payload)[1]
                 with self._lock:
                     self.messages.append((topic, int.from_bytes(seq, "big"), payload, events))
+                    self.arrived.append(time.monotonic())
 
 
 def stored_blocks(messages):
