@@ -20,7 +20,11 @@
 # sglang, block_size 16, no etcd) and the model's tokenizer, and runs scripts/sglang_e2e.py:
 # chat traffic through kvdir's front door, compared request by request with SGLang's own
 # cached_tokens, with a restart of one engine, a stall of the other (its HTTP process stopped
-# for 3.5 s, then its scheduler for 1.5 s) and a /flush_cache. It ends with `N passed, M failed`
+# for 3.5 s, then its scheduler for 1.5 s) and a /flush_cache. Before the traffic it checks
+# kvdir's tokenizer parity with each engine (issue 32), then starts a second kvdir (port 8893,
+# the same config) with a deliberately wrong --chat_template and checks that it reports the
+# difference (engine.parity, a WARN naming the position, kvdir_engine_parity_mismatch 1), and
+# stops it. It ends with `N passed, M failed`
 # and exits 0 only when M is 0. Every server binds 127.0.0.1 (SGLang's `"bind": true` makes its
 # PUB bind a concrete address). Every process it starts is stopped at exit.
 set -euo pipefail
@@ -32,6 +36,7 @@ REQUESTS=${KVDIR_E2E_REQUESTS:-320}
 LOGS=${KVDIR_E2E_LOGS:-}
 RECORD=0
 KVDIR_PORT=8891
+WRONG_PORT=8893  # the parity step's second kvdir, with a wrong chat template
 ENGINES=(0 1)
 PAGE=16
 
@@ -62,6 +67,8 @@ cleanup() {
     set +e
     # kvdir.sh writes kvdir's pid to kvdir.pid; the driver restarts kvdir through it.
     pid=$(cat "$LOGS/kvdir.pid" 2>/dev/null)
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null
+    pid=$(cat "$LOGS/kvdir-wrong.pid" 2>/dev/null)  # the parity step's, if still running
     [ -n "$pid" ] && kill "$pid" 2>/dev/null
     for i in "${ENGINES[@]}"; do
         pid=$(cat "$LOGS/engine-$i.pid" 2>/dev/null)
@@ -122,7 +129,7 @@ wait_engine() {
 }
 
 # Every port this run binds must be free (all below the kernel's ephemeral range).
-for port in "$KVDIR_PORT" 8200 8201 18200 18201 28200 28201; do
+for port in "$KVDIR_PORT" "$WRONG_PORT" 8200 8201 18200 18201 28200 28201; do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
         echo "port $port on 127.0.0.1 is already in use; stop what listens there" >&2
         exit 1
@@ -175,6 +182,19 @@ exec "$KVDIR_BIN" --kv_events_config_file "$LOGS/kvdir.json" --server_host 127.0
     --http_server_port $KVDIR_PORT --etcd_addr '' --tokenizer_path "$LOGS/model" \\
     --served_model_name model >>"$LOGS/kvdir.log" 2>&1
 EOF
+# The parity step's kvdir: the same config, a deliberately wrong chat template (the roles
+# without the model's markers; scripts/e2e_parity.py's WRONG_TEMPLATE). The driver starts and
+# stops it.
+"$PY" -c 'import sys; sys.path.insert(0, sys.argv[1]); import e2e_parity; print(e2e_parity.WRONG_TEMPLATE, end="")' \
+    "$ROOT/scripts" >"$LOGS/wrong-template.jinja"
+cat >"$LOGS/kvdir-wrong.sh" <<EOF
+#!/usr/bin/env bash
+echo \$\$ >"$LOGS/kvdir-wrong.pid"
+exec "$KVDIR_BIN" --kv_events_config_file "$LOGS/kvdir.json" --server_host 127.0.0.1 \\
+    --http_server_port $WRONG_PORT --etcd_addr '' --tokenizer_path "$LOGS/model" \\
+    --chat_template "$LOGS/wrong-template.jinja" --served_model_name model \\
+    >>"$LOGS/kvdir-wrong.log" 2>&1
+EOF
 bash "$LOGS/kvdir.sh" &
 KVDIR_PID=$!
 KVDIR_STARTED=$(date +%s.%N)
@@ -184,4 +204,5 @@ KVDIR_STARTED=$(date +%s.%N)
     --kvdir-launcher "$LOGS/kvdir.sh" --model "$LOGS/model" --page "$PAGE" \
     --engine "127.0.0.1:8200,http://127.0.0.1:8200,tcp://127.0.0.1:18200,$LOGS/engine-0.sh" \
     --engine "127.0.0.1:8201,http://127.0.0.1:8201,tcp://127.0.0.1:18201,$LOGS/engine-1.sh" \
-    --requests "$REQUESTS"
+    --requests "$REQUESTS" --wrong-template-launcher "$LOGS/kvdir-wrong.sh" \
+    --wrong-template-url "http://127.0.0.1:$WRONG_PORT" --wrong-template-log "$LOGS/kvdir-wrong.log"

@@ -11,8 +11,12 @@ and changes what differs for SGLang:
   same engine can find pages stored after kvdir routed it (an under-credit; the seq of the
   batch that stored them is printed), and pages evicted after kvdir routed it (an
   over-credit). Anything else fails.
-The steps: overlapping siblings (new conversations on one new system prompt, sent 150 ms
-apart: the under-credits SGLang's late events cause), a burst of new conversations at once,
+First, tokenizer parity (scripts/e2e_parity.py, through the vLLM driver's `parity`): kvdir's
+check of each engine's `/tokenize`, page size and model must agree (`engine.parity`, the gauge
+0), and a second kvdir started with a deliberately wrong chat template must report the tokens as
+differing, WARN with the position and set `kvdir_engine_parity_mismatch` to 1. The steps:
+overlapping siblings (new conversations on one new system prompt, sent 150 ms apart: the
+under-credits SGLang's late events cause), a burst of new conversations at once,
 salted turns (a salted prefix must be credited to its salt only), a restart of one engine (kvdir
 must withdraw its credit and be exact again), a stall of the other (its HTTP process stopped
 for 3.5 s, then its scheduler for 1.5 s: kvdir must not log "engine restarted" and the stream
@@ -448,6 +452,7 @@ class Driver(vllm_e2e.Driver):
         # This driver itself may have started well after kvdir (on a loaded machine).
         late = time.time() - self.args.kvdir_started
         self.wait_streams(self.args.kvdir_started, deadline_s=20.0 + max(0.0, late))
+        self.parity()
         steps = {n // 8: self.siblings, n // 4: self.burst, n * 5 // 16: self.salted,
                  n * 3 // 8: lambda: self.restart(self.engines[-1]),
                  n // 2: lambda: self.stall(self.engines[0]),
@@ -495,10 +500,16 @@ def main():
     p.add_argument("--model", required=True, help="the model directory (its tokenizer)")
     p.add_argument("--page", type=int, default=16, help="SGLang's --page-size")
     p.add_argument("--topic", default="kv")
+    p.add_argument("--wrong-template-launcher", default="",
+                   help="a script that execs a second kvdir with a wrong --chat_template "
+                   "(the parity step; none: the step is skipped)")
+    p.add_argument("--wrong-template-url", default="", help="that kvdir's base URL")
+    p.add_argument("--wrong-template-log", default="", help="that kvdir's log")
     p.add_argument("--requests", type=int, default=320)
     args = p.parse_args()
     # What the vLLM driver's methods may read: one dense model, engines that publish (no bind).
     args.bind = False
+    args.announce = False
     args.buffer_steps = 10_000
     args.model_kind = "dense"
     args.retention = None

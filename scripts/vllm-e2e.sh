@@ -24,12 +24,24 @@
 #                     to it under their own topic `kv@127.0.0.1:PORT@model`; the driver reads
 #                     their batches from the replay endpoints, and skips the engine restart
 #                     (kvdir sees no per-engine disconnect on its shared socket)
+#   env KVDIR_E2E_BIND=announce  as bind, but kvdir lists no engine: its config holds only
+#                     kv_events_bind with `announce` (allow 127.0.0.0/8, replay_port 28101,
+#                     block_size 32), and one vLLM (number 1, port 8101) announces itself by
+#                     its llm-d topic `kv@127.0.0.1:8101@model`. One engine only: `announce`
+#                     takes one replay_port for every announced engine, so a second engine on
+#                     the same host cannot have its own replay endpoint. The driver sends one
+#                     request straight to the engine whenever kvdir (re)starts, so that it
+#                     publishes, and checks that the engine is listed with source "announce"
 #
 # It makes a tiny model of that kind (scripts/vllm_make_model.py), starts two vLLM servers with
 # KV events and replay (ports 8100/8101, events 18100/18101, replay 28100/28101, one core each),
 # starts kvdir after them with both engines listed (no etcd) and the model's tokenizer, and runs
 # scripts/vllm_e2e.py: chat traffic through kvdir's front door, compared request by request with
-# vLLM's own cached_tokens. It ends with `N passed, M failed` and exits 0 only when M is 0.
+# vLLM's own cached_tokens. Before the traffic it checks kvdir's tokenizer parity with each
+# engine (issue 32), then starts a second kvdir (port 8892) with a deliberately wrong
+# --chat_template and checks that it reports the difference (engine.parity, a WARN naming the
+# position, kvdir_engine_parity_mismatch 1), and stops it. It ends with `N passed, M failed`
+# and exits 0 only when M is 0.
 # Every server binds 127.0.0.1, except vLLM's live PUB: vLLM binds only wildcard endpoints
 # (tcp://*:PORT) and connects to any other. Every process it starts is stopped at exit.
 set -euo pipefail
@@ -42,6 +54,7 @@ LOGS=${KVDIR_E2E_LOGS:-}
 RECORD=0
 BIND=${KVDIR_E2E_BIND:-0}
 KVDIR_PORT=8890
+WRONG_PORT=8892  # the parity step's second kvdir, with a wrong chat template
 ENGINES=(0 1)
 BUFFER_STEPS_1=16
 MODEL_KIND=${KVDIR_E2E_MODEL_KIND:-dense}
@@ -55,10 +68,17 @@ while [ $# -gt 0 ]; do
         --record) RECORD=1; ENGINES=(0); shift ;;
         --model-kind) MODEL_KIND=$2; shift 2 ;;
         --retention) RETENTION=$2; shift 2 ;;
-        -h|--help) sed -n '2,28p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
         *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
+
+case "$BIND" in
+    0|1) ;;
+    announce) ENGINES=(1) ;;  # one engine: announce has one replay_port per host (see above)
+    *) echo "KVDIR_E2E_BIND is 0, 1 or announce, not $BIND" >&2; exit 2 ;;
+esac
+[ "$RECORD" = 1 ] && [ "$BIND" != 0 ] && { echo "--record needs KVDIR_E2E_BIND=0" >&2; exit 2; }
 
 case "$MODEL_KIND" in
     dense|gemma3|sliding) ;;
@@ -91,6 +111,8 @@ cleanup() {
     # kvdir.sh writes kvdir's pid to kvdir.pid; the driver restarts kvdir through it.
     pid=$(cat "$LOGS/kvdir.pid" 2>/dev/null)
     [ -n "$pid" ] && kill "$pid" 2>/dev/null
+    pid=$(cat "$LOGS/kvdir-wrong.pid" 2>/dev/null)  # the parity step's, if still running
+    [ -n "$pid" ] && kill "$pid" 2>/dev/null
     for i in "${ENGINES[@]}"; do
         pid=$(cat "$LOGS/engine-$i.pid" 2>/dev/null)
         [ -n "$pid" ] && kill -KILL -- "-$pid" 2>/dev/null
@@ -116,7 +138,7 @@ write_launcher() {
     local i=$1 events
     local topic=kv endpoint="tcp://*:$((18100 + i))"
     # Bound: vLLM connects (its endpoint is not a wildcard) to kvdir's one bound port.
-    [ "$BIND" = 1 ] && topic="kv@127.0.0.1:$((8100 + i))@model" endpoint="tcp://127.0.0.1:18100"
+    [ "$BIND" != 0 ] && topic="kv@127.0.0.1:$((8100 + i))@model" endpoint="tcp://127.0.0.1:18100"
     events="{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"topic\": \"$topic\","
     # vLLM 1 keeps only its last 16 batches for replay, so a kvdir restarted late in the run
     # finds its history truncated and must go on as partial.
@@ -153,7 +175,7 @@ wait_engine() {
 
 # Every port this run binds must be free (ports of 32768 and above are the kernel's ephemeral
 # range on Linux, where any outgoing connection may hold them: all of these stay below).
-for port in "$KVDIR_PORT" 8100 8101 18100 18101 28100 28101; do
+for port in "$KVDIR_PORT" "$WRONG_PORT" 8100 8101 18100 18101 28100 28101; do
     if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
         echo "port $port on 127.0.0.1 is already in use; stop what listens there" >&2
         exit 1
@@ -178,11 +200,19 @@ if [ "$RECORD" = 1 ]; then
 fi
 
 # --- kvdir's config: the engines it fronts (no etcd) ----------------------------------------
-# The one place that knows the `engines` config shape.
+# The one place that knows the `engines` config shape. With a second argument `no-events`, the
+# engines are listed without KV events (the parity step's kvdir while the engines publish to
+# the main kvdir's bound port).
 write_kvdir_config() {
-    local out=$1 sep="" i
+    local out=$1 mode=${2:-$BIND} sep="" i
+    if [ "$mode" = announce ]; then
+        # No engine listed: each announces itself on the bound port by its topic.
+        echo '{"kv_events_bind": {"endpoint": "tcp://127.0.0.1:18100", "announce":
+   {"allow": ["127.0.0.0/8"], "replay_port": 28101, "block_size": 32}}}' >"$out"
+        return
+    fi
     {
-        if [ "$BIND" = 1 ]; then
+        if [ "$mode" = 1 ]; then
             echo '{"kv_events_bind": {"endpoint": "tcp://127.0.0.1:18100", "ranks": 1,'
             echo '   "topic": "kv@{host}:{port}@{model}"},'
         else
@@ -191,11 +221,13 @@ write_kvdir_config() {
         echo '"engines": ['
         for i in "${ENGINES[@]}"; do
             local port=$((8100 + i)) events topic=', "topic": "kv"'
-            events="\"tcp://127.0.0.1:$((18100 + i))\""
-            [ "$BIND" = 1 ] && events='"bind"' topic=""
+            local replay="\"replay\": \"tcp://127.0.0.1:$((28100 + i))\","
+            events="\"events\": \"tcp://127.0.0.1:$((18100 + i))\", $replay"
+            [ "$mode" = 1 ] && events="\"events\": \"bind\", $replay" topic=""
+            [ "$mode" = no-events ] && events="" topic=""
             printf '%s  {"name": "127.0.0.1:%d", "url": "http://127.0.0.1:%d", "dialect": "vllm",' \
                 "$sep" "$port" "$port"
-            printf ' "events": %s, "replay": "tcp://127.0.0.1:%d",' "$events" $((28100 + i))
+            printf ' %s' "$events"
             printf ' "dp_size": 1, "block_size": 32, "model": "model"%s}\n' "$topic"
             sep=","
         done
@@ -217,19 +249,43 @@ exec "$KVDIR_BIN" --kv_events_config_file "$LOGS/kvdir.json" --server_host 127.0
     --http_server_port $KVDIR_PORT --etcd_addr '' --tokenizer_path "$LOGS/model" \\
     --served_model_name model >>"$LOGS/kvdir.log" 2>&1
 EOF
+# The parity step's kvdir: a deliberately wrong chat template (the roles without the model's
+# markers; scripts/e2e_parity.py's WRONG_TEMPLATE), the same config when kvdir connects to the
+# engines, else the engines listed without events (the bound port is the main kvdir's). The
+# driver starts and stops it.
+WRONG_CONFIG="$LOGS/kvdir.json"
+if [ "$BIND" != 0 ]; then
+    WRONG_CONFIG="$LOGS/kvdir-wrong.json"
+    write_kvdir_config "$WRONG_CONFIG" no-events
+fi
+"$PY" -c 'import sys; sys.path.insert(0, sys.argv[1]); import e2e_parity; print(e2e_parity.WRONG_TEMPLATE, end="")' \
+    "$ROOT/scripts" >"$LOGS/wrong-template.jinja"
+cat >"$LOGS/kvdir-wrong.sh" <<EOF
+#!/usr/bin/env bash
+echo \$\$ >"$LOGS/kvdir-wrong.pid"
+exec "$KVDIR_BIN" --kv_events_config_file "$WRONG_CONFIG" --server_host 127.0.0.1 \\
+    --http_server_port $WRONG_PORT --etcd_addr '' --tokenizer_path "$LOGS/model" \\
+    --chat_template "$LOGS/wrong-template.jinja" --served_model_name model \\
+    >>"$LOGS/kvdir-wrong.log" 2>&1
+EOF
 bash "$LOGS/kvdir.sh" &
 KVDIR_PID=$!
 KVDIR_STARTED=$(date +%s.%N)
 # The driver reports its own failure when kvdir does not come up, so the figures still print.
 TAPS=(18100 18101)
 DRIVER_BIND=()
-if [ "$BIND" = 1 ]; then
+if [ "$BIND" != 0 ]; then
     TAPS=(28100 28101)  # the driver reads each engine's batches from its replay endpoint
     DRIVER_BIND=(--bind)
+    [ "$BIND" = announce ] && DRIVER_BIND+=(--announce)
 fi
+DRIVER_ENGINES=()
+for i in "${ENGINES[@]}"; do
+    DRIVER_ENGINES+=(--engine "127.0.0.1:$((8100 + i)),http://127.0.0.1:$((8100 + i)),tcp://127.0.0.1:${TAPS[$i]},$LOGS/engine-$i.sh")
+done
 "$PY" "$ROOT/scripts/vllm_e2e.py" --kvdir "http://127.0.0.1:$KVDIR_PORT" "${DRIVER_BIND[@]}" \
     --kvdir-started "$KVDIR_STARTED" --kvdir-pid "$KVDIR_PID" --kvdir-log "$LOGS/kvdir.log" \
-    --kvdir-launcher "$LOGS/kvdir.sh" --buffer-steps "$BUFFER_STEPS_1" \
-    --engine "127.0.0.1:8100,http://127.0.0.1:8100,tcp://127.0.0.1:${TAPS[0]},$LOGS/engine-0.sh" \
-    --engine "127.0.0.1:8101,http://127.0.0.1:8101,tcp://127.0.0.1:${TAPS[1]},$LOGS/engine-1.sh" \
-    --requests "$REQUESTS" --model-kind "$MODEL_KIND" ${RETENTION:+--retention "$RETENTION"}
+    --kvdir-launcher "$LOGS/kvdir.sh" --buffer-steps "$BUFFER_STEPS_1" "${DRIVER_ENGINES[@]}" \
+    --requests "$REQUESTS" --model-kind "$MODEL_KIND" ${RETENTION:+--retention "$RETENTION"} \
+    --wrong-template-launcher "$LOGS/kvdir-wrong.sh" \
+    --wrong-template-url "http://127.0.0.1:$WRONG_PORT" --wrong-template-log "$LOGS/kvdir-wrong.log"

@@ -20,7 +20,12 @@ kvdir's predicted cached tokens on the engine it chose (`x-kvdir-cached-tokens`,
   - dense only: a duplicate-store removal (kvdir drops the block at its first removal), or
     blocks of the prompt the engine stored while it was in flight (the token-range check);
 - on a partial stream an under-credit is allowed (it credits only blocks it saw stored).
-Named checks (stream start-up, salt, duplicate store, restart) count like requests. At the end,
+Named checks (stream start-up, tokenizer parity, salt, duplicate store, restart) count like
+requests. Before the traffic: kvdir's parity check with each engine must agree (tokens,
+block size, model; the gauge 0), and a second kvdir with a deliberately wrong chat template
+must report the tokens as differing, WARN with the position and set the gauge to 1
+(scripts/e2e_parity.py). With --announce (kvdir lists no engine; each announces itself on the
+bound port) every engine must be listed with source "announce". At the end,
 kvdir's own cache-truth audit (`cache_audit` in /v1/internal/instances: exact, under and over
 answers per instance) must count what this script counted, request by request, since kvdir's
 last start, and kvdir must have read each engine's prefill rate from its /metrics. It prints the
@@ -38,6 +43,7 @@ import sys
 import threading
 import time
 
+import e2e_parity
 import vllm_events as ve
 from vllm_chat import (BLOCK, CREDITED, SYNCED, WORDS, Conversation, Engine, Kvdir, Results,
                        explain, http, in_flight, judge, predicted_tokens, stream_state)
@@ -435,7 +441,10 @@ class Driver:
         self.tally = {}  # a new kvdir audits from zero
         self.args.kvdir_pid = subprocess.Popen(["bash", self.args.kvdir_launcher]).pid
         print("     kvdir restarted while the engines run", flush=True)
-        reached = self.wait_streams(started)
+        if self.args.announce:
+            self.wait_kvdir_health()
+            self.announce()
+        reached = self.wait_streams(started, deadline_s=25.0 if self.args.announce else 10.0)
         for e in self.engines:
             seq = e.tap.last_seq()
             truncated = e is self.engines[-1] and (seq or 0) >= self.args.buffer_steps
@@ -509,6 +518,17 @@ class Driver:
                                f"{e.name} prefill rate read from vLLM's /metrics",
                                f"{rate} tokens/s")
 
+    def wait_kvdir_health(self, deadline_s=60.0):
+        """Waits for kvdir's /health (after its restart)."""
+        deadline = time.time() + deadline_s
+        while time.time() < deadline:
+            try:
+                if http("GET", self.kvdir.url + "/health", timeout=2)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+
     def wait_phase(self, engine, want, deadline):
         """Polls the engine's stream until want(phase) or the deadline; returns whether it
         came and the last phase seen (None: kvdir does not report the stream)."""
@@ -520,11 +540,53 @@ class Driver:
                 return False, phase
             time.sleep(0.05)
 
+    # --- tokenizer parity (issue 32) and announced engines --------------------------------
+
+    def parity(self):
+        """kvdir's parity check with each engine agrees (tokens, block size, model; the gauge
+        0); then a second kvdir with a deliberately wrong chat template must report the tokens
+        as differing, WARN with the position and set the gauge to 1 (scripts/e2e_parity.py)."""
+        names = [e.name for e in self.engines]
+        if self.kvdir.up:
+            e2e_parity.check_agree(self.results, self.kvdir.url, names)
+        if self.args.wrong_template_launcher:
+            e2e_parity.check_wrong_template(
+                self.results, self.args.wrong_template_launcher, self.args.wrong_template_url,
+                self.args.wrong_template_log, names)
+
+    def announce(self):
+        """With --announce kvdir lists no engine: one only learns of an engine from a message
+        under its topic, and an idle vLLM publishes nothing. So one request goes straight to
+        each engine (not counted), which stores its prompt and publishes; kvdir then lists it
+        (source "announce") and replays its history."""
+        if not self.args.announce:
+            return
+        for e in self.engines:
+            body = {"model": "model", "prompt": f"Announce {e.name} {time.time()}.",
+                    "max_tokens": 1}
+            http("POST", e.url + "/v1/completions", body)
+        deadline = time.time() + 15
+        while True:
+            listed = e2e_parity.instances(self.kvdir.url) if self.kvdir.up else {}
+            sources = {e.name: ((listed.get(e.name) or {}).get("engine") or {}).get("source")
+                       for e in self.engines}
+            if all(v == "announce" for v in sources.values()) or time.time() > deadline:
+                break
+            time.sleep(0.1)
+        for e in self.engines:
+            self.results.check(sources[e.name] == "announce",
+                               f"{e.name} listed by its announcement",
+                               f"engine.source {sources[e.name]!r}; kvdir lists "
+                               f"{sorted(n for n in listed if n)}")
+
     # --- the run ---------------------------------------------------------------------------
 
     def run(self):
         n = self.args.requests
-        self.wait_streams(self.args.kvdir_started)
+        self.announce()
+        self.wait_streams(self.args.kvdir_started, deadline_s=25.0 if self.args.announce
+                          else 10.0)
+        self.parity()
         steps = {n // 4: self.burst, n * 3 // 8: self.salted, n // 2: self.duplicate_store,
                  n * 5 // 8: lambda: self.restart(self.engines[-1]),
                  n * 7 // 8: self.restart_kvdir}
@@ -604,6 +666,13 @@ def main():
     p.add_argument("--bind", action="store_true",
                    help="the engines connect to kvdir's kv_events_bind; EVENTS is then each "
                    "engine's replay endpoint (read by the tap)")
+    p.add_argument("--announce", action="store_true",
+                   help="with --bind: kvdir lists no engine; each announces itself by its topic")
+    p.add_argument("--wrong-template-launcher", default="",
+                   help="a script that execs a second kvdir with a wrong --chat_template "
+                   "(the parity step; none: the step is skipped)")
+    p.add_argument("--wrong-template-url", default="", help="that kvdir's base URL")
+    p.add_argument("--wrong-template-log", default="", help="that kvdir's log")
     p.add_argument("--requests", type=int, default=320)
     p.add_argument("--model-kind", choices=("dense", "gemma3", "sliding"), default="dense",
                    help="the engines' model (scripts/vllm_make_model.py --kind)")
