@@ -139,15 +139,20 @@ impl Service {
             _ => None,
         };
         let engines = file.as_ref().map(|d| d.engines.clone()).unwrap_or_default();
+        let bind = bind_config(&flags, file.as_ref())?;
+        let announce = bind.as_ref().is_some_and(|b| b.announce.is_some());
         if streams.is_empty() && discovery.is_none() && engines.is_empty() {
+            let until = match announce {
+                true => "engines announce themselves on kv_events_bind or are registered",
+                false => "engines are registered (POST /register)",
+            };
             tracing::warn!(
-                "no streams, discovery or engines: the KV directory is empty until engines are \
-                 registered (POST /register), and CAR uses zero prefill hit ratios; {etcd}"
+                "no streams, discovery or engines: the KV directory is empty until {until}, and \
+                 CAR uses zero prefill hit ratios; {etcd}"
             );
         }
         let poll =
             file.as_ref().map_or(std::time::Duration::from_secs(1), |d| d.engine_poll_interval);
-        let bind = bind_config(&flags, file.as_ref())?;
         let limits = file.map(|d| d.limits).unwrap_or_default();
         let plan = StartPlan {
             bind,

@@ -82,9 +82,11 @@ impl Parity {
         if let TokenParity::Differ { position, kvdir, engine, kvdir_tokens, engine_tokens } =
             &self.tokens
         {
+            let id = |t: &Option<u32>| t.map_or("none".to_string(), |t| format!("id {t}"));
+            let (kvdir, engine) = (id(kvdir), id(engine));
             out.push(format!(
                 "kvdir and the engine tokenize the same chat differently from position {position} \
-                 (kvdir {kvdir:?} of {kvdir_tokens} ids, engine {engine:?} of {engine_tokens}): \
+                 (kvdir {kvdir} of {kvdir_tokens} ids, engine {engine} of {engine_tokens}): \
                  no prompt will get cache credit; give --tokenizer_path (and --chat_template) the \
                  engine's own tokenizer and template"
             ));

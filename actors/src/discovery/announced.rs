@@ -21,11 +21,12 @@ impl DiscoveryActor {
         let Some(config) = bind.config().announce.clone() else { return };
         let mut changed = false;
         for (topic, engine) in bind.take_announced() {
+            // A refusal stands until the topic's engine is gone from kvdir's memory (a
+            // restart): its topic stays announced, so the WARN is logged once.
             match self.list_announced(&topic, &engine, &config) {
                 Ok(()) => changed = true,
                 Err(e) => {
-                    tracing::warn!(%topic, error = %e, "an announced engine cannot be listed");
-                    bind.forget_announced(&topic);
+                    tracing::warn!(%topic, error = %e, "an announced engine cannot be listed")
                 }
             }
         }
@@ -62,6 +63,15 @@ impl DiscoveryActor {
     ) -> Result<(), String> {
         let host = engine.host();
         let (ip, replay_port) = (engine.ip, config.replay_port);
+        let same_host =
+            |name: &String| name.parse::<std::net::SocketAddr>().is_ok_and(|a| a.ip() == ip);
+        if let Some(other) = self.announced.keys().find(|n| same_host(n)) {
+            return Err(format!(
+                "engine {other} on the same host announced itself first, and announce gives each \
+                 host one replay_port ({replay_port}): list {host} with its own replay endpoint \
+                 in the config's engines or POST /register"
+            ));
+        }
         let replay = std::net::SocketAddr::new(ip, replay_port).to_string();
         let spec = json!({
             "name": host, "url": format!("http://{host}"), "dialect": config.dialect.as_str(),

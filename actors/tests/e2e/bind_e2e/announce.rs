@@ -1,8 +1,9 @@
 //! Engines that announce themselves (`kv_events_bind.announce`): no engine is listed; an
 //! engine publishing under llm-d's topic `kv@<ip>:<port>@<model>` from an allowed address is
 //! listed by kvdir (`source: announce`), replayed from `replay_port` on its host and credited;
-//! a topic of an address outside the allow list stays unknown (and kvdir never calls it); an
-//! announced engine that fails its polls for `drop_after_ms` is dropped.
+//! a topic of an address outside the allow list stays unknown (and kvdir never calls it), and
+//! so does a second engine on the same host (one replay port a host); an announced engine that
+//! fails its polls for `drop_after_ms` is dropped.
 
 use super::*;
 
@@ -45,6 +46,25 @@ fn an_engine_announced_by_its_topic_is_listed_credited_and_dropped_when_gone() {
     let bind = report(&svc)["bind"].clone();
     let unknown = bind["unknown_topics"].to_string();
     assert!(unknown.contains("10.11.12.13"), "counted as unknown: {bind}");
+    // A second engine on the same host: announce gives a host one replay port, so it is
+    // refused (a WARN says to list it) rather than given the first one's replay endpoint.
+    let twin = TestEngine::start();
+    let twin_topic = format!("kv@127.0.0.1:{}@kvdir-demo", twin.port);
+    let twin_rank = Rank::connect(&ctx, port, &twin_topic, 0);
+    twin_rank.wait_subscribed();
+    let unknown = |svc: &Service| report(svc)["bind"]["unknown_messages"].as_u64().unwrap_or(0);
+    let before = unknown(&svc);
+    twin_rank.store(&prompt(80, 1));
+    eventually("the twin's message read", || unknown(&svc) > before);
+    // Two more polls of the first engine: the announcement has had its tick.
+    let polls = |svc: &Service| {
+        let i = http_json(svc, "/v1/internal/instances");
+        i["instances"][0]["engine"]["polls"].as_u64().unwrap_or(0)
+    };
+    let seen = polls(&svc);
+    eventually("two poll ticks", || polls(&svc) >= seen + 2);
+    let after = http_json(&svc, "/v1/internal/instances");
+    assert_eq!(after["instances"].as_array().map(Vec::len), Some(1), "{after}");
 
     http.set(|s| s.healthy = false);
     eventually("the engine dropped after failing its polls", || {
