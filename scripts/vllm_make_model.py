@@ -1,6 +1,7 @@
 """Makes a tiny chat model for scripts/vllm-e2e.sh without any model hub.
 
     python scripts/vllm_make_model.py OUTDIR [--kind dense|gemma3|sliding]
+        [--layers N --hidden N --heads N --kv-heads N --intermediate N]
 
 The tokenizer is a byte-level BPE of 2,000 tokens trained on the licence texts every Debian
 machine carries (/usr/share/common-licenses, /usr/share/doc/*/copyright), with a ChatML chat
@@ -13,7 +14,9 @@ size 32 (the smallest head size vLLM's CPU attention accepts), saved in bfloat16
 - sliding: a Llama whose layers are all sliding_attention with sliding_window 128
   (`layer_types` and `sliding_window` in its config.json): one sliding_window group.
 Its answers are noise; its KV cache, prefix caching and KV events are the real engine's. The
-seed is fixed, so the same machine makes the same model.
+seed is fixed, so the same machine makes the same model. The size options make a bigger dense
+model (scripts/vllm-benefit.sh: one where prefill dominates on a CPU); the head size is
+hidden / heads, and the hybrid kinds keep 2 layers (their layer kinds are listed per layer).
 """
 
 import argparse
@@ -84,16 +87,21 @@ def make_tokenizer(out):
     return bpe
 
 
-def common(bpe):
+# The e2e model's sizes; --layers, --hidden, --heads, --kv-heads and --intermediate override them.
+SIZES = dict(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256)
+
+
+def common(bpe, sizes=None):
     """The sizes and special tokens every kind shares."""
+    z = dict(SIZES, **(sizes or {}))
     bos, eos = bpe.token_to_id("<|endoftext|>"), bpe.token_to_id("<|im_end|>")
     return dict(
         vocab_size=bpe.get_vocab_size(),
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        hidden_size=z["hidden"],
+        intermediate_size=z["intermediate"],
+        num_hidden_layers=z["layers"],
+        num_attention_heads=z["heads"],
+        num_key_value_heads=z["kv_heads"],
         max_position_embeddings=MAX_LEN,
         bos_token_id=bos,
         eos_token_id=eos,
@@ -101,22 +109,27 @@ def common(bpe):
     )
 
 
-def make_model(out, bpe, kind="dense"):
-    """Saves a random 2-layer model of the given kind sized to the tokenizer."""
+def make_model(out, bpe, kind="dense", sizes=None):
+    """Saves a random model of the given kind sized to the tokenizer (2 layers unless `sizes`,
+    a dict over SIZES' keys, says otherwise for a dense one)."""
     torch.manual_seed(0)
+    if kind != "dense" and sizes and sizes.get("layers", 2) != 2:
+        raise ValueError(f"--layers applies to the dense kind only ({kind} lists 2 layers)")
     if kind == "dense":
-        config = LlamaConfig(**common(bpe), tie_word_embeddings=False)
+        config = LlamaConfig(**common(bpe, sizes), tie_word_embeddings=False)
         model = LlamaForCausalLM(config)
     elif kind == "sliding":
         # vLLM's Llama reads `layer_types` and gives each "sliding_attention" layer
         # `sliding_window` (vllm/model_executor/models/llama.py).
-        config = LlamaConfig(**common(bpe), tie_word_embeddings=False,
+        config = LlamaConfig(**common(bpe, sizes), tie_word_embeddings=False,
                              layer_types=["sliding_attention", "sliding_attention"],
                              sliding_window=SLIDING_WINDOW)
         model = LlamaForCausalLM(config)
     elif kind == "gemma3":
         from transformers import Gemma3ForCausalLM, Gemma3TextConfig
-        config = Gemma3TextConfig(**common(bpe), head_dim=32, query_pre_attn_scalar=32,
+        z = dict(SIZES, **(sizes or {}))
+        head = z["hidden"] // z["heads"]
+        config = Gemma3TextConfig(**common(bpe, sizes), head_dim=head, query_pre_attn_scalar=head,
                                   sliding_window=GEMMA3_WINDOW,
                                   layer_types=["sliding_attention", "full_attention"])
         model = Gemma3ForCausalLM(config)
@@ -136,12 +149,21 @@ def main():
     p.add_argument("outdir")
     p.add_argument("--kind", choices=KINDS, default="dense",
                    help="dense Llama (default), hybrid Gemma3 or all-sliding-window Llama")
+    for name, default in SIZES.items():
+        p.add_argument("--" + name.replace("_", "-"), type=int, default=default,
+                       help=f"{name.replace('_', ' ')} (default {default})")
     args = p.parse_args()
+    sizes = {name: getattr(args, name) for name in SIZES}
+    if sizes["hidden"] % sizes["heads"] or sizes["heads"] % sizes["kv_heads"]:
+        p.error("--hidden must be a multiple of --heads, and --heads of --kv-heads")
+    if sizes["hidden"] // sizes["heads"] < 32:
+        p.error("the head size (hidden / heads) must be at least 32 for vLLM's CPU attention")
     out = args.outdir
     os.makedirs(out, exist_ok=True)
     bpe = make_tokenizer(out)
-    make_model(out, bpe, args.kind)
+    make_model(out, bpe, args.kind, sizes)
     print(f"{args.kind} model in {out}: vocab {bpe.get_vocab_size()}, "
+          f"{', '.join(f'{k} {v}' for k, v in sizes.items())}, "
           f"files {sorted(os.listdir(out))}")
 
 
