@@ -13,7 +13,7 @@ use super::super::blocks::{bit, Block};
 use super::super::groups::{class_key, AttentionClass, Groups, Residency};
 use super::super::key::ContentKey;
 use super::super::IndexError;
-use super::{same_content, ApplyStats, Change, Ctx, Mode, Table};
+use super::{same_content, unknown_parent, ApplyStats, Change, Ctx, Table};
 use crate::wire::{AttentionKind, Batch, EngineHash, Group, Stored, Tier};
 
 impl Table {
@@ -295,19 +295,4 @@ fn push_entries(
         let (class, tier) = (classes[i / 2], Tier::ALL[i % 2]);
         out.push(Change { key: class_key(key, class.kind), tier, add });
     }
-}
-
-/// A store whose parent is unknown: an error on a live stream, counted otherwise.
-fn unknown_parent(
-    p: EngineHash,
-    blocks: usize,
-    mode: Mode,
-    stats: &mut ApplyStats,
-) -> Result<(), IndexError> {
-    match mode {
-        Mode::Snapshot => stats.orphans += blocks as u64,
-        Mode::Partial => stats.unknown_parents += blocks as u64,
-        Mode::Live => return Err(IndexError::UnknownParent(p)),
-    }
-    Ok(())
 }

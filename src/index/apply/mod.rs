@@ -243,15 +243,7 @@ impl Table {
                     return self.out_of_scope(hashes, s.tier, ctx.max_blocks);
                 }
                 Some(block) => Some(block.key),
-                None => {
-                    let n = hashes.len() as u64;
-                    match ctx.mode {
-                        Mode::Snapshot => stats.orphans += n,
-                        Mode::Partial => stats.unknown_parents += n,
-                        Mode::Live => return Err(IndexError::UnknownParent(p)),
-                    }
-                    return Ok(());
-                }
+                None => return unknown_parent(p, hashes.len(), ctx.mode, stats),
             },
         };
         for (i, (h, block)) in hashes.iter().zip(tokens.chunks_exact(b)).enumerate() {
@@ -356,6 +348,22 @@ pub(super) fn same_content(
 ) -> Result<(), IndexError> {
     if block.is_out_of_scope() || block.key != key {
         return Err(IndexError::HashConflict(h));
+    }
+    Ok(())
+}
+
+/// A store whose parent is unknown: an error on a live stream (an event was missed), counted
+/// otherwise (a snapshot's orphans, a partial stream's unseen parents).
+pub(super) fn unknown_parent(
+    p: EngineHash,
+    blocks: usize,
+    mode: Mode,
+    stats: &mut ApplyStats,
+) -> Result<(), IndexError> {
+    match mode {
+        Mode::Snapshot => stats.orphans += blocks as u64,
+        Mode::Partial => stats.unknown_parents += blocks as u64,
+        Mode::Live => return Err(IndexError::UnknownParent(p)),
     }
     Ok(())
 }
