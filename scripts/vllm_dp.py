@@ -138,32 +138,41 @@ class Dp:
         return {"model": "model", "messages": conv.messages(), "max_tokens": MAX_TOKENS,
                 "temperature": 0}
 
-    def round_robin(self):
-        """Every request straight to vLLM; kvdir's index checked against the serving rank."""
-        cached = prompt = exact = 0
+    def play(self, label, url, before_send, judge):
+        """Sends the workload to `url` one request at a time, each once kvdir has applied
+        every batch published before it; `before_send(conv)` gives what `judge(that, headers,
+        serving rank, cached_tokens)` compares, and judge returns (ok, line). Returns the cached
+        and the prompt tokens."""
+        cached = prompt = 0
         for n, conv in enumerate(self.workload()):
-            tokens = self.tokenize(conv.messages())
             self.settle()
-            held = self.kvdir_ranks(tokens)
+            context = before_send(conv)
             before = self.served_counts()
-            status, _, resp = http("POST", self.args.engine + "/v1/chat/completions",
-                                   self.chat_body(conv))
+            status, hdrs, resp = http("POST", url + "/v1/chat/completions", self.chat_body(conv))
             if status != 200:
-                self.results.add(False, f"rr {n}: vLLM answered {status}: {str(resp)[:200]}")
+                self.results.add(False, f"{label} {n}: answered {status}: {str(resp)[:200]}")
                 continue
-            rank = self.serving_rank(before)
             usage = resp["usage"]
             actual = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-            # A hit is at most the whole blocks within the prompt's first n - 1 tokens.
-            cap = (len(tokens) - 1) // BLOCK * BLOCK
-            index = min(held.get(rank, {}).get("device_hit_tokens", -1), cap)
-            ok = rank is not None and index == actual
-            exact += ok
-            self.results.add(ok, f"rr {n}: rank {rank} cached {actual}, kvdir's index held "
-                                 f"{index} on that rank")
+            ok, line = judge(context, hdrs, self.serving_rank(before), actual)
+            self.results.add(ok, f"{label} {n}: {line}")
             cached, prompt = cached + actual, prompt + usage["prompt_tokens"]
             conv.advance()
         return cached, prompt
+
+    def round_robin(self):
+        """Every request straight to vLLM; kvdir's index checked against the serving rank."""
+        def held(conv):
+            tokens = self.tokenize(conv.messages())
+            # A hit is at most the whole blocks within the prompt's first n - 1 tokens.
+            return self.kvdir_ranks(tokens), (len(tokens) - 1) // BLOCK * BLOCK
+
+        def judge(context, _hdrs, rank, actual):
+            (ranks, cap) = context
+            index = min(ranks.get(rank, {}).get("device_hit_tokens", -1), cap)
+            return (rank is not None and index == actual,
+                    f"rank {rank} cached {actual}, kvdir's index held {index} on that rank")
+        return self.play("rr", self.args.engine, held, judge)
 
     def reset(self):
         """/reset_prefix_cache on every rank; each publishes its clear with its next step, so
@@ -187,27 +196,11 @@ class Dp:
 
     def through_kvdir(self):
         """Every request through kvdir's front door, which chooses the rank."""
-        cached = prompt = 0
-        for n, conv in enumerate(self.workload()):
-            self.settle()
-            before = self.served_counts()
-            status, hdrs, resp = http("POST", self.args.kvdir + "/v1/chat/completions",
-                                      self.chat_body(conv))
-            if status != 200:
-                self.results.add(False, f"kvdir {n}: kvdir answered {status}: "
-                                        f"{str(resp)[:200]}")
-                continue
-            served = self.serving_rank(before)
-            usage = resp["usage"]
-            actual = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
-            chosen = hdrs.get("x-kvdir-dp-rank")
-            credit = hdrs.get("x-kvdir-cached-tokens")
-            ok = chosen == str(served) and credit == str(actual)
-            self.results.add(ok, f"kvdir {n}: chose rank {chosen}, served by {served}; "
-                                 f"credit {credit}, cached {actual}")
-            cached, prompt = cached + actual, prompt + usage["prompt_tokens"]
-            conv.advance()
-        return cached, prompt
+        def judge(_context, hdrs, served, actual):
+            chosen, credit = hdrs.get("x-kvdir-dp-rank"), hdrs.get("x-kvdir-cached-tokens")
+            return (chosen == str(served) and credit == str(actual),
+                    f"chose rank {chosen}, served by {served}; credit {credit}, cached {actual}")
+        return self.play("kvdir", self.args.kvdir, lambda _conv: None, judge)
 
     def run(self):
         self.wait_ready()
