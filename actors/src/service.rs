@@ -139,6 +139,12 @@ impl Service {
             _ => None,
         };
         let engines = file.as_ref().map(|d| d.engines.clone()).unwrap_or_default();
+        if file.as_ref().is_some_and(|d| d.kubernetes.is_some()) {
+            tracing::warn!(
+                "kubernetes: the config is valid, but this build does not watch pods yet; list \
+                 the engines or register them"
+            );
+        }
         let bind = bind_config(&flags, file.as_ref())?;
         let announce = bind.as_ref().is_some_and(|b| b.announce.is_some());
         if streams.is_empty() && discovery.is_none() && engines.is_empty() {

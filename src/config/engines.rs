@@ -47,6 +47,9 @@ pub struct EngineSpec {
     pub model: String,
     /// The publisher topic (vLLM's default is `""`).
     pub topic: String,
+    /// The UID of the Kubernetes pod it runs in (`kubernetes`); empty for any other engine.
+    /// Part of its process identity: a pod recreated under the same name is another engine.
+    pub pod_uid: String,
 }
 
 impl EngineSpec {
@@ -157,7 +160,19 @@ pub(crate) fn parse_engine(
     }
     let (url, dialect, events, replay) = (url?, dialect?, events?, replay?);
     let ranks = if approximate { dp_size } else { events.len() as u32 };
-    Some(EngineSpec { name, url, dialect, events, replay, ranks, block_size, model, topic })
+    let pod_uid = String::new();
+    Some(EngineSpec {
+        name,
+        url,
+        dialect,
+        events,
+        replay,
+        ranks,
+        block_size,
+        model,
+        topic,
+        pod_uid,
+    })
 }
 
 /// An engine without `events` publishes no KV events, so it has no replay endpoint either.

@@ -13,6 +13,7 @@ use super::bind::{discovery_bind, parse_bind, BindConfig};
 use super::endpoint::{canonical_endpoint, check_endpoint};
 use super::engines::parse_engine;
 use super::json::{kind, Fields};
+use super::kubernetes::parse_kubernetes;
 use super::{
     ConfigError, ConfigFile, DiscoveryConfig, EngineSpec, Limits, ReplayKind, Source, StreamSpec,
     MAX_STREAMS,
@@ -23,6 +24,7 @@ const TOP: &[&str] = &[
     "discovery",
     "streams",
     "engines",
+    "kubernetes",
     "engine_poll_interval_ms",
     "max_streams",
     "max_blocks_per_stream",
@@ -106,7 +108,9 @@ fn parse_value(
     let discovery = top.raw("discovery");
     let streams = top.raw("streams");
     let engines = top.raw("engines");
+    let pods = top.raw("kubernetes");
     let errors = top.errors;
+    let kubernetes = pods.and_then(|k| parse_kubernetes(k, errors));
     let has_engines = engines.is_some();
     let listed = engines.map_or_else(Vec::new, |e| parse_engines(e, bind.as_ref(), errors));
     let has_streams = matches!(streams, Some(Value::Array(a)) if !a.is_empty());
@@ -119,15 +123,19 @@ fn parse_value(
         }
         (Some(d), _) => Source::Discovery(parse_discovery(d, bind.as_ref(), errors)?),
         (None, Some(s)) => Source::Streams(parse_streams(s, &limits, errors)),
-        // An engines list alone (its own problems, if any, are reported already), or engines
-        // that will announce themselves on the bind endpoint.
-        (None, None) if has_engines || bind.as_ref().is_some_and(|b| b.announce.is_some()) => {
+        // An engines list alone (its own problems, if any, are reported already), engine pods
+        // from Kubernetes, or engines that will announce themselves on the bind endpoint.
+        (None, None)
+            if has_engines
+                || pods.is_some()
+                || bind.as_ref().is_some_and(|b| b.announce.is_some()) =>
+        {
             Source::EnginesOnly
         }
         (None, None) => {
             errors.push(
-                "config needs \"discovery\", a non-empty \"streams\" list, an \"engines\" list \
-                 or kv_events_bind.announce"
+                "config needs \"discovery\", a non-empty \"streams\" list, an \"engines\" list, \
+                 \"kubernetes\" or kv_events_bind.announce"
                     .into(),
             );
             return None;
@@ -139,7 +147,7 @@ fn parse_value(
     };
     check_engines_against_streams(&listed, statics, &limits, errors);
     let engines = listed.into_iter().map(|(_, e)| e).collect();
-    Some(ConfigFile { source, engines, engine_poll_interval: poll, limits, bind })
+    Some(ConfigFile { source, engines, engine_poll_interval: poll, limits, bind, kubernetes })
 }
 
 /// The engines that parse, each with its index in the list.

@@ -12,6 +12,7 @@ mod engines;
 mod file;
 mod flags;
 mod json;
+pub mod kubernetes;
 
 pub use bind::{
     check_bind_endpoint, is_bound, keyed_topic, BindConfig, TopicPattern, TopicVars, BIND_ENDPOINT,
@@ -290,6 +291,8 @@ pub struct ConfigFile {
     pub limits: Limits,
     /// The endpoint engines connect to (`kv_events_bind`, or `--kv_events_bind`), if any.
     pub bind: Option<BindConfig>,
+    /// Engine pods from the Kubernetes API (`kubernetes`), if configured.
+    pub kubernetes: Option<kubernetes::KubernetesConfig>,
 }
 
 #[cfg(test)]

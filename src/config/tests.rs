@@ -85,8 +85,16 @@ fn discovery_and_streams_are_exclusive_and_one_is_required() {
     );
     assert_eq!(
         problems("{}"),
-        ["config needs \"discovery\", a non-empty \"streams\" list, an \"engines\" list or \
-          kv_events_bind.announce"]
+        ["config needs \"discovery\", a non-empty \"streams\" list, an \"engines\" list, \
+          \"kubernetes\" or kv_events_bind.announce"]
+    );
+    // Engine pods alone are a source; a bad kubernetes object says what is wrong, once.
+    let pods = parse_config_file(r#"{"kubernetes": {"namespace": "llm"}}"#).unwrap();
+    assert_eq!(pods.source, Source::EnginesOnly);
+    assert!(pods.kubernetes.is_some_and(|k| k.selector == kubernetes::DEFAULT_SELECTOR));
+    assert_eq!(
+        problems(r#"{"kubernetes": 1}"#),
+        ["kubernetes: expected an object, found a number"]
     );
     assert_eq!(
         problems(r#"{"streams": []}"#),

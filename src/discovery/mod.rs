@@ -3,11 +3,13 @@
 //! not), and the state of engines listed by address ([`Engines`]: identity and health from
 //! their `/health` and `/metrics`). The discovery actor feeds it the [`crate::registry`] and
 //! the engines' answers, and runs what it plans. [`parity`] checks a listed engine's tokenizer,
-//! block size and model against kvdir's own.
+//! block size and model against kvdir's own. [`pods`] turns a Kubernetes pod into the engine
+//! it serves.
 
 mod engines;
 pub mod parity;
 mod plan;
+pub mod pods;
 mod prefill_rate;
 
 pub use engines::{
@@ -19,3 +21,5 @@ pub use prefill_rate::{PrefillRate, PrefillTotals};
 
 #[cfg(test)]
 mod plan_tests;
+#[cfg(test)]
+mod pods_tests;

@@ -17,6 +17,9 @@
 //!   of healthy polls. A failed poll ends the run, and the next healthy answer starts a new
 //!   identity, which drops the credit kvdir assumed for the old one.
 //!
+//! An engine in a Kubernetes pod has the pod's UID in front of that identity: another pod of
+//! the same name is another engine, whatever its process shows.
+//!
 //! Health: a 200 from `/health` is ACTIVE, anything else SUSPECT (never routed). A listed engine
 //! is never removed for being down; its streams keep reconnecting.
 
@@ -315,8 +318,17 @@ impl ListedEngine {
     }
 
     /// The process a healthy poll with `reading` shows, if it shows one (see the module
-    /// documentation); a vLLM without a start time is noted as the latest problem.
+    /// documentation), in the pod it runs in, if any (`pod-uid=<uid> <process>`).
     fn process(&mut self, reading: &Result<EngineReading, String>) -> Option<String> {
+        let process = self.own_process(reading)?;
+        Some(match self.spec.pod_uid.as_str() {
+            "" => process,
+            uid => format!("pod-uid={uid} {process}"),
+        })
+    }
+
+    /// The engine's own process identity, as its dialect shows it.
+    fn own_process(&mut self, reading: &Result<EngineReading, String>) -> Option<String> {
         let start = match (self.spec.dialect, reading) {
             (Dialect::Vllm, Ok(r)) => r.process_start,
             _ => None,
