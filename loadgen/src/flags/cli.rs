@@ -268,6 +268,10 @@ struct ReplayCli {
     /// kvdir replicas per run, requests spread round-robin [default: 1]
     #[arg(long, value_name = "R")]
     routers: Option<String>,
+    /// consecutive requests routed at once, each on its own connection, after one load report
+    /// (concurrent arrivals); 1 or a multiple of --routers [default: 1]
+    #[arg(long, value_name = "K")]
+    concurrent: Option<String>,
     /// replay only the first K requests (0 = all) [default: 0]
     #[arg(long, value_name = "K")]
     requests: Option<String>,

@@ -47,6 +47,8 @@ pub struct ReplayOptions {
     pub approximate: bool,
     /// kvdir replicas per run.
     pub routers: usize,
+    /// Consecutive requests routed at once.
+    pub concurrent: usize,
     /// The kvdir to start and the etcd (the flags shared with `chat`; the namespace is each
     /// run's prefix).
     pub kvdir: KvdirRun,
@@ -68,6 +70,7 @@ impl Default for ReplayOptions {
             car_args: Vec::new(),
             approximate: false,
             routers: 1,
+            concurrent: 1,
             kvdir: KvdirRun::new("replay"),
         }
     }
@@ -75,6 +78,9 @@ impl Default for ReplayOptions {
 
 /// Most kvdir replicas one run starts.
 pub const MAX_ROUTERS: usize = 8;
+
+/// Most requests routed at once (`--concurrent`).
+pub const MAX_CONCURRENT: usize = 64;
 
 /// What `kvdir-bench replay ...` asks for.
 #[derive(Debug, Clone, PartialEq)]
@@ -204,6 +210,7 @@ impl ReplayOptions {
             }
             "events" => self.approximate = choice(name, value, &EVENTS)?,
             "routers" => self.routers = number(name, value)?,
+            "concurrent" => self.concurrent = number(name, value)?,
             _ => return Err(format!("unknown flag --{name}; run kvdir-bench replay --help")),
         }
         Ok(())
@@ -220,6 +227,17 @@ impl ReplayOptions {
             (
                 (1..=MAX_ROUTERS).contains(&self.routers),
                 format!("--routers = {} is not in 1..={MAX_ROUTERS}", self.routers),
+            ),
+            (
+                (1..=MAX_CONCURRENT).contains(&self.concurrent),
+                format!("--concurrent = {} is not in 1..={MAX_CONCURRENT}", self.concurrent),
+            ),
+            (
+                self.concurrent == 1 || self.concurrent % self.routers.max(1) == 0,
+                format!(
+                    "--concurrent = {} is not a multiple of --routers = {}: give 1 or a multiple",
+                    self.concurrent, self.routers
+                ),
             ),
             (
                 streams <= 128,
@@ -249,6 +267,19 @@ impl ReplayOptions {
         }
     }
 
+    /// The simulated cost model as the TTFT policy's rate and overhead, which stand in for what
+    /// the front door learns from streamed answers (the replay has none); a `--kvdir_arg` that
+    /// sets either flag replaces it.
+    fn cost_args(&self) -> Vec<String> {
+        let per_token_s = self.cost.per_token.as_secs_f64().max(1e-9);
+        let args = [
+            ("--ttft_prefill_tokens_per_s", format!("{}", (1.0 / per_token_s).max(1.0))),
+            ("--ttft_overhead_ms", format!("{}", self.cost.overhead.as_secs_f64() * 1000.0)),
+        ];
+        let given = |flag: &str| self.kvdir.kvdir_args.iter().any(|a| a.starts_with(flag));
+        args.into_iter().filter(|(f, _)| !given(f)).map(|(f, v)| format!("{f}={v}")).collect()
+    }
+
     /// The load tool's options for run number `index`, `run`: etcd mode, a private namespace
     /// per run, 512-token blocks, no Host tier, the spawned kvdir with the policy and CAR knobs.
     pub fn bench_options(&self, index: usize, run: RunSpec) -> BenchOptions {
@@ -256,6 +287,7 @@ impl ReplayOptions {
         let mut kvdir_args = vec![format!("--load_balance_policy={name}")];
         kvdir_args.extend(self.car_args.iter().cloned());
         kvdir_args.extend(run.lambda.map(|l| format!("--car_prefill_lambda={l}")));
+        kvdir_args.extend(self.cost_args());
         kvdir_args.extend(self.kvdir.kvdir_args.iter().cloned());
         let slug: String = run.label().to_ascii_lowercase().replace(' ', "");
         BenchOptions {
@@ -297,9 +329,14 @@ mod tests {
         assert_eq!(o.policies(), [run(Policy::Car), run(Policy::Rr)]);
         let b = o.bench_options(1, run(Policy::Rr));
         assert_eq!((b.block_size, b.device_blocks, b.host_blocks), (512, 2048, 0));
-        assert_eq!(b.kvdir_args, ["--load_balance_policy=RR"]);
+        assert_eq!(b.kvdir_args[0], "--load_balance_policy=RR");
         let Mode::Etcd { namespace, .. } = b.mode else { panic!("etcd mode") };
         assert!(namespace.ends_with("-1-rr"), "{namespace}");
+        let given = ["--kvdir_arg=--ttft_overhead_ms=1", "--prefill_us_per_token=2000"];
+        let Ok(ReplayCommand::Run(o)) = parse(&[&args[..], &given].concat()) else { panic!() };
+        let b = o.bench_options(0, run(Policy::Ttft));
+        let rate_and_given = ["--ttft_prefill_tokens_per_s=500", "--ttft_overhead_ms=1"];
+        assert_eq!(b.kvdir_args[1..], rate_and_given, "the given flag replaces the simulated one");
     }
 
     #[test]
@@ -312,7 +349,12 @@ mod tests {
         let labels: Vec<String> = runs.iter().map(RunSpec::label).collect();
         assert_eq!(labels, ["CAR 0.8", "TTFT", "RR"]);
         let b = o.bench_options(0, runs[0]);
-        assert_eq!(b.kvdir_args, ["--load_balance_policy=CAR", "--car_prefill_lambda=0.8"]);
+        let cost = ["--ttft_prefill_tokens_per_s=20000", "--ttft_overhead_ms=5"];
+        assert_eq!(
+            b.kvdir_args,
+            [&["--load_balance_policy=CAR", "--car_prefill_lambda=0.8"][..], &cost].concat(),
+            "the simulated 50 µs a token and 5 ms a request"
+        );
         let Mode::Etcd { namespace, .. } = b.mode else { panic!("etcd mode") };
         assert!(namespace.ends_with("-0-car0.8"), "{namespace}");
         for (list, problem) in [
@@ -323,6 +365,19 @@ mod tests {
             let err = parse(&[&args[..], &[list]].concat()).unwrap_err().to_string();
             assert!(err.contains(problem), "{problem} missing from {err}");
         }
+    }
+
+    #[test]
+    fn concurrent_arrivals_must_spread_evenly_over_the_replicas() {
+        let args = ["--trace=t", "--etcd_addr=127.0.0.1:1", "--spawn_kvdir=k", "--routers=2"];
+        let Ok(ReplayCommand::Run(o)) = parse(&[&args[..], &["--concurrent=4"]].concat()) else {
+            panic!("4 over 2 replicas is valid")
+        };
+        assert_eq!((o.routers, o.concurrent), (2, 4));
+        let err = parse(&[&args[..], &["--concurrent=3"]].concat()).unwrap_err().to_string();
+        assert!(err.contains("--concurrent = 3 is not a multiple of --routers = 2"), "{err}");
+        let err = parse(&[&args[..], &["--concurrent=0"]].concat()).unwrap_err().to_string();
+        assert!(err.contains("--concurrent = 0 is not in 1..=64"), "{err}");
     }
 
     #[test]

@@ -11,8 +11,8 @@
 //!    ([`super::kvdir`]); the engines' heartbeats go to the first, their LOADMETRICS (etcd) reach
 //!    all; the run waits until every replica has every stream synchronized and every instance
 //!    with a load report ([`super::probe`]);
-//! 3. the requests, in trace order, paced at `--speed` ([`step`]): routed by kvdir, run on the
-//!    chosen engine, queued in simulated time ([`clock`]);
+//! 3. the requests, in trace order, paced at `--speed` ([`step`]): routed by kvdir (`--concurrent`
+//!    at once), run on the chosen engine, queued in simulated time ([`clock`]);
 //! 4. waits until every replica applied every batch, for the streams' fault counters.
 //!
 //! The engines and kvdir replicas of a run are stopped before the next one starts, and on any
@@ -37,7 +37,7 @@ pub mod trace;
 pub use flags::{parse_replay_args, replay_help, ReplayCommand, ReplayOptions, RunSpec};
 pub use report::{PolicyRun, ReplayReport, RunSetup};
 use step::Replayer;
-use trace::Trace;
+use trace::{Trace, TraceRequest};
 
 /// Upper bound of one route request or probe.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -127,13 +127,16 @@ fn replay_on(
     for (i, probe) in probes.iter_mut().enumerate().filter(|_| !o.approximate) {
         before.push(probe.views().map_err(|e| (i, e))?);
     }
-    let mut replayer = Replayer::new(o, fleet, kvdirs.iter().map(conn).collect());
+    let slots = o.concurrent.max(o.routers);
+    let mut replayer =
+        Replayer::new(o, fleet, (0..slots).map(|j| conn(&kvdirs[j % o.routers])).collect());
     let first = trace.requests[0].timestamp_ms;
     let start = Instant::now();
-    for r in &trace.requests {
-        let arrival = Duration::from_millis(r.timestamp_ms - first);
-        replayer.pace(arrival, start, o.speed);
-        replayer.step(r, arrival).map_err(|e| (0, e))?;
+    for chunk in trace.requests.chunks(o.concurrent) {
+        let at = |r: &TraceRequest| Duration::from_millis(r.timestamp_ms - first);
+        let batch: Vec<(&TraceRequest, Duration)> = chunk.iter().map(|r| (r, at(r))).collect();
+        replayer.pace(batch[0].1, start, o.speed);
+        replayer.step(&batch).map_err(|e| (0, e))?;
     }
     let wall = start.elapsed();
     let span = trace.requests.last().map_or(0, |r| r.timestamp_ms - first);
@@ -155,7 +158,6 @@ fn replay_on(
 
 #[cfg(test)]
 mod tests {
-    use super::trace::TraceRequest;
     use super::*;
 
     #[test]

@@ -2,7 +2,9 @@
 //! 1. advance the simulated clock to its arrival and report every engine's queue (requests in
 //!    its system) and Device usage as its load (LOADMETRICS and heartbeats, as an engine would);
 //! 2. ask kvdir `POST /v1/internal/route` and time the answer (the decision cost); with several
-//!    kvdir replicas (`--routers`), request `n` goes to replica `n mod R`;
+//!    kvdir replicas (`--routers`), request `n` goes to replica `n mod R`; with `--concurrent
+//!    K`, K consecutive requests are asked at once, each on its own connection, after one load
+//!    report at the first's arrival (concurrent arrivals: no answer sees the others' effect);
 //! 3. pick the DP rank of the chosen instance: the rank kvdir predicts the longest Device hit
 //!    on, ties and policies without predictions to the rank free first;
 //! 4. ask the engine what it has cached for the prompt (the realized hit), then run the
@@ -77,13 +79,14 @@ pub struct Replayer<'a> {
 }
 
 impl<'a> Replayer<'a> {
-    /// A loop over `fleet`, routing through `conns` (one per kvdir replica) in turn.
+    /// A loop over `fleet`, routing through `conns` in turn; connection `j` reaches replica
+    /// `j mod --routers`.
     pub fn new(o: &ReplayOptions, fleet: &'a Fleet, conns: Vec<Conn>) -> Replayer<'a> {
         let n = fleet.engines.len();
         let engines = fleet.engines.iter().enumerate().map(|(i, e)| (e.instance_name(), i));
         Replayer {
             fleet,
-            routes: conns.iter().map(|_| KindStats::new(Kind::Route)).collect(),
+            routes: (0..o.routers).map(|_| KindStats::new(Kind::Route)).collect(),
             conns,
             sent: 0,
             servers: Servers::new(n, o.dp_size as usize, o.cost),
@@ -116,19 +119,78 @@ impl<'a> Replayer<'a> {
         }
     }
 
-    /// Routes and runs one request arriving at `arrival` (simulated).
-    pub fn step(&mut self, r: &TraceRequest, arrival: Duration) -> Result<(), BenchError> {
-        self.servers.advance(arrival);
+    /// Routes the requests of `batch`, each with its arrival (simulated), at once (after one
+    /// load report at the first's arrival), then runs each on its engine in order.
+    pub fn step(&mut self, batch: &[(&TraceRequest, Duration)]) -> Result<(), BenchError> {
+        let Some(&(_, first)) = batch.first() else { return Ok(()) };
+        self.servers.advance(first);
         self.report_loads();
-        let tokens = r.tokens();
-        let router = self.sent % self.conns.len();
-        self.sent += 1;
-        let Some(routed) = self.route(router, &tokens) else { return Ok(()) };
-        let engine = self.engine_of(&routed)?;
-        let (rank, predicted) = self.rank(engine, &routed);
+        let prompts: Vec<Vec<i32>> = batch.iter().map(|(r, _)| r.tokens()).collect();
+        let slots: Vec<usize> =
+            (0..batch.len()).map(|k| (self.sent + k) % self.conns.len()).collect();
+        self.sent += batch.len();
+        let answers = self.route_all(&slots, &prompts);
+        for (k, (slot, (latency, answer))) in slots.iter().zip(answers).enumerate() {
+            let router = slot % self.routes.len();
+            let Some(routed) = self.record(router, latency, answer) else { continue };
+            self.run(&routed, &prompts[k], batch[k].1, router)?;
+        }
+        Ok(())
+    }
+
+    /// Asks each prompt's route on its connection `slots[k]` (distinct), at once when several.
+    fn route_all(&mut self, slots: &[usize], prompts: &[Vec<i32>]) -> Vec<Answer> {
+        if let ([slot], [prompt]) = (slots, prompts) {
+            return vec![post_route(&mut self.conns[*slot], prompt)];
+        }
+        let mut answers: Vec<Option<Answer>> = vec![None; slots.len()];
+        thread::scope(|scope| {
+            let handles: Vec<_> = self
+                .conns
+                .iter_mut()
+                .enumerate()
+                .filter_map(|(slot, conn)| {
+                    let k = slots.iter().position(|s| *s == slot)?;
+                    Some((k, scope.spawn(move || post_route(conn, &prompts[k]))))
+                })
+                .collect();
+            for (k, handle) in handles {
+                let failed = || (Duration::ZERO, Err("transport: panicked".to_string()));
+                answers[k] = Some(handle.join().unwrap_or_else(|_| failed()));
+            }
+        });
+        answers.into_iter().map(|a| a.expect("one connection per request")).collect()
+    }
+
+    /// Counts a route's answer for replica `router`; its JSON, or `None` after a failure.
+    fn record(&mut self, router: usize, latency: Duration, answer: Answered) -> Option<Value> {
+        let stats = &mut self.routes[router];
+        match answer {
+            Ok(value) => {
+                stats.latencies.push(latency);
+                Some(value)
+            }
+            Err(error) => {
+                *stats.errors.entry(error).or_default() += 1;
+                None
+            }
+        }
+    }
+
+    /// Runs a routed request arriving at `arrival` on the engine kvdir chose.
+    fn run(
+        &mut self,
+        routed: &Value,
+        tokens: &[i32],
+        arrival: Duration,
+        router: usize,
+    ) -> Result<(), BenchError> {
+        self.servers.advance(arrival);
+        let engine = self.engine_of(routed)?;
+        let (rank, predicted) = self.rank(engine, routed);
         let sim = &self.fleet.engines[engine];
-        let hit_tokens = sim.resident(rank as u32, &tokens)?.0;
-        sim.process(rank as u32, &tokens)?;
+        let hit_tokens = sim.resident(rank as u32, tokens)?.0;
+        sim.process(rank as u32, tokens)?;
         let uncached = tokens.len() as u64 - hit_tokens;
         let ttft = self.servers.admit(engine, rank, arrival, uncached);
         let used: u64 =
@@ -151,26 +213,6 @@ impl<'a> Replayer<'a> {
         }
     }
 
-    /// The answer of kvdir replica `router`, or `None` after counting the failure.
-    fn route(&mut self, router: usize, tokens: &[i32]) -> Option<Value> {
-        let body = json!({ "token_ids": tokens }).to_string().into_bytes();
-        let sent = Instant::now();
-        let stats = &mut self.routes[router];
-        let error = match self.conns[router].post(Kind::Route.path(), &body) {
-            Ok(reply) if reply.status == 200 => match serde_json::from_slice(&reply.body) {
-                Ok(value) => {
-                    stats.latencies.push(sent.elapsed());
-                    return Some(value);
-                }
-                Err(e) => format!("transport: bad JSON: {e}"),
-            },
-            Ok(reply) => format!("HTTP {}", reply.status),
-            Err(e) => format!("transport: {}", e.kind()),
-        };
-        *stats.errors.entry(error).or_default() += 1;
-        None
-    }
-
     fn engine_of(&self, routed: &Value) -> Result<usize, BenchError> {
         let name = routed["prefill"].as_str().unwrap_or_default();
         self.engines.get(name).copied().ok_or_else(|| {
@@ -182,6 +224,26 @@ impl<'a> Replayer<'a> {
     fn rank(&self, engine: usize, routed: &Value) -> (usize, Option<u64>) {
         choose_rank(routed, self.dp_size, |rank| self.servers.free_at(engine, rank))
     }
+}
+
+/// A route's JSON, or the failure's key (`HTTP <status>`, `transport: ..`).
+type Answered = Result<Value, String>;
+
+/// A route's wall latency and what it answered.
+type Answer = (Duration, Answered);
+
+/// Asks `conn` to route `tokens`.
+fn post_route(conn: &mut Conn, tokens: &[i32]) -> Answer {
+    let body = json!({ "token_ids": tokens }).to_string().into_bytes();
+    let sent = Instant::now();
+    let answer = match conn.post(Kind::Route.path(), &body) {
+        Ok(reply) if reply.status == 200 => {
+            serde_json::from_slice(&reply.body).map_err(|e| format!("transport: bad JSON: {e}"))
+        }
+        Ok(reply) => Err(format!("HTTP {}", reply.status)),
+        Err(e) => Err(format!("transport: {}", e.kind())),
+    };
+    (sent.elapsed(), answer)
 }
 
 /// The rank of the chosen instance (`prefill`) with the longest predicted Device hit in the

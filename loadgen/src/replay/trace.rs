@@ -188,6 +188,23 @@ mod tests {
     }
 
     #[test]
+    fn the_generated_traces_parse_and_match_their_readmes() {
+        // (file, requests, one-cache bound as a block share) as sim/data/*/README.md state them.
+        let traces =
+            [("agent/agent_trace.jsonl", 3704, 0.922), ("bfcl/bfcl_trace.jsonl", 7961, 0.873)];
+        for (file, requests, bound) in traces {
+            let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../sim/data").join(file);
+            let trace = Trace::read(&path, None).unwrap();
+            assert_eq!(trace.requests.len(), requests, "{file}");
+            assert!(
+                (trace.bound().block_share - bound).abs() < 0.0005,
+                "{file}: {:?}",
+                trace.bound()
+            );
+        }
+    }
+
+    #[test]
     fn bad_lines_are_named_with_their_number() {
         let dir = std::env::temp_dir().join(format!("kvdir-trace-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
