@@ -8,11 +8,15 @@
 //!   error (over the simulator's reqwest client, [`kvdir_sim::http::request`]).
 //! - [`etcd`]: the etcd server of a test: the one CI names in `KVDIR_TEST_ETCD`, or a private
 //!   one; without etcd a test fails loudly, it never skips.
+//! - `kube` (feature `kube`): a real kube-apiserver with its own etcd, users with and
+//!   without rights, and a test playing the kubelet (`scripts/kube-apiserver.sh` builds it).
 //! - [`layers`]: the check that a crate's modules form layers (no import cycle), which the
 //!   core and the service run on their own `src/`.
 
 pub mod etcd;
 pub mod http;
+#[cfg(feature = "kube")]
+pub mod kube;
 pub mod layers;
 
 use std::time::{Duration, Instant};

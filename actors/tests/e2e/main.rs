@@ -21,6 +21,7 @@ mod frontdoor_engines_e2e;
 mod http_api;
 mod index_actor;
 mod indexer_api_e2e;
+mod kube_e2e;
 mod liveness_e2e;
 mod log_levels_e2e;
 mod metrics_e2e;
