@@ -14,6 +14,7 @@
 //! follow a simple model: a routed request adds one, and each engine drains a fixed number per
 //! tick.
 
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
 use std::time::{Duration, Instant};
 
 use kvdir::car::Routed;
@@ -72,9 +73,11 @@ fn write_demo_model(flags: &mut Flags) -> Result<Option<tempfile::TempDir>, Stri
     Ok(Some(tmp))
 }
 
-/// Runs the demo until `flags.demo_seconds` pass (or forever). The start-up logs are `held`
-/// until the banner is printed, so the banner is the first thing a user sees.
-pub fn run(mut flags: Flags, held: &HeldLogs) -> Result<(), String> {
+/// Runs the demo until `flags.demo_seconds` pass or a signal's name comes on `stop` (SIGTERM,
+/// SIGINT), then stops the service as the binary does: no new requests, those in flight
+/// finish. The start-up logs are `held` until the banner is printed, so the banner is the
+/// first thing a user sees.
+pub fn run(mut flags: Flags, held: &HeldLogs, stop: Receiver<&'static str>) -> Result<(), String> {
     let model_dir = write_demo_model(&mut flags)?;
     let model = TextModel::load(
         flags.front.tokenizer_path.as_deref().unwrap_or(std::path::Path::new(".")),
@@ -109,9 +112,15 @@ pub fn run(mut flags: Flags, held: &HeldLogs) -> Result<(), String> {
             say(&demo.summary());
             next_summary += SUMMARY_EVERY;
         }
-        std::thread::sleep(TICK);
+        match stop.recv_timeout(TICK) {
+            Ok(_) => break,
+            Err(RecvTimeoutError::Timeout) => {}
+            // No signal can come any more: the demo runs its time out.
+            Err(RecvTimeoutError::Disconnected) => std::thread::sleep(TICK),
+        }
     }
     svc.stop();
+    tracing::info!("stopped");
     Ok(())
 }
 

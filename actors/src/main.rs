@@ -1,6 +1,7 @@
 //! The `kvdir` binary: parses flags, loads the config file, starts the service and waits.
 
 use std::process::ExitCode;
+use std::sync::mpsc::Receiver;
 
 use kvdir::config::{
     parse_config_file_with_bind, parse_flags, usage, Command, ConfigFile, Flags, LogFormat,
@@ -41,20 +42,37 @@ fn init_logs(format: LogFormat, held: &HeldLogs) {
     }
 }
 
-/// Waits for SIGTERM (a container runtime stopping kvdir) or SIGINT (Ctrl-C); the one that
-/// came. kvdir is often a container's first process, which gets no default signal handling.
-async fn termination() -> &'static str {
+/// Waits for SIGTERM (a container runtime stopping kvdir) or SIGINT (Ctrl-C) on a thread of
+/// its own, and sends the name of the one that came. Returns once the handlers are installed,
+/// so no signal after it gets the default action. kvdir is often a container's first process,
+/// which gets no default signal handling: without this, a SIGTERM would be ignored until the
+/// runtime's SIGKILL.
+fn on_termination() -> Receiver<&'static str> {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int)) =
-        (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
-    else {
-        tracing::warn!("cannot handle SIGTERM and SIGINT: kvdir stops only when killed");
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        _ = int.recv() => "SIGINT",
-    }
+    let (installed_tx, installed) = std::sync::mpsc::channel();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        actix_rt::System::new().block_on(async move {
+            let (Ok(mut term), Ok(mut int)) =
+                (signal(SignalKind::terminate()), signal(SignalKind::interrupt()))
+            else {
+                tracing::warn!("cannot handle SIGTERM and SIGINT: kvdir stops only when killed");
+                let _ = installed_tx.send(());
+                // The sender stays alive: a closed channel would read as a stop.
+                return std::future::pending::<()>().await;
+            };
+            let _ = installed_tx.send(());
+            let name = tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+            tracing::info!(signal = %name, "stopping: no new requests; finishing those in flight");
+            let _ = tx.send(name);
+            std::future::pending::<()>().await
+        })
+    });
+    let _ = installed.recv();
+    rx
 }
 
 fn main() -> ExitCode {
@@ -90,7 +108,7 @@ fn main() -> ExitCode {
         }
     };
     if flags.demo {
-        let result = kvdir_service::demo::run(flags, &held);
+        let result = kvdir_service::demo::run(flags, &held, on_termination());
         held.release();
         return match result {
             Ok(()) => ExitCode::SUCCESS,
@@ -107,14 +125,16 @@ fn main() -> ExitCode {
         println!("configuration is valid");
         return ExitCode::SUCCESS;
     }
+    // Before start-up, so that a signal during it stops kvdir as soon as it is up.
+    let signalled = on_termination();
     match Service::start(flags, file) {
         Ok(service) => {
             println!("kvdir listening on http://{}", service.http_addr());
             let stop = service.stop_handle();
             std::thread::spawn(move || {
-                let signal = actix_rt::System::new().block_on(termination());
-                tracing::info!(%signal, "stopping: no new requests; finishing those in flight");
-                stop.stop();
+                if signalled.recv().is_ok() {
+                    stop.stop();
+                }
             });
             service.wait();
             tracing::info!("stopped");

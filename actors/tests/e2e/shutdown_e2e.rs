@@ -1,5 +1,7 @@
 //! The `kvdir` binary stopped as a container runtime stops it: SIGTERM (and SIGINT, Ctrl-C)
-//! stops new connections, lets a request in flight finish, and exits 0.
+//! stops new connections, lets a request in flight finish, and exits 0. So does every mode: the
+//! demo (which then leaves no files), and kvdir bound for engines that connect to it and
+//! announce themselves (the bound socket with a publisher on it, the registry following etcd).
 
 use std::net::TcpStream;
 use std::process::Command;
@@ -80,4 +82,61 @@ fn sigterm_finishes_requests_in_flight_and_exits_0() {
 #[test]
 fn sigint_stops_kvdir_the_same_way() {
     sigterm_finishes_the_request_in_flight_then_exits_0("INT");
+}
+
+/// Sends SIGTERM and waits for the exit: 0, and the HTTP port closed.
+fn sigterm_exits_0(kv: &mut Running) {
+    signal(kv.child.id(), "TERM");
+    let status =
+        eventually("kvdir exits", || kv.child.try_wait().unwrap().ok_or("running".to_string()));
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    assert!(TcpStream::connect(&kv.addr).is_err(), "{} still accepts", kv.addr);
+}
+
+#[test]
+fn the_demo_stops_on_sigterm_and_exits_0_leaving_no_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cmd = kvdir();
+    cmd.args(["--demo", "--http_server_port=0"]).env("TMPDIR", tmp.path());
+    let mut kv = spawn_command(cmd, "kvdir demo listening on http://");
+    eventually("the demo routes", || {
+        let r = request(&kv.addr, "GET", "/v1/internal/route/recent", None, None);
+        match r.json()["total"].as_u64().is_some_and(|n| n > 0) {
+            true => Ok(()),
+            false => Err(r.body),
+        }
+    });
+    sigterm_exits_0(&mut kv);
+    let left: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().collect();
+    assert!(left.is_empty(), "the demo left {left:?} in TMPDIR");
+}
+
+#[test]
+fn kvdir_bound_for_announcing_engines_stops_on_sigterm_and_exits_0() {
+    let etcd = kvdir_testkit::etcd::etcd_endpoint();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let tmp = tempfile::tempdir().unwrap();
+    let config = json!({"kv_events_bind": {"endpoint": format!("tcp://127.0.0.1:{port}"),
+        "announce": {"allow": ["127.0.0.0/8"], "replay_port": 5558, "block_size": 16}}});
+    let path = tmp.path().join("central.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let mut kv = spawn(
+        &[
+            "--http_server_port=0",
+            &format!("--etcd_addr={}", etcd.endpoint),
+            &format!("--kv_events_config_file={}", path.display()),
+        ],
+        "kvdir listening on http://",
+    );
+    // An engine's publisher on the bound socket: kvdir's subscription reaches it.
+    let ctx = zmq::Context::new();
+    let publisher = ctx.socket(zmq::XPUB).unwrap();
+    publisher.connect(&format!("tcp://127.0.0.1:{port}")).unwrap();
+    eventually("kvdir's subscription", || match publisher.recv_bytes(zmq::DONTWAIT) {
+        Ok(m) if m.first() == Some(&1) => Ok(()),
+        _ => Err("not yet".to_string()),
+    });
+    let frames = [b"kv@127.0.0.1:1@m".to_vec(), 0u64.to_be_bytes().to_vec(), vec![0x90]];
+    publisher.send_multipart(frames, 0).unwrap();
+    sigterm_exits_0(&mut kv);
 }
