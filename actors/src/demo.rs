@@ -209,6 +209,7 @@ impl Demo {
             discovery: None,
             engines: Vec::new(),
             engine_poll_interval: std::time::Duration::from_secs(1),
+            kubernetes: None,
             registry: false,
             limits: Limits::default(),
             bind: None,

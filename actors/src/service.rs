@@ -90,6 +90,8 @@ pub struct StartPlan {
     pub engines: Vec<EngineSpec>,
     /// How often listed engines are polled.
     pub engine_poll_interval: std::time::Duration,
+    /// Engine pods from the Kubernetes API, if configured.
+    pub kubernetes: Option<kvdir::config::kubernetes::KubernetesConfig>,
     /// Run the instance registry for routing: listed and registered engines, heartbeats, and
     /// the registry in etcd at `--etcd_addr` when that flag is set, whether or not `discovery`
     /// subscribes to its instances. Off only where something else supplies the candidates (the
@@ -139,15 +141,10 @@ impl Service {
             _ => None,
         };
         let engines = file.as_ref().map(|d| d.engines.clone()).unwrap_or_default();
-        if file.as_ref().is_some_and(|d| d.kubernetes.is_some()) {
-            tracing::warn!(
-                "kubernetes: the config is valid, but this build does not watch pods yet; list \
-                 the engines or register them"
-            );
-        }
+        let kubernetes = file.as_ref().and_then(|d| d.kubernetes.clone());
         let bind = bind_config(&flags, file.as_ref())?;
         let announce = bind.as_ref().is_some_and(|b| b.announce.is_some());
-        if streams.is_empty() && discovery.is_none() && engines.is_empty() {
+        if streams.is_empty() && discovery.is_none() && engines.is_empty() && kubernetes.is_none() {
             let until = match announce {
                 true => "engines announce themselves on kv_events_bind or are registered",
                 false => "engines are registered (POST /register)",
@@ -166,6 +163,7 @@ impl Service {
             discovery,
             engines,
             engine_poll_interval: poll,
+            kubernetes,
             registry: true,
             limits,
         };
@@ -269,6 +267,7 @@ async fn boot(flags: &Flags, plan: StartPlan, front: Arc<FrontDoor>) -> Result<B
         discovery,
         engines,
         engine_poll_interval,
+        kubernetes,
         registry,
         limits,
         bind,
@@ -326,6 +325,7 @@ async fn boot(flags: &Flags, plan: StartPlan, front: Arc<FrontDoor>) -> Result<B
         let actor = DiscoveryActor::start_in_arbiter(&arbiter.handle(), move |_| {
             DiscoveryActor::new(discovery, &limits, addr, &ns, set)
                 .with_engines(engines, engine_poll_interval)
+                .with_kubernetes(kubernetes)
                 .with_parity(text)
         });
         arbiters.push(arbiter);

@@ -42,13 +42,16 @@ impl DiscoveryActor {
     }
 
     fn poll_where(&mut self, ctx: &mut Context<Self>, due: impl Fn(&ListedEngine) -> bool) {
-        let due: Vec<(String, String, Dialect)> = self
+        let due: Vec<(String, String, Dialect, String)> = self
             .engines
             .iter()
             .filter(|e| due(e) && !self.polling.contains(&e.spec.name))
-            .map(|e| (e.spec.name.clone(), e.spec.url.clone(), e.spec.dialect))
+            .map(|e| {
+                let s = &e.spec;
+                (s.name.clone(), s.url.clone(), s.dialect, s.pod_uid.clone())
+            })
             .collect();
-        for (name, url, dialect) in due {
+        for (name, url, dialect, pod) in due {
             self.polling.insert(name.clone());
             let (me, http) = (ctx.address(), self.http.clone());
             actix::spawn(async move {
@@ -56,7 +59,7 @@ impl DiscoveryActor {
                     Dialect::Sglang => poll_metrics_first(&http, &url).await,
                     _ => poll(&http, &url).await,
                 };
-                me.do_send(EnginePolled { name, probe });
+                me.do_send(EnginePolled { name, polled: (url, pod), probe });
             });
         }
     }
@@ -102,6 +105,11 @@ impl Handler<EnginePolled> for DiscoveryActor {
 
     fn handle(&mut self, msg: EnginePolled, ctx: &mut Context<Self>) {
         self.polling.remove(&msg.name);
+        let (url, pod) = &msg.polled;
+        if self.engines.get(&msg.name).is_some_and(|e| e.spec.url != *url || e.spec.pod_uid != *pod)
+        {
+            return; // an answer for the engine this name had before (a pod replaced)
+        }
         let before = self.engines.get(&msg.name).map(|e| e.instance.state);
         match self.engines.observe(&msg.name, msg.probe, Instant::now()) {
             IdentityChange::Unchanged => {

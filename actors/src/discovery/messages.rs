@@ -109,7 +109,7 @@ pub struct EngineReport {
     pub url: String,
     /// `vllm`, `sglang` or `xllm`.
     pub dialect: Dialect,
-    /// `config`, `register` or `announce` (`kv_events_bind.announce`).
+    /// `config`, `register`, `announce` (`kv_events_bind.announce`) or `kubernetes`.
     pub source: &'static str,
     /// Whether its process is known (no CAR credit before).
     pub identity_known: bool,
@@ -153,6 +153,9 @@ pub(super) struct ParityChecked {
 #[rtype(result = "()")]
 pub(super) struct EnginePolled {
     pub(super) name: String,
+    /// The URL polled and the pod, if any: an answer for an engine since replaced under the
+    /// same name is dropped.
+    pub(super) polled: (String, String),
     pub(super) probe: Probe,
 }
 
@@ -166,6 +169,71 @@ pub struct ListEngine(pub EngineSpec);
 #[rtype(result = "Result<Vec<String>, String>")]
 pub struct UnlistEngine(pub String);
 
+/// Every pod the selector picks, listed at `resource_version` (`kubernetes`).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PodsListed {
+    /// The pods.
+    pub pods: Vec<kvdir::discovery::pods::Pod>,
+    /// The list's version; the watch starts there.
+    pub resource_version: String,
+    /// The namespace watched (`*`: every one kvdir may see).
+    pub namespace: String,
+}
+
+/// One change the pod watch saw.
+#[derive(Debug, Clone)]
+pub enum PodChange {
+    /// Added or modified.
+    Applied(kvdir::discovery::pods::Pod),
+    /// Deleted, or no longer selected.
+    Deleted(kvdir::discovery::pods::Pod),
+}
+
+/// A pod watch event.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PodsChanged {
+    /// What changed.
+    pub change: PodChange,
+    /// The version it was seen at.
+    pub resource_version: String,
+}
+
+/// The Kubernetes API is unreachable, refused, or the watch broke.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PodsDown {
+    /// Why, with the fix where there is one.
+    pub error: String,
+    /// Only an operator fixes it: the API server refused kvdir's credentials or access (401,
+    /// 403), or there is no client config.
+    pub operator: bool,
+}
+
+/// The `kubernetes` part of the instances report.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct KubernetesReport {
+    /// The namespace watched (`*`: every one kvdir may see); empty before the first list.
+    pub namespace: String,
+    /// The label selector.
+    pub selector: String,
+    /// Whether the pods are listed and watched now.
+    pub connected: bool,
+    /// The last problem (unreachable, 403 with its fix, ...), until the next list.
+    pub error: Option<String>,
+    /// Times the pods were listed (the first, then after each 410 Gone or failure).
+    pub listings: u64,
+    /// The last `resourceVersion` seen (a list, an event or a bookmark).
+    pub resource_version: String,
+    /// Pods selected now, in any state.
+    pub pods: usize,
+    /// Engines listed from pods now (`source: kubernetes`).
+    pub engines: usize,
+    /// Pods skipped for a bad description, by `<namespace>/<name>`: what is wrong and the fix.
+    pub skipped: std::collections::BTreeMap<String, String>,
+}
+
 /// The instances report.
 #[derive(Debug, Clone, Serialize)]
 pub struct InstancesReport {
@@ -177,6 +245,9 @@ pub struct InstancesReport {
     pub etcd_listings: u64,
     /// Keys read by the last listing (instance and LOADMETRICS keys only).
     pub etcd_listed_keys: usize,
+    /// Engine pods, with `kubernetes` in the config.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesReport>,
     /// Every known instance in name order.
     pub instances: Vec<InstanceReport>,
 }

@@ -1,10 +1,12 @@
 //! `DiscoveryActor`: the one owner of the instance set. It follows the instance registry in etcd
-//! (when `--etcd_addr` is set) and polls the engines listed by address (`engines.rs`), and keeps
-//! one stream per DP rank of every subscribable instance.
+//! (when `--etcd_addr` is set) and the engine pods of Kubernetes (`kubernetes`), polls the
+//! engines listed by address (`engines.rs`), and keeps one stream per DP rank of every
+//! subscribable instance.
 //!
 //! Messages: [`EtcdListed`], [`EtcdChanged`], [`EtcdDown`] (from the watch task), `Probed`
-//! (from `/health` probes), [`Heartbeat`], [`GetInstances`], and for listed engines
-//! `EnginePolled`, [`ListEngine`] and [`UnlistEngine`].
+//! (from `/health` probes), [`Heartbeat`], [`GetInstances`], for listed engines
+//! `EnginePolled`, [`ListEngine`] and [`UnlistEngine`], and for engine pods (`kubernetes`)
+//! [`PodsListed`], [`PodsChanged`] and [`PodsDown`] (from `kube_watch.rs`).
 //! The rules live in `kvdir::registry` (state machine and planning); this actor feeds them and,
 //! every `refresh_interval`, reconciles the running streams with the plan: new streams start
 //! cold, vanished ones stop, and a changed endpoint, DP topology or process identity restarts a
@@ -15,8 +17,10 @@ mod apply;
 mod approx;
 mod engines;
 mod etcd_watch;
+mod kube_watch;
 mod messages;
 mod parity;
+mod pods;
 mod report;
 
 use apply::{apply_plans, Applied, Plans};
@@ -67,6 +71,9 @@ pub struct DiscoveryActor {
     registered_engines: BTreeSet<String>,
     /// Engines that announced themselves, by name, with their topic (`announced.rs`).
     announced: BTreeMap<String, String>,
+    /// Where engine pods are found (`kubernetes`), and what was found (`pods.rs`).
+    kubernetes: Option<kvdir::config::kubernetes::KubernetesConfig>,
+    pods: Option<pods::PodEngines>,
     /// How often listed engines are polled, and the polls in flight.
     poll_interval: Duration,
     polling: BTreeSet<String>,
@@ -103,6 +110,8 @@ impl DiscoveryActor {
             engines: Engines::default(),
             registered_engines: BTreeSet::new(),
             announced: BTreeMap::new(),
+            kubernetes: None,
+            pods: None,
             poll_interval: Duration::from_secs(1),
             polling: BTreeSet::new(),
             // No proxy: engines are reached directly. Building fails only without a TLS or
@@ -125,6 +134,16 @@ impl DiscoveryActor {
             let _ = self.engines.add(e, Instant::now());
         }
         self.poll_interval = poll_interval;
+        self
+    }
+
+    /// Also the engines of the pods `cfg` selects (`kube_watch.rs`, `pods.rs`).
+    pub fn with_kubernetes(
+        mut self,
+        cfg: Option<kvdir::config::kubernetes::KubernetesConfig>,
+    ) -> Self {
+        self.pods = cfg.as_ref().map(|c| pods::PodEngines::new(&c.selector));
+        self.kubernetes = cfg;
         self
     }
 
@@ -313,6 +332,9 @@ impl Actor for DiscoveryActor {
         if !self.etcd_addr.is_empty() {
             let (me, endpoint) = (ctx.address(), self.etcd_addr.clone());
             actix::spawn(etcd_watch::run(me, endpoint, self.prefix.clone()));
+        }
+        if let Some(cfg) = self.kubernetes.clone() {
+            actix::spawn(kube_watch::run(ctx.address(), cfg));
         }
         // Without subscriptions the tick only applies the registry's timeouts.
         let every = self.cfg.as_ref().map_or(REGISTRY_TICK, |c| c.refresh_interval);

@@ -1,5 +1,6 @@
-//! `GET /v1/internal/instances`: every instance the discovery actor knows, from etcd and listed
-//! by address, with its state, identity, load and streams.
+//! `GET /v1/internal/instances`: every instance the discovery actor knows, from etcd, listed
+//! by address and from pods, with its state, identity, load and streams, and the pod watch's
+//! state (`kubernetes`).
 
 use actix::prelude::*;
 use kvdir::discovery::ListedEngine;
@@ -47,6 +48,8 @@ impl DiscoveryActor {
                 "register"
             } else if self.announced.contains_key(&e.spec.name) {
                 "announce"
+            } else if self.pods.as_ref().is_some_and(|p| p.engines.contains(&e.spec.name)) {
+                "kubernetes"
             } else {
                 "config"
             },
@@ -78,6 +81,7 @@ impl Handler<GetInstances> for DiscoveryActor {
             etcd_error: self.etcd_error.clone(),
             etcd_listings: self.listings,
             etcd_listed_keys: self.listed_keys,
+            kubernetes: self.pods.as_ref().map(|p| p.report.clone()),
             instances,
         })
     }
