@@ -19,17 +19,23 @@ fn load_config_file(flags: &Flags) -> Result<Option<ConfigFile>, String> {
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// kube's client logs an ERROR for every request that fails, every retry of an outage; kvdir
+/// reports the outage itself, once (discovery/kube_watch.rs).
+const KUBE_CLIENT_QUIET: &str = "kube_client::client::builder=off";
+
 /// Logs go to stderr, filtered by `RUST_LOG` (default `info`), as text or one JSON object per
 /// line; colours only on a terminal. A `RUST_LOG` that does not parse is reported and replaced
-/// by `info`. The demo's logs are `held` until its banner is printed.
+/// by `info`; one that does not name `kube_client` leaves [`KUBE_CLIENT_QUIET`] on. The demo's
+/// logs are `held` until its banner is printed.
 fn init_logs(format: LogFormat, held: &HeldLogs) {
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(spec) => EnvFilter::try_new(&spec).unwrap_or_else(|e| {
-            eprintln!("warning: RUST_LOG={spec:?} is not a valid filter ({e}); using info");
-            EnvFilter::new("info")
-        }),
-        Err(_) => EnvFilter::new("info"),
-    };
+    let spec = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
+    let mut filter = EnvFilter::try_new(&spec).unwrap_or_else(|e| {
+        eprintln!("warning: RUST_LOG={spec:?} is not a valid filter ({e}); using info");
+        EnvFilter::new("info")
+    });
+    if let (false, Ok(quiet)) = (spec.contains("kube_client"), KUBE_CLIENT_QUIET.parse()) {
+        filter = filter.add_directive(quiet);
+    }
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let held = held.clone();
     let logs = tracing_subscriber::fmt()

@@ -1,6 +1,7 @@
 //! The Kubernetes side of discovery (the config's `kubernetes`): list the selected pods, then
 //! watch them from the list's `resourceVersion`, with bookmarks, feeding the discovery actor
-//! ([`PodsListed`], [`PodsChanged`], [`PodsDown`]); `pods.rs` there turns them into engines.
+//! ([`PodsListed`], [`PodsWatching`], [`PodsChanged`], [`PodsDown`]); `pods.rs` there turns
+//! them into engines.
 //!
 //! - A watch that ends (the server's timeout) is started again from the last version seen
 //!   (an event's or a bookmark's), without a list.
@@ -19,6 +20,7 @@
 use std::time::{Duration, Instant};
 
 use actix::Addr;
+use futures_util::stream::BoxStream;
 use futures_util::StreamExt;
 use k8s_openapi::api::core::v1::Pod as KubePod;
 use kube::api::{Api, ListParams, WatchEvent, WatchParams};
@@ -27,7 +29,7 @@ use kvdir::backoff::Backoff;
 use kvdir::config::kubernetes::{KubernetesConfig, PodNamespace};
 use kvdir::discovery::pods::Pod;
 
-use super::messages::{PodChange, PodsChanged, PodsDown, PodsListed};
+use super::messages::{PodChange, PodsChanged, PodsDown, PodsListed, PodsWatching};
 use super::DiscoveryActor;
 
 /// Retry delays after a failure, doubling.
@@ -35,6 +37,9 @@ const BACKOFF_MIN: Duration = Duration::from_millis(200);
 const BACKOFF_MAX: Duration = Duration::from_secs(10);
 /// The server ends each watch after this (kube's client gives up reading after 295 s).
 const WATCH_SECONDS: u32 = 240;
+/// A watch that is silent this long after it starts was accepted (a refusal is its first
+/// line).
+const SETTLED: Duration = Duration::from_secs(1);
 /// Pods per list page.
 const PAGE: u32 = 500;
 /// Where a pod finds its namespace in a cluster.
@@ -51,9 +56,9 @@ enum Ended {
     Failed { error: String, resume: Option<String>, operator: bool },
 }
 
-/// Lists and watches the pods `cfg` selects, forever, feeding `discovery`.
-pub async fn run(discovery: Addr<DiscoveryActor>, cfg: KubernetesConfig) {
-    let namespace = resolve_namespace(&cfg.namespace);
+/// Lists and watches the pods `cfg` selects in `namespace` ([`resolve_namespace`]), forever,
+/// feeding `discovery`.
+pub async fn run(discovery: Addr<DiscoveryActor>, cfg: KubernetesConfig, namespace: String) {
     let mut backoff = Backoff::new(BACKOFF_MIN, BACKOFF_MAX);
     let mut api: Option<Api<KubePod>> = None;
     let mut resume: Option<String> = None;
@@ -90,7 +95,7 @@ pub async fn run(discovery: Addr<DiscoveryActor>, cfg: KubernetesConfig) {
 
 /// `"*"` for every namespace, else the one named, else kvdir's own (its service account's
 /// namespace in a cluster), else `default`.
-fn resolve_namespace(ns: &PodNamespace) -> String {
+pub fn resolve_namespace(ns: &PodNamespace) -> String {
     match ns {
         PodNamespace::All => "*".into(),
         PodNamespace::Named(n) => n.clone(),
@@ -148,15 +153,11 @@ async fn watch_once(
     backoff: &mut Backoff,
 ) -> Ended {
     let Target { api, selector, namespace } = *at;
-    let mut version = match resume {
+    let version = match resume {
         Some(v) => v,
         None => match list(api, selector).await {
             Ok((pods, version)) => {
-                let listed = PodsListed {
-                    pods,
-                    resource_version: version.clone(),
-                    namespace: namespace.to_string(),
-                };
+                let listed = PodsListed { pods, resource_version: version.clone() };
                 if discovery.send(listed).await.is_err() {
                     return stopped();
                 }
@@ -167,39 +168,62 @@ async fn watch_once(
         },
     };
     let params = WatchParams::default().labels(selector).timeout(WATCH_SECONDS);
-    let started = Instant::now();
-    let mut events = match api.watch(&params, &version).await {
+    let events = match api.watch(&params, &version).await {
         Ok(s) => s.boxed(),
         Err(e) => return failed(e, "watch", namespace, Some(version)),
     };
-    backoff.reset();
-    while let Some(event) = events.next().await {
-        let change = match event {
-            Ok(WatchEvent::Added(p) | WatchEvent::Modified(p)) => Some((false, p)),
-            Ok(WatchEvent::Deleted(p)) => Some((true, p)),
+    follow(discovery, events, version, namespace, backoff).await
+}
+
+/// Feeds one watch's events to `discovery` until it ends. The API server refuses a watch (403,
+/// 410) in the first line of its answer: a watch whose first line is no error, or that is
+/// silent for [`SETTLED`], runs, and is reported as such ([`PodsWatching`]).
+async fn follow(
+    discovery: &Addr<DiscoveryActor>,
+    mut events: BoxStream<'_, kube::Result<WatchEvent<KubePod>>>,
+    mut version: String,
+    namespace: &str,
+    backoff: &mut Backoff,
+) -> Ended {
+    let started = Instant::now();
+    let mut first = match tokio::time::timeout(SETTLED, events.next()).await {
+        Ok(None) => return Ended::Resume(version),
+        Ok(Some(event)) => Some(event),
+        Err(_) => None,
+    };
+    if !matches!(first, Some(Err(_) | Ok(WatchEvent::Error(_)))) {
+        backoff.reset();
+        let watching = PodsWatching { resource_version: version.clone() };
+        if discovery.send(watching).await.is_err() {
+            return stopped();
+        }
+    }
+    while let Some(event) = match first.take() {
+        Some(e) => Some(e),
+        None => events.next().await,
+    } {
+        let (deleted, p) = match event {
+            Ok(WatchEvent::Added(p) | WatchEvent::Modified(p)) => (false, p),
+            Ok(WatchEvent::Deleted(p)) => (true, p),
             Ok(WatchEvent::Bookmark(b)) => {
                 version = b.metadata.resource_version;
-                None
+                continue;
             }
             Ok(WatchEvent::Error(e)) => {
                 return failed(kube::Error::Api(e), "watch", namespace, Some(version))
             }
             Err(e) => return failed(e, "watch", namespace, Some(version)),
         };
-        if let Some((deleted, p)) = change {
-            version = p.metadata.resource_version.clone().unwrap_or(version);
-            let pod = view(&p);
-            let change = if deleted { PodChange::Deleted(pod) } else { PodChange::Applied(pod) };
-            let msg = PodsChanged { change, resource_version: version.clone() };
-            if discovery.send(msg).await.is_err() {
-                return stopped();
-            }
+        version = p.metadata.resource_version.clone().unwrap_or(version);
+        let pod = view(&p);
+        let change = if deleted { PodChange::Deleted(pod) } else { PodChange::Applied(pod) };
+        let msg = PodsChanged { change, resource_version: version.clone() };
+        if discovery.send(msg).await.is_err() {
+            return stopped();
         }
     }
-    tracing::debug!(
-        seconds = started.elapsed().as_secs(),
-        "kubernetes: watch ended; watching again"
-    );
+    let seconds = started.elapsed().as_secs();
+    tracing::debug!(seconds, "kubernetes: watch ended; watching again");
     Ended::Resume(version)
 }
 

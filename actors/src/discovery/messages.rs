@@ -177,8 +177,6 @@ pub struct PodsListed {
     pub pods: Vec<kvdir::discovery::pods::Pod>,
     /// The list's version; the watch starts there.
     pub resource_version: String,
-    /// The namespace watched (`*`: every one kvdir may see).
-    pub namespace: String,
 }
 
 /// One change the pod watch saw.
@@ -200,6 +198,14 @@ pub struct PodsChanged {
     pub resource_version: String,
 }
 
+/// A pod watch started from `resource_version` (after a list, a resume or a failure).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct PodsWatching {
+    /// The version it started from.
+    pub resource_version: String,
+}
+
 /// The Kubernetes API is unreachable, refused, or the watch broke.
 #[derive(Message)]
 #[rtype(result = "()")]
@@ -214,7 +220,7 @@ pub struct PodsDown {
 /// The `kubernetes` part of the instances report.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct KubernetesReport {
-    /// The namespace watched (`*`: every one kvdir may see); empty before the first list.
+    /// The namespace watched (`*`: every one kvdir may see).
     pub namespace: String,
     /// The label selector.
     pub selector: String,

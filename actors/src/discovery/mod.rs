@@ -71,8 +71,9 @@ pub struct DiscoveryActor {
     registered_engines: BTreeSet<String>,
     /// Engines that announced themselves, by name, with their topic (`announced.rs`).
     announced: BTreeMap<String, String>,
-    /// Where engine pods are found (`kubernetes`), and what was found (`pods.rs`).
-    kubernetes: Option<kvdir::config::kubernetes::KubernetesConfig>,
+    /// Where engine pods are found (`kubernetes`, and the namespace it names), and what was
+    /// found (`pods.rs`).
+    kubernetes: Option<(kvdir::config::kubernetes::KubernetesConfig, String)>,
     pods: Option<pods::PodEngines>,
     /// How often listed engines are polled, and the polls in flight.
     poll_interval: Duration,
@@ -142,8 +143,12 @@ impl DiscoveryActor {
         mut self,
         cfg: Option<kvdir::config::kubernetes::KubernetesConfig>,
     ) -> Self {
-        self.pods = cfg.as_ref().map(|c| pods::PodEngines::new(&c.selector));
-        self.kubernetes = cfg;
+        let namespace = cfg.as_ref().map(|c| kube_watch::resolve_namespace(&c.namespace));
+        self.pods = cfg
+            .as_ref()
+            .zip(namespace.as_ref())
+            .map(|(c, ns)| pods::PodEngines::new(ns, &c.selector));
+        self.kubernetes = cfg.zip(namespace);
         self
     }
 
@@ -333,8 +338,8 @@ impl Actor for DiscoveryActor {
             let (me, endpoint) = (ctx.address(), self.etcd_addr.clone());
             actix::spawn(etcd_watch::run(me, endpoint, self.prefix.clone()));
         }
-        if let Some(cfg) = self.kubernetes.clone() {
-            actix::spawn(kube_watch::run(ctx.address(), cfg));
+        if let Some((cfg, namespace)) = self.kubernetes.clone() {
+            actix::spawn(kube_watch::run(ctx.address(), cfg, namespace));
         }
         // Without subscriptions the tick only applies the registry's timeouts.
         let every = self.cfg.as_ref().map_or(REGISTRY_TICK, |c| c.refresh_interval);

@@ -12,7 +12,7 @@
 //! - A list reconciles: engines of pods no longer listed are removed. A broken watch or an
 //!   unreachable API server removes nothing: engines fail on their own, by their polls.
 //!
-//! Messages: [`PodsListed`], [`PodsChanged`], [`PodsDown`].
+//! Messages: [`PodsListed`], [`PodsWatching`], [`PodsChanged`], [`PodsDown`].
 
 use std::collections::BTreeSet;
 use std::time::Instant;
@@ -20,7 +20,9 @@ use std::time::Instant;
 use actix::prelude::*;
 use kvdir::discovery::pods::{pod_engine, Pod, PodEngine};
 
-use super::messages::{KubernetesReport, PodChange, PodsChanged, PodsDown, PodsListed};
+use super::messages::{
+    KubernetesReport, PodChange, PodsChanged, PodsDown, PodsListed, PodsWatching,
+};
 use super::DiscoveryActor;
 use crate::stream::StreamSource;
 
@@ -36,8 +38,9 @@ pub(super) struct PodEngines {
 }
 
 impl PodEngines {
-    pub(super) fn new(selector: &str) -> Self {
-        let report = KubernetesReport { selector: selector.to_string(), ..Default::default() };
+    pub(super) fn new(namespace: &str, selector: &str) -> Self {
+        let (namespace, selector) = (namespace.to_string(), selector.to_string());
+        let report = KubernetesReport { namespace, selector, ..Default::default() };
         PodEngines { report, ..Default::default() }
     }
 }
@@ -161,7 +164,7 @@ impl Handler<PodsListed> for DiscoveryActor {
         let Some(pods) = self.pods.as_mut() else { return };
         let r = &mut pods.report;
         (r.connected, r.error, r.listings) = (true, None, r.listings + 1);
-        (r.namespace, r.resource_version) = (msg.namespace, msg.resource_version);
+        r.resource_version = msg.resource_version;
         tracing::info!(namespace = %r.namespace, pods = msg.pods.len(), "kubernetes: pods listed");
         let listed: BTreeSet<String> = msg.pods.iter().map(Pod::key).collect();
         let gone: Vec<String> = pods.selected.difference(&listed).cloned().collect();
@@ -175,6 +178,19 @@ impl Handler<PodsListed> for DiscoveryActor {
             changed |= self.apply_pod(pod);
         }
         self.pods_changed(changed, ctx);
+    }
+}
+
+impl Handler<PodsWatching> for DiscoveryActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: PodsWatching, _: &mut Context<Self>) {
+        let Some(pods) = self.pods.as_mut() else { return };
+        let r = &mut pods.report;
+        if !r.connected {
+            tracing::info!(namespace = %r.namespace, resource_version = %msg.resource_version, "kubernetes: watching pods");
+        }
+        (r.connected, r.error, r.resource_version) = (true, None, msg.resource_version);
     }
 }
 
