@@ -260,8 +260,9 @@ fn failed(e: kube::Error, verb: &str, namespace: &str, resume: Option<String>) -
         Some(410) => return Ended::Relist(detail),
         Some(403) => format!(
             "kubernetes: forbidden to {verb} pods {scope} ({detail}); grant kvdir's service \
-             account get, list and watch on pods there (the Role and RoleBinding in \
-             docs/operations.md, Engine pods on Kubernetes; a ClusterRole for \"*\")"
+             account get, list and watch on pods there (the Role and RoleBinding of \
+             deploy/kubernetes/base/rbac.yaml or docs/operations.md, Engine pods on Kubernetes; \
+             a ClusterRole for \"*\")"
         ),
         Some(401) => format!(
             "kubernetes: the API server refused kvdir's credentials to {verb} pods ({detail}); \
