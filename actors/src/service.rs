@@ -10,22 +10,26 @@ use std::thread::JoinHandle;
 
 use actix::prelude::*;
 use actix_web::{web, App, HttpServer};
+use kvdir::config::fds::StreamKind;
 use kvdir::config::{
-    BindConfig, ConfigFile, DiscoveryConfig, EngineSpec, Flags, Limits, Source, StreamSpec,
+    is_bound, BindConfig, ConfigFile, DiscoveryConfig, EngineSpec, Flags, Limits, Source,
+    StreamSpec,
 };
 use kvdir::registry::Identity;
 use thiserror::Error;
 
 use crate::directory::Directory;
-use crate::discovery::DiscoveryActor;
+use crate::discovery::{Beats, DiscoveryActor};
 use crate::http::frontdoor::{FrontDoor, FrontDoorSetupError};
-use crate::http::{routes, AppState};
+use crate::http::{routes, AppState, ServiceMetrics};
 use crate::router::RouterActor;
-use crate::stream::IoPool;
-use crate::stream::{BindReceiver, BindRoutes, StreamSet, StreamSource};
+use crate::stream::{bind_ports, BindRoutes, StreamSet, StreamSource};
+use crate::stream::{plan_fds, IoPool};
 
 /// Arbiters (threads) shared by the index actors.
 const INDEX_ARBITERS: usize = 2;
+/// HTTP worker threads.
+const HTTP_WORKERS: usize = 2;
 
 /// Why the service did not start.
 #[derive(Debug, Error)]
@@ -180,7 +184,7 @@ impl Service {
                 let sys = actix_rt::System::new();
                 sys.block_on(async move {
                     match boot(&flags, plan, front).await {
-                        Ok((server, addr, router, threads, (arbiters, bind))) => {
+                        Ok((server, addr, router, threads, arbiters)) => {
                             let _ = tx.send(Ok((server.handle(), addr, router, threads)));
                             let _ = server.await;
                             // Actors holding the stream set (discovery, index actors) are
@@ -189,7 +193,6 @@ impl Service {
                                 arbiter.stop();
                                 let _ = arbiter.join();
                             }
-                            drop(bind);
                             System::current().stop();
                         }
                         Err(e) => {
@@ -253,13 +256,7 @@ impl Drop for Service {
 /// Starts the actors and binds the server; runs inside the service's actix system.
 /// What [`boot`] hands back: the server to run, its address, the router, the stream threads and
 /// the arbiters (kept alive while the server runs).
-type Booted = (
-    actix_web::dev::Server,
-    SocketAddr,
-    Addr<RouterActor>,
-    IoPool,
-    (Vec<Arbiter>, Option<BindReceiver>),
-);
+type Booted = (actix_web::dev::Server, SocketAddr, Addr<RouterActor>, IoPool, Vec<Arbiter>);
 
 async fn boot(flags: &Flags, plan: StartPlan, front: Arc<FrontDoor>) -> Result<Booted, StartError> {
     let StartPlan {
@@ -272,7 +269,13 @@ async fn boot(flags: &Flags, plan: StartPlan, front: Arc<FrontDoor>) -> Result<B
         limits,
         bind,
     } = plan;
-    let limits = &limits;
+    let kind = stream_kind(&specs, discovery.as_ref(), &engines, bind.as_ref());
+    let budget = plan_fds(&limits, flags.http_max_connections as u64, kind);
+    tracing::info!("{}", budget.describe());
+    for warning in budget.warnings(limits.max_concurrent_replays) {
+        tracing::warn!("{warning}");
+    }
+    let limits = &Limits { max_concurrent_replays: budget.replays, ..limits };
     let mut params = flags.route.clone();
     let front_policy = flags.front.policy;
     // The registry may be given engines later (`POST /register`), with credit.
@@ -298,17 +301,13 @@ async fn boot(flags: &Flags, plan: StartPlan, front: Arc<FrontDoor>) -> Result<B
         limits.clone(),
     )
     .map_err(StartError::IoThreads)?;
-    // Bound before any stream connects to its in-process socket.
-    let receiver = match bind {
-        Some(b) => {
-            let routes = BindRoutes::new(b);
-            let receiver = BindReceiver::start(set.zmq(), routes.clone(), limits)
-                .map_err(StartError::KvEventsBind)?;
-            set = set.with_bind(routes);
-            Some(receiver)
-        }
-        None => None,
-    };
+    // Bound (and handed to the I/O threads) before any bound stream starts.
+    if let Some(b) = bind {
+        let routes = BindRoutes::new(b);
+        bind_ports(set.zmq(), &set.pool(), routes.clone(), limits)
+            .map_err(StartError::KvEventsBind)?;
+        set = set.with_bind(routes);
+    }
     for (spec, identity) in specs {
         set.start(spec, identity, StreamSource::Static).map_err(|e| {
             tracing::error!(error = %e, "cannot start stream");
@@ -316,36 +315,46 @@ async fn boot(flags: &Flags, plan: StartPlan, front: Arc<FrontDoor>) -> Result<B
         })?;
     }
     let streams = set.map();
+    let beats: Arc<Beats> = Arc::default();
     let discovery = (registry || discovery.is_some()).then(|| {
         let (addr, ns) = (flags.etcd_addr.clone(), flags.etcd_namespace.clone());
         let set = set.clone();
         let limits = limits.clone();
         let text = front.text_model();
+        let beats = Arc::clone(&beats);
         let arbiter = Arbiter::new();
         let actor = DiscoveryActor::start_in_arbiter(&arbiter.handle(), move |_| {
             DiscoveryActor::new(discovery, &limits, addr, &ns, set)
                 .with_engines(engines, engine_poll_interval)
                 .with_kubernetes(kubernetes)
                 .with_parity(text)
+                .with_beats(beats)
         });
         arbiters.push(arbiter);
         actor
     });
+    let metrics: Arc<ServiceMetrics> = Arc::default();
+    let connections = Arc::clone(&metrics);
     let state = web::Data::new(AppState {
         router: router.clone(),
         directory,
         streams,
         set: set.clone(),
         discovery,
+        beats,
         token: flags.internal_api_token.clone(),
         max_request_bytes: flags.max_request_bytes,
         max_query_tokens: flags.max_query_tokens,
-        metrics: Arc::default(),
+        metrics,
         front,
     });
     let addr = format!("{}:{}", flags.server_host, flags.http_server_port);
     let server = HttpServer::new(move || App::new().app_data(state.clone()).configure(routes))
-        .workers(2)
+        .workers(HTTP_WORKERS)
+        // Each connection holds a descriptor: capped (per worker), and idled out, so clients
+        // and engines' heartbeats cannot take the streams' descriptors.
+        .max_connections(flags.http_max_connections.div_ceil(HTTP_WORKERS))
+        .keep_alive(flags.http_keep_alive)
         // The binary handles SIGTERM and SIGINT itself (`StopHandle`): it stops the streams
         // too, which actix's own handler would not.
         .disable_signals()
@@ -354,11 +363,31 @@ async fn boot(flags: &Flags, plan: StartPlan, front: Arc<FrontDoor>) -> Result<B
         // the overload queue, an unanswered one is cancelled at its engine) instead of when
         // the answer is written.
         .h1_allow_half_closed(false)
-        .on_connect(no_delay)
+        .on_connect(move |conn, ext| {
+            no_delay(conn);
+            // Dropped with the connection: the count of open connections goes down.
+            ext.insert(connections.connection_opened());
+        })
         .bind(&addr)
         .map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
     let bound = server.addrs().first().copied().ok_or(StartError::Died)?;
-    Ok((server.run(), bound, router, set.pool(), (arbiters, receiver)))
+    Ok((server.run(), bound, router, set.pool(), arbiters))
+}
+
+/// How the streams reach their engines, for the descriptor budget: bound only when every
+/// source of streams publishes to the bind endpoint (registered streams may still connect).
+fn stream_kind(
+    specs: &[(StreamSpec, Option<Identity>)],
+    discovery: Option<&DiscoveryConfig>,
+    engines: &[EngineSpec],
+    bind: Option<&BindConfig>,
+) -> StreamKind {
+    let static_bound = specs.iter().all(|(s, _)| is_bound(&s.endpoint));
+    let discovered_bound = discovery.is_none_or(|d| d.bind.is_some());
+    match bind.is_some() && static_bound && discovered_bound && engines.is_empty() {
+        true => StreamKind::Bound,
+        false => StreamKind::Connected,
+    }
 }
 
 /// The endpoint engines connect to: the config file's `kv_events_bind` (its endpoint
@@ -375,7 +404,7 @@ fn bind_config(flags: &Flags, file: Option<&ConfigFile>) -> Result<Option<BindCo
 /// Sends small writes at once. A streamed answer's head goes out before its first chunk
 /// exists; with Nagle's algorithm on, that chunk then waited for the client's delayed ACK of
 /// the head (about 40 ms on Linux) before leaving.
-fn no_delay(conn: &dyn std::any::Any, _: &mut actix_web::dev::Extensions) {
+fn no_delay(conn: &dyn std::any::Any) {
     if let Some(tcp) = conn.downcast_ref::<actix_web::rt::net::TcpStream>() {
         if let Err(e) = tcp.set_nodelay(true) {
             tracing::debug!(error = %e, "cannot set TCP_NODELAY on an HTTP connection");

@@ -147,6 +147,7 @@ fn measure(
         start_to_sync: kvdir_start.elapsed(),
         bench: Scale::own(fleet.fd_limit),
         kvdir_threads: (kvdir.pid.and_then(scale::threads), None),
+        kvdir_fds: (kvdir.pid.and_then(scale::open_fds), None),
         ..Scale::default()
     };
     scale.idle_cpu = scale::idle_cpu(kvdir.pid, o.idle);
@@ -174,8 +175,11 @@ fn measure(
     let applied = applied(&fleet.streams(), &before, &after, lagging, start, publish_wall);
     let cpu = kvdir.pid.and_then(cpu_seconds).zip(cpu_before).map(|(a, b)| a - b);
     scale.kvdir_threads.1 = kvdir.pid.and_then(scale::threads);
+    scale.kvdir_fds.1 = kvdir.pid.and_then(scale::open_fds);
     let rss_after = Rss::read(kvdir.pid, probe.conn());
-    let handler_after = handler_snapshot(&mut probe);
+    let metrics_after = metrics_text(&mut probe);
+    scale.read_metrics(&metrics_after);
+    let handler_after = Snapshot::parse(&metrics_after);
     let (baseline, handler_baseline) = match o.baseline.is_zero() {
         true => (Vec::new(), Vec::new()),
         false => {
@@ -206,9 +210,14 @@ fn measure(
 /// kvdir's latency histograms now; empty if `/metrics` cannot be read (the report then has no
 /// handler lines).
 fn handler_snapshot(probe: &mut Probe) -> Snapshot {
+    Snapshot::parse(&metrics_text(probe))
+}
+
+/// kvdir's `/metrics` text; empty if it cannot be read.
+fn metrics_text(probe: &mut Probe) -> String {
     match probe.conn().get("/metrics") {
-        Ok(r) if r.status == 200 => Snapshot::parse(&String::from_utf8_lossy(&r.body)),
-        _ => Snapshot::default(),
+        Ok(r) if r.status == 200 => String::from_utf8_lossy(&r.body).into_owned(),
+        _ => String::new(),
     }
 }
 

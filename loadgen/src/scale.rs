@@ -1,7 +1,8 @@
 //! The fleet-scale figures of a run ([`Scale`]): kvdir's CPU in an idle window (every stream
-//! connected, nothing published), its thread count, the time from kvdir's start until every
-//! stream was synchronized, and the load tool's own CPU, threads and file descriptors, so a
-//! report shows whether the tool itself was the bottleneck.
+//! connected, nothing published), its thread count, its open file descriptors and the most
+//! HTTP connections it held at once, the time from kvdir's start until every stream was
+//! synchronized, and the load tool's own CPU, threads and file descriptors, so a report shows
+//! whether the tool itself was the bottleneck.
 //!
 //! CPU comes from `/proc/<pid>/stat` (utime + stime), threads from `/proc/<pid>/status`; both
 //! need kvdir's pid (`--spawn_kvdir` or `--kvdir_pid`).
@@ -31,6 +32,23 @@ pub struct Scale {
     pub bench_cpu: Option<f64>,
     /// The tool's threads and open descriptors after the sync, and its open-file limit.
     pub bench: (Option<u64>, Option<usize>, Option<u64>),
+    /// kvdir's open descriptors after the sync (idle) and after the load (`/proc/<pid>/fd`).
+    pub kvdir_fds: (Option<usize>, Option<usize>),
+    /// kvdir's open-file limit (`process_max_fds` of its `/metrics`).
+    pub kvdir_fd_limit: Option<u64>,
+    /// The most HTTP connections kvdir had open at once (`kvdir_http_connections_peak`).
+    pub http_connections_peak: Option<u64>,
+}
+
+/// Descriptors open in process `pid`.
+pub fn open_fds(pid: u32) -> Option<usize> {
+    fs::read_dir(format!("/proc/{pid}/fd")).ok().map(Iterator::count)
+}
+
+/// The value of an unlabelled sample `name` in a Prometheus text.
+fn metric(text: &str, name: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.split(' ').next() == Some(name))?;
+    line.split(' ').nth(1)?.parse::<f64>().ok().map(|v| v as u64)
 }
 
 /// The `Threads:` line of `/proc/<pid>/status`.
@@ -53,6 +71,12 @@ impl Scale {
     /// The tool's own threads, descriptors and limit, now.
     pub fn own(limit: Option<u64>) -> (Option<u64>, Option<usize>, Option<u64>) {
         (threads(std::process::id()), fds::open_fds(), limit)
+    }
+
+    /// Reads kvdir's HTTP connection peak and open-file limit from its `/metrics` text.
+    pub fn read_metrics(&mut self, metrics: &str) {
+        self.http_connections_peak = metric(metrics, "kvdir_http_connections_peak");
+        self.kvdir_fd_limit = metric(metrics, "process_max_fds");
     }
 
     /// Batches that did not reach kvdir live: gaps it saw and batches it dropped.
@@ -85,6 +109,16 @@ impl Scale {
             "batches not applied live (gaps + dropped_batches in kvdir's streams report): {}",
             Scale::not_live(applied)
         );
+        let (idle, after) = self.kvdir_fds;
+        let _ = writeln!(
+            t,
+            "kvdir file descriptors: {} idle, {} after the load (limit {}); HTTP connections: \
+             {} at most at once",
+            n(idle.map(|v| v as u64)),
+            n(after.map(|v| v as u64)),
+            n(self.kvdir_fd_limit),
+            n(self.http_connections_peak)
+        );
         let (threads, open, limit) = self.bench;
         let cpu = self.bench_cpu.map_or_else(
             || "unknown".to_string(),
@@ -114,6 +148,10 @@ impl Scale {
             "bench_threads": threads,
             "bench_open_fds": open,
             "bench_fd_limit": limit,
+            "kvdir_fds_idle": self.kvdir_fds.0,
+            "kvdir_fds_after": self.kvdir_fds.1,
+            "kvdir_fd_limit": self.kvdir_fd_limit,
+            "kvdir_http_connections_peak": self.http_connections_peak,
         })
     }
 }

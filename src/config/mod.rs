@@ -9,6 +9,7 @@ pub mod args;
 mod bind;
 mod endpoint;
 mod engines;
+pub mod fds;
 mod file;
 mod flags;
 mod json;

@@ -154,8 +154,8 @@ impl Recovery {
     }
 
     fn finish_history(&mut self, r: Replay, next: u64, now: Instant, out: &mut Vec<Action>) {
-        // Replayed batches the live stream has not delivered yet arrive later as copies.
-        self.duplicates = self.last_live.map_or(0, |l| l + 1)..next;
+        // Replayed batches the live stream has not delivered yet arrive later as copies
+        // (`is_copy`).
         self.next_seq = Some(next);
         self.stats.count_sync(r.reason, now.saturating_duration_since(r.started));
         if !r.reason.keeps_live() {
@@ -208,21 +208,29 @@ impl Recovery {
             self.apply(seq, batch, out);
             return None;
         }
-        if self.duplicates.contains(&seq) || self.applied_from_history(seq) {
+        if self.is_copy(seq) {
             self.stats.duplicate_batches += 1;
             return None;
         }
         Some(batch)
     }
 
-    /// Whether live batch `seq` was applied already from the history: it is below the next
-    /// expected sequence but later than the live batch before it (or that batch again), which a
-    /// restarted publisher's numbering, going back below what it sent live, never is. A resync's
-    /// history can get ahead of the live socket, whose copies then follow.
-    fn applied_from_history(&self, seq: u64) -> bool {
+    /// Whether live batch `seq` is a copy of one the stream has already: the live batch just
+    /// before it again (a repeated delivery), or one below the next expected sequence but later
+    /// than the live batch before it. A publisher sends its sequence in order on one
+    /// connection, so the second kind is a batch a snapshot or history replay covered before
+    /// its live copy arrived: a replay travels beside the live path (on the bind endpoint,
+    /// behind the fan-out) and can get ahead of it, by seconds when kvdir is loaded. A restarted
+    /// publisher's numbering goes back to or below what it sent live, which no copy does.
+    /// Before any live batch arrived (a new stream, or after a disconnect), a batch below the
+    /// next expected one is taken for a copy unless it is 0, where a restarted publisher
+    /// starts: one that restarts before its first live batch reaches kvdir, and whose batch 0
+    /// is lost, is found by the next periodic resync.
+    pub(super) fn is_copy(&self, seq: u64) -> bool {
+        let repeated = self.live_before == Some(seq) && seq > 0;
         let below_next = self.next_seq.is_some_and(|n| seq < n);
-        let after_live = self.live_before.is_some_and(|l| seq > l || (seq == l && seq > 0));
-        below_next && after_live
+        let after_live = self.live_before.map_or(seq > 0, |l| seq > l);
+        repeated || (below_next && after_live)
     }
 
     /// A batch that clears every tier makes a partial stream exact from then on: everything

@@ -22,6 +22,8 @@ pub use fault::{StreamFault, FAULT_LABELS};
 pub use recovery::{Recovery, MAX_FAILED_RESYNCS};
 
 #[cfg(test)]
+mod copy_tests;
+#[cfg(test)]
 mod history_tests;
 #[cfg(test)]
 mod tests;

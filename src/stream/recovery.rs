@@ -1,6 +1,5 @@
 //! [`Recovery`]: sequence tracking, snapshot recovery, buffering and back-off for one stream.
 
-use std::ops::Range;
 use std::time::{Duration, Instant};
 
 use crate::backoff::Backoff;
@@ -54,12 +53,11 @@ pub struct Recovery {
     pub(super) stats: RecoveryStats,
     /// History replay: the stream knows only the blocks learned since a truncated history.
     pub(super) partial: bool,
-    /// The last live sequence received.
+    /// The last live sequence received (`None` before the first, and after a disconnect: a
+    /// publisher may come back with its numbering restarted).
     pub(super) last_live: Option<u64>,
     /// The live sequence received before the last one.
     pub(super) live_before: Option<u64>,
-    /// Sequences applied from a history replay before their live copies arrived.
-    pub(super) duplicates: Range<u64>,
     /// The wait after the index refuses a batch ([`INDEX_BACKOFF_MIN`]).
     index_backoff: Backoff,
     /// When the last index back-off ended.
@@ -90,7 +88,6 @@ impl Recovery {
             partial: false,
             last_live: None,
             live_before: None,
-            duplicates: 0..0,
             index_backoff: Backoff::new(INDEX_BACKOFF_MIN, INDEX_BACKOFF_MAX),
             index_backoff_end: None,
         }
@@ -171,6 +168,7 @@ impl Recovery {
             out.push(Action::CloseSnapshot);
             self.phase = Phase::Disconnected;
             self.next_seq = None;
+            (self.last_live, self.live_before) = (None, None);
         }
     }
 
@@ -240,6 +238,10 @@ impl Recovery {
         }
         if matches!(self.phase, Phase::Replaying(_)) {
             return self.live_while_replaying(seq, batch, wire_bytes, now, out);
+        }
+        if !in_order && self.is_copy(seq) {
+            self.stats.duplicate_batches += 1;
+            return;
         }
         let Phase::Syncing(p) = &mut self.phase else {
             self.stats.dropped_batches += 1;

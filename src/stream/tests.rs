@@ -18,7 +18,7 @@ pub(super) fn cfg() -> RecoveryConfig {
     }
 }
 
-fn machine() -> Recovery {
+pub(super) fn machine() -> Recovery {
     Recovery::new(cfg(), IndexConfig { block_size: 2, hash_seed: 1024, salt: 0, max_blocks: 100 })
 }
 
@@ -61,7 +61,7 @@ pub(super) fn syncs(m: &Recovery) -> (u64, u64, u64) {
 }
 
 /// Brings a machine to Live with next sequence `watermark`.
-fn live_at(watermark: u64, t0: Instant) -> (Recovery, Vec<Action>) {
+pub(super) fn live_at(watermark: u64, t0: Instant) -> (Recovery, Vec<Action>) {
     let mut m = machine();
     let mut out = Vec::new();
     m.on_connected(t0, &mut out);

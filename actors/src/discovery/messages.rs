@@ -48,7 +48,7 @@ pub(super) struct Probed {
 }
 
 /// A heartbeat from an engine.
-#[derive(Message)]
+#[derive(Debug, Message)]
 #[rtype(result = "Result<(), HeartbeatError>")]
 pub struct Heartbeat {
     /// Instance name.

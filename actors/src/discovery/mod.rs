@@ -4,9 +4,10 @@
 //! subscribable instance.
 //!
 //! Messages: [`EtcdListed`], [`EtcdChanged`], [`EtcdDown`] (from the watch task), `Probed`
-//! (from `/health` probes), [`Heartbeat`], [`GetInstances`], for listed engines
-//! `EnginePolled`, [`ListEngine`] and [`UnlistEngine`], and for engine pods (`kubernetes`)
-//! [`PodsListed`], [`PodsChanged`] and [`PodsDown`] (from `kube_watch.rs`).
+//! (from `/health` probes), [`Heartbeat`] (the exact way; most heartbeats come through the
+//! queue of [`Beats`], `beats.rs`), [`GetInstances`], for listed engines `EnginePolled`,
+//! [`ListEngine`] and [`UnlistEngine`], and for engine pods (`kubernetes`) [`PodsListed`],
+//! [`PodsChanged`] and [`PodsDown`] (from `kube_watch.rs`).
 //! The rules live in `kvdir::registry` (state machine and planning); this actor feeds them and,
 //! every `refresh_interval`, reconciles the running streams with the plan: new streams start
 //! cold, vanished ones stop, and a changed endpoint, DP topology or process identity restarts a
@@ -15,6 +16,7 @@
 mod announced;
 mod apply;
 mod approx;
+mod beats;
 mod engines;
 mod etcd_watch;
 mod kube_watch;
@@ -24,6 +26,7 @@ mod pods;
 mod report;
 
 use apply::{apply_plans, Applied, Plans};
+pub use beats::{Beats, DRAIN_INTERVAL};
 use messages::Probed;
 pub use messages::{
     Change, EngineReport, EtcdChanged, EtcdDown, EtcdListed, GetInstances, Heartbeat,
@@ -82,6 +85,8 @@ pub struct DiscoveryActor {
     http: reqwest::Client,
     /// The front door's tokenizer: listed engines are checked against it (`parity.rs`).
     text: Option<Arc<kvdir_text::TextModel>>,
+    /// Heartbeats queued by the HTTP handlers, and the incarnations published to them.
+    beats: Arc<Beats>,
 }
 
 impl DiscoveryActor {
@@ -119,7 +124,14 @@ impl DiscoveryActor {
             // DNS backend, which this build does not use; then the default client serves.
             http: reqwest::Client::builder().no_proxy().build().unwrap_or_default(),
             text: None,
+            beats: Arc::default(),
         }
+    }
+
+    /// Takes the heartbeats the HTTP handlers queue in `beats`.
+    pub fn with_beats(mut self, beats: Arc<Beats>) -> Self {
+        self.beats = beats;
+        self
     }
 
     /// Also checks each listed engine's tokenizer against `text`, kvdir's own (`parity.rs`).
@@ -228,12 +240,18 @@ impl DiscoveryActor {
 
     /// Sends the router one instance's load, state and report count, updated in place there.
     fn send_load(&self, name: String) {
-        let engine = self.engines.get(&name).map(|e| &e.instance);
-        if let Some(i) = engine.or_else(|| self.registry.get(&name)) {
-            let (load, state, load_reports) = (i.load, i.state, i.load_reports);
-            let rank_loads = self.rank_loads(&name);
-            self.set.router().do_send(SetLoad { name, load, state, load_reports, rank_loads });
+        if let Some(load) = self.load_of(name) {
+            self.set.router().do_send(load);
         }
+    }
+
+    /// The router's copy of `name`'s load, when the instance is known.
+    pub(super) fn load_of(&self, name: String) -> Option<SetLoad> {
+        let engine = self.engines.get(&name).map(|e| &e.instance);
+        let i = engine.or_else(|| self.registry.get(&name))?;
+        let (load, state, load_reports) = (i.load, i.state, i.load_reports);
+        let rank_loads = self.rank_loads(&name);
+        Some(SetLoad { name, load, state, load_reports, rank_loads })
     }
 
     /// Each DP rank's load, where a listed engine reports one per rank.
@@ -344,6 +362,7 @@ impl Actor for DiscoveryActor {
         // Without subscriptions the tick only applies the registry's timeouts.
         let every = self.cfg.as_ref().map_or(REGISTRY_TICK, |c| c.refresh_interval);
         ctx.run_interval(every, |a, ctx| a.reconcile(ctx));
+        ctx.run_interval(DRAIN_INTERVAL, |a, _| a.drain_beats());
         self.poll_engines(ctx);
         ctx.run_interval(self.poll_interval, |a, ctx| a.poll_engines(ctx));
         if self.poll_interval > engines::SUSPECT_POLL_INTERVAL {

@@ -14,6 +14,7 @@ use kvdir::metrics::{Exposition, Histogram, Kind};
 use kvdir::query::StreamMatch;
 use kvdir::stream::{StreamPhase, FAULT_LABELS};
 
+use super::descriptors::{self, Connections};
 use super::frontdoor::FrontMetrics;
 use super::{ApiError, ErrorKind};
 use crate::stream::StreamCounters;
@@ -34,6 +35,8 @@ pub struct ServiceMetrics {
     query: Histogram,
     route: Histogram,
     errors: [AtomicU64; ErrorKind::ALL.len()],
+    /// HTTP connections open now and at most.
+    pub connections: Connections,
 }
 
 impl ServiceMetrics {
@@ -111,6 +114,7 @@ pub fn render(streams: &[StreamSample], service: &ServiceSample) -> String {
     let mut e = Exposition::default();
     render_service(&mut e, streams, service.metrics, service.rss);
     render_pool(&mut e, &service.pool);
+    descriptors::render(&mut e, &service.metrics.connections, &service.pool);
     service.front.render(&mut e);
     super::frontdoor::render_overload(&mut e, service.overload);
     render_predictions(&mut e, service.predictions);

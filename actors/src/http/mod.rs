@@ -9,6 +9,7 @@
 //! Internal routes need `X-Internal-Token` when a token is configured; it is compared in
 //! constant time. Bodies are read up to `--max_request_bytes`, then parsed strictly.
 
+mod descriptors;
 mod error;
 pub mod frontdoor;
 mod indexer_api;
@@ -26,13 +27,14 @@ use kvdir::query::{parse_scoped_query, QueryScope};
 use subtle::ConstantTimeEq;
 
 use crate::directory::Directory;
-use crate::discovery::{DiscoveryActor, GetInstances, Heartbeat};
+use crate::discovery::{Beats, DiscoveryActor, GetInstances, Heartbeat};
 use crate::router::{GetOverload, GetPredictCounters, GetRecentRoutes, RouteRequest, RouterActor};
 use crate::stream::{GetStreamReport, StreamCounters, StreamReport};
 use crate::stream::{StreamMap, StreamSet};
 pub use error::{ApiError, ErrorKind};
 use frontdoor::FrontDoor;
-use metrics::{Endpoint, ServiceMetrics, StreamSample};
+pub use metrics::ServiceMetrics;
+use metrics::{Endpoint, StreamSample};
 
 /// What the handlers share.
 pub struct AppState {
@@ -46,6 +48,8 @@ pub struct AppState {
     pub set: StreamSet,
     /// Discovery, when configured.
     pub discovery: Option<Addr<DiscoveryActor>>,
+    /// Heartbeats queued for discovery, checked against the incarnations it publishes.
+    pub beats: Arc<Beats>,
     /// Required `X-Internal-Token`, if any.
     pub token: Option<String>,
     /// Largest body.
@@ -293,7 +297,11 @@ async fn heartbeat(
         )));
     };
     let msg = Heartbeat { name: hb.name, incarnation_id: hb.incarnation_id, load };
-    discovery.send(msg).await??;
+    // Queued for discovery's next pass when its published view knows the sender; otherwise
+    // answered by discovery itself (`discovery/beats.rs`).
+    if let Err(msg) = state.beats.offer(msg) {
+        discovery.send(msg).await??;
+    }
     Ok(HttpResponse::Ok().json(serde_json::json!({ "status": "ok" })))
 }
 

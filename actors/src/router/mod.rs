@@ -77,6 +77,11 @@ pub struct SetLoad {
     pub rank_loads: Vec<RankLoad>,
 }
 
+/// Several instances' loads at once (the heartbeats discovery applied in one pass).
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct SetLoads(pub Vec<SetLoad>);
+
 /// Choose instances for a tokenized request.
 #[derive(Message)]
 #[rtype(result = "Result<Routed, RouteError>")]
@@ -168,7 +173,7 @@ impl Handler<SetCandidates> for RouterActor {
         for (i, info) in self.instances.iter().enumerate() {
             self.positions.insert(info.candidate.name.clone(), i);
         }
-        work::snapshot(&mut self.ledger, &self.instances);
+        work::snapshot(&mut self.ledger, &self.instances, &self.positions);
         self.release_held(ctx);
     }
 }
@@ -177,6 +182,24 @@ impl Handler<SetLoad> for RouterActor {
     type Result = ();
 
     fn handle(&mut self, msg: SetLoad, ctx: &mut Context<Self>) {
+        self.set_load(msg);
+        self.release_held(ctx);
+    }
+}
+
+impl Handler<SetLoads> for RouterActor {
+    type Result = ();
+
+    fn handle(&mut self, msg: SetLoads, ctx: &mut Context<Self>) {
+        for load in msg.0 {
+            self.set_load(load);
+        }
+        self.release_held(ctx);
+    }
+}
+
+impl RouterActor {
+    fn set_load(&mut self, msg: SetLoad) {
         // Discovery sends every instance in a snapshot before any heartbeat of it, so a miss
         // is an instance removed since; its next snapshot has left it out.
         let Some(&i) = self.positions.get(&msg.name) else { return };
@@ -185,7 +208,6 @@ impl Handler<SetLoad> for RouterActor {
         info.candidate.rank_loads = msg.rank_loads;
         info.load_reports = msg.load_reports;
         work::report(&mut self.ledger, info);
-        self.release_held(ctx);
     }
 }
 

@@ -3,16 +3,25 @@
 //! instance's share of work, and the front door's first bytes end requests and teach rates.
 //! Kept under every policy, so every answer carries each candidate's estimated TTFT.
 
+use std::collections::HashMap;
+
 use kvdir::car::{RequestId, Routed, RoutedWork, WorkLedger};
 
 use super::InstanceInfo;
 
-/// Applies the load reports of `instances` (a snapshot) and forgets instances not in it.
-pub(crate) fn snapshot(ledger: &mut WorkLedger, instances: &[InstanceInfo]) {
+/// Applies the load reports of `instances` (a snapshot, indexed by name in `positions`) and
+/// forgets instances not in it.
+pub(crate) fn snapshot(
+    ledger: &mut WorkLedger,
+    instances: &[InstanceInfo],
+    positions: &HashMap<String, usize>,
+) {
     for info in instances {
         report(ledger, info);
     }
-    ledger.retain(|name| instances.iter().any(|i| i.candidate.name == name));
+    // By name through the index: a scan of the snapshot per instance cost 1,024 x 1,024
+    // string compares every refresh at 1,024 instances.
+    ledger.retain(|name| positions.contains_key(name));
 }
 
 /// Applies `info`'s latest load report, if it has one the ledger has not seen.

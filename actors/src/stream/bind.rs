@@ -1,46 +1,39 @@
-//! The bind receiver: one thread that owns the SUB socket of every bound port (`kv_events_bind`,
-//! rank r on `port + r`) and hands each message to its stream.
+//! The bind endpoint (`kv_events_bind`): a SUB socket bound on every rank's port (rank r on
+//! `port + r`), each owned by one of the I/O threads, which hands each message to its stream.
 //!
 //! Engines connect their PUB sockets to kvdir; their messages carry the engine's topic. The
-//! thread looks up `(topic, rank)` in the route table ([`BindRoutes`], kept by the stream set as
-//! bound streams start and stop) and re-publishes the message on one in-process PUB socket
-//! ([`BIND_ENDPOINT`]) with the topic frame replaced by the stream's keyed topic (16 hex digits
-//! of a stream id, then the engine's topic: fixed-width keys make subscriptions prefix-free).
-//! Sequence and payload frames pass unchanged. A bound stream is then an ordinary stream
-//! subscribed to its keyed topic on the in-process socket. A message whose topic (on that port)
-//! names no running stream is counted and logged once per topic.
-//!
-//! The thread sleeps in `zmq_poll` over its sockets and a stop socket, reads what is ready
-//! before it sleeps again, and ends when the [`BindReceiver`] is dropped.
+//! route table ([`BindRoutes`], kept by the stream set as bound streams start and stop) maps
+//! `(topic, rank)` to the stream's key, the 16 hex digits its keyed topic starts with. Rank r's
+//! port lives on I/O thread `r % threads`, and every bound stream of rank r is pinned to that
+//! thread, so the thread that reads a message is the one that owns its stream: it looks the
+//! key up and queues the message on the stream (`pool/thread.rs`), with no other thread and no
+//! socket per stream in between. A message whose topic (on that port) names no running stream
+//! is counted and logged once per topic, or announces its engine (`kv_events_bind.announce`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
-use std::thread::JoinHandle;
 
 use kvdir::config::announce::Announced;
-use kvdir::config::{keyed_topic, BindConfig, Limits, BIND_ENDPOINT};
+use kvdir::config::{keyed_topic, BindConfig, Limits};
 use serde::Serialize;
 
-use super::sockets::{max_frame, Socket, ZmqContext};
+use super::pool::IoPool;
+use super::sockets::{max_frame, ZmqContext};
 use crate::sync::{lock, read, write};
 
-/// Receive (bound ports) and send (in-process) high-water marks, in messages.
+/// Receive high-water mark of a bound port, in messages per connected engine.
 const HWM: i32 = 100_000;
-/// Messages read from one port before the others are looked at again.
-const BURST: usize = 1024;
 /// Distinct unknown topics logged (then one line says the rest are not) and reported.
 const MAX_LOGGED_TOPICS: usize = 1024;
 const MAX_REPORTED_TOPICS: usize = 16;
-/// The stop socket's in-process endpoint.
-const STOP_ENDPOINT: &str = "inproc://kvdir-bind-stop";
 
 /// `(topic, rank) -> keyed topic` of the running bound streams, and the receiver's counters.
 #[derive(Clone)]
 pub struct BindRoutes(Arc<Routes>);
 
-/// Engine topic -> rank -> the keyed topic of its stream.
-type Table = HashMap<Vec<u8>, HashMap<u32, Vec<u8>>>;
+/// Engine topic -> rank -> the key of its stream.
+type Table = HashMap<Vec<u8>, HashMap<u32, u64>>;
 
 struct Routes {
     config: BindConfig,
@@ -49,6 +42,8 @@ struct Routes {
     messages: AtomicU64,
     unknown: AtomicU64,
     unknown_topics: Mutex<BTreeSet<String>>,
+    /// Unknown `(topic, rank)` pairs logged so far.
+    logged: Mutex<HashSet<(Vec<u8>, u32)>>,
     /// Engines that announced themselves (`kv_events_bind.announce`), for discovery to list,
     /// and every topic announced so far (announced once, until discovery drops the engine).
     announced: Mutex<Announcements>,
@@ -86,6 +81,7 @@ impl BindRoutes {
             messages: AtomicU64::new(0),
             unknown: AtomicU64::new(0),
             unknown_topics: Mutex::default(),
+            logged: Mutex::default(),
             announced: Mutex::default(),
         }))
     }
@@ -114,9 +110,9 @@ impl BindRoutes {
         if ranks.contains_key(&rank) {
             return Err(format!("topic {topic:?} dp_rank {rank} has a stream already"));
         }
-        let keyed = keyed_topic(self.0.next_key.fetch_add(1, Ordering::Relaxed), topic);
-        ranks.insert(rank, keyed.clone().into_bytes());
-        Ok(keyed)
+        let key = self.0.next_key.fetch_add(1, Ordering::Relaxed);
+        ranks.insert(rank, key);
+        Ok(keyed_topic(key, topic))
     }
 
     /// Stops routing `topic` on rank `rank`'s port: its messages become unknown.
@@ -154,9 +150,42 @@ impl BindRoutes {
         true
     }
 
-    /// The keyed topic of `topic` on rank `rank`'s port.
-    fn lookup(&self, topic: &[u8], rank: u32) -> Option<Vec<u8>> {
-        read(&self.0.table).get(topic).and_then(|r| r.get(&rank)).cloned()
+    /// The key of the stream of `topic` on rank `rank`'s port, counted as handed on.
+    pub(super) fn lookup(&self, topic: &[u8], rank: u32) -> Option<u64> {
+        let key = read(&self.0.table).get(topic).and_then(|r| r.get(&rank)).copied();
+        if key.is_some() {
+            self.0.messages.fetch_add(1, Ordering::Relaxed);
+        }
+        key
+    }
+
+    /// A message on rank `rank`'s port whose topic names no running stream: counted, and
+    /// logged once per topic, unless it announces its engine.
+    pub(super) fn unknown(&self, topic: &[u8], rank: u32) {
+        self.0.unknown.fetch_add(1, Ordering::Relaxed);
+        if self.announce(topic) {
+            return; // its stream replays what was sent before it started
+        }
+        let mut logged = lock(&self.0.logged);
+        let pair = (topic.to_vec(), rank);
+        if logged.len() > MAX_LOGGED_TOPICS || logged.contains(&pair) {
+            return;
+        }
+        let shown = format!("{:?} (rank {rank})", String::from_utf8_lossy(topic));
+        if logged.len() == MAX_LOGGED_TOPICS {
+            tracing::warn!("more unknown topics on kv_events_bind; they are counted, not logged");
+        } else {
+            tracing::warn!(
+                topic = %shown,
+                "a message on kv_events_bind names no known engine: list or register the \
+                 engine with \"events\": \"bind\" and this topic; counted as unknown"
+            );
+            let mut reported = lock(&self.0.unknown_topics);
+            if reported.len() < MAX_REPORTED_TOPICS {
+                reported.insert(shown);
+            }
+        }
+        logged.insert(pair);
     }
 
     /// The counters and settings, for reports.
@@ -176,148 +205,33 @@ impl BindRoutes {
     }
 }
 
-/// The running receiver; dropping it stops the thread and waits for it.
-pub struct BindReceiver {
-    stop: Socket,
-    thread: Option<JoinHandle<()>>,
-}
-
-impl BindReceiver {
-    /// Binds the in-process PUB socket and every rank's SUB socket on `zmq` (before any stream
-    /// connects), then starts the thread. `Err` names the endpoint that could not be bound.
-    pub fn start(zmq: &ZmqContext, routes: BindRoutes, limits: &Limits) -> Result<Self, String> {
-        let fail = |what: &str, e: zmq::Error| format!("cannot bind {what}: {e}");
-        let publ = zmq.socket(zmq::PUB).map_err(|e| fail(BIND_ENDPOINT, e))?;
-        publ.set_linger(0).and_then(|()| publ.set_sndhwm(HWM)).map_err(|e| fail("", e))?;
-        publ.bind(BIND_ENDPOINT).map_err(|e| fail(BIND_ENDPOINT, e))?;
-        let max = max_frame(limits);
-        let mut subs = Vec::new();
-        for ep in routes.config().endpoints() {
-            let sub = zmq.socket(zmq::SUB).map_err(|e| fail(&ep, e))?;
-            let setup = sub
-                .set_linger(0)
-                .and_then(|()| sub.set_rcvhwm(HWM))
-                .and_then(|()| sub.set_maxmsgsize(max))
-                .and_then(|()| sub.set_subscribe(b""))
-                .and_then(|()| sub.bind(&ep));
-            setup.map_err(|e| {
-                format!("cannot bind kv_events_bind {ep}: {e}; pick a free port (or fewer ranks)")
-            })?;
-            subs.push(sub);
-        }
-        let listen = zmq.socket(zmq::PAIR).map_err(|e| fail(STOP_ENDPOINT, e))?;
-        listen.bind(STOP_ENDPOINT).map_err(|e| fail(STOP_ENDPOINT, e))?;
-        let stop = zmq.socket(zmq::PAIR).map_err(|e| fail(STOP_ENDPOINT, e))?;
-        stop.set_linger(0).and_then(|()| stop.connect(STOP_ENDPOINT)).map_err(|e| fail("", e))?;
-        tracing::info!(endpoints = ?routes.config().endpoints(), "engines connect to kv_events_bind");
-        let mut r = Receiver { subs, publ, listen, routes, logged: HashSet::new() };
-        let thread = std::thread::Builder::new()
-            .name("kvdir-bind".into())
-            .spawn(move || r.run())
-            .map_err(|e| format!("cannot start the bind thread: {e}"))?;
-        Ok(BindReceiver { stop, thread: Some(thread) })
-    }
-}
-
-impl Drop for BindReceiver {
-    fn drop(&mut self) {
-        // Not blocking: a thread that already ended (its poll failed) has no peer socket left.
-        let _ = self.stop.send(&b""[..], zmq::DONTWAIT);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-    }
-}
-
-/// The thread's sockets and state.
-struct Receiver {
-    subs: Vec<Socket>,
-    publ: Socket,
-    listen: Socket,
+/// Binds every rank's SUB socket on `zmq` and hands rank r's to I/O thread `r % threads` of
+/// `pool`, which reads it from then on (the sockets close with the threads). `Err` names the
+/// endpoint that could not be bound.
+pub fn bind_ports(
+    zmq: &ZmqContext,
+    pool: &IoPool,
     routes: BindRoutes,
-    /// Unknown `(topic, rank)` pairs logged so far.
-    logged: HashSet<(Vec<u8>, u32)>,
-}
-
-impl Receiver {
-    fn run(&mut self) {
-        loop {
-            let ready: Vec<usize> = {
-                let mut items: Vec<zmq::PollItem<'_>> =
-                    self.subs.iter().map(|s| s.as_poll_item(zmq::POLLIN)).collect();
-                items.push(self.listen.as_poll_item(zmq::POLLIN));
-                match zmq::poll(&mut items, -1) {
-                    Ok(_) => {}
-                    Err(zmq::Error::EINTR) => continue,
-                    Err(e) => {
-                        tracing::error!(error = %e, "bind receiver: poll failed; it stops");
-                        return;
-                    }
-                }
-                if items.last().is_some_and(|i| i.is_readable()) {
-                    return;
-                }
-                (0..self.subs.len()).filter(|&i| items[i].is_readable()).collect()
-            };
-            for rank in ready {
-                self.drain(rank);
-            }
-        }
+    limits: &Limits,
+) -> Result<(), String> {
+    let max = max_frame(limits);
+    let mut subs = Vec::new();
+    for ep in routes.config().endpoints() {
+        let sub = zmq.socket(zmq::SUB).map_err(|e| format!("cannot bind {ep}: {e}"))?;
+        let setup = sub
+            .set_linger(0)
+            .and_then(|()| sub.set_rcvhwm(HWM))
+            .and_then(|()| sub.set_maxmsgsize(max))
+            .and_then(|()| sub.set_subscribe(b""))
+            .and_then(|()| sub.bind(&ep));
+        setup.map_err(|e| {
+            format!("cannot bind kv_events_bind {ep}: {e}; pick a free port (or fewer ranks)")
+        })?;
+        subs.push(sub);
     }
-
-    /// Reads up to [`BURST`] messages of one port.
-    fn drain(&mut self, rank: usize) {
-        for _ in 0..BURST {
-            match self.subs[rank].recv_multipart(zmq::DONTWAIT) {
-                Ok(frames) => self.forward(frames, rank as u32),
-                Err(zmq::Error::EAGAIN) => return,
-                Err(e) => {
-                    tracing::warn!(error = %e, rank, "bind receiver: cannot read a message");
-                    return;
-                }
-            }
-        }
+    tracing::info!(endpoints = ?routes.config().endpoints(), "engines connect to kv_events_bind");
+    for (rank, sub) in subs.into_iter().enumerate() {
+        pool.attach_port(rank as u32, sub, routes.clone());
     }
-
-    /// Re-publishes one message under its stream's keyed topic, or counts it as unknown.
-    fn forward(&mut self, mut frames: Vec<Vec<u8>>, rank: u32) {
-        let Some(topic) = frames.first() else { return };
-        let Some(keyed) = self.routes.lookup(topic, rank) else {
-            self.unknown(rank, frames.swap_remove(0));
-            return;
-        };
-        frames[0] = keyed;
-        // A full queue drops the message, like a SUB socket beyond its high-water mark: the
-        // stream sees a gap in the sequence numbers and recovers.
-        match self.publ.send_multipart(frames, zmq::DONTWAIT) {
-            Ok(()) | Err(zmq::Error::EAGAIN) => {}
-            Err(e) => tracing::warn!(error = %e, "bind receiver: cannot hand a message on"),
-        }
-        self.routes.0.messages.fetch_add(1, Ordering::Relaxed);
-    }
-
-    fn unknown(&mut self, rank: u32, topic: Vec<u8>) {
-        self.routes.0.unknown.fetch_add(1, Ordering::Relaxed);
-        if self.routes.announce(&topic) {
-            return; // its stream replays what was sent before it started
-        }
-        if self.logged.len() > MAX_LOGGED_TOPICS || self.logged.contains(&(topic.clone(), rank)) {
-            return;
-        }
-        let shown = format!("{:?} (rank {rank})", String::from_utf8_lossy(&topic));
-        if self.logged.len() == MAX_LOGGED_TOPICS {
-            tracing::warn!("more unknown topics on kv_events_bind; they are counted, not logged");
-        } else {
-            tracing::warn!(
-                topic = %shown,
-                "a message on kv_events_bind names no known engine: list or register the \
-                 engine with \"events\": \"bind\" and this topic; counted as unknown"
-            );
-            let mut reported = lock(&self.routes.0.unknown_topics);
-            if reported.len() < MAX_REPORTED_TOPICS {
-                reported.insert(shown);
-            }
-        }
-        self.logged.insert((topic, rank));
-    }
+    Ok(())
 }

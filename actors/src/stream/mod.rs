@@ -8,12 +8,13 @@
 //! - [`IoPool`] (`pool/`): the fixed set of I/O threads that serve every stream's sockets.
 //! - `worker/`: one stream on its thread: SUB socket, monitor, replay DEALER, decoding and
 //!   recovery; it is the single writer of its stream's state.
-//! - `sockets.rs`: the ZeroMQ context sized for `max_streams`, and the open-file limit.
+//! - `sockets.rs`: the ZeroMQ context sized for `max_streams`, and the open-file limit and its
+//!   budget ([`plan_fds`]).
 //! - [`IndexActor`] (`index_actor.rs`): owns the writer's lifetime ([`Invalidate`],
 //!   [`Shutdown`]).
 //! - [`StreamCounters`] (`counters.rs`): the counters `/metrics` exposes.
-//! - [`BindReceiver`] (`bind.rs`): the endpoint engines connect to (`kv_events_bind`); it hands
-//!   each message to its stream through an in-process socket, routed by [`BindRoutes`].
+//! - `bind.rs`: the endpoint engines connect to (`kv_events_bind`): its ports ([`bind_ports`]),
+//!   read by the I/O threads, hand each message to its stream, routed by [`BindRoutes`].
 
 mod actor;
 mod bind;
@@ -25,11 +26,12 @@ mod sockets;
 mod worker;
 
 pub use actor::{GetStreamReport, StreamActor, StreamOrigin, StreamReport};
-pub use bind::{BindReceiver, BindReport, BindRoutes};
+pub use bind::{bind_ports, BindReport, BindRoutes};
 pub use counters::StreamCounters;
 pub use index_actor::{IndexActor, Invalidate, StreamShared};
 pub use pool::{IoPool, IoThreadStats, PoolStats, MAX_IO_THREADS};
 pub use set::{RunningStream, StartStreamError, StreamKey, StreamMap, StreamSet, StreamSource};
+pub use sockets::{fd_limit, plan_fds};
 pub use worker::WorkerStatus;
 
 /// End a stream for good, sent to both of its actors: the `IndexActor` drops the writer (the

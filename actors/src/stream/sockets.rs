@@ -6,11 +6,14 @@
 //! (through `zmq-sys`) and hands out ordinary [`zmq::Socket`]s that keep it alive. A stream
 //! costs about four sockets (SUB, monitor pair, DEALER while replaying) and four file
 //! descriptors (the SUB's mailbox and TCP connection, two for the monitor), two more while a
-//! replay DEALER is open. [`raise_fd_limit`] lifts the soft `RLIMIT_NOFILE` to the hard one at
-//! start; [`describe`] turns `EMFILE` into a message naming the limit and the fix.
+//! replay DEALER is open; a stream on the bind endpoint has no socket of its own, and its
+//! engine's connection to the bound port is its one descriptor.
+//! [`plan_fds`] lifts the soft `RLIMIT_NOFILE` to the hard one at start and plans what it holds
+//! ([`FdBudget`]); [`describe`] turns `EMFILE` into a message naming the limit and the fix.
 //!
 //! The only unsafe code of the service: four libzmq calls (context new, set, term; socket),
-//! each with its contract stated where it is made.
+//! each with its contract stated where it is made. The context runs one libzmq I/O thread per
+//! 1,024 streams (at most 4), which bounds the cost of idle connections' ZMTP heartbeats.
 
 #![allow(unsafe_code)]
 
@@ -18,12 +21,24 @@ use std::ops::Deref;
 use std::os::raw::c_void;
 use std::sync::Arc;
 
+use kvdir::config::fds::{FdBudget, StreamKind};
 use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
 
 /// Sockets per stream the context is sized for (SUB, the monitor pair, a spare).
 const SOCKETS_PER_STREAM: usize = 4;
 /// Sockets beyond the streams' (the bind endpoint, tests, restarts overlapping).
 const SPARE_SOCKETS: usize = 1024;
+/// Streams per libzmq I/O thread, and the most such threads: see [`zmq_io_threads`].
+const STREAMS_PER_ZMQ_THREAD: usize = 1024;
+const MAX_ZMQ_THREADS: usize = 4;
+
+/// libzmq I/O threads for `max_streams`: one per 1,024 streams, at most 4. A connection's
+/// ZMTP heartbeat timers live on its I/O thread, and libzmq cancels a timer (at every answered
+/// PING) by walking all of that thread's timers, so idle streams cost the square of the
+/// connections per thread: spreading 4,096 connections over 4 threads costs a quarter.
+fn zmq_io_threads(max_streams: usize) -> usize {
+    max_streams.div_ceil(STREAMS_PER_ZMQ_THREAD).clamp(1, MAX_ZMQ_THREADS)
+}
 
 struct RawContext(*mut c_void);
 
@@ -77,6 +92,11 @@ impl ZmqContext {
         if unsafe { zmq_sys::zmq_ctx_set(ctx, option, sockets) } != 0 {
             tracing::warn!(sockets, "libzmq refused ZMQ_MAX_SOCKETS; it allows 1023 sockets");
         }
+        let threads = zmq_io_threads(max_streams) as i32;
+        // SAFETY: as above; ZMQ_IO_THREADS too must be set before the first socket.
+        if unsafe { zmq_sys::zmq_ctx_set(ctx, zmq_sys::ZMQ_IO_THREADS as i32, threads) } != 0 {
+            tracing::warn!(threads, "libzmq refused ZMQ_IO_THREADS; it runs one I/O thread");
+        }
         ZmqContext(Arc::new(RawContext(ctx)))
     }
 
@@ -128,6 +148,16 @@ pub fn raise_fd_limit() -> Option<u64> {
     lim.maximum
 }
 
+/// Raises the soft open-file limit to the hard one and plans the descriptors of streams of
+/// `kind`, their replays and `http_connections` under it ([`FdBudget`]).
+pub fn plan_fds(
+    limits: &kvdir::config::Limits,
+    http_connections: u64,
+    kind: StreamKind,
+) -> FdBudget {
+    FdBudget::plan(raise_fd_limit(), limits, http_connections, kind)
+}
+
 /// A stream's failure as reported: `EMFILE` names the limits and the fix.
 pub fn describe(e: zmq::Error) -> String {
     if e != zmq::Error::EMFILE {
@@ -136,7 +166,7 @@ pub fn describe(e: zmq::Error) -> String {
     let limit = fd_limit().0.map_or("unlimited".to_string(), |soft| soft.to_string());
     format!(
         "{e}: the open-file limit ({limit}) or the ZeroMQ socket limit is reached; each stream \
-         needs about 4 file descriptors (6 while replaying): raise the limit (ulimit -n) or run \
-         fewer streams (max_streams)"
+         kvdir connects to needs about 4 file descriptors (1 on the bind endpoint), 2 more while \
+         replaying: raise the limit (ulimit -n) or run fewer streams (max_streams)"
     )
 }

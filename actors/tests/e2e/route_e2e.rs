@@ -209,10 +209,15 @@ fn a_heartbeat_load_is_used_by_the_next_route() {
     for ((busy_reg, busy), (idle_reg, idle)) in [(&a, &b), (&b, &a)] {
         beat(busy_reg, busy, 10);
         beat(idle_reg, idle, 0);
-        let r = route(&svc, &p).unwrap();
-        let cost = |name: &str| r.candidates.iter().find(|c| c.name == name).unwrap().queue_cost;
-        assert_eq!((cost(busy), cost(idle)), (Some(1.0), Some(0.0)), "{r:?}");
-        assert_eq!(&r.prefill, idle, "{r:?}");
+        // Heartbeats reach routing in discovery's next pass over them (every 20 ms).
+        eventually("the heartbeats' loads in the route", || {
+            let r = route(&svc, &p)?;
+            let cost = |name: &str| r.candidates.iter().find(|c| c.name == name)?.queue_cost;
+            match (cost(busy), cost(idle)) {
+                (Some(1.0), Some(0.0)) if &r.prefill == idle => Ok(()),
+                seen => Err(format!("{seen:?} {r:?}")),
+            }
+        });
     }
     // LOADMETRICS in etcd, written after the heartbeats, also reach routing: once discovery
     // shows the new loads, the next route uses them (discovery updates the router first).
@@ -264,6 +269,19 @@ fn ttft_sends_a_request_where_its_first_token_is_expected_soonest() {
     let p = prompt(5000, 64);
     ra.set_load(0, 0.2);
     rb.set_load(0, 0.2);
+    // The LOADMETRICS writes must have arrived before the heartbeats below, or one arriving
+    // late would overwrite a heartbeat's load.
+    eventually("the LOADMETRICS loads in the report", || {
+        let r = http(svc.http_addr(), "GET", "/v1/internal/instances", &[], b"").json();
+        let list = r["instances"].as_array().cloned().unwrap_or_default();
+        let usage = |name: &str| {
+            list.iter().find(|i| i["name"] == name).and_then(|i| i["gpu_cache_usage_perc"].as_f64())
+        };
+        match (usage(&na), usage(&nb)) {
+            (Some(a), Some(b)) if a == 0.2 && b == 0.2 => Ok(()),
+            seen => Err(format!("{seen:?}")),
+        }
+    });
     eventually("A's cache in the route's candidates", || {
         let r = route(&svc, &prompt(9000, 1))?;
         let hit = r.candidates.iter().find(|c| c.name == na).and_then(|c| c.dp_hits.first());
@@ -285,6 +303,21 @@ fn ttft_sends_a_request_where_its_first_token_is_expected_soonest() {
     for (busy, expected) in [(1, &na), (6, &nb)] {
         beat(&ra, &na, busy);
         beat(&rb, &nb, 0);
+        // The heartbeats reach routing in discovery's next pass over them (every 20 ms); a
+        // probe routes nothing (it would add to the queues).
+        eventually("the heartbeats' loads in the route", || {
+            let r = http(svc.http_addr(), "GET", "/v1/internal/instances", &[], b"").json();
+            let list = r["instances"].as_array().cloned().unwrap_or_default();
+            let waiting = |name: &str| {
+                list.iter()
+                    .find(|i| i["name"] == name)
+                    .and_then(|i| i["waiting_requests_num"].as_u64())
+            };
+            match (waiting(&na), waiting(&nb)) {
+                (Some(x), Some(0)) if x == busy => Ok(()),
+                seen => Err(format!("{seen:?}")),
+            }
+        });
         let r = route(&svc, &p).unwrap();
         let terms =
             |name: &str| r.candidates.iter().find(|c| c.name == name).unwrap().ttft.unwrap();

@@ -18,18 +18,18 @@ fn stream(svc: &kvdir_service::Service, instance: &str, rank: u32) -> Value {
 }
 
 #[test]
-fn a_stream_thread_that_cannot_open_sockets_is_restarted_with_doubling_backoff() {
-    let eng = engine("no-fds", 1, 0);
+fn a_stream_thread_that_fails_to_open_is_restarted_with_doubling_backoff() {
+    let eng = engine("broken-open", 1, 0);
     let a = prompt(1, 3);
     eng.process(0, &a).unwrap();
-    faults::arm(FaultPoint::WorkerOpen, "no-fds", 0, 3, Fault::OutOfFiles);
+    faults::arm(FaultPoint::WorkerOpen, "broken-open", 0, 3, Fault::Panic);
     let svc = service(streams_of(&eng), json!({}));
     let mut backoffs = Vec::new();
     eventually("three failed starts, then a synchronized stream", || {
         // The query comes first: credit seen before the report means credit at that time.
         let m = query(&svc, &a);
-        let s = stream(&svc, "no-fds", 0);
-        if entry(&m, "no-fds", 0).synchronized {
+        let s = stream(&svc, "broken-open", 0);
+        if entry(&m, "broken-open", 0).synchronized {
             assert_eq!(s["restarts"], 3, "credit only once a worker opened: {m:?} {s}");
         }
         if s["phase"] == "backoff" {
@@ -38,7 +38,7 @@ fn a_stream_thread_that_cannot_open_sockets_is_restarted_with_doubling_backoff()
                 backoffs.push(seen);
             }
             let fault = s["last_fault"].as_str().unwrap_or_default();
-            assert!(fault.contains("Too many open files"), "readable fault: {s}");
+            assert!(fault.contains("stream thread panicked"), "readable fault: {s}");
         }
         match (s["restarts"].as_u64(), s["phase"].as_str()) {
             (Some(3), Some("live")) => Ok(()),
@@ -48,6 +48,55 @@ fn a_stream_thread_that_cannot_open_sockets_is_restarted_with_doubling_backoff()
     let expected = [(0, 200), (1, 400), (2, 800)].map(|(r, b)| (Some(r), Some(b)));
     assert_eq!(backoffs, expected, "each failure waits twice as long as the one before");
     assert_eq!(agrees(&svc, &eng, 0, &a), (48, 0), "the restarted stream is exact");
+}
+
+/// A `/metrics` sample without labels.
+fn gauge(svc: &kvdir_service::Service, name: &str) -> Option<f64> {
+    let body = http(svc.http_addr(), "GET", "/metrics", &[], b"").body;
+    let line = body.lines().find(|l| l.split(' ').next() == Some(name))?;
+    line.split(' ').nth(1)?.parse().ok()
+}
+
+#[test]
+fn a_stream_short_of_file_descriptors_waits_and_is_not_restarted() {
+    let eng = engine("no-fds", 1, 0);
+    let a = prompt(1, 3);
+    eng.process(0, &a).unwrap();
+    faults::arm(FaultPoint::WorkerOpen, "no-fds", 0, 3, Fault::OutOfFiles);
+    let svc = service(streams_of(&eng), json!({}));
+    let mut saw_wait = false;
+    eventually("three waits for descriptors, then a synchronized stream", || {
+        let s = stream(&svc, "no-fds", 0);
+        if s["phase"] == "backoff" {
+            saw_wait = true;
+            let fault = s["last_fault"].as_str().unwrap_or_default();
+            assert!(fault.contains("Too many open files") && fault.contains("ulimit"), "{s}");
+        }
+        match (gauge(&svc, "kvdir_fd_waits_total"), s["phase"].as_str()) {
+            (Some(3.0), Some("live")) => Ok(()),
+            seen => Err(format!("{seen:?} {s}")),
+        }
+    });
+    assert!(saw_wait, "the wait shows in the report");
+    assert_eq!(stream(&svc, "no-fds", 0)["restarts"], 0, "a wait is no restart");
+    assert_eq!(gauge(&svc, "kvdir_streams_waiting_for_fds"), Some(0.0));
+    assert_eq!(agrees(&svc, &eng, 0, &a), (48, 0), "the stream is exact");
+    // A replay whose DEALER finds no descriptor waits too, and the gap is recovered from.
+    faults::arm(FaultPoint::SnapshotRequest, "no-fds", 0, 2, Fault::OutOfFiles);
+    eng.faults(0, SimFault::DropNext(1)).unwrap();
+    let (lost, next) = (prompt(100, 2), prompt(200, 2));
+    eng.process(0, &lost).unwrap();
+    eng.process(0, &next).unwrap();
+    eventually("the gap recovered after two waits", || {
+        let s = stream(&svc, "no-fds", 0);
+        match (gauge(&svc, "kvdir_fd_waits_total"), s["recoveries"].as_u64()) {
+            (Some(5.0), Some(1)) if s["phase"] == "live" => Ok(()),
+            seen => Err(format!("{seen:?} {s}")),
+        }
+    });
+    assert_eq!(stream(&svc, "no-fds", 0)["restarts"], 0);
+    assert_eq!(agrees(&svc, &eng, 0, &lost), (32, 0), "the replay brought the lost batch");
+    assert_eq!(agrees(&svc, &eng, 0, &next), (32, 0));
 }
 
 #[test]

@@ -139,14 +139,14 @@ struct BenchCli {
     /// workload seed [default: 42]
     #[arg(long, help_heading = "Load", value_name = "S")]
     seed: Option<String>,
-    /// threads sending POST /v1/internal/kv-cache/query [default: 2]
+    /// threads sending POST /v1/internal/kv-cache/query [default: 1]
     #[arg(long, help_heading = "Load", value_name = "N")]
     query_clients: Option<String>,
     /// threads sending POST /v1/internal/route (needs --etcd_addr) [default: 1 with --etcd_addr,
     /// else 0]
     #[arg(long, help_heading = "Load", value_name = "N")]
     route_clients: Option<String>,
-    /// requests per second per client (0 = back to back) [default: 0]
+    /// requests per second per client (0 = back to back) [default: 20]
     #[arg(long, help_heading = "Load", value_name = "R")]
     client_rate: Option<String>,
     /// then the same clients without ingest, for ratios (0 = skip) [default: 3]

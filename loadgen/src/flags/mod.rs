@@ -122,9 +122,10 @@ impl Default for BenchOptions {
             rate: None,
             drivers: 2,
             seed: 42,
-            query_clients: 2,
+            // A fleet's realistic query load: one client at 20 requests a second.
+            query_clients: 1,
             route_clients: 0,
-            client_rate: None,
+            client_rate: Some(20.0),
             baseline: Duration::from_secs(3),
             sync_timeout: Duration::from_secs(60),
             mode: Mode::Static,

@@ -24,7 +24,8 @@ fn both_forms_switches_and_mode_dependent_defaults() {
         run(&["--spawn_kvdir", "/bin/kvdir", "--engines=8", "--json", "--duration_seconds", "2.5"]);
     assert_eq!((o.engines, o.dp_size, o.json), (8, 2, true));
     assert_eq!(o.duration, Duration::from_millis(2500));
-    assert_eq!((o.mode.clone(), o.route_clients, o.query_clients), (Mode::Static, 0, 2));
+    assert_eq!((o.mode.clone(), o.route_clients, o.query_clients), (Mode::Static, 0, 1));
+    assert_eq!((o.client_rate, o.heartbeat), (Some(20.0), Some(Duration::from_millis(500))));
     let o = run(&["--etcd_addr=127.0.0.1:2379", "--rate", "0", "--client_rate=50"]);
     assert_eq!(o.mode, Mode::Etcd { addr: "127.0.0.1:2379".into(), namespace: String::new() });
     assert_eq!((o.route_clients, o.rate, o.client_rate), (1, None, Some(50.0)));

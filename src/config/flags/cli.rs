@@ -34,6 +34,13 @@ struct Cli {
     /// HTTP bind address
     #[arg(long, env = "KVDIR_SERVER_HOST", value_name = "ADDR", default_value = "127.0.0.1")]
     server_host: String,
+    /// HTTP connections open at most (each holds a file descriptor; an engine's heartbeats keep
+    /// one); beyond it new connections wait in the listen queue
+    #[arg(long, env = "KVDIR_HTTP_MAX_CONNECTIONS", value_name = "N", default_value = "4096")]
+    http_max_connections: String,
+    /// an idle keep-alive HTTP connection is closed after MS
+    #[arg(long, env = "KVDIR_HTTP_KEEP_ALIVE_MS", value_name = "MS", default_value = "5000")]
+    http_keep_alive_ms: String,
     /// require X-Internal-Token on internal endpoints
     #[arg(long, env = "KVDIR_INTERNAL_API_TOKEN", value_name = "TOKEN")]
     internal_api_token: Option<String>,

@@ -6,6 +6,7 @@
 //! existing command line still starts.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::parser::ValueSource;
 
@@ -42,6 +43,10 @@ pub struct Flags {
     pub http_server_port: u16,
     /// HTTP bind address.
     pub server_host: String,
+    /// HTTP connections open at most.
+    pub http_max_connections: usize,
+    /// How long an idle keep-alive HTTP connection stays open.
+    pub http_keep_alive: Duration,
     /// Required `X-Internal-Token`, if any.
     pub internal_api_token: Option<String>,
     /// Largest HTTP body.
@@ -137,6 +142,8 @@ impl Default for Flags {
             kv_events_bind: None,
             http_server_port: 8888,
             server_host: "127.0.0.1".into(),
+            http_max_connections: 4096,
+            http_keep_alive: Duration::from_millis(5000),
             internal_api_token: None,
             max_request_bytes: 4 << 20,
             max_query_tokens: 1 << 20,
@@ -198,6 +205,10 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
         "http_server_port" => flags.http_server_port = number(name, v, 0, 65_535)?,
         "server_host" if v.is_empty() => return Err("--server_host must not be empty".into()),
         "server_host" => flags.server_host = v.to_string(),
+        "http_max_connections" => flags.http_max_connections = number(name, v, 1, 1 << 20)?,
+        "http_keep_alive_ms" => {
+            flags.http_keep_alive = Duration::from_millis(number(name, v, 1, 3_600_000)?);
+        }
         "internal_api_token" => flags.internal_api_token = (!v.is_empty()).then(|| v.to_string()),
         "max_request_bytes" => flags.max_request_bytes = number(name, v, 64, 1 << 32)?,
         "max_query_tokens" => flags.max_query_tokens = number(name, v, 1, 1 << 28)?,

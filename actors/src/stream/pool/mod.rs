@@ -3,15 +3,21 @@
 //!
 //! Each stream is pinned to one thread, the least loaded when it is added, for its whole run;
 //! that thread owns its sockets and its [`super::worker`] state, so the stream stays the single
-//! writer of its part of the shared index. Commands (add, remove, a granted replay slot, end)
-//! reach a thread through a mutex-guarded list and its `mio::Waker`. How a thread waits and
-//! serves its streams is in `thread.rs`; its recovery deadlines in `timers.rs`; the
-//! process-wide bound on replay DEALERs in `replays.rs`.
+//! writer of its part of the shared index. The bind endpoint's ports are spread over the
+//! threads (rank r's on thread `r % threads`), and a bound stream is pinned to its rank's
+//! thread, which reads the port and queues each message on its stream. Commands (add, remove,
+//! a granted replay slot, a port, end) reach a thread through a mutex-guarded list and its
+//! `mio::Waker`. How a thread waits and serves its streams is in `thread.rs`, its ports in
+//! `ports.rs`; its recovery deadlines in `timers.rs`; the process-wide bound on replay DEALERs
+//! in `replays.rs`.
 //!
 //! A stream that fails (a ZeroMQ error or a panic) leaves its thread, which reports the
 //! reason through the stream's `exited` callback (its `StreamActor` restarts it after a
-//! back-off). [`IoPool::stop_and_join`] ends every thread and waits for them.
+//! back-off). A stream short of a file descriptor does not fail: it waits on its thread and
+//! tries again (`fds.rs`). [`IoPool::stop_and_join`] ends every thread and waits for them.
 
+mod fds;
+mod ports;
 mod replays;
 mod thread;
 mod timers;
@@ -22,10 +28,16 @@ use std::thread::JoinHandle;
 
 use serde::Serialize;
 
+use fds::FdWaits;
+pub use fds::{fd_backoff, is_out_of_fds};
 pub use replays::ReplaySlot;
 use replays::{Gate, Waiter};
 
+use kvdir::config::is_bound;
+
+use super::sockets::Socket;
 use super::worker::WorkerCtx;
+use super::BindRoutes;
 use crate::sync::lock;
 
 /// Most I/O threads (`io_threads` above this is clipped).
@@ -54,6 +66,8 @@ pub(crate) enum Command {
     Remove(u64),
     /// A replay slot for the stream (see `replays.rs`).
     Granted(u64),
+    /// A bound port of the bind endpoint to own and read: its rank, socket and routes.
+    Port(u32, Box<Socket>, BindRoutes),
     End,
 }
 
@@ -75,10 +89,11 @@ impl ThreadRef {
     }
 }
 
-/// What the threads share: their mailboxes and the replay gate.
+/// What the threads share: their mailboxes, the replay gate and the waits for descriptors.
 pub(crate) struct PoolShared {
     threads: Vec<ThreadRef>,
     gate: Mutex<Gate>,
+    fds: FdWaits,
 }
 
 impl PoolShared {
@@ -114,6 +129,10 @@ pub struct PoolStats {
     pub io_threads: Vec<IoThreadStats>,
     /// Streams waiting for a replay slot (`max_concurrent_replays`).
     pub replays_waiting: usize,
+    /// Times a stream or its replay found no file descriptor and backed off.
+    pub fd_waits: u64,
+    /// Streams waiting for descriptors to open their sockets.
+    pub streams_waiting_for_fds: usize,
 }
 
 struct Inner {
@@ -158,7 +177,7 @@ impl IoPool {
             polls.push(poll);
         }
         let gate = Mutex::new(Gate::new(max_replays.max(1)));
-        let shared = Arc::new(PoolShared { threads: refs, gate });
+        let shared = Arc::new(PoolShared { threads: refs, gate, fds: FdWaits::default() });
         let mut joins = Vec::with_capacity(threads);
         for (i, poll) in polls.into_iter().enumerate() {
             let t = thread::PoolThread::new(i, poll, Arc::clone(&shared))?;
@@ -176,17 +195,28 @@ impl IoPool {
         Ok(IoPool(Arc::new(Inner { shared, joins: Mutex::new(joins) })))
     }
 
-    /// Pins a stream to the least-loaded thread; its sockets open there.
+    /// Pins a stream to a thread, where its sockets open: a bound stream of rank r to the
+    /// thread that owns rank r's port (`r % threads`), any other to the least loaded.
     pub fn add(&self, id: u64, stream: NewStream) -> StreamTicket {
         let threads = &self.0.shared.threads;
-        let (thread, t) = threads
-            .iter()
-            .enumerate()
-            .min_by_key(|(_, t)| t.streams.load(Ordering::Relaxed))
-            .expect("a pool has at least one thread");
+        let spec = &stream.ctx.spec;
+        let thread = match is_bound(&spec.endpoint) {
+            true => spec.dp_rank as usize % threads.len(),
+            false => {
+                let loads = threads.iter().map(|t| t.streams.load(Ordering::Relaxed));
+                loads.enumerate().min_by_key(|(_, n)| *n).map_or(0, |(i, _)| i)
+            }
+        };
+        let t = &threads[thread];
         t.streams.fetch_add(1, Ordering::Relaxed);
         t.post(Command::Add(id, Box::new(stream)));
         StreamTicket { thread, id }
+    }
+
+    /// Hands rank `rank`'s bound port to thread `rank % threads`, which reads it from then on.
+    pub fn attach_port(&self, rank: u32, socket: Socket, routes: BindRoutes) {
+        let threads = &self.0.shared.threads;
+        threads[rank as usize % threads.len()].post(Command::Port(rank, Box::new(socket), routes));
     }
 
     /// Removes a stream (its sockets close on its thread); a stream gone already is ignored.
@@ -205,7 +235,9 @@ impl IoPool {
                 streams: t.streams.load(Ordering::Relaxed),
             })
             .collect();
-        PoolStats { io_threads, replays_waiting: lock(&shared.gate).waiting() }
+        let (fd_waits, streams_waiting_for_fds) = shared.fds.counts();
+        let replays_waiting = lock(&shared.gate).waiting();
+        PoolStats { io_threads, replays_waiting, fd_waits, streams_waiting_for_fds }
     }
 
     /// Ends every thread (their streams' sockets close) and waits for them.

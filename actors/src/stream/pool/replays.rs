@@ -120,6 +120,13 @@ impl ReplaySlot {
         }
     }
 
+    /// The stream's DEALER could not open for want of a descriptor (`e`): the slot goes back,
+    /// and the wait is counted (and logged once a minute).
+    pub fn starved(&mut self, stream: &str, dp: u32, e: zmq::Error) {
+        self.done();
+        self.pool.fds.starved(stream, dp, "replay", e);
+    }
+
     /// The replay attempt ended: the slot goes back, or the stream leaves the queue.
     pub fn done(&mut self) {
         match std::mem::replace(&mut self.state, State::Idle) {

@@ -8,6 +8,10 @@
 //! (`MAX_BURST` messages per socket), so a busy or replaying stream cannot starve the others;
 //! the thread sleeps only once the list is empty. The work per wake-up is proportional to the
 //! streams that are ready or due, never to all of the thread's streams.
+//!
+//! A stream whose sockets cannot open for want of a file descriptor waits in `starved` with a
+//! timer and tries again (`fds.rs`); it stays pinned to the thread meanwhile. The bind
+//! endpoint's ports this thread owns are read before each turn (`ports.rs`).
 
 use std::collections::{HashMap, VecDeque};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -15,8 +19,12 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kvdir::backoff::Backoff;
+use kvdir::stream::StreamPhase;
 use mio::Token;
 
+use super::fds::{fd_backoff, is_out_of_fds};
+use super::ports::{self, Ports};
 use super::replays::{ReplaySlot, Waiter};
 use super::timers::Timers;
 use super::{Command, Exited, NewStream, PoolShared, ThreadRef};
@@ -42,6 +50,14 @@ struct Entry {
     timer: Option<Instant>,
 }
 
+/// A stream waiting for a file descriptor to open its sockets.
+struct Starved {
+    stream: NewStream,
+    backoff: Backoff,
+    /// When it tries again (its entry in the timers).
+    at: Instant,
+}
+
 /// An I/O thread's state.
 pub(super) struct PoolThread {
     index: usize,
@@ -49,6 +65,9 @@ pub(super) struct PoolThread {
     registry: Arc<mio::Registry>,
     shared: Arc<PoolShared>,
     streams: HashMap<u64, Entry>,
+    starved: HashMap<u64, Starved>,
+    /// The bind endpoint's ports this thread reads, and its bound streams by key.
+    ports: Ports,
     ready: VecDeque<u64>,
     timers: Timers,
 }
@@ -61,8 +80,10 @@ impl PoolThread {
         shared: Arc<PoolShared>,
     ) -> std::io::Result<PoolThread> {
         let registry = Arc::new(poll.registry().try_clone()?);
-        let (streams, ready, timers) = (HashMap::new(), VecDeque::new(), Timers::default());
-        Ok(PoolThread { index, poll, registry, shared, streams, ready, timers })
+        let (streams, starved) = (HashMap::new(), HashMap::new());
+        let (ready, timers) = (VecDeque::new(), Timers::default());
+        let ports = Ports::default();
+        Ok(PoolThread { index, poll, registry, shared, streams, starved, ports, ready, timers })
     }
 
     fn me(&self) -> &ThreadRef {
@@ -73,7 +94,7 @@ impl PoolThread {
     pub(super) fn run(mut self) {
         let mut events = mio::Events::with_capacity(1024);
         loop {
-            let timeout = if self.ready.is_empty() {
+            let timeout = if self.ready.is_empty() && !self.ports.any_queued() {
                 self.timers.next().map(|at| at.saturating_duration_since(Instant::now()))
             } else {
                 Some(Duration::ZERO)
@@ -88,18 +109,24 @@ impl PoolThread {
             for ev in events.iter() {
                 match ev.token() {
                     WAKER => commands = true,
-                    Token(id) => self.mark_ready(id as u64),
+                    t => match ports::port_of(t) {
+                        Some(i) => self.ports.ports[i].queued = true,
+                        None => self.mark_ready(t.0 as u64),
+                    },
                 }
             }
             if commands && !self.commands() {
                 break;
             }
             self.due_timers(Instant::now());
+            self.read_ports();
             self.turn();
         }
-        let n = self.streams.len();
+        let (n, starved) = (self.streams.len(), self.starved.len());
         self.streams.clear();
-        self.me().streams.fetch_sub(n, Ordering::Relaxed);
+        self.starved.clear();
+        self.shared.fds.wait_ended(starved);
+        self.me().streams.fetch_sub(n + starved, Ordering::Relaxed);
     }
 
     /// Runs the posted commands; `false` once told to end.
@@ -107,11 +134,18 @@ impl PoolThread {
         let posted = std::mem::take(&mut *lock(&self.me().commands));
         for c in posted {
             match c {
-                Command::Add(id, stream) => self.add(id, *stream),
+                Command::Add(id, stream) => self.add(id, *stream, None),
                 Command::Remove(id) => {
-                    if self.streams.remove(&id).is_some() {
+                    if self.starved.remove(&id).is_some() {
+                        self.shared.fds.wait_ended(1);
+                        self.me().streams.fetch_sub(1, Ordering::Relaxed);
+                    } else if let Some(e) = self.streams.remove(&id) {
+                        self.unbind(id, &e.worker);
                         self.me().streams.fetch_sub(1, Ordering::Relaxed);
                     }
+                }
+                Command::Port(rank, socket, routes) => {
+                    self.ports.attach(&self.registry, rank, *socket, routes);
                 }
                 Command::Granted(id) => match self.streams.get_mut(&id) {
                     Some(e) => {
@@ -127,19 +161,77 @@ impl PoolThread {
         true
     }
 
-    fn add(&mut self, id: u64, stream: NewStream) {
+    /// Opens a stream's sockets; `backoff` is its wait so far when it was short of descriptors.
+    fn add(&mut self, id: u64, stream: NewStream, backoff: Option<Backoff>) {
         let NewStream { ctx, exited } = stream;
         let me = Waiter { thread: self.index, stream: id };
         let slot = ReplaySlot::new(Arc::clone(&self.shared), me);
         let registry = Arc::clone(&self.registry);
-        let opened = catch_unwind(AssertUnwindSafe(|| Worker::open(ctx, id, registry, slot)));
+        let opening = ctx.clone();
+        let opened = catch_unwind(AssertUnwindSafe(|| Worker::open(opening, id, registry, slot)));
         let worker = match opened {
             Ok(Ok(w)) => w,
+            Ok(Err(e)) if is_out_of_fds(e) => {
+                return self.starve(id, NewStream { ctx, exited }, backoff, e);
+            }
             Ok(Err(e)) => return self.failed(exited, describe(e)),
             Err(_) => return self.failed(exited, PANICKED.to_string()),
         };
+        if backoff.is_some() {
+            self.shared.fds.wait_ended(1);
+        }
+        if let Some(key) = worker.bound_key() {
+            self.ports.streams.insert(key, id);
+        }
         self.streams.insert(id, Entry { worker, exited, queued: false, timer: None });
         self.mark_ready(id);
+    }
+
+    /// No descriptor for the stream's sockets (`e`): it waits and tries again, without credit.
+    fn starve(&mut self, id: u64, stream: NewStream, backoff: Option<Backoff>, e: zmq::Error) {
+        if backoff.is_none() {
+            self.shared.fds.wait_started();
+        }
+        let mut backoff = backoff.unwrap_or_else(fd_backoff);
+        let spec = &stream.ctx.spec;
+        self.shared.fds.starved(&spec.instance_name, spec.dp_rank, "sockets", e);
+        {
+            let mut status = lock(&stream.ctx.status);
+            status.phase = StreamPhase::Backoff;
+            status.connected = false;
+            status.last_fault = Some(format!("cannot open the stream's sockets: {}", describe(e)));
+        }
+        let at = Instant::now() + backoff.next_delay();
+        self.timers.push(at, id);
+        self.starved.insert(id, Starved { stream, backoff, at });
+    }
+
+    /// A bound stream leaves this thread: its port's messages no longer reach it.
+    fn unbind(&mut self, id: u64, worker: &Worker) {
+        if let Some(key) = worker.bound_key() {
+            if self.ports.streams.get(&key) == Some(&id) {
+                self.ports.streams.remove(&key);
+            }
+        }
+    }
+
+    /// Reads every port due a read; each message is queued on its stream, which gets a turn.
+    fn read_ports(&mut self) {
+        for i in 0..self.ports.ports.len() {
+            if !self.ports.ports[i].queued {
+                continue;
+            }
+            let (streams, ready) = (&mut self.streams, &mut self.ready);
+            self.ports.read(i, |id, frames| {
+                if let Some(e) = streams.get_mut(&id) {
+                    e.worker.deliver(frames);
+                    if !e.queued {
+                        e.queued = true;
+                        ready.push_back(id);
+                    }
+                }
+            });
+        }
     }
 
     /// A stream failed (it is no longer in the map): its actor restarts it.
@@ -162,11 +254,18 @@ impl PoolThread {
             if let Some(e) = self.streams.get_mut(&id).filter(|e| e.timer == Some(at)) {
                 e.timer = None;
                 self.mark_ready(id);
+            } else if self.starved.get(&id).is_some_and(|s| s.at == at) {
+                if let Some(s) = self.starved.remove(&id) {
+                    self.add(id, s.stream, Some(s.backoff));
+                }
             }
         }
-        if self.timers.len() > 4 * self.streams.len() + 64 {
-            let streams = &self.streams;
-            self.timers.retain(|at, id| streams.get(&id).is_some_and(|e| e.timer == Some(at)));
+        if self.timers.len() > 4 * (self.streams.len() + self.starved.len()) + 64 {
+            let (streams, starved) = (&self.streams, &self.starved);
+            self.timers.retain(|at, id| {
+                streams.get(&id).is_some_and(|e| e.timer == Some(at))
+                    || starved.get(&id).is_some_and(|s| s.at == at)
+            });
         }
     }
 
@@ -187,7 +286,9 @@ impl PoolThread {
             match catch_unwind(AssertUnwindSafe(|| e.worker.handle())) {
                 Ok(Ok(_)) if e.worker.ended() => {
                     // The writer is gone: the stream is being stopped.
-                    self.streams.remove(&id);
+                    if let Some(e) = self.streams.remove(&id) {
+                        self.unbind(id, &e.worker);
+                    }
                     self.me().streams.fetch_sub(1, Ordering::Relaxed);
                 }
                 Ok(Ok(more)) => {
@@ -207,6 +308,7 @@ impl PoolThread {
 
     fn fail(&mut self, id: u64, reason: String) {
         if let Some(e) = self.streams.remove(&id) {
+            self.unbind(id, &e.worker);
             drop(e.worker);
             self.failed(e.exited, reason);
         }

@@ -1,6 +1,7 @@
-//! One stream's state on its I/O thread (`pool/`): a SUB socket for live events, a socket
-//! monitor for handshakes and disconnects, and a fresh DEALER per replay request, each
-//! registered with the thread's `epoll` by its `ZMQ_FD`.
+//! One stream's state on its I/O thread (`pool/`): its live input (`live.rs`: a SUB socket
+//! and a socket monitor for handshakes and disconnects, or, on the bind endpoint, the messages
+//! the thread read for it from its rank's port), and a fresh DEALER per replay request, each
+//! socket registered with the thread's `epoll` by its `ZMQ_FD`.
 //!
 //! [`Worker::handle`] decodes what its sockets hold (a bounded burst each), drives the pure
 //! [`Recovery`] machine and carries out its actions itself: the worker is the single writer of
@@ -17,6 +18,7 @@ use std::time::Instant;
 
 use mio::{Registry, Token};
 
+use kvdir::backoff::Backoff;
 use kvdir::config::{Limits, ReplayKind, StreamSpec};
 use kvdir::stream::{Action, Recovery, RecoveryConfig, RecoveryStats, StreamFault, StreamPhase};
 use kvdir::wire::{
@@ -24,16 +26,17 @@ use kvdir::wire::{
 };
 use serde::Serialize;
 
-use super::pool::ReplaySlot;
+use super::pool::{fd_backoff, ReplaySlot};
 use super::sockets::{Socket, ZmqContext};
 use super::StreamShared;
 use crate::faults::{self, FaultPoint};
 use crate::sync::lock;
 
+mod live;
 mod open;
 mod writes;
 
-use open::{open_sub, register};
+use live::Live;
 
 /// Messages read per socket per turn: a busy or replaying stream lets the thread's other
 /// streams have their turn, and keeps its place in the ready list.
@@ -94,8 +97,8 @@ pub struct WorkerCtx {
 /// Sockets and state of a running stream.
 pub struct Worker {
     ctx: WorkerCtx,
-    sub: Socket,
-    monitor: Socket,
+    /// The live input: a SUB socket, or the bind endpoint's messages for this stream.
+    live: Live,
     dealer: Option<Socket>,
     /// The thread's `epoll`, and this stream's token in it.
     registry: Arc<Registry>,
@@ -104,6 +107,10 @@ pub struct Worker {
     replay: ReplaySlot,
     /// A replay slot came: the sequence number to request.
     granted: Option<u64>,
+    /// A replay whose DEALER found no file descriptor: its sequence and when to try again.
+    dealer_retry: Option<(u64, Instant)>,
+    /// The wait before that try.
+    fd_backoff: Backoff,
     /// Replay requests sent: replies read before a new request are not fed to it.
     requests: u64,
     recovery: Recovery,
@@ -130,11 +137,8 @@ impl Worker {
         replay: ReplaySlot,
     ) -> Result<Worker, zmq::Error> {
         faults::check(FaultPoint::WorkerOpen, &ctx.spec.instance_name, ctx.spec.dp_rank)?;
-        let (sub, monitor) = open_sub(&ctx, id)?;
         let token = Token(id as usize);
-        for s in [&sub, &monitor] {
-            register(&registry, s, token)?;
-        }
+        let live = Live::open(&ctx, id, &registry, token)?;
         // A restarted worker continues its predecessor's counters.
         let status = lock(&ctx.status).clone();
         let index_config = ctx.spec.index_config(&ctx.limits);
@@ -144,13 +148,14 @@ impl Worker {
         let status = WorkerStatus { connected: false, ..status };
         let mut w = Worker {
             ctx,
-            sub,
-            monitor,
+            live,
             dealer: None,
             registry,
             token,
             replay,
             granted: None,
+            dealer_retry: None,
+            fd_backoff: fd_backoff(),
             requests: 0,
             recovery,
             status,
@@ -160,9 +165,10 @@ impl Worker {
             warn_on_invalidate: true,
             hybrid_advised: false,
         };
-        if w.ctx.spec.endpoint.starts_with("inproc://") {
-            // No ZMTP handshake in process: connected once the connect returned (the first
-            // turn runs the snapshot request this queues).
+        if w.live.bound_key().is_some() || w.ctx.spec.endpoint.starts_with("inproc://") {
+            // No ZMTP handshake of its own (the engine connects to the bind endpoint, or the
+            // socket is in process): connected at once (the first turn runs the snapshot
+            // request this queues).
             w.status.connected = true;
             w.recovery.on_connected(Instant::now(), &mut w.actions);
         }
@@ -179,9 +185,14 @@ impl Worker {
         self.ended
     }
 
-    /// When the recovery machine next has something to do without input.
+    /// When the recovery machine (or a DEALER waiting for a descriptor) next has something to
+    /// do without input.
     pub fn next_deadline(&self) -> Option<Instant> {
-        self.recovery.next_deadline()
+        let retry = self.dealer_retry.map(|(_, at)| at);
+        match (self.recovery.next_deadline(), retry) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// A replay slot came for this stream (its DEALER opens in the next turn).
@@ -197,6 +208,12 @@ impl Worker {
         if let Some(seq) = self.granted.take() {
             self.open_dealer(seq)?;
         }
+        if let Some((seq, _)) = self.dealer_retry.filter(|(_, at)| now >= *at) {
+            self.dealer_retry = None;
+            if self.recovery.awaits_reply() {
+                self.request_snapshot(seq)?;
+            }
+        }
         self.read_monitor(now)?;
         self.read_live(now)?;
         self.read_snapshot(now)?;
@@ -204,16 +221,26 @@ impl Worker {
         self.run_actions(now)?;
         self.publish();
         self.publish_status();
-        let readable = |s: &Socket| s.get_events().map(|e| e.contains(zmq::POLLIN));
         let dealer = match &self.dealer {
-            Some(d) => readable(d)?,
+            Some(d) => d.get_events()?.contains(zmq::POLLIN),
             None => false,
         };
-        Ok(dealer || readable(&self.sub)? || readable(&self.monitor)?)
+        Ok(dealer || self.live.readable()?)
+    }
+
+    /// A bound stream's key in the bind endpoint's route table.
+    pub fn bound_key(&self) -> Option<u64> {
+        self.live.bound_key()
+    }
+
+    /// Queues a message its thread read from the bind endpoint for this stream.
+    pub fn deliver(&mut self, frames: Vec<Vec<u8>>) {
+        self.live.deliver(frames);
     }
 
     fn read_monitor(&mut self, now: Instant) -> Result<(), zmq::Error> {
-        while let Ok(frames) = self.monitor.recv_multipart(zmq::DONTWAIT) {
+        let Some(monitor) = self.live.monitor() else { return Ok(()) };
+        while let Ok(frames) = monitor.recv_multipart(zmq::DONTWAIT) {
             let Some(ev) = frames.first().filter(|f| f.len() >= 2) else { continue };
             let event = u16::from_ne_bytes([ev[0], ev[1]]);
             if event == zmq::SocketEvent::HANDSHAKE_SUCCEEDED as u16 {
@@ -231,15 +258,11 @@ impl Worker {
 
     fn read_live(&mut self, now: Instant) -> Result<(), zmq::Error> {
         for _ in 0..MAX_BURST {
-            let frames = match self.sub.recv_multipart(zmq::DONTWAIT) {
-                Ok(f) => f,
-                Err(zmq::Error::EAGAIN) => break,
-                Err(e) => return Err(e),
-            };
+            let Some(frames) = self.live.next()? else { break };
             self.status.messages += 1;
             let wire_bytes: usize = frames.iter().map(Vec::len).sum();
             let mut batch = Batch::default();
-            let topic = self.ctx.spec.topic.as_bytes();
+            let topic = self.live.topic(&self.ctx);
             match decode_live(&frames, topic, self.ctx.limits.max_message_bytes, &mut batch) {
                 Ok(seq) if batch.dp_rank != self.ctx.spec.dp_rank => {
                     let fault = StreamFault::WrongDpRank {
@@ -350,6 +373,7 @@ impl Worker {
             Action::RequestSnapshot { start_seq } => self.request_snapshot(start_seq)?,
             Action::CloseSnapshot => {
                 self.close_dealer();
+                self.dealer_retry = None;
                 self.replay.done();
             }
             Action::Reset { partial } => self.reset(partial),

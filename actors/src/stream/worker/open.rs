@@ -1,11 +1,15 @@
 //! Opening a worker's sockets: the SUB socket and its monitor, the fresh DEALER of each replay
 //! request (once the stream holds a replay slot), and their `ZMQ_FD`s in the thread's `epoll`.
+//! A DEALER that cannot open for want of a file descriptor is tried again after a back-off.
+
+use std::time::Instant;
 
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 
 use super::{Socket, Worker, WorkerCtx, SUB_HWM};
 use crate::faults::{self, FaultPoint};
+use crate::stream::pool::is_out_of_fds;
 use crate::stream::sockets::max_frame;
 
 /// ZMTP heartbeats: a PING every third of `timeout` (at least 100 ms); no traffic from the
@@ -23,12 +27,18 @@ fn set_heartbeats(sub: &Socket, timeout: std::time::Duration) -> Result<(), zmq:
 }
 
 /// The SUB socket, subscribed and connecting, and the monitor that reports its handshakes
-/// and disconnects.
-pub(super) fn open_sub(ctx: &WorkerCtx, id: u64) -> Result<(Socket, Socket), zmq::Error> {
+/// and disconnects; an in-process SUB (the bind endpoint's fan-out) has neither handshakes nor
+/// disconnects, so no monitor (two descriptors fewer a stream).
+pub(super) fn open_sub(ctx: &WorkerCtx, id: u64) -> Result<(Socket, Option<Socket>), zmq::Error> {
     let sub = ctx.zmq.socket(zmq::SUB)?;
     sub.set_linger(0)?;
     sub.set_rcvhwm(SUB_HWM)?;
     sub.set_maxmsgsize(max_frame(&ctx.limits))?;
+    if ctx.spec.endpoint.starts_with("inproc://") {
+        sub.set_subscribe(ctx.spec.topic.as_bytes())?;
+        sub.connect(&ctx.spec.endpoint)?;
+        return Ok((sub, None));
+    }
     sub.set_reconnect_ivl(100)?;
     sub.set_reconnect_ivl_max(2000)?;
     set_heartbeats(&sub, ctx.limits.publisher_timeout)?;
@@ -45,7 +55,7 @@ pub(super) fn open_sub(ctx: &WorkerCtx, id: u64) -> Result<(Socket, Socket), zmq
     monitor.connect(&mon_addr)?;
     sub.set_subscribe(ctx.spec.topic.as_bytes())?;
     sub.connect(&ctx.spec.endpoint)?;
-    Ok((sub, monitor))
+    Ok((sub, Some(monitor)))
 }
 
 /// Registers a socket's `ZMQ_FD` (edge-triggered) with the thread's `epoll`.
@@ -62,14 +72,35 @@ fn io_error(e: std::io::Error) -> zmq::Error {
 impl Worker {
     /// A replay from `start_seq`, once the stream holds a replay slot.
     pub(super) fn request_snapshot(&mut self, start_seq: u64) -> Result<(), zmq::Error> {
+        self.dealer_retry = None;
         match self.replay.want(start_seq) {
             Some(seq) => self.open_dealer(seq),
             None => Ok(()), // queued: `granted` brings the slot
         }
     }
 
-    /// A fresh DEALER per request: an old one may still hold stale replies.
+    /// Opens the DEALER for a replay from `start_seq`; with no file descriptor left, gives the
+    /// replay slot back and tries again after a back-off (the replay's timeout still runs).
     pub(super) fn open_dealer(&mut self, start_seq: u64) -> Result<(), zmq::Error> {
+        match self.try_open_dealer(start_seq) {
+            Err(e) if is_out_of_fds(e) => {
+                self.close_dealer();
+                let spec = &self.ctx.spec;
+                self.replay.starved(&spec.instance_name, spec.dp_rank, e);
+                let at = Instant::now() + self.fd_backoff.next_delay();
+                self.dealer_retry = Some((start_seq, at));
+                Ok(())
+            }
+            Err(e) => Err(e),
+            Ok(()) => {
+                self.fd_backoff.reset();
+                Ok(())
+            }
+        }
+    }
+
+    /// A fresh DEALER per request: an old one may still hold stale replies.
+    fn try_open_dealer(&mut self, start_seq: u64) -> Result<(), zmq::Error> {
         let spec = &self.ctx.spec;
         faults::check(FaultPoint::SnapshotRequest, &spec.instance_name, spec.dp_rank)?;
         self.close_dealer();

@@ -24,11 +24,14 @@ fn heartbeats_are_validated() {
     let ok =
         post(json!({"name": name, "incarnation_id": reg.incarnation_id(), "load_metrics": load}));
     assert_eq!(ok.status, 200, "{}", ok.body);
-    let i = instance(&svc, &name).unwrap();
-    assert_eq!(
-        (i["waiting_requests_num"].as_u64(), i["gpu_cache_usage_perc"].as_f64()),
-        (Some(7), Some(0.25))
-    );
+    // Applied in discovery's next pass over the queued heartbeats (every 20 ms).
+    eventually("the heartbeat's load in the report", || {
+        let i = instance(&svc, &name).unwrap();
+        match (i["waiting_requests_num"].as_u64(), i["gpu_cache_usage_perc"].as_f64()) {
+            (Some(7), Some(0.25)) => Ok(()),
+            seen => Err(format!("{seen:?}")),
+        }
+    });
     let stale = post(json!({"name": name, "incarnation_id": "old", "load_metrics": load}));
     assert_eq!(stale.status, 409);
     assert!(stale.json()["error"].as_str().unwrap().contains("is stale"));
@@ -159,6 +162,8 @@ fn a_replacement_is_no_candidate_until_it_reports_its_own_load() {
     let hb =
         http(svc.http_addr(), "POST", "/v1/internal/heartbeat", &[], beat.to_string().as_bytes());
     assert_eq!(hb.status, 200, "{}", hb.body);
-    let (status, body) = route();
-    assert_eq!(status, 200, "its own heartbeat makes it a candidate: {body}");
+    eventually("its own heartbeat to make it a candidate", || match route() {
+        (200, _) => Ok(()),
+        other => Err(format!("{other:?}")),
+    });
 }

@@ -2,6 +2,8 @@
 //! threads. The publishers live in this process too (a few threads owning many PUB and ROUTER
 //! sockets), so the process needs file descriptors for both sides.
 
+mod bench_run;
+mod fds;
 mod publishers;
 
 use std::time::Duration;

@@ -76,6 +76,8 @@ impl Rank {
 enum Command {
     /// Publish this many more batches on each of its ranks, then answer.
     Publish(u64, mpsc::Sender<()>),
+    /// Lose the next batch of each rank (it is in their snapshots, never sent live).
+    Lose(mpsc::Sender<()>),
 }
 
 /// The publishers of `streams` ranks.
@@ -136,9 +138,18 @@ impl Fleet {
 
     /// Publishes `batches` more batches on every rank; returns once all are sent.
     pub fn publish(&self, batches: u64) {
+        self.each_thread(|done| Command::Publish(batches, done));
+    }
+
+    /// Every rank loses its next batch: the one after it is a gap for every stream at once.
+    pub fn lose_one(&self) {
+        self.each_thread(Command::Lose);
+    }
+
+    fn each_thread(&self, command: impl Fn(mpsc::Sender<()>) -> Command) {
         let (tx, rx) = mpsc::channel();
         for c in &self.commands {
-            c.send(Command::Publish(batches, tx.clone())).expect("the publisher thread runs");
+            c.send(command(tx.clone())).expect("the publisher thread runs");
         }
         for _ in &self.commands {
             rx.recv().expect("the publisher thread answers");
@@ -162,13 +173,20 @@ fn run(
     snapshots: &AtomicU64,
 ) {
     while !stop.load(Ordering::Relaxed) {
-        if let Ok(Command::Publish(n, done)) = commands.try_recv() {
-            for r in &mut ranks {
-                for _ in 0..n {
-                    r.publish();
+        match commands.try_recv() {
+            Ok(Command::Publish(n, done)) => {
+                for r in &mut ranks {
+                    for _ in 0..n {
+                        r.publish();
+                    }
                 }
+                let _ = done.send(());
             }
-            let _ = done.send(());
+            Ok(Command::Lose(done)) => {
+                ranks.iter_mut().for_each(|r| r.next_seq += 1);
+                let _ = done.send(());
+            }
+            Err(_) => {}
         }
         let mut items: Vec<_> = ranks.iter().map(|r| r.router.as_poll_item(zmq::POLLIN)).collect();
         if zmq::poll(&mut items, 20).is_err() {

@@ -1,0 +1,115 @@
+//! Where a stream's live messages come from ([`Live`]): its own SUB socket (with the monitor
+//! of its handshakes and disconnects), or, on the bind endpoint, the messages its I/O thread
+//! read from the rank's port and queued here (`pool/ports.rs`). A bound stream holds no socket
+//! of its own: its engine's connection is the port's.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use kvdir::config::{is_bound, KEY_WIDTH};
+use mio::{Registry, Token};
+
+use super::open::{open_sub, register};
+use super::{WorkerCtx, SUB_HWM};
+use crate::stream::sockets::Socket;
+
+/// A stream's live input.
+pub(super) enum Live {
+    /// kvdir connects to the publisher.
+    Socket {
+        sub: Socket,
+        /// Handshakes and disconnects of `sub`; none in process.
+        monitor: Option<Socket>,
+    },
+    /// The engine connects to the bind endpoint.
+    Bound {
+        /// The stream's key in the route table.
+        key: u64,
+        /// The engine's topic (the stream's keyed topic without its key).
+        topic: Vec<u8>,
+        /// Messages queued by the thread, at most [`SUB_HWM`] (beyond it they are dropped, as
+        /// a SUB socket beyond its high-water mark drops them: the next sequence is a gap).
+        inbox: VecDeque<Vec<Vec<u8>>>,
+    },
+}
+
+impl Live {
+    /// Opens the stream's live input; a socket's are registered with `registry` as `token`.
+    pub(super) fn open(
+        ctx: &WorkerCtx,
+        id: u64,
+        registry: &Arc<Registry>,
+        token: Token,
+    ) -> Result<Live, zmq::Error> {
+        let spec = &ctx.spec;
+        if is_bound(&spec.endpoint) {
+            let key = spec.topic.get(..KEY_WIDTH).and_then(|k| u64::from_str_radix(k, 16).ok());
+            // The stream set gives every bound stream a keyed topic.
+            let key = key.ok_or(zmq::Error::EINVAL)?;
+            let topic = spec.replay_topic().to_vec();
+            return Ok(Live::Bound { key, topic, inbox: VecDeque::new() });
+        }
+        let (sub, monitor) = open_sub(ctx, id)?;
+        for s in std::iter::once(&sub).chain(&monitor) {
+            register(registry, s, token)?;
+        }
+        Ok(Live::Socket { sub, monitor })
+    }
+
+    /// The next live message, if one is there.
+    pub(super) fn next(&mut self) -> Result<Option<Vec<Vec<u8>>>, zmq::Error> {
+        match self {
+            Live::Socket { sub, .. } => match sub.recv_multipart(zmq::DONTWAIT) {
+                Ok(frames) => Ok(Some(frames)),
+                Err(zmq::Error::EAGAIN) => Ok(None),
+                Err(e) => Err(e),
+            },
+            Live::Bound { inbox, .. } => Ok(inbox.pop_front()),
+        }
+    }
+
+    /// The topic live messages carry.
+    pub(super) fn topic<'a>(&'a self, ctx: &'a WorkerCtx) -> &'a [u8] {
+        match self {
+            Live::Socket { .. } => ctx.spec.topic.as_bytes(),
+            Live::Bound { topic, .. } => topic,
+        }
+    }
+
+    /// The socket monitor, if any.
+    pub(super) fn monitor(&self) -> Option<&Socket> {
+        match self {
+            Live::Socket { monitor, .. } => monitor.as_ref(),
+            Live::Bound { .. } => None,
+        }
+    }
+
+    /// Whether input is waiting (`ZMQ_EVENTS` of the sockets, read after the turn's last
+    /// receive, as `ZMQ_FD`'s edge trigger requires).
+    pub(super) fn readable(&self) -> Result<bool, zmq::Error> {
+        let readable = |s: &Socket| s.get_events().map(|e| e.contains(zmq::POLLIN));
+        match self {
+            Live::Socket { sub, monitor } => {
+                Ok(readable(sub)? || monitor.as_ref().map(readable).transpose()?.unwrap_or(false))
+            }
+            Live::Bound { inbox, .. } => Ok(!inbox.is_empty()),
+        }
+    }
+
+    /// A bound stream's key.
+    pub(super) fn bound_key(&self) -> Option<u64> {
+        match self {
+            Live::Bound { key, .. } => Some(*key),
+            Live::Socket { .. } => None,
+        }
+    }
+
+    /// Queues a message the thread read for this (bound) stream.
+    pub(super) fn deliver(&mut self, frames: Vec<Vec<u8>>) {
+        if let Live::Bound { inbox, .. } = self {
+            if inbox.len() < SUB_HWM as usize {
+                inbox.push_back(frames);
+            }
+        }
+    }
+}
