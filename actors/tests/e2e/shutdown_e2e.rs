@@ -1,7 +1,8 @@
 //! The `kvdir` binary stopped as a container runtime stops it: SIGTERM (and SIGINT, Ctrl-C)
 //! stops new connections, lets a request in flight finish, and exits 0. So does every mode: the
-//! demo (which then leaves no files), and kvdir bound for engines that connect to it and
-//! announce themselves (the bound socket with a publisher on it, the registry following etcd).
+//! demo (which then leaves no files), kvdir bound for engines that connect to it and announce
+//! themselves (the bound socket with a publisher on it, the registry following etcd), and kvdir
+//! watching engine pods on a real Kubernetes API server (its watch request open).
 
 use std::net::TcpStream;
 use std::process::Command;
@@ -138,5 +139,28 @@ fn kvdir_bound_for_announcing_engines_stops_on_sigterm_and_exits_0() {
     });
     let frames = [b"kv@127.0.0.1:1@m".to_vec(), 0u64.to_be_bytes().to_vec(), vec![0x90]];
     publisher.send_multipart(frames, 0).unwrap();
+    sigterm_exits_0(&mut kv);
+}
+
+#[test]
+fn kvdir_watching_engine_pods_stops_on_sigterm_and_exits_0() {
+    use kvdir_testkit::kube::{KubeApiServer, User, NAMESPACE};
+    let server = KubeApiServer::start();
+    let tmp = tempfile::tempdir().unwrap();
+    let kubeconfig = server.kubeconfig(User::Kvdir);
+    let config = json!({"kubernetes": {"namespace": NAMESPACE,
+        "kubeconfig": kubeconfig.display().to_string()}});
+    let path = tmp.path().join("pods.json");
+    std::fs::write(&path, config.to_string()).unwrap();
+    let config = format!("--kv_events_config_file={}", path.display());
+    let mut kv =
+        spawn(&["--http_server_port=0", "--etcd_addr=", &config], "kvdir listening on http://");
+    eventually("the pods listed and watched", || {
+        let r = request(&kv.addr, "GET", "/v1/internal/instances", None, None);
+        match r.json()["kubernetes"]["connected"] == true {
+            true => Ok(()),
+            false => Err(r.body),
+        }
+    });
     sigterm_exits_0(&mut kv);
 }
