@@ -12,8 +12,14 @@
 //! - **Pods.** There is no scheduler, controller manager or kubelet: a test creates Pod objects
 //!   and plays the kubelet by writing their status (`phase`, `podIP`, the `Ready` condition)
 //!   through the `pods/status` subresource ([`api`]).
-//! - **Faults.** [`KubeApiServer::stop`] and [`KubeApiServer::start_again`] kill and restart
-//!   the API server on the same port, certificate and etcd; [`KubeApiServer::second`] runs
+//! - **Address.** Clients reach the server through a gate on a port of its own
+//!   ([`KubeApiServer::url`], the kubeconfigs): a TCP forwarder that passes connections only
+//!   while the server is ready, as a load balancer in front of API servers does (see
+//!   `gate.rs`). The harness's own requests go to the server directly.
+//! - **Faults.** [`KubeApiServer::break_connections`] breaks every connection through the gate
+//!   (every watch ends mid-stream) and leaves the server up. [`KubeApiServer::stop`] and
+//!   [`KubeApiServer::start_again`] kill and restart the API server on the same port,
+//!   certificate and etcd (the gate is closed in between). [`KubeApiServer::second`] runs
 //!   another API server on the same etcd (changes made through it while the first is down
 //!   make the first's watch cache start past every resourceVersion a client held: 410 Gone).
 //!
@@ -22,6 +28,7 @@
 //! HTTP client (ureq) is blocking.
 
 pub mod api;
+mod gate;
 mod process;
 
 use std::path::{Path, PathBuf};
@@ -29,6 +36,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::etcd::EtcdServer;
+use gate::Gate;
 use process::{Files, Process};
 
 /// The namespace whose pods the `kvdir` user may get, list and watch.
@@ -72,6 +80,7 @@ impl User {
 #[derive(Debug)]
 pub struct KubeApiServer {
     process: Process,
+    gate: Gate,
     /// Shared with a [`KubeApiServer::second`] server: etcd stops when the last one drops.
     etcd: Arc<EtcdServer>,
     files: Arc<Files>,
@@ -87,32 +96,42 @@ impl KubeApiServer {
         let files = Arc::new(Files::create());
         let etcd = Arc::new(EtcdServer::private());
         let process = Process::start(&binary, &files, &etcd.endpoint, None);
+        let gate = Gate::new(process.port());
+        gate.open(process.port());
         let client = api::client(&files.ca_file());
-        let server = KubeApiServer { process, etcd, files, client };
+        let server = KubeApiServer { process, gate, etcd, files, client };
         server.files.write_kubeconfigs(&server.url());
         server.create_namespace(NAMESPACE);
         server.grant_pod_reading(NAMESPACE);
         server
     }
 
-    /// Another API server on the same etcd, serving with the same certificate and tokens (so
-    /// the same kubeconfig files work against it, with its own URL). Panics when it does not
-    /// become ready.
+    /// Another API server on the same etcd, serving with the same certificate and tokens (a
+    /// client with the kubeconfig's credentials and its own URL can use it). Panics when it
+    /// does not become ready.
     pub fn second(&self) -> KubeApiServer {
         let binary = process::binary();
         let cert = self.files.serving_cert();
         let process = Process::start(&binary, &self.files, &self.etcd.endpoint, Some(cert));
+        let gate = Gate::new(process.port());
+        gate.open(process.port());
         let client = api::client(&self.files.ca_file());
         KubeApiServer {
             process,
+            gate,
             etcd: Arc::clone(&self.etcd),
             files: Arc::clone(&self.files),
             client,
         }
     }
 
-    /// `https://127.0.0.1:PORT`.
+    /// `https://127.0.0.1:PORT`: the gate, where clients reach the server.
     pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.gate.port())
+    }
+
+    /// The server's own address, where the harness sends its requests.
+    pub fn direct_url(&self) -> String {
         format!("https://127.0.0.1:{}", self.process.port())
     }
 
@@ -132,17 +151,26 @@ impl KubeApiServer {
         self.files.ca_file_ref()
     }
 
-    /// Kills the API server (SIGKILL: every watch breaks mid-stream) and leaves it down;
-    /// etcd keeps running.
+    /// Breaks every client connection (every watch ends mid-stream); the server stays up and
+    /// clients may connect again at once.
+    pub fn break_connections(&self) {
+        self.gate.break_connections();
+    }
+
+    /// Closes the gate (breaking every client connection) and kills the API server
+    /// (SIGKILL), leaving it down; etcd keeps running.
     pub fn stop(&mut self) {
+        self.gate.close();
         self.process.kill();
     }
 
-    /// Starts the API server again on the same port, certificate and etcd, and waits until it
-    /// is ready. Works after [`KubeApiServer::stop`], or kills a running one first.
+    /// Starts the API server again on the same port, certificate and etcd, waits until it is
+    /// ready, and only then opens the gate. Works after [`KubeApiServer::stop`], or stops a
+    /// running one first.
     pub fn start_again(&mut self) {
-        self.process.kill();
+        self.stop();
         self.process.respawn(&process::binary(), &self.files, &self.etcd.endpoint);
+        self.gate.open(self.process.port());
     }
 
     /// Whether the API server process is running (not stopped, not exited).

@@ -37,7 +37,12 @@ pub struct TestEngine {
 impl TestEngine {
     /// Serves on a free port of 127.0.0.1 until the test ends.
     pub fn start() -> TestEngine {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        TestEngine::start_at("127.0.0.1:0")
+    }
+
+    /// Serves on `addr` (a loopback `ip:port`; port 0: a free one) until the test ends.
+    pub fn start_at(addr: &str) -> TestEngine {
+        let listener = TcpListener::bind(addr).unwrap_or_else(|e| panic!("binding {addr}: {e}"));
         let port = listener.local_addr().unwrap().port();
         let state = Arc::new(Mutex::new(EngineState {
             healthy: true,
