@@ -9,7 +9,7 @@
 //! every watch ends mid-stream.
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
@@ -106,12 +106,8 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
         if !shared.open.load(Ordering::SeqCst) {
             continue; // dropped: closed
         }
-        let target = ("127.0.0.1", shared.target.load(Ordering::SeqCst));
-        let server = std::net::ToSocketAddrs::to_socket_addrs(&target)
-            .ok()
-            .and_then(|mut a| a.next())
-            .and_then(|addr| TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT).ok());
-        let Some(server) = server else { continue };
+        let target = SocketAddr::from(([127, 0, 0, 1], shared.target.load(Ordering::SeqCst)));
+        let Ok(server) = TcpStream::connect_timeout(&target, CONNECT_TIMEOUT) else { continue };
         if let Err(e) = pass(client, server, shared) {
             eprintln!("the API server's gate could not pass a connection: {e}");
         }

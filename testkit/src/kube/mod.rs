@@ -98,7 +98,7 @@ impl KubeApiServer {
         let process = Process::start(&binary, &files, &etcd.endpoint, None);
         let gate = Gate::new(process.port());
         gate.open(process.port());
-        let client = api::client(&files.ca_file());
+        let client = api::client(files.ca_file());
         let server = KubeApiServer { process, gate, etcd, files, client };
         server.files.write_kubeconfigs(&server.url());
         server.create_namespace(NAMESPACE);
@@ -115,7 +115,7 @@ impl KubeApiServer {
         let process = Process::start(&binary, &self.files, &self.etcd.endpoint, Some(cert));
         let gate = Gate::new(process.port());
         gate.open(process.port());
-        let client = api::client(&self.files.ca_file());
+        let client = api::client(self.files.ca_file());
         KubeApiServer {
             process,
             gate,
@@ -148,7 +148,7 @@ impl KubeApiServer {
 
     /// The PEM file of the certificate authority that signed the serving certificate.
     pub fn ca_file(&self) -> &Path {
-        self.files.ca_file_ref()
+        self.files.ca_file()
     }
 
     /// Breaks every client connection (every watch ends mid-stream); the server stays up and

@@ -95,11 +95,7 @@ impl Files {
     }
 
     /// The certificate authority's PEM file (present once a server has started).
-    pub(super) fn ca_file(&self) -> PathBuf {
-        self.ca.clone()
-    }
-
-    pub(super) fn ca_file_ref(&self) -> &Path {
+    pub(super) fn ca_file(&self) -> &Path {
         &self.ca
     }
 
