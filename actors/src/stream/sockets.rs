@@ -13,7 +13,8 @@
 //!
 //! The only unsafe code of the service: four libzmq calls (context new, set, term; socket),
 //! each with its contract stated where it is made. The context runs one libzmq I/O thread per
-//! 1,024 streams (at most 4), which bounds the cost of idle connections' ZMTP heartbeats.
+//! 1,024 streams kvdir connects to with ZMTP heartbeats (at most 4), which bounds the cost of
+//! idle connections' heartbeats.
 
 #![allow(unsafe_code)]
 
@@ -32,12 +33,14 @@ const SPARE_SOCKETS: usize = 1024;
 const STREAMS_PER_ZMQ_THREAD: usize = 1024;
 const MAX_ZMQ_THREADS: usize = 4;
 
-/// libzmq I/O threads for `max_streams`: one per 1,024 streams, at most 4. A connection's
-/// ZMTP heartbeat timers live on its I/O thread, and libzmq cancels a timer (at every answered
-/// PING) by walking all of that thread's timers, so idle streams cost the square of the
-/// connections per thread: spreading 4,096 connections over 4 threads costs a quarter.
-fn zmq_io_threads(max_streams: usize) -> usize {
-    max_streams.div_ceil(STREAMS_PER_ZMQ_THREAD).clamp(1, MAX_ZMQ_THREADS)
+/// libzmq I/O threads for `heartbeating` connections with ZMTP heartbeats: one per 1,024, at
+/// most 4. A connection's heartbeat timers live on its I/O thread, and libzmq cancels a timer
+/// (at every answered PING) by walking all of that thread's timers, so idle streams cost the
+/// square of the connections per thread: spreading 4,096 over 4 threads costs a quarter.
+/// Without heartbeats (the bind endpoint) one thread serves best: each more one is another
+/// thread to wake.
+fn zmq_io_threads(heartbeating: usize) -> usize {
+    heartbeating.div_ceil(STREAMS_PER_ZMQ_THREAD).clamp(1, MAX_ZMQ_THREADS)
 }
 
 struct RawContext(*mut c_void);
@@ -77,8 +80,9 @@ impl Deref for Socket {
 
 impl ZmqContext {
     /// A context allowing the sockets of `max_streams` streams and `max_replays` replay
-    /// DEALERs, plus a margin.
-    pub fn new(max_streams: usize, max_replays: usize) -> ZmqContext {
+    /// DEALERs, plus a margin, with I/O threads for `heartbeating` connections that send ZMTP
+    /// heartbeats.
+    pub fn new(max_streams: usize, max_replays: usize, heartbeating: usize) -> ZmqContext {
         // SAFETY: no precondition; a null result is checked.
         let ctx = unsafe { zmq_sys::zmq_ctx_new() };
         assert!(!ctx.is_null(), "libzmq cannot create a context (out of memory)");
@@ -92,7 +96,7 @@ impl ZmqContext {
         if unsafe { zmq_sys::zmq_ctx_set(ctx, option, sockets) } != 0 {
             tracing::warn!(sockets, "libzmq refused ZMQ_MAX_SOCKETS; it allows 1023 sockets");
         }
-        let threads = zmq_io_threads(max_streams) as i32;
+        let threads = zmq_io_threads(heartbeating) as i32;
         // SAFETY: as above; ZMQ_IO_THREADS too must be set before the first socket.
         if unsafe { zmq_sys::zmq_ctx_set(ctx, zmq_sys::ZMQ_IO_THREADS as i32, threads) } != 0 {
             tracing::warn!(threads, "libzmq refused ZMQ_IO_THREADS; it runs one I/O thread");
