@@ -182,7 +182,7 @@ fn score_side(
             (side == Side::Prefill).then(|| estimate(c, input_tokens, reuse(k), reported, &p.ttft))
         })
         .collect();
-    add_later(&mut ttft, p.ttft.later_weight);
+    add_later(&mut ttft, &p.ttft);
     let scores: Vec<Option<f64>> = list
         .iter()
         .enumerate()

@@ -1,17 +1,21 @@
 //! The TTFT policy's estimate ([`estimate`]): each prefill candidate's time to first token,
 //! from the work queued ahead of the request ([`super::WorkLedger`]), the request's own
 //! uncached tokens there, the instance's prefill rate and two fixed terms. The policy's score
-//! adds what a cache miss costs the fleet ([`add_later`]); smallest wins.
+//! adds what the request's work there costs the requests that will queue behind it
+//! ([`add_later`]); smallest wins.
 //!
 //! ```text
 //! own_uncached = input_tokens * (1 - clamp(kv_hit_ratio + predict_weight * predicted_hit_ratio, 0, 1))
 //! estimate_ms  = 1000 * (queued_tokens / dp_size + own_uncached) / prefill_tokens_per_s
 //!                + overhead_ms_per_request * (queued_requests / dp_size + 1)
 //!                + decode_ms_at_full_kv * gpu_cache_usage_perc
-//! extra_prefill_ms = 1000 * own_uncached / prefill_tokens_per_s - the least over candidates
+//! service_ms   = 1000 * own_uncached / prefill_tokens_per_s + overhead_ms_per_request
+//! extra_ms     = service_ms - the least service_ms over candidates
 //! busy_share   = mean over candidates of min(1, queued_requests / dp_size)
 //! pressure     = min(busy_share / (1 - busy_share), MAX_PRESSURE)
-//! later_ms     = later_weight * fleet_reuse^2 * pressure * extra_prefill_ms
+//! reuse_bump   = (4 * fleet_reuse * (1 - fleet_reuse))^3      (1 at a reuse of 0.5, 0 at 0 and 1)
+//! later_ms     = pressure * (later_weight * reuse_bump * extra_ms
+//!                            + queue_weight * service_ms * queued_requests / dp_size)
 //! score        = estimate_ms + later_ms
 //! ```
 //! - `queued_tokens`, `queued_requests`: kvdir's own routed requests not done yet, each with
@@ -24,20 +28,19 @@
 //!   mostly by the running (decoding) requests whose steps share the engine with every
 //!   prefill. The term is the same for instances with the same usage, so it never changes a
 //!   choice between equally used instances.
-//! - The miss cost: a miss costs the fleet its prefill beyond the best candidate's, which
-//!   delays the requests queued behind it, about `rho / (1 - rho)` of them on a server busy a
-//!   share `rho` of the time; bounded, so a request still leaves a cached instance whose queue
-//!   costs more. It matters only where the fleet lives on its cache: `fleet_reuse` is the share
-//!   of routed tokens credited lately ([`super::WorkLedger::reuse`]), squared because the cost
-//!   falls on reuse twice, the prefix's own next turns (split across two copies) and the blocks
-//!   its second copy evicts. An idle fleet and one without reuse choose on the estimate alone.
+//! - The later cost (docs/design.md): on a fleet busy a share `rho` of the time, about `rho /
+//!   (1 - rho)` requests wait per server. Work a request adds delays them: its miss (the
+//!   service beyond the best candidate's) takes capacity from the whole fleet, and its service
+//!   on a queue of `n` also delays the requests that arrive while those `n` drain, the tail.
+//!   An idle fleet (pressure 0) chooses on the estimate alone; the pressure is bounded, so a
+//!   request still leaves a cached instance whose queue costs more.
 
 use serde::{Deserialize, Serialize};
 
 use super::ledger::RATE_BOUNDS;
 use super::types::Candidate;
 
-/// The largest pressure a loaded fleet puts on a miss (a busy share of 0.9).
+/// The largest pressure a loaded fleet puts on added work (a busy share of 0.9).
 pub const MAX_PRESSURE: f64 = 9.0;
 
 /// Settings of the TTFT policy.
@@ -49,14 +52,23 @@ pub struct TtftParams {
     pub overhead_ms: f64,
     /// `--ttft_decode_ms`: the decode term of an instance whose KV cache is full.
     pub decode_ms: f64,
-    /// `--ttft_later_weight`: weight of the delay the request's own prefill adds to the
-    /// requests expected to queue behind it ([`add_later`]); 0 chooses on the estimate alone.
+    /// `--ttft_later_weight`: weight of the capacity a miss takes from a loaded fleet, its
+    /// service beyond the best candidate's ([`add_later`]).
     pub later_weight: f64,
+    /// `--ttft_queue_weight`: weight of the delay its service adds to the requests arriving
+    /// while the queue ahead of it drains ([`add_later`]).
+    pub queue_weight: f64,
 }
 
 impl Default for TtftParams {
     fn default() -> Self {
-        TtftParams { tokens_per_s: 10_000.0, overhead_ms: 5.0, decode_ms: 10.0, later_weight: 32.0 }
+        TtftParams {
+            tokens_per_s: 10_000.0,
+            overhead_ms: 5.0,
+            decode_ms: 10.0,
+            later_weight: 12.0,
+            queue_weight: 0.05,
+        }
     }
 }
 
@@ -95,17 +107,20 @@ pub struct TtftTerms {
     pub decode_ms: f64,
     /// The estimate: prefill time of the queue and of its own tokens, plus both terms.
     pub estimate_ms: f64,
-    /// The fleet's reuse ([`super::WorkLedger::reuse`]).
+    /// The fleet's reuse ([`super::WorkLedger::reuse`]), for the operator.
     pub fleet_reuse: f64,
-    /// Its own prefill time beyond the least over the prefill candidates, ms: what its miss
-    /// costs the fleet's capacity.
-    pub extra_prefill_ms: f64,
+    /// Its own service on this candidate, ms: its prefill plus one request's overhead.
+    pub service_ms: f64,
+    /// Its service beyond the least over the prefill candidates, ms: what its miss costs the
+    /// fleet's capacity; 0 for the best cached.
+    pub extra_ms: f64,
     /// The share of the prefill candidates' ranks with work queued (the mean over them of
     /// `min(1, queued_requests / dp_size)`).
     pub busy_share: f64,
     /// [`pressure`] of the busy share.
     pub pressure: f64,
-    /// The miss cost: `--ttft_later_weight * fleet_reuse^2 * pressure * extra_prefill_ms`.
+    /// The later cost: `pressure * (later_weight * extra_ms + queue_weight * service_ms *
+    /// queued_requests / dp_size)`.
     pub later_ms: f64,
 }
 
@@ -156,6 +171,7 @@ pub fn estimate(
     let prefill_ms = 1000.0 * (queued.tokens / ranks + own) / rate.max(1e-9);
     let overhead_ms = p.overhead_ms * (queued.requests as f64 / ranks + 1.0);
     let decode_ms = p.decode_ms * c.load.map_or(0.0, |l| l.gpu_cache_usage_perc);
+    let service_ms = 1000.0 * own / rate.max(1e-9) + p.overhead_ms;
     TtftTerms {
         queued_tokens: queued.tokens,
         queued_requests: queued.requests,
@@ -167,7 +183,8 @@ pub fn estimate(
         decode_ms,
         estimate_ms: prefill_ms + overhead_ms + decode_ms,
         fleet_reuse: queued.fleet_reuse.clamp(0.0, 1.0),
-        extra_prefill_ms: 0.0,
+        service_ms,
+        extra_ms: 0.0,
         busy_share: 0.0,
         pressure: 0.0,
         later_ms: 0.0,
@@ -180,33 +197,38 @@ impl TtftTerms {
         self.estimate_ms + self.later_ms
     }
 
-    /// Its own prefill time, ms.
-    pub fn own_prefill_ms(&self) -> f64 {
-        1000.0 * self.own_uncached_tokens / self.prefill_tokens_per_s.max(1e-9)
-    }
-
     /// The share of its ranks with work queued, at most 1.
     fn busy(&self) -> f64 {
         (self.queued_requests as f64 / f64::from(self.dp_size.max(1))).min(1.0)
     }
 }
 
-/// Sets each estimate's miss cost, `later_ms` (module doc): its extra prefill against the
-/// candidate with the least, times the fleet's pressure and reuse, times `weight`. An idle
-/// fleet (pressure 0) and a fleet without reuse choose on the estimate alone; under load the
-/// cost protects the cache, but at most [`MAX_PRESSURE`] times the extra prefill, so a request
-/// still leaves a cached instance whose queue costs more than that.
-pub fn add_later(estimates: &mut [Option<TtftTerms>], weight: f64) {
+/// Sets each estimate's later cost, `later_ms` (module doc): the fleet's pressure times its
+/// weighted miss (service beyond the least) and its weighted service times the requests ahead
+/// of it. An idle fleet (pressure 0) chooses on the estimate alone; the pressure is at most
+/// [`MAX_PRESSURE`].
+pub fn add_later(estimates: &mut [Option<TtftTerms>], p: &TtftParams) {
     let shares: Vec<f64> = estimates.iter().flatten().map(TtftTerms::busy).collect();
     let busy_share = shares.iter().sum::<f64>() / shares.len().max(1) as f64;
     let pressure = pressure(busy_share);
-    let least = estimates.iter().flatten().map(TtftTerms::own_prefill_ms).fold(f64::MAX, f64::min);
+    let least = estimates.iter().flatten().map(|t| t.service_ms).fold(f64::MAX, f64::min);
     for t in estimates.iter_mut().flatten() {
-        t.extra_prefill_ms = t.own_prefill_ms() - least;
+        let ahead = t.queued_requests as f64 / f64::from(t.dp_size.max(1));
+        t.extra_ms = t.service_ms - least;
         t.busy_share = busy_share;
         t.pressure = pressure;
-        t.later_ms = weight * t.fleet_reuse.powi(2) * pressure * t.extra_prefill_ms;
+        let miss = p.later_weight * reuse_bump(t.fleet_reuse) * t.extra_ms;
+        let delay = miss + p.queue_weight * t.service_ms * ahead;
+        t.later_ms = pressure * delay;
     }
+}
+
+/// How much a miss matters at the fleet's reuse `r`: `(4 r (1 - r))^3`, 1 at 0.5, vanishing
+/// towards 0 (a miss costs its own prefill, which the estimate counts) and 1 (a session that
+/// moves pays its context once, then lives on the new instance). docs/design.md.
+pub fn reuse_bump(r: f64) -> f64 {
+    let r = r.clamp(0.0, 1.0);
+    (4.0 * r * (1.0 - r)).powi(3)
 }
 
 /// `rho / (1 - rho)`, the mean queue of a FIFO server busy a share `rho` of the time, at most
@@ -242,7 +264,7 @@ mod tests {
     }
 
     fn ttft_with(cands: &[Candidate], later_weight: f64) -> Routed {
-        let ttft = TtftParams { later_weight, ..TtftParams::default() };
+        let ttft = TtftParams { later_weight, queue_weight: 0.0, ..TtftParams::default() };
         let p = RouteParams { policy: Policy::Ttft, ttft, ..RouteParams::default() };
         route(cands, 10_000, &p, &mut Rotation::default()).unwrap()
     }
@@ -317,52 +339,81 @@ mod tests {
         );
     }
 
-    /// `cands` with the fleet's reuse set to `reuse`.
-    fn reusing(cands: &[Candidate], reuse: f64) -> Vec<Candidate> {
-        let with = |c: &Candidate| {
-            let queued = QueuedWork { fleet_reuse: reuse, ..c.queued };
-            Candidate { queued, ..c.clone() }
-        };
-        cands.iter().map(with).collect()
-    }
-
     #[test]
-    fn an_idle_fleet_or_one_without_reuse_chooses_on_the_estimate_alone() {
+    fn an_idle_fleet_chooses_on_the_estimate_alone() {
         // a holds 50 of the 10,000 tokens but decodes at 90 % KV usage: b's estimate is lower.
         let idle = [cand("a", 50, 2, (0.0, 0), 0.9), cand("b", 0, 1, (0.0, 0), 0.0)];
-        let r = ttft_with(&reusing(&idle, 0.5), 10.0);
+        let r = ttft_with(&idle, 10.0);
         assert_eq!(r.prefill, "b", "{r:?}");
         let (a, b) = (terms(&r, "a"), terms(&r, "b"));
         assert_eq!((b.busy_share, b.pressure, b.later_ms, a.later_ms), (0.0, 0.0, 0.0, 0.0));
-        assert_eq!((a.extra_prefill_ms, b.extra_prefill_ms), (0.0, 5.0), "50 tokens at 10,000/s");
-        // Every rank busy, but no reuse in the fleet: still the estimate alone.
-        let busy = [cand("a", 8000, 1, (9000.0, 3), 0.0), cand("b", 0, 1, (0.0, 1), 0.0)];
-        let r = ttft_with(&reusing(&busy, 0.0), 10.0);
-        assert_eq!((r.prefill.as_str(), terms(&r, "b").pressure), ("b", MAX_PRESSURE));
-        assert_eq!(terms(&r, "b").later_ms, 0.0);
+        assert_eq!((a.service_ms, b.service_ms), (1000.0, 1005.0), "9950 or 10,000 tokens + 5 ms");
+        assert_eq!((a.extra_ms, b.extra_ms), (0.0, 5.0), "50 tokens at 10,000/s");
+    }
+
+    /// a holds 8000 of 10,000 tokens and has `queued_a` tokens in 3 requests; b has 1000 in 1;
+    /// the fleet reuses half its tokens (a miss weighs fully).
+    fn cached_and_busy(queued_a: f64) -> [Candidate; 2] {
+        let mut cands = [cand("a", 8000, 1, (queued_a, 3), 0.0), cand("b", 0, 1, (1000.0, 1), 0.0)];
+        cands.iter_mut().for_each(|c| c.queued.fleet_reuse = 0.5);
+        cands
     }
 
     #[test]
     fn a_loaded_fleet_keeps_a_request_on_its_cached_instance_while_the_miss_costs_more() {
-        // 8000 of 10,000 tokens cached on a, 12,000 tokens queued there; b has 1000 queued.
-        // Estimates: a 1400 + 20 ms, b 1100 + 10 ms. Both busy: pressure 9; a quarter reused.
-        let cands = |queued_a: f64| {
-            let a = cand("a", 8000, 1, (queued_a, 3), 0.0);
-            reusing(&[a, cand("b", 0, 1, (1000.0, 1), 0.0)], 0.25)
-        };
-        assert_eq!(ttft_with(&cands(12_000.0), 0.0).prefill, "b", "the estimate alone: b");
-        let r = ttft_with(&cands(12_000.0), 4.0);
+        // Estimates: a 1400 + 20 ms, b 1100 + 10 ms. Both busy: pressure 9.
+        assert_eq!(ttft_with(&cached_and_busy(12_000.0), 0.0).prefill, "b", "estimate alone");
+        let r = ttft_with(&cached_and_busy(12_000.0), 0.25);
         assert_eq!(r.prefill, "a", "b's miss of 8000 more tokens costs the fleet more: {r:?}");
         let (a, b) = (terms(&r, "a"), terms(&r, "b"));
-        assert_eq!((a.busy_share, a.pressure, a.fleet_reuse), (1.0, MAX_PRESSURE, 0.25));
-        assert_eq!((a.extra_prefill_ms, a.later_ms), (0.0, 0.0), "a misses least");
-        assert_eq!(b.extra_prefill_ms, 800.0);
-        assert_eq!(b.later_ms, 4.0 * 0.25 * 0.25 * MAX_PRESSURE * 800.0);
+        assert_eq!((a.busy_share, a.pressure), (1.0, MAX_PRESSURE));
+        assert_eq!((a.extra_ms, a.later_ms), (0.0, 0.0), "a misses least");
+        assert_eq!((b.service_ms, b.extra_ms), (1005.0, 800.0));
+        assert_eq!(b.later_ms, MAX_PRESSURE * 0.25 * 800.0);
         let score = |name: &str| r.candidates.iter().find(|c| c.name == name).unwrap().score;
         assert_eq!(score("b"), Some(b.estimate_ms + 1800.0));
         assert_eq!(r.candidates[1].estimated_ttft_ms, Some(1110.0), "the estimate alone");
         // The miss cost is bounded: once a's queue costs more (30,000 tokens: 3.2 s), b.
-        assert_eq!(ttft_with(&cands(30_000.0), 4.0).prefill, "b");
+        assert_eq!(ttft_with(&cached_and_busy(30_000.0), 0.25).prefill, "b");
+    }
+
+    #[test]
+    fn a_miss_weighs_most_at_middling_reuse() {
+        assert_eq!([0.0, 0.5, 1.0, 2.0].map(reuse_bump), [0.0, 1.0, 0.0, 0.0]);
+        assert!((reuse_bump(0.25) - 0.421875).abs() < 1e-12, "0.75^3");
+        assert!((reuse_bump(0.1) - reuse_bump(0.9)).abs() < 1e-12, "symmetric");
+        let reusing = |reuse| {
+            let mut cands = cached_and_busy(12_000.0);
+            cands.iter_mut().for_each(|c| c.queued.fleet_reuse = reuse);
+            ttft_with(&cands, 0.25)
+        };
+        let r = reusing(0.5);
+        assert_eq!(terms(&r, "b").later_ms, MAX_PRESSURE * 0.25 * 800.0);
+        assert_eq!(r.prefill, "a", "b costs 1110 + 1800 ms, a 1420 ms");
+        for reuse in [0.05, 0.95] {
+            assert_eq!(reusing(reuse).prefill, "b", "little to protect, or a refunded move");
+        }
+    }
+
+    #[test]
+    fn the_queue_weight_prices_a_service_by_the_requests_ahead_of_it() {
+        let p =
+            |queue_weight| TtftParams { later_weight: 0.25, queue_weight, ..TtftParams::default() };
+        let route_with = |cands: &[Candidate], ttft| {
+            let p = RouteParams { policy: Policy::Ttft, ttft, ..RouteParams::default() };
+            route(cands, 10_000, &p, &mut Rotation::default()).unwrap()
+        };
+        // a's 205 ms of service waits behind 3 requests, b's 1005 ms behind 1: at weight 0.5
+        // a costs 9 * (0.5 * 205 * 3) = 2767.5 ms more, b 9 * (0.25 * 800 + 0.5 * 1005) = 6322.5.
+        let r = route_with(&cached_and_busy(12_000.0), p(0.5));
+        assert_eq!(terms(&r, "a").later_ms, 2767.5);
+        assert_eq!(terms(&r, "b").later_ms, 6322.5);
+        assert_eq!(r.prefill, "a");
+        // Four more requests ahead of a (7): 6457.5 ms, and its queue decides for b.
+        let mut cands = cached_and_busy(12_000.0);
+        cands[0].queued.requests = 7;
+        let r = route_with(&cands, p(0.5));
+        assert_eq!((r.prefill.as_str(), terms(&r, "a").later_ms), ("b", 6457.5));
     }
 
     #[test]

@@ -272,6 +272,10 @@ struct ReplayCli {
     /// (concurrent arrivals); 1 or a multiple of --routers [default: 1]
     #[arg(long, value_name = "K")]
     concurrent: Option<String>,
+    /// engine 0's HTTP port; its KV events and replay ports follow at fixed offsets (+10000,
+    /// +30000) [default: 0 = the first free block]
+    #[arg(long, value_name = "P")]
+    http_port: Option<String>,
     /// replay only the first K requests (0 = all) [default: 0]
     #[arg(long, value_name = "K")]
     requests: Option<String>,

@@ -49,6 +49,8 @@ pub struct ReplayOptions {
     pub routers: usize,
     /// Consecutive requests routed at once.
     pub concurrent: usize,
+    /// Engine 0's HTTP port (0 = pick a free block).
+    pub http_port: u16,
     /// The kvdir to start and the etcd (the flags shared with `chat`; the namespace is each
     /// run's prefix).
     pub kvdir: KvdirRun,
@@ -71,6 +73,7 @@ impl Default for ReplayOptions {
             approximate: false,
             routers: 1,
             concurrent: 1,
+            http_port: 0,
             kvdir: KvdirRun::new("replay"),
         }
     }
@@ -211,6 +214,7 @@ impl ReplayOptions {
             "events" => self.approximate = choice(name, value, &EVENTS)?,
             "routers" => self.routers = number(name, value)?,
             "concurrent" => self.concurrent = number(name, value)?,
+            "http_port" => self.http_port = number(name, value)?,
             _ => return Err(format!("unknown flag --{name}; run kvdir-bench replay --help")),
         }
         Ok(())
@@ -293,6 +297,7 @@ impl ReplayOptions {
         BenchOptions {
             engines: self.engines,
             dp_size: self.dp_size,
+            http_port: self.http_port,
             block_size: TRACE_BLOCK as u32,
             device_blocks: self.cache_blocks / self.dp_size.max(1) as usize,
             host_blocks: 0,

@@ -95,10 +95,14 @@ struct Cli {
     /// TTFT: decode term of an instance with a full KV cache, scaled by gpu_cache_usage_perc
     #[arg(long, env = "KVDIR_TTFT_DECODE_MS", value_name = "MS", default_value = "10")]
     ttft_decode_ms: String,
-    /// TTFT: weight of a cache miss's cost to a loaded fleet that reuses its cache; 0 chooses on
-    /// the estimate alone
-    #[arg(long, env = "KVDIR_TTFT_LATER_WEIGHT", value_name = "X", default_value = "32")]
+    /// TTFT: weight of a cache miss on a loaded fleet (its prefill beyond the best candidate's,
+    /// times the fleet's pressure and (4 r (1 - r))^3 of its reuse r)
+    #[arg(long, env = "KVDIR_TTFT_LATER_WEIGHT", value_name = "X", default_value = "12")]
     ttft_later_weight: String,
+    /// TTFT: weight of the delay a request's prefill adds to those arriving while the queue
+    /// ahead of it drains (its service times the requests ahead, times the fleet's pressure)
+    #[arg(long, env = "KVDIR_TTFT_QUEUE_WEIGHT", value_name = "X", default_value = "0.05")]
+    ttft_queue_weight: String,
     /// SLO_AWARE time-to-first-token target
     #[arg(long, env = "KVDIR_TARGET_TTFT", value_name = "MS", default_value = "1000")]
     target_ttft: String,

@@ -232,6 +232,7 @@ fn set(flags: &mut Flags, name: &str, v: &str) -> Result<(), String> {
         "ttft_overhead_ms" => flags.route.ttft.overhead_ms = fraction(name, v, f64::MAX)?,
         "ttft_decode_ms" => flags.route.ttft.decode_ms = fraction(name, v, f64::MAX)?,
         "ttft_later_weight" => flags.route.ttft.later_weight = weight(name, v)?,
+        "ttft_queue_weight" => flags.route.ttft.queue_weight = weight(name, v)?,
         "target_ttft" => flags.route.target_ttft_ms = fraction(name, v, f64::MAX)?,
         "target_tpot" => flags.route.target_tpot_ms = fraction(name, v, f64::MAX)?,
         "tokenizer_path" => flags.front.tokenizer_path = path(v),
