@@ -244,13 +244,13 @@ fn a_heartbeat_load_is_used_by_the_next_route() {
 /// The TTFT policy, over real HTTP: a long cached prefix on an engine that is busy with one
 /// request beats an idle engine without it (CAR at 0.5 would call it the busiest), until six
 /// requests queued there cost more than the prefix saves. Every estimate follows its terms.
-/// (`--ttft_later_weight 0`: the choice is on the estimate alone; the unit tests cover the
-/// miss cost.)
+/// (`--ttft_later_weight 0 --ttft_queue_weight 0`: the choice is on the estimate alone; the
+/// unit tests cover the later cost.)
 #[test]
 fn ttft_sends_a_request_where_its_first_token_is_expected_soonest() {
     let etcd = etcd_endpoint();
     let ns = format!("e2e-ttft-{}", std::process::id());
-    let ttft = TtftParams { later_weight: 0.0, ..TtftParams::default() };
+    let ttft = TtftParams { later_weight: 0.0, queue_weight: 0.0, ..TtftParams::default() };
     let params = RouteParams { policy: Policy::Ttft, ttft, ..RouteParams::default() };
     let svc = discovery_service(
         &etcd.endpoint,
