@@ -41,7 +41,7 @@ use kvdir::index::{IndexConfig, StreamLabel, StreamWriter};
 use kvdir::query::QueryResponse;
 use kvdir::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord, WireHash};
 use kvdir::wire::{decode_batch, encode_batch, Batch, Tier};
-use kvdir_service::directory::Directory;
+use kvdir_service::directory::{Directory, RouteRead};
 use kvdir_service::router::{RouteRequest, RouterActor};
 
 /// Streams registered with the router.
@@ -155,7 +155,10 @@ impl RouterCases<'_> {
     /// Runs case `case` (an index into `ROUTER_CASES`) `iters` times; returns the time taken.
     fn time(&mut self, case: usize, iters: u64) -> Duration {
         let (tokens, directory) = (&self.tokens, self.directory);
-        let route = || RouteRequest { input_tokens: tokens.len(), hits: directory.read(tokens) };
+        let route = || RouteRequest {
+            input_tokens: tokens.len(),
+            read: RouteRead::of_hits(directory.read(tokens)),
+        };
         match case {
             0 => {
                 let start = Instant::now();

@@ -2,8 +2,8 @@
 //!
 //! - `GET /v1/internal/streams` gives each stream's phase and counters (live messages, gaps,
 //!   recoveries, decode errors ...);
-//! - `POST /v1/internal/kv-cache/query` with no tokens gives each stream's `synchronized` and
-//!   last applied `sequence`;
+//! - `POST /v1/internal/kv-cache/query` with no tokens and `"list": "all"` gives each stream's
+//!   `synchronized` and last applied `sequence` (every stream, whatever the fleet's size);
 //! - `GET /v1/internal/instances` (etcd mode) shows whether an instance has a load report,
 //!   without which it cannot be routed to.
 //!
@@ -20,6 +20,8 @@ use super::fleet::StreamName;
 use super::http::Conn;
 use super::BenchError;
 
+/// The query endpoint.
+const QUERY: &str = "/v1/internal/kv-cache/query";
 /// Interval between polls.
 const POLL: Duration = Duration::from_millis(50);
 /// Phases of a synchronized stream (`resyncing` is a periodic snapshot that keeps serving).
@@ -90,7 +92,7 @@ impl Probe {
     /// The fleet's streams as kvdir reports them; a stream kvdir does not know is absent.
     pub fn views(&mut self) -> Result<HashMap<StreamName, StreamView>, BenchError> {
         let report = self.json("/v1/internal/streams", None)?;
-        let query = self.json("/v1/internal/kv-cache/query", Some(br#"{"token_ids":[]}"#))?;
+        let query = self.json(QUERY, Some(br#"{"token_ids":[],"list":"all"}"#))?;
         let key = |v: &Value| StreamName {
             instance: v["instance_name"].as_str().unwrap_or_default().to_string(),
             rank: v["dp_rank"].as_u64().unwrap_or_default() as u32,

@@ -18,6 +18,8 @@
 
 use std::collections::HashMap;
 
+use super::names::NameMap;
+
 /// Identifies one forwarded request.
 pub type RequestId = u64;
 
@@ -45,7 +47,7 @@ struct Entry {
 #[derive(Debug, Default)]
 pub struct InFlight {
     next: RequestId,
-    by_instance: HashMap<String, HashMap<RequestId, Entry>>,
+    by_instance: NameMap<String, HashMap<RequestId, Entry>>,
 }
 
 impl InFlight {

@@ -26,7 +26,9 @@
 //! requests per instance (the oldest are dropped as done), and each instance keeps the sum of
 //! its requests' uncached tokens, so [`WorkLedger::queued`] costs the same at any queue length.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use super::names::NameMap;
 
 /// Most requests kept per instance.
 pub const MAX_PER_INSTANCE: usize = 4096;
@@ -141,7 +143,7 @@ impl Instance {
 /// Per-instance work kvdir routed and not done yet.
 #[derive(Debug, Default)]
 pub struct WorkLedger {
-    instances: HashMap<String, Instance>,
+    instances: NameMap<String, Instance>,
     /// EWMA of the uncached tokens of routed requests.
     typical: Option<f64>,
     /// EWMA of every instance's rate samples.

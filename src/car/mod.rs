@@ -29,11 +29,15 @@
 //! [`Predictions`] holds the content keys of recently routed requests, expected on their
 //! instances until the engines' events confirm them or a short TTL passes.
 //! [`RecentRoutes`] keeps the last few decisions (token counts only) for the status page.
+//! A large fleet's answer lists a few candidates and counts the rest ([`route_listed`],
+//! `listing.rs`).
 //! [`ApproxCache`] credits engines without KV events from kvdir's own routing (approximate).
 
 mod approx;
 mod inflight;
 mod ledger;
+mod listing;
+mod names;
 mod policy;
 mod predict;
 mod rank;
@@ -44,7 +48,9 @@ mod types;
 pub use approx::{ApproxCache, ApproxEngine, ApproxSettings};
 pub use inflight::{prompt_id, InFlight, PromptId, RequestId};
 pub use ledger::{ewma, QueuedWork, RoutedWork, WorkLedger};
-pub use policy::{kv_hit_ratio, route, Rotation, RouteError};
+pub use listing::{RouteSummary, ROUTE_LIST};
+pub use names::{NameHasher, NameMap};
+pub use policy::{kv_hit_ratio, route, route_listed, Rotation, RouteError};
 pub use predict::{predicted_hit_ratio, PredictCounters, Predictions};
 pub use rank::{choose_rank, DpRouting, RankChoice, RankLoad, RankScore, MAX_SCORED_RANKS};
 pub use recent::{RecentRoutes, RecentRoutesReport, RouteRecord};

@@ -1,6 +1,7 @@
 //! Candidate filtering and the four policies. Everything here is a pure function of its
 //! inputs plus a [`Rotation`] that the caller keeps between calls (for RR and for ties).
 
+use super::listing::{chosen_first, RouteSummary, ROUTE_LIST};
 use super::rank::{choose_rank, RankChoice};
 use super::ttft::{add_later, estimate, TtftTerms};
 use super::types::{Candidate, CandidateReport, Policy, RouteParams, Routed, Side};
@@ -221,12 +222,24 @@ fn choose(scored: &[Scored], policy: Policy, counter: &mut u64) -> usize {
     pick(&pairs, counter)
 }
 
-/// Routes a request of `input_tokens` tokens.
+/// Routes a request of `input_tokens` tokens, with a report on every candidate.
 pub fn route(
     cands: &[Candidate],
     input_tokens: usize,
     p: &RouteParams,
     rot: &mut Rotation,
+) -> Result<Routed, RouteError> {
+    route_listed(cands, input_tokens, p, rot, false)
+}
+
+/// [`route`]; with `compact`, the answer reports on the chosen instances and the best-scored
+/// others only, and sums up the rest (`listing.rs`). The decision is the same.
+pub fn route_listed(
+    cands: &[Candidate],
+    input_tokens: usize,
+    p: &RouteParams,
+    rot: &mut Rotation,
+    compact: bool,
 ) -> Result<Routed, RouteError> {
     let mut reasons: Vec<Option<String>> = cands.iter().map(ineligible).collect();
     let on = |s: Side, reasons: &[Option<String>]| -> Vec<usize> {
@@ -256,9 +269,28 @@ pub fn route(
     let prefill = choose(&p_scored, p.policy, &mut rot.prefill);
     let d_scored = score_side(cands, &d_list, Side::Decode, input_tokens, p, &mut rot.rank);
     let decode = (!d_list.is_empty()).then(|| choose(&d_scored, p.policy, &mut rot.decode));
-    let mut reports: Vec<CandidateReport> = cands
+    let (listed, summary) = match compact {
+        false => ((0..cands.len()).collect(), None),
+        true => {
+            let chosen: Vec<usize> = std::iter::once(prefill).chain(decode).collect();
+            let scores = p_scored.iter().chain(&d_scored).map(|s| (s.index, s.score));
+            let credited = |s: &&Scored| s.ratios.is_some_and(|(k, p)| k > 0.0 || p > 0.0);
+            let summary = RouteSummary {
+                candidates: cands.len() as u64,
+                prefill: p_list.len() as u64,
+                decode: d_list.len() as u64,
+                ineligible: reasons.iter().filter(|r| r.is_some()).count() as u64,
+                with_credit: p_scored.iter().filter(credited).count() as u64,
+            };
+            (chosen_first(&chosen, scores, ROUTE_LIST), Some(summary))
+        }
+    };
+    // Each candidate's place in `reports`, if it is listed.
+    let mut at: Vec<Option<usize>> = vec![None; cands.len()];
+    listed.iter().enumerate().for_each(|(k, &i)| at[i] = Some(k));
+    let mut reports: Vec<CandidateReport> = listed
         .iter()
-        .zip(&reasons)
+        .map(|&i| (&cands[i], &reasons[i]))
         .map(|(c, r)| CandidateReport {
             name: c.name.clone(),
             role: c.kind,
@@ -280,9 +312,9 @@ pub fn route(
     let sides =
         [(&p_scored, Some(prefill), p.target_ttft_ms), (&d_scored, decode, p.target_tpot_ms)];
     for (scored, chosen, target) in sides {
-        explain(&mut reports, scored, chosen, p.policy);
+        explain(&mut reports, &at, scored, chosen, p.policy);
         if p.policy == Policy::SloAware {
-            explain_slo(&mut reports, scored, target);
+            explain_slo(&mut reports, &at, scored, target);
         }
     }
     let dp_rank = p_scored.iter().find(|s| s.index == prefill).and_then(|s| s.rank.as_ref());
@@ -293,14 +325,20 @@ pub fn route(
         dp_rank: dp_rank.map(|r| r.dp_rank),
         decode: decode.map(|i| cands[i].name.clone()),
         candidates: reports,
+        summary,
     })
 }
 
 /// SLO_AWARE: classifies each prediction against its `target` (ms) and says so when the
 /// chosen one misses it.
-fn explain_slo(reports: &mut [CandidateReport], scored: &[Scored], target: f64) {
+fn explain_slo(
+    reports: &mut [CandidateReport],
+    at: &[Option<usize>],
+    scored: &[Scored],
+    target: f64,
+) {
     for s in scored {
-        let r = &mut reports[s.index];
+        let Some(r) = at[s.index].map(|k| &mut reports[k]) else { continue };
         r.meets_slo = r.score.map(|s| s <= target);
         if r.chosen && r.meets_slo == Some(false) {
             r.reason = format!(
@@ -314,8 +352,10 @@ fn explain_slo(reports: &mut [CandidateReport], scored: &[Scored], target: f64) 
     }
 }
 
+/// Writes each listed candidate's score, terms and reason (`at`: its place in `reports`).
 fn explain(
     reports: &mut [CandidateReport],
+    at: &[Option<usize>],
     scored: &[Scored],
     chosen: Option<usize>,
     policy: Policy,
@@ -323,7 +363,7 @@ fn explain(
     let best = scored.iter().find(|s| Some(s.index) == chosen).and_then(|s| s.score);
     for s in scored {
         let (i, score) = (s.index, s.score);
-        let r = &mut reports[i];
+        let Some(r) = at[i].map(|k| &mut reports[k]) else { continue };
         r.score = score;
         r.kv_hit_ratio = s.ratios.map(|v| v.0);
         r.predicted_hit_ratio = s.ratios.map(|v| v.1);

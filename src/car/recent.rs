@@ -106,6 +106,7 @@ mod tests {
             dp_rank: None,
             decode: None,
             candidates: Vec::new(),
+            summary: None,
         })
     }
 

@@ -6,6 +6,7 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 use super::ledger::QueuedWork;
+use super::listing::RouteSummary;
 use super::rank::{DpRouting, RankLoad, RankScore};
 use super::ttft::{TtftParams, TtftTerms};
 use crate::registry::{InstanceState, InstanceType, LoadMetrics};
@@ -191,7 +192,7 @@ pub fn reusable_limit(input_tokens: usize, block_size: u32) -> u64 {
 }
 
 /// One instance as routing sees it.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub struct Candidate {
     /// Instance name.
     pub name: String,
@@ -217,6 +218,55 @@ pub struct Candidate {
     pub dp_routing: DpRouting,
     /// Its load per DP rank, where the engine reports one (empty otherwise).
     pub rank_loads: Vec<RankLoad>,
+}
+
+/// `clone_from` reuses the target's buffers: a router that rebuilds a thousand candidates per
+/// request from its instance snapshot allocates nothing once they are made.
+impl Clone for Candidate {
+    fn clone(&self) -> Self {
+        let mut c = Candidate {
+            name: String::new(),
+            kind: self.kind,
+            mix_acting_prefill: false,
+            state: self.state,
+            load: None,
+            dp_size: 0,
+            ttft_profile: Vec::new(),
+            tpot_profile: Vec::new(),
+            hits: Vec::new(),
+            queued: QueuedWork::default(),
+            dp_routing: self.dp_routing,
+            rank_loads: Vec::new(),
+        };
+        c.clone_from(self);
+        c
+    }
+
+    fn clone_from(&mut self, source: &Self) {
+        // Every field by name, so that a new one cannot be forgotten here.
+        let Candidate {
+            name,
+            kind,
+            mix_acting_prefill,
+            state,
+            load,
+            dp_size,
+            ttft_profile,
+            tpot_profile,
+            hits,
+            queued,
+            dp_routing,
+            rank_loads,
+        } = source;
+        self.name.clone_from(name);
+        (self.kind, self.mix_acting_prefill, self.state) = (*kind, *mix_acting_prefill, *state);
+        (self.load, self.dp_size, self.queued) = (*load, *dp_size, *queued);
+        self.ttft_profile.clone_from(ttft_profile);
+        self.tpot_profile.clone_from(tpot_profile);
+        self.hits.clone_from(hits);
+        self.dp_routing = *dp_routing;
+        self.rank_loads.clone_from(rank_loads);
+    }
 }
 
 /// Which list a candidate is on.
@@ -291,8 +341,12 @@ pub struct Routed {
     pub dp_rank: Option<u32>,
     /// The chosen decode instance, if any.
     pub decode: Option<String>,
-    /// Every known instance.
+    /// Every known instance; in a compact answer the chosen ones, then the best-scored others
+    /// (`listing.rs`).
     pub candidates: Vec<CandidateReport>,
+    /// A compact answer's count of every candidate (absent when all are listed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<RouteSummary>,
 }
 
 #[cfg(test)]

@@ -2,10 +2,12 @@
 //! queries walk.
 //!
 //! Layout (see `docs/design.md` for why):
-//! - one [`SharedIndex`] per `(block_size, hash_seed)` holds the view every query reads:
+//! - one [`SharedIndex`] per `(block_size, hash_seed)` and 128 streams holds the view queries read:
 //!   `content key -> (Device streams, Host streams)`, with each stream's status and label
 //!   (`shared/`). A query walks it once for all streams ([`SharedHandle`]), hashing the prompt
 //!   into content keys ([`KeyHasher`], `key.rs`, in the query's [`Namespace`]) as it goes;
+//!   a fleet of more than [`MAX_STREAMS`] streams has several indexes, whose walks of one query
+//!   share its keys ([`PromptKeys`], `prompt.rs`), so that each block is hashed once;
 //! - each stream's [`StreamWriter`] owns `engine hash -> (content key, tiers)` (`apply/`,
 //!   `blocks.rs`, `retired.rs`): the truth for parents, removals and tokenless replica events,
 //!   counting resident blocks per tier. It applies batches and builds snapshots
@@ -25,6 +27,7 @@ mod flat;
 mod groups;
 mod key;
 mod namespace;
+mod prompt;
 mod retired;
 mod shared;
 mod status;
@@ -35,9 +38,10 @@ pub use apply::ApplyStats;
 pub use groups::{class_key, AttentionClass};
 pub use key::{ContentKey, KeyHasher, TokenId};
 pub use namespace::Keys;
+pub use prompt::PromptKeys;
 pub use shared::{
     SharedError, SharedHandle, SharedIndex, SharedMatches, SharedReader, SharedSnapshot, SlotRead,
-    StreamLabel, StreamWriter, MAX_STREAMS,
+    StreamLabel, StreamWriter, ViewRead, MAX_STREAMS,
 };
 pub use status::{IndexConfig, StreamStatus};
 

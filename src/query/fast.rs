@@ -11,7 +11,7 @@
 //!   entries) with its keys as constants. Its bytes are those of `serde_json::to_vec` (the
 //!   tests below compare them), and strings are escaped by serde_json itself.
 
-use super::MatchRef;
+use super::{MatchRef, QuerySummary};
 
 /// The bytes after the opening brace of the only body the scan reads.
 const KEY: &[u8] = b"\"token_ids\"";
@@ -183,6 +183,7 @@ pub(super) fn plain_token_ids(body: &[u8], max_tokens: usize) -> Option<Vec<i32>
 pub(super) fn answer_json<'a>(
     input_tokens: usize,
     matches: impl ExactSizeIterator<Item = MatchRef<'a>>,
+    summary: Option<&QuerySummary>,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(64 + matches.len() * 256);
     out.extend_from_slice(b"{\"input_tokens\":");
@@ -194,7 +195,12 @@ pub(super) fn answer_json<'a>(
         }
         stream_match(&mut out, m);
     }
-    out.extend_from_slice(b"]}");
+    out.push(b']');
+    if let Some(s) = summary {
+        out.extend_from_slice(b",\"summary\":");
+        s.write_json(&mut out);
+    }
+    out.push(b'}');
     out
 }
 
@@ -379,8 +385,16 @@ mod tests {
         fn the_writer_matches_serde_json(
             input_tokens in any::<u32>(),
             matches in proptest::collection::vec(stream_match_strategy(), 0..4),
+            summary in proptest::option::of(any::<[u64; 5]>()),
         ) {
-            let r = QueryResponse { input_tokens: input_tokens as usize, matches };
+            let summary = summary.map(|n| QuerySummary {
+                streams: n[0],
+                with_credit: n[1],
+                unlisted_with_credit: n[2],
+                zero_credit: n[3],
+                unsynchronized: n[4],
+            });
+            let r = QueryResponse { input_tokens: input_tokens as usize, matches, summary };
             prop_assert_eq!(
                 String::from_utf8(r.to_json()).unwrap(),
                 serde_json::to_string(&r).unwrap()

@@ -1,7 +1,9 @@
 //! The internal query API's input and output (protocol.md section 6), without any HTTP.
 //!
 //! Input is `{"token_ids": [int, ...]}` with an optional scope ([`QueryScope`]: model, LoRA
-//! adapter, salt, tenant, instance, block size; other keys are ignored). Token ids must be integers in
+//! adapter, salt, tenant, instance, block size; other keys are ignored) and `list`, how the
+//! answer lists the streams ([`ListMode`]: every one, or past [`LIST_THRESHOLD`] only those
+//! holding a prefix and a [`QuerySummary`], `compact.rs`). Token ids must be integers in
 //! `0..=i32::MAX`, and the list no longer than the configured limit; every violation is a
 //! [`QueryError`] that says which element is wrong. The decoder checks elements as it reads
 //! them, so a 1 M-token body is validated without building a JSON tree.
@@ -14,7 +16,10 @@ use thiserror::Error;
 
 use crate::index::{Namespace, StreamLabel};
 
+mod compact;
 mod fast;
+
+pub use compact::{longest_first, ListMode, QuerySummary, LIST_THRESHOLD};
 
 /// Why a query body was refused.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -44,6 +49,8 @@ pub struct QueryScope {
     pub instance: Option<String>,
     /// Only streams of this block size.
     pub block_size: Option<u32>,
+    /// How the answer lists the streams in scope.
+    pub list: ListMode,
 }
 
 /// The tenant of streams registered without `tenant_id`.
@@ -57,6 +64,11 @@ impl QueryScope {
             && self.tenant.as_ref().is_none_or(|t| t == tenant)
             && self.instance.as_ref().is_none_or(|i| *i == label.instance_name)
             && self.block_size.is_none_or(|b| b == block_size)
+    }
+
+    /// Whether the scope admits every stream of a block size it admits, whatever its label.
+    pub fn admits_every_label(&self) -> bool {
+        self.model.is_empty() && self.tenant.is_none() && self.instance.is_none()
     }
 }
 
@@ -102,6 +114,7 @@ struct QueryBody {
     tenant_id: Option<String>,
     instance_id: Option<String>,
     block_size: Option<u32>,
+    list: Option<ListMode>,
 }
 
 impl QueryBody {
@@ -118,6 +131,7 @@ impl QueryBody {
             tenant: self.tenant_id.filter(|t| !t.is_empty()),
             instance: self.instance_id.filter(|i| !i.is_empty()),
             block_size: self.block_size.filter(|&n| n > 0),
+            list: self.list.unwrap_or_default(),
         }
     }
 }
@@ -247,15 +261,20 @@ pub struct StreamMatch {
 pub struct QueryResponse {
     /// Tokens in the query.
     pub input_tokens: usize,
-    /// One entry per instance/DP, ordered by instance name then rank.
+    /// One entry per instance/DP, ordered by instance name then rank; in a compact answer
+    /// only the streams holding a prefix, longest first.
     pub matches: Vec<StreamMatch>,
+    /// A compact answer's summary of every stream in scope (absent when all are listed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<QuerySummary>,
 }
 
 impl QueryResponse {
     /// The response's JSON: the bytes of `serde_json::to_vec(self)`, written faster (a
     /// 128-stream answer is written on every query).
     pub fn to_json(&self) -> Vec<u8> {
-        answer_json(self.input_tokens, self.matches.iter().map(StreamMatch::borrowed))
+        let matches = self.matches.iter().map(StreamMatch::borrowed);
+        answer_json(self.input_tokens, matches, self.summary.as_ref())
     }
 }
 
@@ -328,13 +347,14 @@ impl From<MatchRef<'_>> for StreamMatch {
     }
 }
 
-/// The JSON of a [`QueryResponse`] with these entries, in order: the bytes `serde_json` gives
-/// for it, written with constant keys.
+/// The JSON of a [`QueryResponse`] with these entries, in order, and this summary: the bytes
+/// `serde_json` gives for it, written with constant keys.
 pub fn answer_json<'a>(
     input_tokens: usize,
     matches: impl ExactSizeIterator<Item = MatchRef<'a>>,
+    summary: Option<&QuerySummary>,
 ) -> Vec<u8> {
-    fast::answer_json(input_tokens, matches)
+    fast::answer_json(input_tokens, matches, summary)
 }
 
 #[cfg(test)]
@@ -349,6 +369,16 @@ mod tests {
     fn accepts_token_lists_and_ignores_other_keys() {
         assert_eq!(parse_query(br#"{"token_ids":[1,2,2147483647]}"#, 5), Ok(vec![1, 2, i32::MAX]));
         assert_eq!(parse_query(br#"{"model":"x","token_ids":[]}"#, 5), Ok(vec![]));
+    }
+
+    #[test]
+    fn the_list_mode_is_read_and_a_bad_one_named() {
+        let scope = |body: &str| parse_scoped_query(body.as_bytes(), 5).map(|(_, s)| s.list);
+        assert_eq!(scope(r#"{"token_ids":[1]}"#), Ok(ListMode::Auto));
+        assert_eq!(scope(r#"{"token_ids":[1],"list":"all"}"#), Ok(ListMode::All));
+        assert_eq!(scope(r#"{"list":"compact","token_ids":[]}"#), Ok(ListMode::Compact));
+        let e = scope(r#"{"token_ids":[1],"list":"every"}"#).unwrap_err().to_string();
+        assert!(e.contains("unknown variant `every`") && e.contains("`compact`"), "{e}");
     }
 
     #[test]

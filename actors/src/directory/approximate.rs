@@ -22,10 +22,11 @@ use kvdir::car::{ApproxCache, ApproxEngine, ApproxSettings};
 use kvdir::index::{ContentKey, SlotRead, StreamLabel, StreamStatus};
 use kvdir::query::QueryScope;
 
+use super::reader::Make;
 use super::{now_ms, StreamHit};
 
 /// The hash seed of an approximate engine's keys (every engine's default).
-const HASH_SEED: u64 = 1024;
+pub(super) const HASH_SEED: u64 = 1024;
 
 /// The approximate engines and their credit, shared by readers and the router.
 #[derive(Debug, Default)]
@@ -63,48 +64,40 @@ impl Approximate {
     /// The chosen `instance` prefills a request: if it is an approximate engine, the request's
     /// keys (those its hits carry) are assumed cached there from `now_ms`.
     pub fn record(&self, now_ms: u64, instance: &str, hits: &[StreamHit]) {
-        let hit =
-            hits.iter().find(|h| h.matched.approximate && h.matched.instance_name == instance);
+        let hit = hits.iter().find(|h| h.status.approximate && h.instance_name() == instance);
         if let Some(h) = hit {
             self.lock().record(now_ms, instance, &h.keys);
         }
     }
 
-    /// One `make(entry, (Device, Host-only) hit tokens, the prompt's keys, block size)` per
-    /// DP rank of every approximate engine `scope` admits, in name then rank order.
+    /// DP ranks of the approximate engines `scope` admits.
+    pub fn count_in(&self, scope: &QueryScope) -> usize {
+        let cache = self.lock();
+        let admitted = |e: &&ApproxEngine| scope.admits(&label(e, 0), e.block_size);
+        cache.engines().filter(admitted).map(|e| e.dp_size.max(1) as usize).sum()
+    }
+
+    /// `make(entry, (Device, Host-only) hit tokens, the prompt's keys, block size)` for each
+    /// DP rank of every approximate engine `scope` admits, in name then rank order; the entries
+    /// `make` keeps (`Some`). `keys` gives the prompt's keys for a block size (under
+    /// [`HASH_SEED`], in the scope's namespace).
     pub fn each<T>(
         &self,
-        tokens: &[i32],
         scope: &QueryScope,
-        mut make: impl FnMut(SlotRead, (u64, u64), &Arc<[ContentKey]>, u32) -> T,
+        keys: &mut dyn FnMut(u32) -> Arc<[ContentKey]>,
+        make: &mut Make<'_, Option<T>>,
     ) -> Vec<T> {
         let engines: Vec<ApproxEngine> = self.lock().engines().cloned().collect();
-        let mut keys: Vec<(u32, Arc<[ContentKey]>)> = Vec::new();
         let mut out = Vec::new();
         for e in engines {
             let labels: Vec<StreamLabel> = (0..e.dp_size.max(1))
-                .map(|dp_rank| StreamLabel {
-                    instance_name: e.name.clone(),
-                    dp_rank,
-                    identity: Some(e.process.clone()),
-                    model: e.model.clone(),
-                    tenant: String::new(),
-                })
+                .map(|dp_rank| label(&e, dp_rank))
                 .filter(|l| scope.admits(l, e.block_size))
                 .collect();
             if labels.is_empty() {
                 continue;
             }
-            let k = match keys.iter().find(|(b, _)| *b == e.block_size) {
-                Some((_, k)) => Arc::clone(k),
-                None => {
-                    let mut v = Vec::with_capacity(tokens.len() / e.block_size.max(1) as usize);
-                    scope.namespace.hasher(e.block_size, HASH_SEED).prefix_keys(tokens, &mut v);
-                    let k: Arc<[ContentKey]> = Arc::from(v);
-                    keys.push((e.block_size, Arc::clone(&k)));
-                    k
-                }
-            };
+            let k = keys(e.block_size);
             let (blocks, held) = {
                 let cache = self.lock();
                 let held = cache.blocks(&e.name).map_or(0, |(held, _)| held);
@@ -120,9 +113,20 @@ impl Approximate {
             for label in labels {
                 let slot =
                     SlotRead { slot: u8::MAX, label: Arc::new(label), status: status.clone() };
-                out.push(make(slot, (tokens, 0), &k, e.block_size));
+                out.extend(make(slot, (tokens, 0), &k, e.block_size));
             }
         }
         out
+    }
+}
+
+/// The label of rank `dp_rank` of approximate engine `e`.
+fn label(e: &ApproxEngine, dp_rank: u32) -> StreamLabel {
+    StreamLabel {
+        instance_name: e.name.clone(),
+        dp_rank,
+        identity: Some(e.process.clone()),
+        model: e.model.clone(),
+        tenant: String::new(),
     }
 }

@@ -1,12 +1,21 @@
 //! [`Directory`]: the service's KV-cache directory, what every read asks "who holds this
-//! prompt?": the shared query indexes, one per `(block_size, hash_seed)`, the approximate
-//! credit of engines without KV events, and the read path of the HTTP handlers and the router.
+//! prompt?": the shared query indexes, one per `(block_size, hash_seed)` and 128 streams, the
+//! approximate credit of engines without KV events, and the read path of the HTTP handlers and
+//! the router.
 //!
 //! A stream joins with [`Directory::add_stream`] and gets the [`StreamWriter`] its IndexActor
 //! owns; dropping the writer removes all of the stream's bits and frees its slot in one publish.
-//! Readers call [`Directory::read`] from any thread, with no lock on the index and no actor
-//! mailbox: each thread keeps one `SharedHandle` per index (thread-local), hashes the query once
-//! per index and walks it once for all of its streams.
+//! Readers call the directory from any thread, with no lock on the index and no actor
+//! mailbox: each thread keeps one `SharedHandle` per index and the query's keys (thread-local,
+//! `reader.rs`), hashes the query once whatever the number of indexes and walks each index
+//! once for all of its streams.
+//!
+//! Answers do not grow with the fleet: past [`kvdir::query::LIST_THRESHOLD`] streams in scope, the query
+//! endpoint lists only the streams holding a prefix of the query, longest first, and a summary
+//! of the rest ([`Directory::query_json_in`]), and routing reads only those streams
+//! ([`Directory::read_route`], `route_read.rs`), asking for an instance's other streams when
+//! it needs them ([`Directory::streams_of`]). A request may ask for every stream
+//! (`"list": "all"`).
 //!
 //! Invariants: an entry is listed exactly while its stream's slot is labelled in the published
 //! view, and its hits, status and identity come from that same published copy, so a reused slot
@@ -14,24 +23,30 @@
 //!
 //! Engines without KV events have no stream: every read also lists them, one entry per DP
 //! rank marked `approximate`, from [`Approximate`] (`approximate.rs`), which the router credits
-//! with what it routes there.
+//! with what it routes.
 
 mod approximate;
+mod reader;
+mod route_read;
 
 pub use approximate::Approximate;
+pub use reader::Counts;
+pub use route_read::RouteRead;
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Instant;
 
 use kvdir::index::{
-    ContentKey, IndexConfig, SharedError, SharedHandle, SharedIndex, SlotRead, StreamLabel,
+    ContentKey, IndexConfig, SharedError, SharedIndex, SlotRead, StreamLabel, StreamStatus,
     StreamWriter, MAX_STREAMS,
 };
-use kvdir::query::{answer_json, MatchRef, QueryResponse, QueryScope, StreamMatch};
-use kvdir::registry::Identity;
+use kvdir::query::{
+    answer_json, longest_first, MatchRef, QueryResponse, QueryScope, QuerySummary, StreamMatch,
+};
+
+use reader::Reader;
+use route_read::Roster;
 
 /// Milliseconds on a monotonic clock (since the first call in this process): the clock of
 /// approximate credit and of the router's predictions, overload deadlines and queued work.
@@ -43,11 +58,6 @@ pub(crate) fn now_ms() -> u64 {
 /// Ids of indexes, unique in the process (several services may share a thread in tests).
 static NEXT_INDEX: AtomicU64 = AtomicU64::new(0);
 
-thread_local! {
-    /// This thread's reader handle of each index it has read, by index id.
-    static HANDLES: RefCell<HashMap<u64, SharedHandle>> = RefCell::new(HashMap::new());
-}
-
 struct Group {
     id: u64,
     block_size: u32,
@@ -58,31 +68,73 @@ struct Group {
 /// The directory of one service: its shared indexes and its approximate credit.
 #[derive(Default)]
 pub struct Directory {
+    /// The indexes, in the order they were made (a position never changes).
     groups: RwLock<Vec<Group>>,
     /// Engines without KV events and their approximate credit.
     approximate: Approximate,
+    /// Where each instance's streams were placed.
+    roster: Mutex<Roster>,
 }
 
-/// One stream's entry in an answer, with the process it was started for.
+/// One stream's entry in a read: who it is, its status and its hit, as one published copy
+/// of its index showed them (shared, not copied: a read of thousands of streams allocates
+/// nothing per stream).
 #[derive(Debug, Clone)]
 pub struct StreamHit {
-    /// What the query endpoint reports.
-    pub matched: StreamMatch,
-    /// The engine process (discovery only).
-    pub identity: Option<Identity>,
-    /// The stream's tenant (registered streams; empty otherwise).
-    pub tenant: String,
-    /// The query's content keys under this stream's index ([`Directory::read_keyed_in`]; empty
-    /// from the other reads), shared by the streams of one index.
+    /// Who the stream is: instance, rank, the engine process (discovery only), tenant.
+    pub label: Arc<StreamLabel>,
+    /// Its published status.
+    pub status: Arc<StreamStatus>,
+    /// Its Device and Host-only hit tokens.
+    pub hit: (u64, u64),
+    /// The query's content keys under this stream's index (keyed reads: routing; empty from
+    /// the other reads), shared by the streams of every index of one block size and seed.
     pub keys: Arc<[ContentKey]>,
     /// Tokens per block of the stream's index (what one of `keys` covers).
     pub block_size: u32,
 }
 
+impl StreamHit {
+    /// The entry of stream `s` with `hit` (Device, Host-only) tokens.
+    fn new(s: SlotRead, hit: (u64, u64), keys: &Arc<[ContentKey]>, block_size: u32) -> Self {
+        StreamHit { label: s.label, status: s.status, hit, keys: Arc::clone(keys), block_size }
+    }
+
+    /// The instance.
+    pub fn instance_name(&self) -> &str {
+        &self.label.instance_name
+    }
+
+    /// The DP rank.
+    pub fn dp_rank(&self) -> u32 {
+        self.label.dp_rank
+    }
+
+    /// Its instance name and rank, the order of every read.
+    pub fn by_name(&self) -> (&String, u32) {
+        (&self.label.instance_name, self.label.dp_rank)
+    }
+
+    /// Device plus Host-only hit tokens.
+    pub fn tokens(&self) -> u64 {
+        self.hit.0 + self.hit.1
+    }
+
+    /// What the query endpoint reports for it.
+    pub fn matched(&self) -> StreamMatch {
+        let s = SlotRead { slot: 0, label: self.label.clone(), status: self.status.clone() };
+        stream_match(&s, self.hit)
+    }
+}
+
 impl Directory {
     /// No stream yet; engines without KV events get approximate credit with `settings`.
     pub fn new(settings: kvdir::car::ApproxSettings) -> Self {
-        Directory { groups: RwLock::default(), approximate: Approximate::new(settings) }
+        Directory {
+            groups: RwLock::default(),
+            approximate: Approximate::new(settings),
+            roster: Mutex::default(),
+        }
     }
 
     /// The engines without KV events and their approximate credit.
@@ -101,22 +153,25 @@ impl Directory {
         label: StreamLabel,
     ) -> Result<StreamWriter, SharedError> {
         let (block_size, hash_seed) = (config.block_size, config.hash_seed);
-        let same = |g: &&Group| (g.block_size, g.hash_seed) == (block_size, hash_seed);
+        let name = label.instance_name.clone();
         let try_each = |groups: &[Group]| {
-            for g in groups.iter().filter(same) {
+            for (i, g) in groups.iter().enumerate() {
+                if (g.block_size, g.hash_seed) != (block_size, hash_seed) {
+                    continue;
+                }
                 match g.index.add_labeled_stream(config, label.clone()) {
                     Err(SharedError::Full { .. }) => continue,
-                    added => return Some(added),
+                    added => return Some((i, added)),
                 }
             }
             None
         };
         // The read guard ends with this statement, before the write lock below.
         let first = try_each(&crate::sync::read(&self.groups));
-        let added = match first {
+        let (group, added) = match first {
             Some(added) => added,
             None => {
-                let mut groups = self.groups.write().unwrap_or_else(|e| e.into_inner());
+                let mut groups = crate::sync::write(&self.groups);
                 match try_each(&groups) {
                     Some(added) => added,
                     None => {
@@ -124,14 +179,31 @@ impl Directory {
                         let id = NEXT_INDEX.fetch_add(1, Ordering::Relaxed);
                         let added = index.add_labeled_stream(config, label);
                         groups.push(Group { id, block_size, hash_seed, index });
-                        added
+                        (groups.len() - 1, added)
                     }
                 }
             }
         };
         let mut writer = added?;
         writer.publish();
+        self.place(&name, group, writer.slot());
         Ok(writer)
+    }
+
+    /// Records that `instance` has a stream in `slot` of index `group`; now and then forgets
+    /// the places that are no longer its.
+    fn place(&self, instance: &str, group: usize, slot: u8) {
+        let mut roster = crate::sync::lock(&self.roster);
+        roster.add(instance, group, slot);
+        let groups = crate::sync::read(&self.groups);
+        if roster.entries() > 2 * groups.len() * MAX_STREAMS + 64 {
+            Reader::with(Default::default(), |r| {
+                roster.prune(|name, g, slot| {
+                    let Some(g) = groups.get(g) else { return false };
+                    r.view(g, |v| v.stream(slot).is_some_and(|(l, _)| l.instance_name == name))
+                });
+            });
+        }
     }
 
     /// How much of `tokens` every stream holds, ordered by instance name then rank.
@@ -150,81 +222,64 @@ impl Directory {
     }
 
     fn read_scoped(&self, tokens: &[i32], scope: &QueryScope, keyed: bool) -> Vec<StreamHit> {
-        let make = |s: SlotRead, hit, keys: &Arc<[ContentKey]>, block_size| StreamHit {
-            matched: stream_match(&s, hit),
-            identity: s.label.identity.clone(),
-            tenant: s.label.tenant.clone(),
-            keys: Arc::clone(keys),
-            block_size,
-        };
-        self.read_each(tokens, scope, keyed, make, |h| {
-            (&h.matched.instance_name, h.matched.dp_rank)
+        let mut make =
+            |s, hit, keys: &Arc<[ContentKey]>, block_size| StreamHit::new(s, hit, keys, block_size);
+        Reader::with(scope.namespace, |r| {
+            self.read_each(r, tokens, scope, keyed, &mut make, StreamHit::by_name)
         })
     }
 
-    /// One `make(stream, its (Device, Host-only) hit tokens, the query's keys in its index, the
-    /// index's block size)` per stream `scope` admits, ordered by instance name then rank
-    /// (`key` gives them back from what `make` made).
-    fn read_each<T>(
-        &self,
-        tokens: &[i32],
-        scope: &QueryScope,
-        keyed: bool,
-        mut make: impl FnMut(SlotRead, (u64, u64), &Arc<[ContentKey]>, u32) -> T,
-        key: impl Fn(&T) -> (&String, u32),
-    ) -> Vec<T> {
-        let mut out: Vec<T> = self.approximate.each(tokens, scope, &mut make);
-        // Approximate entries first: sorted below with the streams when there are any.
-        let mut read = usize::from(!out.is_empty());
-        let mut slots: Vec<SlotRead> = Vec::new();
-        let groups = self.groups.read().unwrap_or_else(|e| e.into_inner());
-        for g in groups.iter().filter(|g| scope.block_size.is_none_or(|b| b == g.block_size)) {
-            read += 1;
-            let (matches, keys) = HANDLES.with(|h| {
-                let mut h = h.borrow_mut();
-                let handle = h.entry(g.id).or_insert_with(|| g.index.reader().handle());
-                let matches = handle.query_streams_in(scope.namespace, tokens, &mut slots);
-                let keys: Arc<[ContentKey]> =
-                    if keyed { Arc::from(handle.all_keys(tokens)) } else { Arc::from([]) };
-                (matches, keys)
-            });
-            slots.retain(|s| scope.admits(&s.label, g.block_size));
-            out.extend(slots.drain(..).map(|s| {
-                let hit = matches.tokens(s.slot);
-                make(s, hit, &keys, g.block_size)
-            }));
-        }
-        // Each index lists its streams in this order already (the usual case is one index).
-        if read > 1 {
-            out.sort_by(|a, b| key(a).cmp(&key(b)));
-        }
-        out
-    }
-
-    /// The query endpoint's answer for `tokens`.
+    /// The query endpoint's answer for `tokens`, every stream listed.
     pub fn query(&self, tokens: &[i32]) -> QueryResponse {
         self.query_in(tokens, &QueryScope::default())
     }
 
-    /// The query endpoint's answer for `tokens` within `scope`.
+    /// The query endpoint's answer for `tokens` within `scope`, every stream listed.
     pub fn query_in(&self, tokens: &[i32], scope: &QueryScope) -> QueryResponse {
-        let make = |s: SlotRead, hit, _: &_, _| stream_match(&s, hit);
-        let matches = self.read_each(tokens, scope, false, make, |m| (&m.instance_name, m.dp_rank));
-        QueryResponse { input_tokens: tokens.len(), matches }
+        let mut make = |s: SlotRead, hit, _: &_, _| stream_match(&s, hit);
+        let matches = Reader::with(scope.namespace, |r| {
+            self.read_each(r, tokens, scope, false, &mut make, match_key)
+        });
+        QueryResponse { input_tokens: tokens.len(), matches, summary: None }
     }
 
-    /// [`Self::query_in`]'s answer as JSON (`QueryResponse::to_json`), written from the
-    /// published labels and statuses without copying them into a [`QueryResponse`] first.
+    /// The query endpoint's answer as JSON (`QueryResponse::to_json`), written from the
+    /// published labels and statuses without copying them into a [`QueryResponse`] first:
+    /// every stream in `scope` up to [`kvdir::query::LIST_THRESHOLD`] of them (or with `"list": "all"`),
+    /// past it the streams holding a prefix, longest first, and a [`QuerySummary`].
     pub fn query_json_in(&self, tokens: &[i32], scope: &QueryScope) -> Vec<u8> {
-        let read = self.read_each(
-            tokens,
-            scope,
-            false,
-            |s, hit, _, _| (s, hit),
-            |(s, _)| (&s.label.instance_name, s.label.dp_rank),
-        );
-        answer_json(tokens.len(), read.iter().map(|(s, hit)| match_ref(s, *hit)))
+        let mut make = |s: SlotRead, hit, _: &_, _| (s, hit);
+        Reader::with(scope.namespace, |r| {
+            if !scope.list.is_compact(self.entries_in(r, scope)) {
+                let read = self.read_each(r, tokens, scope, false, &mut make, slot_key);
+                let matches = read.iter().map(|(s, hit)| match_ref(s, *hit));
+                return answer_json(tokens.len(), matches, None);
+            }
+            let (mut read, counts) = self.read_credit(r, tokens, scope, false, &mut make);
+            let unlisted = longest_first(&mut read, |(s, (d, h))| {
+                (d + h, s.label.instance_name.as_str(), s.label.dp_rank)
+            });
+            let summary = QuerySummary {
+                streams: counts.streams,
+                with_credit: counts.with_credit,
+                unlisted_with_credit: unlisted,
+                zero_credit: counts.streams - counts.with_credit,
+                unsynchronized: counts.unsynchronized,
+            };
+            let matches = read.iter().map(|(s, hit)| match_ref(s, *hit));
+            answer_json(tokens.len(), matches, Some(&summary))
+        })
     }
+}
+
+/// The instance name and rank of an entry.
+fn match_key(m: &StreamMatch) -> (&String, u32) {
+    (&m.instance_name, m.dp_rank)
+}
+
+/// The instance name and rank of a read's stream.
+fn slot_key((s, _): &(SlotRead, (u64, u64))) -> (&String, u32) {
+    (&s.label.instance_name, s.label.dp_rank)
 }
 
 /// A stream's entry in the query endpoint's answer, borrowed from what the reader saw.
@@ -257,78 +312,9 @@ impl Drop for Directory {
             Ok(g) => g.iter().map(|g| g.id).collect(),
             Err(_) => return,
         };
-        let _ = HANDLES.try_with(|h| {
-            if let Ok(mut h) = h.try_borrow_mut() {
-                h.retain(|id, _| !ids.contains(id));
-            }
-        });
+        Reader::forget(&ids);
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use kvdir::wire::{Batch, EngineHash, Tier};
-
-    use super::*;
-
-    fn label(instance_name: &str, dp_rank: u32) -> StreamLabel {
-        StreamLabel { instance_name: instance_name.into(), dp_rank, ..StreamLabel::default() }
-    }
-
-    /// A full-state batch: the stream holds one block of `tokens`.
-    fn holding(tokens: &[i32]) -> Batch {
-        let mut b = Batch::default();
-        b.push_cleared(None);
-        let n = tokens.len();
-        let size = n as u32;
-        b.push_stored_with(&[EngineHash(7)], None, n, size, Tier::Device, |out| {
-            out.copy_from_slice(tokens)
-        });
-        b
-    }
-
-    #[test]
-    fn the_json_answer_is_the_query_answer_in_name_order_across_indexes() {
-        let directory = Directory::default();
-        let config = |block_size| IndexConfig { block_size, ..IndexConfig::default() };
-        let mut b1 = directory.add_stream(config(2), label("b", 1)).unwrap();
-        let mut a0 = directory.add_stream(config(4), label("a", 0)).unwrap();
-        let mut a2 = directory.add_stream(config(2), label("a\"2", 2)).unwrap();
-        b1.apply(1, &holding(&[1, 2])).unwrap();
-        b1.publish();
-        a0.apply(1, &holding(&[1, 2, 3, 4])).unwrap();
-        a0.invalidate("a gap: expected sequence 2, got \"9\"");
-        a0.publish();
-        a2.publish();
-        let tokens = [1, 2, 3, 4];
-        let want = directory.query_in(&tokens, &QueryScope::default());
-        let order: Vec<_> =
-            want.matches.iter().map(|m| (m.instance_name.as_str(), m.dp_rank)).collect();
-        assert_eq!(order, [("a", 0), ("a\"2", 2), ("b", 1)]);
-        let hits: Vec<_> = want.matches.iter().map(|m| m.device_hit_tokens).collect();
-        assert_eq!(hits, [0, 0, 2], "only b holds the query's first block and is synchronized");
-        assert!(want.matches[0].error.is_some());
-        let json = directory.query_json_in(&tokens, &QueryScope::default());
-        assert_eq!(String::from_utf8(json).unwrap(), serde_json::to_string(&want).unwrap());
-    }
-
-    #[test]
-    fn streams_beyond_one_indexs_slots_get_another_index_and_all_answer() {
-        let directory = Directory::default();
-        let config = IndexConfig { block_size: 2, ..IndexConfig::default() };
-        let n = MAX_STREAMS + 2;
-        let mut writers: Vec<_> = (0..n)
-            .map(|i| directory.add_stream(config, label("s", i as u32)).expect("room for all"))
-            .collect();
-        let last = writers.last_mut().unwrap();
-        last.apply(1, &holding(&[1, 2])).unwrap();
-        last.publish();
-        let r = directory.query(&[1, 2]);
-        assert_eq!(r.matches.len(), n, "every stream is listed");
-        let ranks: Vec<u32> = r.matches.iter().map(|m| m.dp_rank).collect();
-        assert_eq!(ranks, (0..n as u32).collect::<Vec<_>>(), "in rank order across indexes");
-        assert_eq!(r.matches[n - 1].device_hit_tokens, 2, "the overflow stream's blocks count");
-        writers.clear();
-        assert!(directory.query(&[1, 2]).matches.is_empty(), "dropped writers free their slots");
-    }
-}
+mod tests;

@@ -20,6 +20,7 @@ use serde::Serialize;
 
 use super::metrics::Endpoint;
 use super::{authorize, authorized_body, observed, read_tokens, ApiError, AppState};
+use crate::directory::StreamHit;
 use crate::discovery::{ListEngine, UnlistEngine};
 use crate::stream::StreamKey;
 use crate::stream::StreamSource;
@@ -134,7 +135,8 @@ async fn query(
     let result = async {
         let (tokens, scope) = read_tokens(&req, payload, &state).await?;
         let hits = state.directory.read_in(&tokens, &scope);
-        Ok(rfc_answer(hits.iter().map(|h| (h.tenant.as_str(), &h.matched))))
+        let matches: Vec<_> = hits.iter().map(StreamHit::matched).collect();
+        Ok(rfc_answer(hits.iter().zip(&matches).map(|(h, m)| (h.label.tenant.as_str(), m))))
     };
     let answer = observed(&state, Endpoint::Query, started, result.await)?;
     Ok(HttpResponse::Ok().json(answer))

@@ -176,8 +176,8 @@ async fn route_request(
     let started = Instant::now();
     let result = async {
         let (tokens, scope) = read_tokens(&req, payload, &state).await?;
-        let hits = state.directory.read_keyed_in(&tokens, &scope);
-        let routed = state.router.send(RouteRequest { input_tokens: tokens.len(), hits }).await?;
+        let read = state.directory.read_route(&tokens, &scope);
+        let routed = state.router.send(RouteRequest { input_tokens: tokens.len(), read }).await?;
         Ok(routed?)
     };
     let routed = observed(&state, Endpoint::Route, started, result.await)?;

@@ -3,8 +3,9 @@
 //!
 //! The page is static and holds no data, so it is served without `X-Internal-Token`. Its script
 //! polls the internal endpoints every second (`GET /v1/internal/streams`,
-//! `POST /v1/internal/kv-cache/query` with no tokens for synchronization and residency,
-//! `GET /v1/internal/route/recent`, `GET /v1/internal/instances`) and sends the token it reads
+//! `POST /v1/internal/kv-cache/query` with no tokens and `"list": "all"` for every stream's
+//! synchronization and residency, whatever the fleet's size, `GET /v1/internal/route/recent`,
+//! `GET /v1/internal/instances`) and sends the token it reads
 //! from the URL fragment `#token=...`, which browsers never send to the server (so it stays out
 //! of access logs). A 401 shows how to set it. The Content-Security-Policy allows nothing but
 //! the page itself and requests to this service.

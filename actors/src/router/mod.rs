@@ -15,23 +15,23 @@
 //! see `work.rs`). Engines without KV events are credited from its decisions
 //! ([`Directory::approximate`]).
 
+mod candidates;
 mod overload;
 mod predict;
 mod work;
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use actix::prelude::*;
 use kvdir::car::{
-    reusable_limit, route, Candidate, DpHit, DpRouting, InFlight, Policy, PredictCounters,
-    Predictions, PromptId, RankLoad, RecentRoutes, RecentRoutesReport, RequestId, Rotation,
-    RouteError, RouteParams, Routed, WorkLedger,
+    route_listed, Candidate, DpRouting, InFlight, NameMap, Policy, PredictCounters, Predictions,
+    PromptId, RankLoad, RecentRoutes, RecentRoutesReport, RequestId, Rotation, RouteError,
+    RouteParams, Routed, WorkLedger,
 };
 use kvdir::registry::{Identity, InstanceState, LoadMetrics};
 
-use crate::directory::{now_ms, Directory, StreamHit};
+use crate::directory::{now_ms, Directory, RouteRead};
 pub use overload::{Admission, AdmitForward, Forwarded, GetOverload, WithdrawHeld};
 
 /// One instance for routing, with its current identity.
@@ -88,8 +88,8 @@ pub struct SetLoads(pub Vec<SetLoad>);
 pub struct RouteRequest {
     /// Tokens in the prompt.
     pub input_tokens: usize,
-    /// Every stream's hits for the prompt ([`Directory::read`]).
-    pub hits: Vec<StreamHit>,
+    /// The streams' hits for the prompt ([`Directory::read_route`]).
+    pub read: RouteRead,
 }
 
 /// Choose an instance for a request the front door forwards, leaving out `exclude` (instances
@@ -100,8 +100,8 @@ pub struct RouteRequest {
 pub struct RouteForward {
     /// Tokens in the prompt.
     pub input_tokens: usize,
-    /// Every stream's hits for the prompt.
-    pub hits: Vec<StreamHit>,
+    /// The streams' hits for the prompt ([`Directory::read_route`]).
+    pub read: RouteRead,
     /// Instances not to choose.
     pub exclude: Vec<String>,
     /// The prompt ([`kvdir::car::prompt_id`]): its in-flight siblings are not its queue when
@@ -145,7 +145,7 @@ pub struct RouterActor {
     directory: Arc<Directory>,
     instances: Vec<InstanceInfo>,
     /// Position of each instance in `instances`, by name.
-    positions: HashMap<String, usize>,
+    positions: NameMap<String, usize>,
     /// `/v1/internal/route`'s settings (`--load_balance_policy`).
     params: RouteParams,
     /// The front door's: the same with its own policy (`--frontend_policy`).
@@ -158,6 +158,8 @@ pub struct RouterActor {
     ledger: WorkLedger,
     /// Overload admission: held requests (`overload.rs`).
     gate: overload::Gate,
+    /// The candidates of the last decision, whose buffers the next one reuses.
+    scratch: Vec<Candidate>,
 }
 
 impl Actor for RouterActor {
@@ -215,7 +217,7 @@ impl Handler<RouteRequest> for RouterActor {
     type Result = Result<Routed, RouteError>;
 
     fn handle(&mut self, msg: RouteRequest, _: &mut Context<Self>) -> Self::Result {
-        let routed = self.decide(&msg.hits, msg.input_tokens, &[], (None, None))?;
+        let routed = self.decide(&msg.read, msg.input_tokens, &[], (None, None))?;
         let reports = self.reports(&routed.prefill);
         work::record(&mut self.ledger, &routed, reports, None);
         Ok(routed)
@@ -227,7 +229,7 @@ impl Handler<RouteForward> for RouterActor {
 
     fn handle(&mut self, msg: RouteForward, _: &mut Context<Self>) -> Self::Result {
         let request = (Some(msg.prompt), msg.pinned_rank);
-        let routed = self.decide(&msg.hits, msg.input_tokens, &msg.exclude, request)?;
+        let routed = self.decide(&msg.read, msg.input_tokens, &msg.exclude, request)?;
         let info = self.positions.get(&routed.prefill).map(|&i| &self.instances[i]);
         let reports = info.map_or(0, |i| i.load_reports);
         let url = base_url(&routed.prefill, info.and_then(|i| i.url.as_deref()));
@@ -285,7 +287,7 @@ impl RouterActor {
         RouterActor {
             directory,
             instances: Vec::new(),
-            positions: HashMap::new(),
+            positions: NameMap::default(),
             params,
             front,
             rotation: Rotation::default(),
@@ -294,6 +296,7 @@ impl RouterActor {
             predictions,
             ledger: WorkLedger::default(),
             gate: overload::Gate::default(),
+            scratch: Vec::new(),
         }
     }
 
@@ -322,10 +325,12 @@ impl RouterActor {
 
     /// Routes over the candidates not in `exclude` and records the decision (and, when
     /// predicting, the chosen instance's expected keys). A request with a `prompt` id is the
-    /// front door's and is routed with its policy; a `pinned` rank is the client's own.
+    /// front door's and is routed with its policy; a `pinned` rank is the client's own. A
+    /// read of the streams with credit alone (a large fleet) gives a compact answer, whose
+    /// listed candidates get their other ranks from the directory.
     fn decide(
         &mut self,
-        hits: &[StreamHit],
+        read: &RouteRead,
         input_tokens: usize,
         exclude: &[String],
         (prompt, pinned): (Option<PromptId>, Option<u32>),
@@ -337,84 +342,30 @@ impl RouterActor {
         };
         let predicting = self.predicting(params.policy);
         if predicting {
-            predict::confirm(&mut self.predictions, hits);
+            predict::confirm(&mut self.predictions, &read.hits);
         }
         let prompt = prompt.filter(|_| predicting);
-        let mut cands = self.candidates(hits, input_tokens, prompt, now_ms);
+        let mut cands = std::mem::take(&mut self.scratch);
+        self.candidates(read, (input_tokens, prompt, now_ms), &mut cands);
         cands.retain(|c| !exclude.contains(&c.name));
         for c in cands.iter_mut().filter(|c| c.dp_routing != DpRouting::Engine) {
             c.dp_routing = pinned.map_or(DpRouting::Kvdir, DpRouting::Pinned);
         }
-        let routed = route(&cands, input_tokens, &params, &mut self.rotation);
-        if let (true, Ok(r)) = (predicting, &routed) {
-            predict::record(&mut self.predictions, now_ms, &r.prefill, hits);
-        }
-        if let Ok(r) = &routed {
-            self.directory.approximate().record(now_ms, &r.prefill, hits);
+        let compact = !read.complete;
+        let mut routed = route_listed(&cands, input_tokens, &params, &mut self.rotation, compact);
+        self.scratch = cands;
+        if let Ok(r) = &mut routed {
+            let chosen = self.instance_hits(read, &r.prefill);
+            if predicting {
+                predict::record(&mut self.predictions, now_ms, &r.prefill, &chosen);
+            }
+            self.directory.approximate().record(now_ms, &r.prefill, &chosen);
+            if compact {
+                self.complete_reports(r, read, input_tokens);
+            }
         }
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         self.recent.record(now, input_tokens, &routed);
         routed
-    }
-
-    /// The instance snapshot with each instance's per-DP hits and, in its queue, the front
-    /// door's requests started since its latest load report; siblings of `prompt` (given only
-    /// when predicting) are left out of both. A rank gives credit only when its stream was
-    /// started for the instance's current process; streams without an identity (static
-    /// configuration) give none. Each rank's `predicted_hit_tokens` is the instance's
-    /// predicted prefix beyond it. Every hit is at most what the engine reuses of a prompt of
-    /// `input_tokens` ([`reusable_limit`]: never its last token, whole blocks only).
-    fn candidates(
-        &self,
-        hits: &[StreamHit],
-        input_tokens: usize,
-        prompt: Option<PromptId>,
-        now_ms: u64,
-    ) -> Vec<Candidate> {
-        let mut by_instance: HashMap<&str, Vec<&StreamHit>> = HashMap::new();
-        for h in hits {
-            by_instance.entry(h.matched.instance_name.as_str()).or_default().push(h);
-        }
-        self.instances
-            .iter()
-            .map(|info| {
-                let mut c = info.candidate.clone();
-                c.queued = self.ledger.queued(&c.name);
-                if let Some(load) = &mut c.load {
-                    let (name, reports) = (&c.name, info.load_reports);
-                    let counted = self.inflight.reported_siblings(name, reports, prompt);
-                    load.waiting_requests_num = load.waiting_requests_num.saturating_sub(counted)
-                        + self.inflight.unreported_besides(name, reports, prompt);
-                }
-                let predicted = predict::predicted_tokens(&self.predictions, now_ms, &c.name, hits);
-                let hits = by_instance.get(c.name.as_str()).map_or(&[][..], Vec::as_slice);
-                c.hits = hits
-                    .iter()
-                    .map(|h| {
-                        let limit = reusable_limit(input_tokens, h.block_size);
-                        let hit = DpHit {
-                            dp_rank: h.matched.dp_rank,
-                            synchronized: h.matched.synchronized,
-                            partial: h.matched.partial,
-                            identity_matches: h
-                                .identity
-                                .as_ref()
-                                .is_some_and(|id| id.same_process(&info.identity)),
-                            device_hit_tokens: h.matched.device_hit_tokens,
-                            host_only_hit_tokens: h.matched.host_only_hit_tokens,
-                            predicted_hit_tokens: 0,
-                            approximate: h.matched.approximate,
-                        }
-                        .within(limit);
-                        let exact = hit.device_hit_tokens + hit.host_only_hit_tokens;
-                        DpHit {
-                            predicted_hit_tokens: predicted.min(limit).saturating_sub(exact),
-                            ..hit
-                        }
-                    })
-                    .collect();
-                c
-            })
-            .collect()
     }
 }

@@ -160,7 +160,8 @@ impl RouterActor {
     /// answers why).
     fn lowest_estimate(&self, msg: &RouteForward) -> Option<f64> {
         let prompt = Some(msg.prompt).filter(|_| self.predicting(self.front.policy));
-        let mut cands = self.candidates(&msg.hits, msg.input_tokens, prompt, now_ms());
+        let mut cands = Vec::new();
+        self.candidates(&msg.read, (msg.input_tokens, prompt, now_ms()), &mut cands);
         cands.retain(|c| !msg.exclude.contains(&c.name));
         let mut rotation = self.rotation;
         let routed = route(&cands, msg.input_tokens, &self.front, &mut rotation).ok()?;

@@ -12,6 +12,7 @@ mod bench;
 mod bench_chat;
 mod binary;
 mod bind_e2e;
+mod compact_route_e2e;
 mod deploy_configs;
 mod discovery_e2e;
 mod docs_paths;

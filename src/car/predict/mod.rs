@@ -34,6 +34,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
+use super::names::NameMap;
 use super::Candidate;
 use crate::index::ContentKey;
 
@@ -51,7 +52,7 @@ pub struct Predictions {
     ttl_ms: u64,
     capacity: usize,
     /// Instance -> key -> expiry of its latest recording.
-    by_instance: HashMap<Arc<str>, HashMap<u128, u64>>,
+    by_instance: NameMap<Arc<str>, HashMap<u128, u64>>,
     /// Recordings in time order; an item whose expiry differs from its map entry's is stale.
     queue: VecDeque<Queued>,
     /// Live predictions: the entries of `by_instance`.

@@ -29,7 +29,7 @@ mod replay;
 mod slots;
 
 pub use holders::{StreamLabel, MAX_STREAMS};
-pub use read::{SharedHandle, SharedMatches, SharedReader, SlotRead};
+pub use read::{SharedHandle, SharedMatches, SharedReader, SlotRead, ViewRead};
 
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
@@ -421,3 +421,5 @@ impl SharedSnapshot {
 mod partial_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod walk_tests;

@@ -11,11 +11,14 @@
 //! A query's keys are hashed as the walk goes, a group of blocks at a time, under the same read
 //! lock: once no stream can match a further block the rest of the prompt is not hashed, so a
 //! long prompt whose cached prefix is short costs about the hashing of that prefix. Hashing is
-//! most of a query's cost (about 40 ns per 128-token block, against a few for its probe).
+//! most of a query's cost (about 40 ns per 128-token block, against a few for its probe). The
+//! keys live in a [`PromptKeys`] that the walks of one query over several indexes share
+//! ([`SharedHandle::walk_with`]): a walk reads the keys hashed so far and hashes only past them.
 
 use std::sync::{Arc, RwLock};
 
-use super::super::key::{ContentKey, KeyHasher, TokenId};
+use super::super::key::{ContentKey, TokenId};
+use super::super::prompt::PromptKeys;
 use super::super::StreamStatus;
 use super::holders::{SharedData, StreamLabel, MAX_STREAMS};
 use super::hybrid_read;
@@ -171,30 +174,35 @@ pub(crate) fn walk(data: &SharedData, keys: &[ContentKey], block_size: u32) -> S
 
 /// The walk, hashing `tokens` a group of [`AHEAD`] blocks at a time and stopping at the group
 /// after which no stream matches: a prompt whose cached prefix is short costs the hashing of
-/// that prefix, not of the whole prompt. `keys` receives the keys hashed, a prefix of the
-/// query's keys ([`SharedHandle::all_keys`] completes it).
+/// that prefix, not of the whole prompt. The keys already in `keys` (another index's walk of
+/// the same query) are walked first and hashed no more; `keys` ends with the keys hashed, a
+/// prefix of the query's keys ([`PromptKeys::complete`] completes it).
 fn walk_hashing<T: TokenId>(
     data: &SharedData,
-    hasher: &mut KeyHasher,
+    keys: &mut PromptKeys,
     tokens: &[T],
-    keys: &mut Vec<ContentKey>,
     block_size: u32,
 ) -> SharedMatches {
     let mut w = Walk::new(data, block_size);
+    let mut at = 0;
     loop {
-        let start = keys.len();
-        if hasher.extend_keys(tokens, keys, AHEAD) == 0 || !w.keys(data, &keys[start..]) {
+        if at == keys.keys().len() && keys.extend(tokens, AHEAD) == 0 {
+            break;
+        }
+        let more = w.keys(data, &keys.keys()[at..]);
+        at = keys.keys().len();
+        if !more {
             break;
         }
     }
     let mut out = w.finish();
     if data.hybrid & data.synced != 0 {
         if hybrid_read::needs_all_keys(data) {
-            hasher.extend_keys(tokens, keys, usize::MAX);
+            keys.complete(tokens);
         }
         // The last token is always computed: whole blocks within the first n - 1 tokens.
         let max = tokens.len().saturating_sub(1) / block_size.max(1) as usize;
-        hybrid_read::rehit(data, keys, max, &mut out);
+        hybrid_read::rehit(data, keys.keys(), max, &mut out);
     }
     out
 }
@@ -225,32 +233,22 @@ impl std::fmt::Debug for SharedReader {
 }
 
 impl SharedReader {
-    /// A handle for one reading thread, with its own hasher and key buffer.
+    /// A handle for one reading thread, with its own key buffer.
     pub fn handle(&self) -> SharedHandle {
         SharedHandle {
             view: Arc::clone(&self.view),
-            hasher: KeyHasher::new(self.block_size, self.hash_seed),
-            namespaced: None,
-            last_ns: Namespace::default(),
-            keys: Vec::new(),
+            keys: PromptKeys::new(self.block_size, self.hash_seed),
             block_size: self.block_size,
-            hash_seed: self.hash_seed,
         }
     }
 }
 
-/// One reader's handle on the shared view: one per reading thread (it keeps its own hasher
-/// and key buffer).
+/// One reader's handle on the shared view: one per reading thread (it keeps its own key
+/// buffer for the queries that bring none, [`Self::query`] and [`Self::query_streams_in`]).
 pub struct SharedHandle {
     view: Arc<RwLock<SharedData>>,
-    hasher: KeyHasher,
-    /// The hasher of the last namespace other than the default one that was queried.
-    namespaced: Option<(Namespace, KeyHasher)>,
-    /// The namespace of the last query, whose keys `keys` holds.
-    last_ns: Namespace,
-    keys: Vec<ContentKey>,
+    keys: PromptKeys,
     block_size: u32,
-    hash_seed: u64,
 }
 
 impl std::fmt::Debug for SharedHandle {
@@ -263,10 +261,8 @@ impl SharedHandle {
     /// Walks the shared view once for all streams, hashing `tokens` (complete blocks only) as
     /// far as any stream can match (see [`walk_hashing`]).
     pub fn query<T: TokenId>(&mut self, tokens: &[T]) -> SharedMatches {
-        self.keys.clear();
-        self.last_ns = Namespace::default();
-        let data = read(&self.view);
-        walk_hashing(&data, &mut self.hasher, tokens, &mut self.keys, self.block_size)
+        self.keys.start(Namespace::default());
+        walk_hashing(&read(&self.view), &mut self.keys, tokens, self.block_size)
     }
 
     /// [`Self::query`], plus every present stream's label and status read from the same
@@ -284,47 +280,46 @@ impl SharedHandle {
         tokens: &[T],
         streams: &mut Vec<SlotRead>,
     ) -> SharedMatches {
-        streams.clear();
-        self.keys.clear();
-        self.last_ns = ns;
-        let view = Arc::clone(&self.view);
-        let data = read(&view);
-        for &slot in &data.order {
-            let i = usize::from(slot);
-            let status = data.status.get(i).cloned().flatten();
-            if let (Some(label), Some(status)) = (&data.labels[i], status) {
-                streams.push(SlotRead { slot, label: Arc::clone(label), status });
-            }
-        }
-        let block_size = self.block_size;
-        let (hasher, keys) = self.hasher_for(ns);
-        walk_hashing(&data, hasher, tokens, keys, block_size)
+        self.keys.start(ns);
+        let data = read(&self.view);
+        let matches = walk_hashing(&data, &mut self.keys, tokens, self.block_size);
+        ViewRead { data: &data }.slot_reads(streams);
+        matches
+    }
+
+    /// Walks the view for `tokens` with the keys `keys` holds, hashing further blocks into it
+    /// only as far as a stream of this index may still match: `keys` may be shared by every
+    /// index of this block size and seed that one query walks, so that the query hashes each
+    /// block once. Then `f` reads the matches' streams from the same published copy
+    /// ([`ViewRead`]); the matches are returned.
+    pub fn walk_with<T: TokenId>(
+        &self,
+        keys: &mut PromptKeys,
+        tokens: &[T],
+        f: impl FnOnce(&SharedMatches, ViewRead<'_>),
+    ) -> SharedMatches {
+        debug_assert_eq!(keys.settings().0, self.block_size, "keys of another block size");
+        let data = read(&self.view);
+        let matches = walk_hashing(&data, keys, tokens, self.block_size);
+        f(&matches, ViewRead { data: &data });
+        matches
+    }
+
+    /// `f` over the published streams, without a walk.
+    pub fn view_with<R>(&self, f: impl FnOnce(ViewRead<'_>) -> R) -> R {
+        f(ViewRead { data: &read(&self.view) })
     }
 
     /// The content keys the last query hashed, in its namespace: a prefix of its keys, as far
     /// as the walk went.
     pub fn keys(&self) -> &[ContentKey] {
-        &self.keys
+        self.keys.keys()
     }
 
     /// Every content key of `tokens`, the last query's tokens, in its namespace: the walk's
     /// keys, completed.
     pub fn all_keys<T: TokenId>(&mut self, tokens: &[T]) -> &[ContentKey] {
-        let (hasher, keys) = self.hasher_for(self.last_ns);
-        hasher.extend_keys(tokens, keys, usize::MAX);
-        &self.keys
-    }
-
-    /// The hasher of namespace `ns` (made on first use) and the key buffer.
-    fn hasher_for(&mut self, ns: Namespace) -> (&mut KeyHasher, &mut Vec<ContentKey>) {
-        if ns == Namespace::default() {
-            return (&mut self.hasher, &mut self.keys);
-        }
-        if self.namespaced.as_ref().is_none_or(|(n, _)| *n != ns) {
-            let h = ns.hasher(self.block_size, self.hash_seed);
-            self.namespaced = Some((ns, h));
-        }
-        (&mut self.namespaced.as_mut().expect("set above").1, &mut self.keys)
+        self.keys.complete(tokens)
     }
 
     /// Walks keys already computed under this index's block size and seed.
@@ -345,5 +340,42 @@ impl SharedHandle {
     /// Content keys held by two streams or more.
     pub fn shared_entries(&self) -> usize {
         read(&self.view).shared_keys()
+    }
+}
+
+/// The streams of one published copy of the view, as a reader holding it sees them.
+#[derive(Clone, Copy)]
+pub struct ViewRead<'a> {
+    data: &'a SharedData,
+}
+
+impl<'a> ViewRead<'a> {
+    /// The present streams' slots, ordered by instance name, then DP rank.
+    pub fn order(&self) -> &'a [u8] {
+        &self.data.order
+    }
+
+    /// The label and status of the stream in `slot`; `None` for a free slot.
+    pub fn stream(&self, slot: u8) -> Option<(&'a Arc<StreamLabel>, &'a Arc<StreamStatus>)> {
+        let i = usize::from(slot);
+        match (self.data.labels.get(i), self.data.status.get(i)) {
+            (Some(Some(label)), Some(Some(status))) => Some((label, status)),
+            _ => None,
+        }
+    }
+
+    /// The present streams whose hits count: synchronized, one bit per slot.
+    pub fn synchronized(&self) -> u128 {
+        self.data.synced
+    }
+
+    /// Every present stream's [`SlotRead`], in [`Self::order`], into `out` (cleared first).
+    pub fn slot_reads(&self, out: &mut Vec<SlotRead>) {
+        out.clear();
+        for &slot in self.order() {
+            if let Some((label, status)) = self.stream(slot) {
+                out.push(SlotRead { slot, label: Arc::clone(label), status: Arc::clone(status) });
+            }
+        }
     }
 }

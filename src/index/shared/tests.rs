@@ -34,7 +34,7 @@ pub(super) fn removed(hashes: &[u128], tier: Tier) -> Batch {
     b
 }
 
-fn apply(s: &mut StreamWriter, b: &Batch) {
+pub(super) fn apply(s: &mut StreamWriter, b: &Batch) {
     s.apply(0, b).unwrap();
     s.publish();
 }
@@ -283,7 +283,7 @@ fn labels_are_published_with_the_status_and_a_reused_slot_never_shows_the_old_st
 }
 
 /// A chain of `n` blocks (hashes 1..=n, token pairs `2i, 2i + 1`) on `tier`.
-fn chain(n: u32, tier: Tier) -> (Batch, Vec<i32>) {
+pub(super) fn chain(n: u32, tier: Tier) -> (Batch, Vec<i32>) {
     let tokens: Vec<i32> = (0..2 * n as i32).collect();
     let hashes: Vec<u128> = (1..=u128::from(n)).collect();
     (stored(&hashes, None, &tokens, tier), tokens)

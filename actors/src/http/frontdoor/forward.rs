@@ -73,14 +73,14 @@ pub async fn run(
 ) -> Result<HttpResponse, FrontError> {
     let started = Instant::now();
     let body = Bytes::from(body);
-    let hits = state.directory.read_keyed_in(&tokens, scope);
+    let read = state.directory.read_route(&tokens, scope);
     let prompt = kvdir::car::prompt_id(&tokens);
     let mut failed: Vec<(String, String)> = Vec::new();
     let pinned_rank = out.client_rank.as_deref().and_then(|r| r.trim().parse().ok());
     loop {
         let exclude = failed.iter().map(|f| f.0.clone()).collect();
-        let (input_tokens, hits) = (tokens.len(), hits.clone());
-        let msg = RouteForward { input_tokens, hits, exclude, prompt, pinned_rank };
+        let (input_tokens, read) = (tokens.len(), read.clone());
+        let msg = RouteForward { input_tokens, read, exclude, prompt, pinned_rank };
         let (routed, id, url) = match super::admission::route(state, msg, failed.is_empty()).await?
         {
             Ok(r) => r,

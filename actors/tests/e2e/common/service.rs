@@ -99,9 +99,10 @@ pub fn http(
     kvdir_testkit::http::request(&addr.to_string(), method, path, headers, body)
 }
 
-/// POSTs a query and returns the parsed response.
+/// POSTs a query listing every stream (`"list": "all"`, whatever the fleet's size) and returns
+/// the parsed response.
 pub fn query(svc: &Service, tokens: &[i32]) -> QueryResponse {
-    let body = json!({ "token_ids": tokens }).to_string();
+    let body = json!({ "token_ids": tokens, "list": "all" }).to_string();
     let r = http(svc.http_addr(), "POST", "/v1/internal/kv-cache/query", &[], body.as_bytes());
     assert_eq!(r.status, 200, "query failed: {}", r.body);
     serde_json::from_str(&r.body).expect("a query response")

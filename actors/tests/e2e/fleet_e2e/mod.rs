@@ -95,6 +95,17 @@ fn every_batch_applied(svc: &kvdir_service::Service, fleet: &Fleet, streams: usi
     let last = streams - 1;
     let tokens = block_tokens(last, BATCHES - 1);
     assert_eq!(hits(svc, &format!("fleet-{last}"), 0, &tokens), Ok((u64::from(BLOCK), 0)));
+    // The answer of a fleet past 128 streams lists the stream that holds it and sums up the
+    // others (a smaller one asks for that shape).
+    let list = if streams > kvdir::query::LIST_THRESHOLD { "auto" } else { "compact" };
+    let body = json!({ "token_ids": tokens, "list": list }).to_string();
+    let r = http(svc.http_addr(), "POST", "/v1/internal/kv-cache/query", &[], body.as_bytes());
+    let r: Value = serde_json::from_str(&r.body).expect("a query answer");
+    assert_eq!(r["matches"].as_array().map(Vec::len), Some(1), "{r}");
+    assert_eq!(r["matches"][0]["instance_name"], format!("fleet-{last}"));
+    let summary = json!({"streams": streams, "with_credit": 1, "unlisted_with_credit": 0,
+        "zero_credit": streams - 1, "unsynchronized": 0});
+    assert_eq!(r["summary"], summary);
 }
 
 #[test]

@@ -1,0 +1,133 @@
+//! The candidates of one decision: the instance snapshot with each instance's per-DP hits from
+//! the request's [`RouteRead`], and, after a compact decision, the listed candidates' other
+//! ranks.
+//!
+//! A large fleet's read lists only the streams holding a prefix of the prompt
+//! (`directory/route_read.rs`). A rank it does not list has no exact credit, which scores the
+//! same as a rank listed with zero, so the decision needs nothing more, except where
+//! predict-on-route expects the prompt on an instance: each of its ranks must then be
+//! synchronized and of the instance's process to be credited, so its other streams are read
+//! ([`Directory::streams_of`](crate::directory::Directory::streams_of)) before scoring. The
+//! candidates a compact answer lists get theirs after the decision, so that their `dp_hits`
+//! and the chosen instance's stream state (the front door's headers) are whole.
+
+use std::borrow::Cow;
+use std::ops::Range;
+
+use kvdir::car::{reusable_limit, Candidate, DpHit, PromptId, Routed, Side};
+
+use super::{predict, InstanceInfo, RouterActor};
+use crate::directory::{RouteRead, StreamHit};
+
+impl RouterActor {
+    /// The instance snapshot with each instance's per-DP hits and, in its queue, the front
+    /// door's requests started since its latest load report; siblings of `prompt` (given only
+    /// when predicting) are left out of both. A rank gives credit only when its stream was
+    /// started for the instance's current process; streams without an identity (static
+    /// configuration) give none. Each rank's `predicted_hit_tokens` is the instance's
+    /// predicted prefix beyond it. Every hit is at most what the engine reuses of a prompt of
+    /// `input_tokens` ([`reusable_limit`]: never its last token, whole blocks only). They are
+    /// written over `out`'s, reusing their buffers.
+    pub(super) fn candidates(
+        &self,
+        read: &RouteRead,
+        (input_tokens, prompt, now_ms): (usize, Option<PromptId>, u64),
+        out: &mut Vec<Candidate>,
+    ) {
+        out.truncate(self.instances.len());
+        for (k, (info, range)) in self.instances.iter().zip(self.ranges(read)).enumerate() {
+            match out.get_mut(k) {
+                Some(c) => c.clone_from(&info.candidate),
+                None => out.push(info.candidate.clone()),
+            }
+            let c = &mut out[k];
+            c.queued = self.ledger.queued(&c.name);
+            if let Some(load) = &mut c.load {
+                let (name, reports) = (&c.name, info.load_reports);
+                let counted = self.inflight.reported_siblings(name, reports, prompt);
+                load.waiting_requests_num = load.waiting_requests_num.saturating_sub(counted)
+                    + self.inflight.unreported_besides(name, reports, prompt);
+            }
+            let listed = &read.hits[range];
+            let predicted =
+                predict::predicted_tokens(&self.predictions, now_ms, &c.name, listed, read);
+            let whole = listed.len() >= c.dp_size.max(1) as usize;
+            let hits = match predicted > 0 && !read.complete && !whole {
+                true => self.instance_hits(read, &c.name),
+                false => Cow::Borrowed(listed),
+            };
+            c.hits.extend(hits.iter().map(|h| dp_hit(info, h, input_tokens, predicted)));
+        }
+    }
+
+    /// Each known instance's entries in `read`: a lookup per instance the read lists, not a
+    /// search per instance known (a thousand string comparisons each).
+    fn ranges(&self, read: &RouteRead) -> Vec<Range<usize>> {
+        let mut ranges: Vec<Range<usize>> = vec![0..0; self.instances.len()];
+        let mut at = 0;
+        for group in read.hits.chunk_by(|a, b| a.label.instance_name == b.label.instance_name) {
+            if let Some(&i) = self.positions.get(group[0].instance_name()) {
+                ranges[i] = at..at + group.len();
+            }
+            at += group.len();
+        }
+        ranges
+    }
+
+    /// Every stream of `instance` in `read`'s scope, by rank: the read's entries and, when the
+    /// read lists only the streams with credit, the others from the directory.
+    pub(super) fn instance_hits<'a>(
+        &self,
+        read: &'a RouteRead,
+        instance: &str,
+    ) -> Cow<'a, [StreamHit]> {
+        let listed = read.of(instance);
+        if read.complete {
+            return Cow::Borrowed(listed);
+        }
+        let mut all: Vec<StreamHit> = listed.to_vec();
+        all.extend(self.directory.streams_of(instance, read));
+        all.sort_by_key(StreamHit::dp_rank);
+        Cow::Owned(all)
+    }
+
+    /// Gives each prefill candidate a compact answer lists its ranks without credit too.
+    pub(super) fn complete_reports(&self, r: &mut Routed, read: &RouteRead, input_tokens: usize) {
+        for report in r.candidates.iter_mut().filter(|c| c.side == Side::Prefill) {
+            let Some(&i) = self.positions.get(&report.name) else { continue };
+            let info = &self.instances[i];
+            let missing = self.directory.streams_of(&report.name, read);
+            if missing.is_empty() {
+                continue;
+            }
+            let known = |rank| report.dp_hits.iter().any(|h| h.dp_rank == rank);
+            let more: Vec<DpHit> = missing
+                .iter()
+                .filter(|h| !known(h.dp_rank()))
+                .map(|h| dp_hit(info, h, input_tokens, 0))
+                .collect();
+            report.dp_hits.extend(more);
+            report.dp_hits.sort_by_key(|h| h.dp_rank);
+        }
+    }
+}
+
+/// Stream `h`'s hit on `info`'s instance for a prompt of `input_tokens`, within what the
+/// engine reuses, with the instance's `predicted` tokens beyond it.
+fn dp_hit(info: &InstanceInfo, h: &StreamHit, input_tokens: usize, predicted: u64) -> DpHit {
+    let limit = reusable_limit(input_tokens, h.block_size);
+    let identity = h.label.identity.as_ref();
+    let hit = DpHit {
+        dp_rank: h.dp_rank(),
+        synchronized: h.status.synchronized,
+        partial: h.status.partial,
+        identity_matches: identity.is_some_and(|id| id.same_process(&info.identity)),
+        device_hit_tokens: h.hit.0,
+        host_only_hit_tokens: h.hit.1,
+        predicted_hit_tokens: 0,
+        approximate: h.status.approximate,
+    }
+    .within(limit);
+    let exact = hit.device_hit_tokens + hit.host_only_hit_tokens;
+    DpHit { predicted_hit_tokens: predicted.min(limit).saturating_sub(exact), ..hit }
+}

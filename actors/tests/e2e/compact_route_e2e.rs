@@ -1,0 +1,70 @@
+//! The compact route answer over real HTTP, etcd and engines: a read of the streams with
+//! credit alone (a fleet past 128 streams, here asked for with `"list": "compact"`) decides as
+//! a read of every stream, and the chosen instance's ranks without credit, read from the
+//! directory on demand, still give it its predicted credit and a whole `dp_hits`.
+
+use crate::common::*;
+use kvdir::car::{CandidateReport, RouteSummary, Routed};
+use kvdir::config::Flags;
+use kvdir_testkit::etcd::etcd_endpoint;
+use serde_json::json;
+
+fn route_listing(
+    svc: &kvdir_service::Service,
+    tokens: &[i32],
+    list: &str,
+) -> Result<Routed, String> {
+    let body = json!({ "token_ids": tokens, "list": list }).to_string();
+    let r = http(svc.http_addr(), "POST", "/v1/internal/route", &[], body.as_bytes());
+    if r.status != 200 {
+        return Err(format!("{}: {}", r.status, r.body));
+    }
+    serde_json::from_str(&r.body).map_err(|e| e.to_string())
+}
+
+#[test]
+fn a_compact_answer_decides_alike_and_gives_the_chosen_instance_every_rank() {
+    let etcd = etcd_endpoint();
+    let ns = "e2e-compact-route";
+    let svc = discovery_service(&etcd.endpoint, ns, json!({}), Flags::default());
+    let (a, ra) = registered_engine(&etcd.endpoint, ns, 2);
+    let (b, rb) = registered_engine(&etcd.endpoint, ns, 2);
+    let (na, nb) = (a.instance_name(), b.instance_name());
+    // A's rank 1 holds the prompt's first half, its rank 0 nothing: A's exact credit is the
+    // minimum over its ranks, 0, and only rank 1 has credit in a compact read.
+    let prompt = prompt(1, 8);
+    a.process(1, &prompt[..4 * B as usize]).unwrap();
+    ra.set_load(0, 0.2);
+    rb.set_load(3, 0.2);
+    eventually("A's rank 1 credited and both loads known", || {
+        let r = route_listing(&svc, &[1], "all")?;
+        let loaded = r.candidates.iter().all(|c| c.reason != "no load report yet");
+        match (hits(&svc, &na, 1, &prompt)?, loaded, r.candidates.len()) {
+            ((64, 0), true, 2) => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    // The first route predicts the prompt on the instance it chose; the next two see that.
+    let first = route_listing(&svc, &prompt, "all").unwrap();
+    assert_eq!(first.prefill, na, "the idle instance: {first:?}");
+    let compact = route_listing(&svc, &prompt, "compact").unwrap();
+    let all = route_listing(&svc, &prompt, "all").unwrap();
+    assert_eq!((&compact.prefill, &all.prefill), (&na, &na));
+    let summary = RouteSummary { candidates: 2, prefill: 2, with_credit: 1, ..Default::default() };
+    assert_eq!((compact.summary, all.summary), (Some(summary), None));
+    let (c, f) = (&compact.candidates[0], all.candidates.iter().find(|c| c.name == na).unwrap());
+    assert_eq!(c.name, na, "the chosen instance first");
+    // Each route queues work at its choice, so the TTFT terms move from one to the next; the
+    // credit and the CAR score do not.
+    let credit = |c: &CandidateReport| {
+        (c.kv_hit_ratio, c.predicted_hit_ratio, c.dp_hits.clone(), c.score, c.chosen)
+    };
+    assert_eq!(credit(c), credit(f), "the chosen instance's credit, its rank without any too");
+    let ranks: Vec<(u32, u64, bool)> =
+        c.dp_hits.iter().map(|h| (h.dp_rank, h.device_hit_tokens, h.synchronized)).collect();
+    assert_eq!(ranks, [(0, 0, true), (1, 64, true)]);
+    assert!(c.predicted_hit_ratio > Some(0.0), "predicted over both ranks: {c:?}");
+    let other = compact.candidates.iter().find(|c| c.name == nb).expect("B listed");
+    assert_eq!(other.dp_hits.len(), 2, "a listed candidate has every rank: {other:?}");
+    drop((a, b));
+}
