@@ -7,7 +7,8 @@
 //! same stream, so its turns extend what that rank cached. The workload scales with the block
 //! size like `kvdir-sim`'s: 4 system prompts of 8 blocks, turns of a quarter block to 4 blocks.
 //! Client prompts ([`prompts`]) are the first requests of the same generators, so they share
-//! their prefixes with what the engines cache.
+//! their prefixes with what the engines cache; `--query_blocks N` cuts each to N blocks or
+//! extends it with random ids, so a long prompt matches only its cached start.
 //!
 //! A driver sends in bursts: every [`TICK`] (or, unpaced, [`MAX_BURST`] at a time) it queues the
 //! requests that are due ([`kvdir_sim::SimEngine::process_queued`]) and then waits for all of them,
@@ -57,12 +58,27 @@ pub fn prompts(o: &BenchOptions, streams: usize) -> Vec<Vec<u8>> {
     let mut bodies = Vec::new();
     for t in 0..drivers {
         let mut w = workload(o, t, driver_streams(streams, drivers, t).len());
-        for _ in 0..PROMPTS_PER_DRIVER {
-            let tokens = w.next_request().tokens;
+        for k in 0..PROMPTS_PER_DRIVER {
+            let mut tokens = w.next_request().tokens;
+            if o.query_blocks > 0 {
+                let salt = (t * PROMPTS_PER_DRIVER + k) as u64;
+                sized(&mut tokens, o.query_blocks * o.block_size as usize, salt);
+            }
             bodies.push(json!({ "token_ids": tokens }).to_string().into_bytes());
         }
     }
     bodies
+}
+
+/// Cuts `tokens` to `len`, or extends them to it with ids in 0..150,000 drawn from `salt` and
+/// the position, the same on every run.
+fn sized(tokens: &mut Vec<i32>, len: usize, salt: u64) {
+    tokens.truncate(len);
+    let random = |i: usize| {
+        let h = xxhash_rust::xxh3::xxh3_64_with_seed(&(i as u64).to_le_bytes(), salt);
+        (h % 150_000) as i32
+    };
+    tokens.extend((tokens.len()..len).map(random));
 }
 
 /// Runs the drivers until `end`; meanwhile this thread reports the engines' load in etcd
@@ -162,5 +178,15 @@ mod tests {
         let first = workload(&o, 0, 3).next_request().tokens;
         assert_eq!(bodies[0], json!({ "token_ids": first }).to_string().into_bytes());
         assert!(first.len() >= 8 * 4, "a prompt starts with a system prompt of 8 blocks");
+        let long = BenchOptions { query_blocks: 256, ..o };
+        let bodies = prompts(&long, 5);
+        let tokens = |b: &[u8]| -> Vec<i32> {
+            let v: serde_json::Value = serde_json::from_slice(b).unwrap();
+            serde_json::from_value(v["token_ids"].clone()).unwrap()
+        };
+        let (a, b) = (tokens(&bodies[0]), tokens(&bodies[1]));
+        assert_eq!((a.len(), b.len()), (256 * 4, 256 * 4));
+        assert_eq!(a[..first.len()], first[..], "the workload's prompt, then random ids");
+        assert_ne!(a[first.len()..], b[first.len()..], "each prompt's own tail");
     }
 }

@@ -149,6 +149,10 @@ struct BenchCli {
     /// requests per second per client (0 = back to back) [default: 20]
     #[arg(long, help_heading = "Load", value_name = "R")]
     client_rate: Option<String>,
+    /// blocks per client prompt: each workload prompt, cut or extended with random tokens to
+    /// this many blocks (0 = as the workload makes them, 8-12 blocks) [default: 0]
+    #[arg(long, help_heading = "Load", value_name = "N")]
+    query_blocks: Option<String>,
     /// then the same clients without ingest, for ratios (0 = skip) [default: 3]
     #[arg(long, help_heading = "Load", value_name = "S")]
     baseline_seconds: Option<String>,

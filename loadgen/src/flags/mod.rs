@@ -81,6 +81,8 @@ pub struct BenchOptions {
     pub route_clients: u32,
     /// Requests per second per client; `None` = back to back.
     pub client_rate: Option<f64>,
+    /// Blocks per client prompt (workload prompts cut or extended); 0 = as made.
+    pub query_blocks: usize,
     /// Length of the no-ingest baseline (zero skips it).
     pub baseline: Duration,
     /// Deadline of every wait on kvdir.
@@ -126,6 +128,7 @@ impl Default for BenchOptions {
             query_clients: 1,
             route_clients: 0,
             client_rate: Some(20.0),
+            query_blocks: 0,
             baseline: Duration::from_secs(3),
             sync_timeout: Duration::from_secs(60),
             mode: Mode::Static,
@@ -226,6 +229,7 @@ impl BenchOptions {
             "sync_timeout_seconds" => self.sync_timeout = seconds(name, value, 1.0)?,
             "rate" => self.rate = rate(name, value)?,
             "client_rate" => self.client_rate = rate(name, value)?,
+            "query_blocks" => self.query_blocks = number(name, value)?,
             "drivers" => self.drivers = number(name, value)?,
             "seed" => self.seed = number(name, value)?,
             "query_clients" => self.query_clients = number(name, value)?,
