@@ -3,9 +3,7 @@
 //! instance's share of work, and the front door's first bytes end requests and teach rates.
 //! Kept under every policy, so every answer carries each candidate's estimated TTFT.
 
-use std::collections::HashMap;
-
-use kvdir::car::{RequestId, Routed, RoutedWork, WorkLedger};
+use kvdir::car::{NameMap, RequestId, Routed, RoutedWork, WorkLedger};
 
 use super::InstanceInfo;
 
@@ -14,7 +12,7 @@ use super::InstanceInfo;
 pub(crate) fn snapshot(
     ledger: &mut WorkLedger,
     instances: &[InstanceInfo],
-    positions: &HashMap<String, usize>,
+    positions: &NameMap<String, usize>,
 ) {
     for info in instances {
         report(ledger, info);
