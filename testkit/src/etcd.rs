@@ -14,13 +14,12 @@
 
 use std::fs::{self, File};
 use std::io::ErrorKind;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::scratch::{free_port, fresh_dir};
 use kvdir_sim::http;
 
 /// Environment variable naming a running etcd (`host:port`) for tests.
@@ -66,7 +65,8 @@ impl EtcdServer {
             let client_port = free_port();
             let peer_port = (0..10).map(|_| free_port()).find(|p| *p != client_port).unwrap_or(0);
             // A failed attempt's directory goes with it (Drop), also when spawning panics.
-            let mut private = Private { child: None, dir: fresh_dir(), client_port, peer_port };
+            let mut private =
+                Private { child: None, dir: fresh_dir("etcd"), client_port, peer_port };
             match private.start() {
                 Ok(()) => {
                     let endpoint = format!("127.0.0.1:{client_port}");
@@ -188,25 +188,4 @@ impl Private {
             let _ = child.wait();
         }
     }
-}
-
-/// A new, empty directory under the system temp dir.
-fn fresh_dir() -> PathBuf {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("kvdir-etcd-{}-{n}-{nanos}", std::process::id()));
-    fs::create_dir_all(&dir)
-        .unwrap_or_else(|e| panic!("cannot create the etcd directory {}: {e}", dir.display()));
-    dir
-}
-
-/// A port that was free a moment ago on 127.0.0.1.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("cannot find a free 127.0.0.1 port: {e}"))
 }

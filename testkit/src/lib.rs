@@ -18,6 +18,7 @@ pub mod http;
 #[cfg(feature = "kube")]
 pub mod kube;
 pub mod layers;
+mod scratch;
 
 use std::time::{Duration, Instant};
 

@@ -10,14 +10,13 @@ use std::collections::hash_map::RandomState;
 use std::fs::{self, File};
 use std::hash::{BuildHasher, Hasher};
 use std::io::ErrorKind;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use super::{api, User, ENV_VAR, NAMESPACE, RECIPE, START_DEADLINE};
+use crate::scratch::{free_port, fresh_dir};
 
 /// Start attempts with a fresh port (a free port can be taken between probe and bind).
 const START_ATTEMPTS: u32 = 3;
@@ -63,7 +62,7 @@ pub(super) struct Files {
 impl Files {
     /// A fresh directory with the token file and the service-account key.
     pub(super) fn create() -> Files {
-        let dir = fresh_dir();
+        let dir = fresh_dir("kube");
         let tokens = User::ALL.map(|_| random_token());
         let files = Files { ca: dir.join("ca.crt"), dir, tokens };
         let lines: Vec<String> = User::ALL
@@ -324,26 +323,4 @@ fn random_token() -> String {
 /// Writes a file, panicking with its path.
 fn write(path: &Path, text: &str) {
     fs::write(path, text).unwrap_or_else(|e| panic!("cannot write {}: {e}", path.display()));
-}
-
-/// A new, empty directory under the system temp dir.
-fn fresh_dir() -> PathBuf {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("kvdir-kube-{}-{n}-{nanos}", std::process::id()));
-    fs::create_dir_all(&dir).unwrap_or_else(|e| {
-        panic!("cannot create the API server directory {}: {e}", dir.display())
-    });
-    dir
-}
-
-/// A port that was free a moment ago on 127.0.0.1.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("cannot find a free 127.0.0.1 port: {e}"))
 }
