@@ -13,7 +13,7 @@
 //!
 //! The only unsafe code of the service: four libzmq calls (context new, set, term; socket),
 //! each with its contract stated where it is made. The context runs one libzmq I/O thread per
-//! 1,024 streams kvdir connects to with ZMTP heartbeats (at most 4), which bounds the cost of
+//! 512 streams kvdir connects to with ZMTP heartbeats (at most 8), which bounds the cost of
 //! idle connections' heartbeats.
 
 #![allow(unsafe_code)]
@@ -30,15 +30,15 @@ const SOCKETS_PER_STREAM: usize = 4;
 /// Sockets beyond the streams' (the bind endpoint, tests, restarts overlapping).
 const SPARE_SOCKETS: usize = 1024;
 /// Streams per libzmq I/O thread, and the most such threads: see [`zmq_io_threads`].
-const STREAMS_PER_ZMQ_THREAD: usize = 1024;
-const MAX_ZMQ_THREADS: usize = 4;
+const STREAMS_PER_ZMQ_THREAD: usize = 512;
+const MAX_ZMQ_THREADS: usize = 8;
 
-/// libzmq I/O threads for `heartbeating` connections with ZMTP heartbeats: one per 1,024, at
-/// most 4. A connection's heartbeat timers live on its I/O thread, and libzmq cancels a timer
-/// (at every answered PING) by walking all of that thread's timers, so idle streams cost the
-/// square of the connections per thread: spreading 4,096 over 4 threads costs a quarter.
-/// Without heartbeats (the bind endpoint) one thread serves best: each more one is another
-/// thread to wake.
+/// libzmq I/O threads for `heartbeating` connections with ZMTP heartbeats: one per 512, at
+/// most 8. A connection's heartbeat timers live on its I/O thread, and libzmq cancels a timer
+/// (at every answered PING) by walking that thread's timers, so idle streams cost the square of
+/// the connections per thread: 4,096 connections idled at 51 % of a core on one thread and
+/// 7-11 % on eight (BENCHMARKS.md). Without heartbeats (the bind endpoint) one thread serves
+/// best: each more one is another thread to wake.
 fn zmq_io_threads(heartbeating: usize) -> usize {
     heartbeating.div_ceil(STREAMS_PER_ZMQ_THREAD).clamp(1, MAX_ZMQ_THREADS)
 }
