@@ -1,4 +1,5 @@
-//! [`NameMap`]: the router's maps keyed by instance name, with a fast hash.
+//! [`NameMap`]: the router's maps keyed by instance name, with a fast hash ([`KeyMap`]: by
+//! content key).
 //!
 //! A decision over a thousand instances looks each of them up in several maps (its queued
 //! work, its requests in flight, its predictions, its place in the snapshot). With std's
@@ -12,6 +13,9 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 /// A map keyed by instance name.
 pub type NameMap<K, V> = HashMap<K, V, BuildHasherDefault<NameHasher>>;
+
+/// A map keyed by content key (`u128`; uniform already, so the same cheap hash serves).
+pub type KeyMap<V> = HashMap<u128, V, BuildHasherDefault<NameHasher>>;
 
 /// FxHash: each word rotated into the state and multiplied by a constant.
 #[derive(Debug, Default, Clone, Copy)]

@@ -31,10 +31,10 @@
 //!
 //! Time is passed in (monotonic milliseconds), so everything here is pure.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
-use super::names::NameMap;
+use super::names::{KeyMap, NameMap};
 use super::Candidate;
 use crate::index::ContentKey;
 
@@ -52,7 +52,7 @@ pub struct Predictions {
     ttl_ms: u64,
     capacity: usize,
     /// Instance -> key -> expiry of its latest recording.
-    by_instance: NameMap<Arc<str>, HashMap<u128, u64>>,
+    by_instance: NameMap<Arc<str>, KeyMap<u64>>,
     /// Recordings in time order; an item whose expiry differs from its map entry's is stale.
     queue: VecDeque<Queued>,
     /// Live predictions: the entries of `by_instance`.
