@@ -47,6 +47,7 @@ pub(super) fn open_sub(ctx: &WorkerCtx, id: u64) -> Result<(Socket, Option<Socke
     }
     sub.set_reconnect_ivl(100)?;
     sub.set_reconnect_ivl_max(2000)?;
+    sub.set_affinity(ctx.zmq.affinity(id))?;
     set_heartbeats(&sub, ctx.limits.publisher_timeout)?;
     let mon_addr = format!("inproc://kvdir-monitor-{id}");
     // HANDSHAKE_SUCCEEDED, not CONNECTED: a TCP connect only reaches the nearest hop (a proxy
