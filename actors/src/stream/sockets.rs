@@ -36,8 +36,8 @@ const MAX_ZMQ_THREADS: usize = 8;
 /// libzmq I/O threads for `heartbeating` connections with ZMTP heartbeats: one per 512, at
 /// most 8. A connection's heartbeat timers live on its I/O thread, and libzmq cancels a timer
 /// (at every answered PING) by walking that thread's timers, so idle streams cost the square of
-/// the connections per thread: 4,096 connections idled at 51 % of a core on one thread and
-/// 7-11 % on eight (BENCHMARKS.md). Without heartbeats (the bind endpoint) one thread serves
+/// the connections per thread: 4,096 connections idled at about half a core on one thread,
+/// 7 % on eight (BENCHMARKS.md). Without heartbeats (the bind endpoint) one thread serves
 /// best: each more one is another thread to wake.
 fn zmq_io_threads(heartbeating: usize) -> usize {
     heartbeating.div_ceil(STREAMS_PER_ZMQ_THREAD).clamp(1, MAX_ZMQ_THREADS)
