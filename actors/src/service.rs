@@ -299,7 +299,6 @@ async fn boot(flags: &Flags, plan: StartPlan, front: Arc<FrontDoor>) -> Result<B
         router.clone(),
         arbiters.iter().map(Arbiter::handle).collect(),
         limits.clone(),
-        kind,
     )
     .map_err(StartError::IoThreads)?;
     // Bound (and handed to the I/O threads) before any bound stream starts.

@@ -78,8 +78,8 @@ pub struct Limits {
     pub replay_timeout: Duration,
     /// Period of snapshot reconciliation on a synchronized stream.
     pub resync_interval: Duration,
-    /// A publisher that answers nothing (no message, no ZMTP heartbeat reply) for this long
-    /// is treated as disconnected; zero turns heartbeats off.
+    /// A connected publisher whose host answers nothing (no TCP keepalive reply, no
+    /// acknowledgement) for about this long is disconnected; zero leaves the system's timeouts.
     pub publisher_timeout: Duration,
     /// I/O threads serving the streams; 0: one per core (at most 64 either way).
     pub io_threads: usize,

@@ -13,7 +13,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use actix::prelude::*;
-use kvdir::config::fds::StreamKind;
 use kvdir::config::{canonical_endpoint, is_bound, Limits, StreamSpec};
 use kvdir::index::{SharedError, StreamLabel};
 use kvdir::indexer_api::Registration;
@@ -154,7 +153,7 @@ pub struct StreamSet {
 }
 
 impl StreamSet {
-    /// A set whose streams (of `kind`) write to `directory`, whose index and stream actors run
+    /// A set whose streams write to `directory`, whose index and stream actors run
     /// on `arbiters` (round robin) and whose streams are served by `limits.io_threads` I/O
     /// threads; fails only if a thread cannot start.
     pub fn new(
@@ -162,16 +161,10 @@ impl StreamSet {
         router: Addr<RouterActor>,
         arbiters: Vec<ArbiterHandle>,
         limits: Limits,
-        kind: StreamKind,
     ) -> std::io::Result<Self> {
         let fds = sockets::raise_fd_limit();
         let replays = limits.max_concurrent_replays;
-        // Only connections kvdir makes with ZMTP heartbeats need more libzmq I/O threads.
-        let heartbeating = match kind {
-            StreamKind::Connected if !limits.publisher_timeout.is_zero() => limits.max_streams,
-            _ => 0,
-        };
-        let zmq = ZmqContext::new(limits.max_streams, replays, heartbeating);
+        let zmq = ZmqContext::new(limits.max_streams, replays);
         let pool = IoPool::start(pool::thread_count(limits.io_threads), replays)?;
         tracing::debug!(open_files = ?fds, io_threads = pool.stats().io_threads.len(), "stream pool");
         let (map, registering) = Default::default();

@@ -11,10 +11,11 @@
 //! [`plan_fds`] lifts the soft `RLIMIT_NOFILE` to the hard one at start and plans what it holds
 //! ([`FdBudget`]); [`describe`] turns `EMFILE` into a message naming the limit and the fix.
 //!
-//! The only unsafe code of the service: four libzmq calls (context new, set, term; socket),
-//! each with its contract stated where it is made. The context runs one libzmq I/O thread per
-//! 512 streams kvdir connects to with ZMTP heartbeats (at most 8), which bounds the cost of
-//! idle connections' heartbeats.
+//! The only unsafe code of the service: five libzmq calls (context new, set, term; socket; the
+//! socket option `ZMQ_TCP_MAXRT`, which the `zmq` crate lacks), each with its contract stated
+//! where it is made. The context runs libzmq's default one I/O
+//! thread: with no ZMTP heartbeats (a connected publisher's liveness is TCP keepalive, kept by
+//! the kernel), every more thread would only be another one to wake.
 
 #![allow(unsafe_code)]
 
@@ -29,19 +30,6 @@ use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
 const SOCKETS_PER_STREAM: usize = 4;
 /// Sockets beyond the streams' (the bind endpoint, tests, restarts overlapping).
 const SPARE_SOCKETS: usize = 1024;
-/// Streams per libzmq I/O thread, and the most such threads: see [`zmq_io_threads`].
-const STREAMS_PER_ZMQ_THREAD: usize = 512;
-const MAX_ZMQ_THREADS: usize = 8;
-
-/// libzmq I/O threads for `heartbeating` connections with ZMTP heartbeats: one per 512, at
-/// most 8. A connection's heartbeat timers live on its I/O thread, and libzmq cancels a timer
-/// (at every answered PING) by walking that thread's timers, so idle streams cost the square of
-/// the connections per thread: 4,096 connections idled at about half a core on one thread,
-/// 7 % on eight (BENCHMARKS.md). Without heartbeats (the bind endpoint) one thread serves
-/// best: each more one is another thread to wake.
-fn zmq_io_threads(heartbeating: usize) -> usize {
-    heartbeating.div_ceil(STREAMS_PER_ZMQ_THREAD).clamp(1, MAX_ZMQ_THREADS)
-}
 
 struct RawContext(*mut c_void);
 
@@ -61,10 +49,9 @@ impl Drop for RawContext {
     }
 }
 
-/// The streams' ZeroMQ context (cheap to clone; the last clone and socket end it), and its
-/// libzmq I/O threads.
+/// The streams' ZeroMQ context (cheap to clone; the last clone and socket end it).
 #[derive(Clone)]
-pub struct ZmqContext(Arc<RawContext>, usize);
+pub struct ZmqContext(Arc<RawContext>);
 
 /// A socket of a [`ZmqContext`]; closed before the context it keeps alive.
 pub struct Socket {
@@ -79,11 +66,27 @@ impl Deref for Socket {
     }
 }
 
+impl Socket {
+    /// `ZMQ_TCP_MAXRT`: on Linux the `TCP_USER_TIMEOUT` of the socket's connections, which
+    /// drops a connection whose data stays unacknowledged for `ms` (a vanished host), and
+    /// bounds a keepalive's wait the same way; 0 leaves the system's (about 15 minutes).
+    pub fn set_tcp_maxrt(&mut self, ms: i32) -> Result<(), zmq::Error> {
+        let option = zmq_sys::ZMQ_TCP_MAXRT as i32;
+        let (value, size) = (&ms as *const i32 as *const c_void, std::mem::size_of::<i32>());
+        // SAFETY: a live socket (this handle owns it, open until dropped), and an int option
+        // read from a pointer to an int that outlives the call.
+        if unsafe { zmq_sys::zmq_setsockopt(self.socket.as_mut_ptr(), option, value, size) } == 0 {
+            Ok(())
+        } else {
+            Err(errno())
+        }
+    }
+}
+
 impl ZmqContext {
     /// A context allowing the sockets of `max_streams` streams and `max_replays` replay
-    /// DEALERs, plus a margin, with I/O threads for `heartbeating` connections that send ZMTP
-    /// heartbeats.
-    pub fn new(max_streams: usize, max_replays: usize, heartbeating: usize) -> ZmqContext {
+    /// DEALERs, plus a margin.
+    pub fn new(max_streams: usize, max_replays: usize) -> ZmqContext {
         // SAFETY: no precondition; a null result is checked.
         let ctx = unsafe { zmq_sys::zmq_ctx_new() };
         assert!(!ctx.is_null(), "libzmq cannot create a context (out of memory)");
@@ -97,21 +100,7 @@ impl ZmqContext {
         if unsafe { zmq_sys::zmq_ctx_set(ctx, option, sockets) } != 0 {
             tracing::warn!(sockets, "libzmq refused ZMQ_MAX_SOCKETS; it allows 1023 sockets");
         }
-        let threads = zmq_io_threads(heartbeating) as i32;
-        // SAFETY: as above; ZMQ_IO_THREADS too must be set before the first socket.
-        if unsafe { zmq_sys::zmq_ctx_set(ctx, zmq_sys::ZMQ_IO_THREADS as i32, threads) } != 0 {
-            tracing::warn!(threads, "libzmq refused ZMQ_IO_THREADS; it runs one I/O thread");
-        }
-        ZmqContext(Arc::new(RawContext(ctx)), threads as usize)
-    }
-
-    /// The `ZMQ_AFFINITY` that puts the connections of stream `id` on one of the I/O threads,
-    /// in turn. libzmq would put a connection on the least loaded thread, but counts a thread's
-    /// load only once the thread has taken the connection on, so thousands of streams starting
-    /// together all landed on the first: the timer walk of ZMTP heartbeats (see
-    /// [`zmq_io_threads`]) stayed as long as with one thread.
-    pub fn affinity(&self, id: u64) -> u64 {
-        1 << (id % self.1.max(1) as u64)
+        ZmqContext(Arc::new(RawContext(ctx)))
     }
 
     /// A new socket of `kind`.

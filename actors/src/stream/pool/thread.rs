@@ -39,6 +39,8 @@ pub(super) const WAKER: Token = Token(usize::MAX);
 const PANICKED: &str = "the stream thread panicked";
 /// How often a stream held by fault injection is looked at again.
 const HELD_RETRY: Duration = Duration::from_millis(5);
+/// The least time between two wake-ups of a thread that sleeps (see [`PoolThread::run`]).
+pub(super) const WAKE_INTERVAL: Duration = Duration::from_millis(2);
 
 /// A stream served by this thread.
 struct Entry {
@@ -91,10 +93,21 @@ impl PoolThread {
     }
 
     /// Serves streams until told to end; then closes every stream's sockets.
+    ///
+    /// A thread about to sleep less than [`WAKE_INTERVAL`] after it last woke up first sleeps
+    /// out the rest of the interval, then takes everything that came meanwhile in one wake-up:
+    /// a fleet's messages arrive one at a time, and waking for each cost more than serving it
+    /// (a context switch on each side, ~0.6 a batch). A message waits at most that long; a
+    /// thread woken less often than that (an idle fleet) never waits.
     pub(super) fn run(mut self) {
         let mut events = mio::Events::with_capacity(1024);
+        let mut woke = Instant::now();
         loop {
             let timeout = if self.ready.is_empty() && !self.ports.any_queued() {
+                let early = WAKE_INTERVAL.saturating_sub(woke.elapsed());
+                if !early.is_zero() {
+                    std::thread::sleep(early);
+                }
                 self.timers.next().map(|at| at.saturating_duration_since(Instant::now()))
             } else {
                 Some(Duration::ZERO)
@@ -104,6 +117,9 @@ impl PoolThread {
                     tracing::error!(thread = %self.me().name, error = %e, "epoll failed");
                 }
                 continue;
+            }
+            if timeout != Some(Duration::ZERO) {
+                woke = Instant::now();
             }
             let mut commands = false;
             for ev in events.iter() {

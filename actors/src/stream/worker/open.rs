@@ -12,31 +12,42 @@ use crate::faults::{self, FaultPoint};
 use crate::stream::pool::is_out_of_fds;
 use crate::stream::sockets::max_frame;
 
-/// ZMTP heartbeats: a PING every two thirds of `timeout`, each to be answered within the
-/// remaining third (at least 100 ms each), so a publisher silent for `timeout` is disconnected,
-/// which the socket monitor reports. libzmq publishers answer PINGs without any option set.
-/// Zero turns them off. Why not a PING every third with a whole `timeout` to answer: libzmq
-/// cancels a PING's answer timer by walking its I/O thread's timers in order of expiry, and an
-/// answer timer that expires after every connection's next PING walks them all; answered
-/// within a third it walks half as many, and PINGs are half as frequent (about 3.5 times less
-/// work, which grows with the square of the connections on a thread).
-fn set_heartbeats(sub: &Socket, timeout: std::time::Duration) -> Result<(), zmq::Error> {
-    let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-    if timeout_ms == 0 {
-        return Ok(());
+/// Unanswered TCP keepalive probes after which the kernel drops a connection.
+const KEEPALIVE_PROBES: u32 = 3;
+
+/// TCP keepalive for a publisher `timeout`: seconds idle before the first probe and between
+/// probes, each a quarter of `timeout` (at least 1 s: the kernel counts in seconds), so a host
+/// that vanished is given up after `timeout` (at least 4 s); `None` when `timeout` is zero.
+fn keepalive(timeout: std::time::Duration) -> Option<(u32, u32)> {
+    if timeout.is_zero() {
+        return None;
     }
-    let answer_ms = (timeout_ms / 3).max(100);
-    sub.set_heartbeat_ivl((timeout_ms - answer_ms).max(100))?;
-    sub.set_heartbeat_timeout(answer_ms)?;
-    // Asks the publisher to drop this connection too if kvdir goes silent that long.
-    sub.set_heartbeat_ttl(timeout_ms.clamp(100, 6_553_599))
+    let quarter = (timeout.as_millis() as f64 / 4000.0).round().clamp(1.0, 65_535.0) as u32;
+    Some((quarter, quarter))
+}
+
+/// Liveness of a connected publisher: TCP keepalive ([`keepalive`]) on the SUB socket's
+/// connections, and the same timeout for data it sent that stays unacknowledged
+/// (`TCP_USER_TIMEOUT`), so a host that vanished without closing them is disconnected (the
+/// monitor reports it) after about `publisher_timeout_ms`. A dead process closes its
+/// connections and is seen at once. The kernel's timers cost kvdir no CPU; ZMTP heartbeats did
+/// (design.md). A connect that hangs that long (a SYN into the void) is given up and retried.
+fn set_liveness(sub: &mut Socket, timeout: std::time::Duration) -> Result<(), zmq::Error> {
+    let Some((idle, interval)) = keepalive(timeout) else { return Ok(()) };
+    let timeout_ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    sub.set_tcp_maxrt(timeout_ms)?;
+    sub.set_tcp_keepalive(1)?;
+    sub.set_tcp_keepalive_idle(idle as i32)?;
+    sub.set_tcp_keepalive_intvl(interval as i32)?;
+    sub.set_tcp_keepalive_cnt(KEEPALIVE_PROBES as i32)?;
+    sub.set_connect_timeout(timeout_ms)
 }
 
 /// The SUB socket, subscribed and connecting, and the monitor that reports its handshakes
 /// and disconnects; an in-process SUB (the bind endpoint's fan-out) has neither handshakes nor
 /// disconnects, so no monitor (two descriptors fewer a stream).
 pub(super) fn open_sub(ctx: &WorkerCtx, id: u64) -> Result<(Socket, Option<Socket>), zmq::Error> {
-    let sub = ctx.zmq.socket(zmq::SUB)?;
+    let mut sub = ctx.zmq.socket(zmq::SUB)?;
     sub.set_linger(0)?;
     sub.set_rcvhwm(SUB_HWM)?;
     sub.set_maxmsgsize(max_frame(&ctx.limits))?;
@@ -47,8 +58,7 @@ pub(super) fn open_sub(ctx: &WorkerCtx, id: u64) -> Result<(Socket, Option<Socke
     }
     sub.set_reconnect_ivl(100)?;
     sub.set_reconnect_ivl_max(2000)?;
-    sub.set_affinity(ctx.zmq.affinity(id))?;
-    set_heartbeats(&sub, ctx.limits.publisher_timeout)?;
+    set_liveness(&mut sub, ctx.limits.publisher_timeout)?;
     let mon_addr = format!("inproc://kvdir-monitor-{id}");
     // HANDSHAKE_SUCCEEDED, not CONNECTED: a TCP connect only reaches the nearest hop (a proxy
     // or a listen backlog). After the ZMTP handshake the subscription is on its way to the
@@ -138,5 +148,22 @@ impl Worker {
                 let _ = self.registry.deregister(&mut SourceFd(&fd));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::keepalive;
+
+    #[test]
+    fn keepalive_gives_a_vanished_host_up_after_about_the_publisher_timeout() {
+        let ms = Duration::from_millis;
+        assert_eq!(keepalive(ms(0)), None, "zero turns liveness off");
+        assert_eq!(keepalive(ms(3000)), Some((1, 1)), "the default: 1 s + 3 x 1 s");
+        assert_eq!(keepalive(ms(10_000)), Some((3, 3)), "10 s: 3 s + 3 x 3 s");
+        assert_eq!(keepalive(ms(600)), Some((1, 1)), "below 4 s: the kernel's 1 s steps");
+        assert_eq!(keepalive(ms(600_000)), Some((150, 150)));
     }
 }
