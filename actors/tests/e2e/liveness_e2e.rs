@@ -100,7 +100,9 @@ impl Firewall {
 
 impl Drop for Firewall {
     fn drop(&mut self) {
-        let _ = std::process::Command::new("nft").args(["delete", "table", "inet", &self.table]).status();
+        let _ = std::process::Command::new("nft")
+            .args(["delete", "table", "inet", &self.table])
+            .status();
     }
 }
 
