@@ -27,6 +27,7 @@ mod kube_e2e;
 mod liveness_e2e;
 mod log_levels_e2e;
 mod metrics_e2e;
+mod mooncake_scale;
 mod operations_doc;
 mod predict_e2e;
 mod replay;

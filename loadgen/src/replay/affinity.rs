@@ -53,8 +53,28 @@ impl Lru {
         blocks.iter().take_while(|id| self.last_use.contains_key(*id)).count()
     }
 
+    /// Whether block `id` is held.
+    pub fn contains(&self, id: u64) -> bool {
+        self.last_use.contains_key(&id)
+    }
+
+    /// Blocks held.
+    pub fn len(&self) -> usize {
+        self.last_use.len()
+    }
+
+    /// Whether no block is held.
+    pub fn is_empty(&self) -> bool {
+        self.last_use.is_empty()
+    }
+
     /// Makes `blocks` the most recent, leaf first, then evicts down to the capacity.
     pub fn touch(&mut self, blocks: &[u64]) {
+        self.touch_evicting(blocks, &mut Vec::new());
+    }
+
+    /// [`Self::touch`], appending the evicted blocks to `evicted`, least recent first.
+    pub fn touch_evicting(&mut self, blocks: &[u64], evicted: &mut Vec<u64>) {
         for &id in blocks.iter().rev() {
             self.clock += 1;
             if let Some(old) = self.last_use.insert(id, self.clock) {
@@ -65,6 +85,7 @@ impl Lru {
         while self.last_use.len() > self.capacity {
             let Some((_, id)) = self.by_age.pop_first() else { break };
             self.last_use.remove(&id);
+            evicted.push(id);
         }
     }
 }
@@ -155,8 +176,13 @@ mod tests {
         lru.touch(&[1, 4]);
         assert_eq!(lru.prefix_hits(&[1, 2, 3]), 2, "3, the oldest leaf, made room for 4");
         assert_eq!(lru.prefix_hits(&[1, 4]), 2);
-        lru.touch(&[5]);
+        let mut evicted = Vec::new();
+        lru.touch_evicting(&[5], &mut evicted);
         assert_eq!((lru.prefix_hits(&[1, 2]), lru.prefix_hits(&[1, 4])), (1, 2), "then 2");
+        assert_eq!(
+            (evicted, lru.len(), lru.contains(2), lru.contains(5)),
+            (vec![2], 3, false, true)
+        );
     }
 
     /// Two conversations a (10, 11, 12) and b (20, 21) alternate, each turn extending its

@@ -51,13 +51,18 @@ impl TraceRequest {
     pub fn tokens(&self) -> Vec<i32> {
         let mut tokens = Vec::with_capacity(self.input_length);
         for &id in self.full_blocks() {
-            tokens.extend((0..TRACE_BLOCK).map(|j| token(BLOCK_SEED ^ id, j)));
+            push_block_tokens(id, &mut tokens);
         }
         let index = self.index as u64;
         let tail = self.input_length - tokens.len();
         tokens.extend((0..tail).map(|j| token(TAIL_SEED ^ index.rotate_left(17), j)));
         tokens
     }
+}
+
+/// Appends the [`TRACE_BLOCK`] tokens of block `id` (the same in every request) to `out`.
+pub fn push_block_tokens(id: u64, out: &mut Vec<i32>) {
+    out.extend((0..TRACE_BLOCK).map(|j| token(BLOCK_SEED ^ id, j)));
 }
 
 fn token(seed: u64, j: usize) -> i32 {
