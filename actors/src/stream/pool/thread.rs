@@ -30,7 +30,7 @@ use super::timers::Timers;
 use super::{Command, Exited, NewStream, PoolShared, ThreadRef};
 use crate::faults;
 use crate::stream::sockets::describe;
-use crate::stream::worker::Worker;
+use crate::stream::worker::{token_stream, Worker};
 use crate::sync::lock;
 
 /// The token of a thread's waker (stream tokens are stream ids).
@@ -127,7 +127,7 @@ impl PoolThread {
                     WAKER => commands = true,
                     t => match ports::port_of(t) {
                         Some(i) => self.ports.ports[i].queued = true,
-                        None => self.mark_ready(t.0 as u64),
+                        None => self.stream_fired(t),
                     },
                 }
             }
@@ -254,6 +254,17 @@ impl PoolThread {
     fn failed(&self, exited: Exited, reason: String) {
         self.me().streams.fetch_sub(1, Ordering::Relaxed);
         exited(reason);
+    }
+
+    /// A stream's socket (or its monitor) fired: the stream gets a turn.
+    fn stream_fired(&mut self, t: Token) {
+        let (id, monitor) = token_stream(t);
+        if monitor {
+            if let Some(e) = self.streams.get_mut(&id) {
+                e.worker.monitor_fired();
+            }
+        }
+        self.mark_ready(id);
     }
 
     fn mark_ready(&mut self, id: u64) {

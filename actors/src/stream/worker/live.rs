@@ -13,6 +13,20 @@ use super::open::{open_sub, register};
 use super::{WorkerCtx, SUB_HWM};
 use crate::stream::sockets::Socket;
 
+/// The bit a monitor's token adds to its stream's: the thread reads a monitor only when its
+/// own `ZMQ_FD` fired, not in every turn of its stream.
+const MONITOR: usize = 1 << 62;
+
+/// The token of stream `id`'s socket monitor.
+pub(super) fn monitor_token(id: u64) -> Token {
+    Token(id as usize | MONITOR)
+}
+
+/// The stream a (non-port) token belongs to, and whether it is the stream's monitor's.
+pub fn token_stream(t: Token) -> (u64, bool) {
+    ((t.0 & !MONITOR) as u64, t.0 & MONITOR != 0)
+}
+
 /// A stream's live input.
 pub(super) enum Live {
     /// kvdir connects to the publisher.
@@ -20,6 +34,9 @@ pub(super) enum Live {
         sub: Socket,
         /// Handshakes and disconnects of `sub`; none in process.
         monitor: Option<Socket>,
+        /// Whether the last receive found `sub` empty: it then processed libzmq's commands
+        /// as reading `ZMQ_EVENTS` would, so input arriving later fires `ZMQ_FD` again.
+        drained: bool,
     },
     /// The engine connects to the bind endpoint.
     Bound {
@@ -50,18 +67,25 @@ impl Live {
             return Ok(Live::Bound { key, topic, inbox: VecDeque::new() });
         }
         let (sub, monitor) = open_sub(ctx, id)?;
-        for s in std::iter::once(&sub).chain(&monitor) {
-            register(registry, s, token)?;
+        register(registry, &sub, token)?;
+        if let Some(m) = &monitor {
+            register(registry, m, monitor_token(id))?;
         }
-        Ok(Live::Socket { sub, monitor })
+        Ok(Live::Socket { sub, monitor, drained: false })
     }
 
     /// The next live message, if one is there.
     pub(super) fn next(&mut self) -> Result<Option<Vec<Vec<u8>>>, zmq::Error> {
         match self {
-            Live::Socket { sub, .. } => match sub.recv_multipart(zmq::DONTWAIT) {
-                Ok(frames) => Ok(Some(frames)),
-                Err(zmq::Error::EAGAIN) => Ok(None),
+            Live::Socket { sub, drained, .. } => match sub.recv_multipart(zmq::DONTWAIT) {
+                Ok(frames) => {
+                    *drained = false;
+                    Ok(Some(frames))
+                }
+                Err(zmq::Error::EAGAIN) => {
+                    *drained = true;
+                    Ok(None)
+                }
                 Err(e) => Err(e),
             },
             Live::Bound { inbox, .. } => Ok(inbox.pop_front()),
@@ -84,14 +108,13 @@ impl Live {
         }
     }
 
-    /// Whether input is waiting (`ZMQ_EVENTS` of the sockets, read after the turn's last
-    /// receive, as `ZMQ_FD`'s edge trigger requires).
+    /// Whether input is waiting (`ZMQ_EVENTS` of the SUB socket, read after the turn's last
+    /// receive, as `ZMQ_FD`'s edge trigger requires, unless that receive found it empty; the
+    /// monitor is read to empty whenever its own `ZMQ_FD` fires).
     pub(super) fn readable(&self) -> Result<bool, zmq::Error> {
-        let readable = |s: &Socket| s.get_events().map(|e| e.contains(zmq::POLLIN));
         match self {
-            Live::Socket { sub, monitor } => {
-                Ok(readable(sub)? || monitor.as_ref().map(readable).transpose()?.unwrap_or(false))
-            }
+            Live::Socket { drained: true, .. } => Ok(false),
+            Live::Socket { sub, .. } => Ok(sub.get_events()?.contains(zmq::POLLIN)),
             Live::Bound { inbox, .. } => Ok(!inbox.is_empty()),
         }
     }

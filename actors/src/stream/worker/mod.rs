@@ -36,6 +36,7 @@ mod live;
 mod open;
 mod writes;
 
+pub use live::token_stream;
 use live::Live;
 
 /// Messages read per socket per turn: a busy or replaying stream lets the thread's other
@@ -125,6 +126,8 @@ pub struct Worker {
     warn_on_invalidate: bool,
     /// Whether a hybrid model's advice was logged (once per worker).
     hybrid_advised: bool,
+    /// Whether the socket monitor's `ZMQ_FD` fired since it was last read (or it never was).
+    monitor_due: bool,
 }
 
 impl Worker {
@@ -164,6 +167,7 @@ impl Worker {
             ended: false,
             warn_on_invalidate: true,
             hybrid_advised: false,
+            monitor_due: true,
         };
         if w.live.bound_key().is_some() || w.ctx.spec.endpoint.starts_with("inproc://") {
             // No ZMTP handshake of its own (the engine connects to the bind endpoint, or the
@@ -238,7 +242,16 @@ impl Worker {
         self.live.deliver(frames);
     }
 
+    /// The socket monitor's `ZMQ_FD` fired: read it in the stream's next turn.
+    pub fn monitor_fired(&mut self) {
+        self.monitor_due = true;
+    }
+
+    /// Reads the monitor to empty, if it fired since it was last read.
     fn read_monitor(&mut self, now: Instant) -> Result<(), zmq::Error> {
+        if !std::mem::take(&mut self.monitor_due) {
+            return Ok(());
+        }
         let Some(monitor) = self.live.monitor() else { return Ok(()) };
         while let Ok(frames) = monitor.recv_multipart(zmq::DONTWAIT) {
             let Some(ev) = frames.first().filter(|f| f.len() >= 2) else { continue };
