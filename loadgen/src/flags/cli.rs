@@ -242,7 +242,7 @@ struct ChatCli {
     /// output tokens per request [default: 16]
     #[arg(long, value_name = "N")]
     max_tokens: Option<String>,
-    /// CAR, RR or SLO_AWARE, for the spawned kvdir [default: CAR]
+    /// CAR, RR, SLO_AWARE or TTFT, for the spawned kvdir [default: CAR]
     #[arg(long, value_name = "P")]
     policy: Option<String>,
     /// the model name of engines and front door [default: kvdir-demo]
