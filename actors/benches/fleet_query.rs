@@ -12,9 +12,9 @@
 //! of a call, which a loaded machine inflates less than the wall time):
 //! - `query`: `Directory::query_json_in`, the query endpoint's work: the compact answer
 //!   (past 128 streams) and, with `"list": "all"`, the answer of every stream;
-//! - `route`: `Directory::read_route`, the router's decision (a `RouteRequest` sent on the
-//!   router's own arbiter) and the answer's JSON: compact and, with `"list": "all"`, every
-//!   candidate and stream.
+//! - `route`: `Directory::read_route`, the router's decision (on the caller's thread, under the
+//!   router's lock, as the route handler decides) and the answer's JSON: compact and, with
+//!   `"list": "all"`, every candidate and stream.
 //!
 //! `cargo bench -p kvdir-service --bench fleet_query` (about a minute);
 //! `FLEET_QUERY_CASE="route shared compact"` runs that case alone, `FLEET_QUERY_TIMED=N` times
@@ -180,20 +180,19 @@ fn main() {
         }
     }
     let sys = System::new();
-    let router = sys.block_on(async {
-        let r = RouterActor::new(directory.clone(), RouteParams::default(), Policy::Car).start();
+    let actor = RouterActor::new(directory.clone(), RouteParams::default(), Policy::Car);
+    let router = actor.shared();
+    sys.block_on(async {
+        let r = actor.start();
         r.send(SetCandidates(instances())).await.expect("the router runs");
-        r
     });
     for (name, prompt) in [("shared", &shared), ("deep", &deep)] {
         for (shape, scope) in [("compact", &compact), ("all", &all)] {
             time(&format!("route {name} {shape}"), || {
-                sys.block_on(async {
-                    let read = directory.read_route(prompt, scope);
-                    let msg = RouteRequest { input_tokens: prompt.len(), read };
-                    let routed = router.send(msg).await.expect("answered").expect("routed");
-                    serde_json::to_vec(&routed).expect("JSON").len()
-                })
+                let read = directory.read_route(prompt, scope);
+                let msg = RouteRequest { input_tokens: prompt.len(), read };
+                let routed = router.route(msg).expect("routed");
+                serde_json::to_vec(&routed).expect("JSON").len()
             });
         }
     }

@@ -22,7 +22,7 @@ use crate::directory::Directory;
 use crate::discovery::{Beats, DiscoveryActor};
 use crate::http::frontdoor::{FrontDoor, FrontDoorSetupError};
 use crate::http::{routes, AppState, ServiceMetrics};
-use crate::router::RouterActor;
+use crate::router::{RouterActor, RouterLink};
 use crate::stream::{bind_ports, BindRoutes, StreamSet, StreamSource};
 use crate::stream::{plan_fds, IoPool};
 
@@ -290,13 +290,13 @@ async fn boot(flags: &Flags, plan: StartPlan, front: Arc<FrontDoor>) -> Result<B
     let overload = flags.front.overload;
     let directory = Arc::new(Directory::new(limits.approximate));
     let for_router = Arc::clone(&directory);
-    let router = RouterActor::start_in_arbiter(&Arbiter::new().handle(), move |_| {
-        RouterActor::new(for_router, params, front_policy).with_overload(overload)
-    });
+    let actor = RouterActor::new(for_router, params, front_policy).with_overload(overload);
+    let route = actor.shared();
+    let router = RouterActor::start_in_arbiter(&Arbiter::new().handle(), move |_| actor);
     let mut arbiters: Vec<Arbiter> = (0..INDEX_ARBITERS).map(|_| Arbiter::new()).collect();
     let mut set = StreamSet::new(
         Arc::clone(&directory),
-        router.clone(),
+        RouterLink::new(router.clone(), route.clone()),
         arbiters.iter().map(Arbiter::handle).collect(),
         limits.clone(),
     )
@@ -337,6 +337,7 @@ async fn boot(flags: &Flags, plan: StartPlan, front: Arc<FrontDoor>) -> Result<B
     let connections = Arc::clone(&metrics);
     let state = web::Data::new(AppState {
         router: router.clone(),
+        route,
         directory,
         streams,
         set: set.clone(),

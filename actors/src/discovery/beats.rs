@@ -21,7 +21,7 @@ use std::time::Instant;
 use kvdir::registry::Registry;
 
 use super::{DiscoveryActor, Heartbeat};
-use crate::router::{SetLoad, SetLoads};
+use crate::router::SetLoad;
 use crate::sync::{lock, read, write};
 
 /// How often discovery applies the queued heartbeats: a load reaches routing at most this late.
@@ -84,7 +84,7 @@ impl DiscoveryActor {
             names.sort_unstable();
             names.dedup();
             let loads: Vec<SetLoad> = names.into_iter().filter_map(|n| self.load_of(n)).collect();
-            self.set.router().do_send(SetLoads(loads));
+            self.set.router().set_loads(loads);
         }
         self.beats.publish(&self.registry);
     }

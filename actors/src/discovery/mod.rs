@@ -45,7 +45,7 @@ use kvdir::registry::{
     RegistryKey,
 };
 
-use crate::router::{InstanceInfo, SetCandidates, SetLoad};
+use crate::router::{InstanceInfo, SetLoad};
 use crate::stream::StreamSet;
 
 /// How often the registry's timeouts are applied when no discovery config sets a refresh.
@@ -241,7 +241,7 @@ impl DiscoveryActor {
     /// Sends the router one instance's load, state and report count, updated in place there.
     fn send_load(&self, name: String) {
         if let Some(load) = self.load_of(name) {
-            self.set.router().do_send(load);
+            self.set.router().set_loads(vec![load]);
         }
     }
 
@@ -297,7 +297,7 @@ impl DiscoveryActor {
             })
             .collect();
         self.set.directory().approximate().set_engines(self.approximate_engines());
-        self.set.router().do_send(SetCandidates(infos));
+        self.set.router().set_candidates(infos);
     }
 
     fn reconcile(&mut self, ctx: &mut Context<Self>) {

@@ -16,10 +16,10 @@ use std::ops::Range;
 
 use kvdir::car::{reusable_limit, Candidate, DpHit, PromptId, Routed, Side};
 
-use super::{predict, InstanceInfo, RouterActor};
+use super::{predict, InstanceInfo, Router};
 use crate::directory::{RouteRead, StreamHit};
 
-impl RouterActor {
+impl Router {
     /// The instance snapshot with each instance's per-DP hits and, in its queue, the front
     /// door's requests started since its latest load report; siblings of `prompt` (given only
     /// when predicting) are left out of both. A rank gives credit only when its stream was

@@ -1,12 +1,8 @@
-//! `RouterActor`: routing decisions from the hits a request's handler read from the
-//! [`Directory`] and the instance snapshot that discovery pushes. It is given the directory
-//! when it is made, and credits the engines without KV events there with what it routes.
+//! Routing decisions from the hits a request's handler read from the [`Directory`] and the
+//! instance snapshot that discovery pushes. The [`Router`] is given the directory when it is
+//! made, and credits the engines without KV events there with what it routes.
 //!
-//! Messages: [`SetCandidates`] (every instance) and [`SetLoad`] (one instance's heartbeat) from
-//! discovery, [`RouteRequest`], [`GetRecentRoutes`], [`GetPredictCounters`], and for the front
-//! door [`RequestProgress`] and overload admission's (`overload.rs`).
-//! The handler reads the directory itself ([`Directory::read`], no mailbox); this
-//! actor keeps only what must be serialized: the instance snapshot, the tie rotation, the
+//! The router's state is what must be serialized: the instance snapshot, the tie rotation, the
 //! front door's requests in flight ([`InFlight`], added to each instance's reported queue until
 //! its next load report), the content keys it expects on instances it recently chose
 //! ([`Predictions`], predict-on-route, see `predict.rs`) and the last decisions
@@ -14,14 +10,24 @@
 //! work routed to each instance and not done yet ([`WorkLedger`], the TTFT estimate's queue,
 //! see `work.rs`). Engines without KV events are credited from its decisions
 //! ([`Directory::approximate`]).
+//!
+//! That state sits behind one mutex ([`RouterHandle`]): a request's handler reads the directory
+//! itself and takes the lock to decide, on its own thread, with no mailbox between it and the
+//! decision (under load, a hop to the router's thread cost a wait for that thread to get a
+//! CPU; design.md "Routing on the handler's thread"). Discovery applies its snapshots and
+//! loads under the same lock ([`RouterLink`]), so the next decision sees them. [`RouterActor`]
+//! (`actor.rs`) holds the same handle for what arrives as messages: [`GetRecentRoutes`],
+//! [`GetPredictCounters`], the front door's [`RequestProgress`], overload admission's
+//! (`overload.rs`), whose held requests need the actor's timer, and [`SetCandidates`] and
+//! [`SetLoad`] from the demo and the benches.
 
+mod actor;
 mod candidates;
 mod overload;
 mod predict;
 mod work;
 
-use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use actix::prelude::*;
 use kvdir::car::{
@@ -32,6 +38,7 @@ use kvdir::car::{
 use kvdir::registry::{Identity, InstanceState, LoadMetrics};
 
 use crate::directory::{now_ms, Directory, RouteRead};
+pub use actor::RouterActor;
 pub use overload::{Admission, AdmitForward, Forwarded, GetOverload, WithdrawHeld};
 
 /// One instance for routing, with its current identity.
@@ -138,9 +145,13 @@ pub enum Answer {
 #[rtype(result = "RecentRoutesReport")]
 pub struct GetRecentRoutes;
 
-/// Routes from the hits the handlers read in the [`Directory`], and credits the directory's
-/// approximate engines with what it routes.
-pub struct RouterActor {
+/// Ask for predict-on-route's counters and how many predictions are kept now.
+#[derive(Message)]
+#[rtype(result = "(PredictCounters, usize)")]
+pub struct GetPredictCounters;
+
+/// The router's state (see the module documentation), behind [`RouterHandle`]'s lock.
+pub struct Router {
     /// The directory: read by the handlers, credited here for engines without KV events.
     directory: Arc<Directory>,
     instances: Vec<InstanceInfo>,
@@ -157,134 +168,94 @@ pub struct RouterActor {
     /// Prefill work routed and not done yet, per instance (the TTFT estimate's queue).
     ledger: WorkLedger,
     /// Overload admission: held requests (`overload.rs`).
-    gate: overload::Gate,
+    held: overload::Held,
     /// The candidates of the last decision, whose buffers the next one reuses.
     scratch: Vec<Candidate>,
 }
 
-impl Actor for RouterActor {
-    type Context = Context<Self>;
+/// The router's state, shared by the request handlers (which decide on their own thread) and
+/// [`RouterActor`]; cheap to clone.
+#[derive(Clone)]
+pub struct RouterHandle {
+    state: Arc<Mutex<Router>>,
+    /// Whether overload admission is on (set at start, never changed).
+    admission: bool,
 }
 
-impl Handler<SetCandidates> for RouterActor {
-    type Result = ();
+impl RouterHandle {
+    /// The router, locked. A panic while deciding leaves its state whole (each structure is
+    /// updated in one step), so a poisoned lock is still used (`crate::sync`).
+    fn lock(&self) -> MutexGuard<'_, Router> {
+        crate::sync::lock(&self.state)
+    }
 
-    fn handle(&mut self, msg: SetCandidates, ctx: &mut Context<Self>) {
-        self.instances = msg.0;
-        self.positions.clear();
-        for (i, info) in self.instances.iter().enumerate() {
-            self.positions.insert(info.candidate.name.clone(), i);
+    /// Decides `/v1/internal/route`'s request on this thread.
+    pub fn route(&self, msg: RouteRequest) -> Result<Routed, RouteError> {
+        self.lock().route(msg)
+    }
+
+    /// Whether a request the front door forwards for the first time goes through overload
+    /// admission ([`AdmitForward`], the actor's queue) rather than [`Self::forward`].
+    pub fn admission(&self) -> bool {
+        self.admission
+    }
+
+    /// Decides a request the front door forwards on this thread (a retry, or a first attempt
+    /// while overload admission is off), counted in flight on the chosen instance.
+    pub fn forward(&self, msg: RouteForward) -> Forwarded {
+        self.lock().forward(msg)
+    }
+}
+
+/// The router as discovery holds it: a snapshot or a load is applied to the router's state
+/// at once, so the next decision sees it, as the instance listing does (a message to the actor
+/// could still be queued when a handler decides); the actor is then told, for overload
+/// admission's held requests.
+#[derive(Clone)]
+pub struct RouterLink {
+    addr: Addr<RouterActor>,
+    shared: RouterHandle,
+}
+
+impl RouterLink {
+    /// The actor `addr` and its state `shared` ([`RouterActor::shared`]).
+    pub fn new(addr: Addr<RouterActor>, shared: RouterHandle) -> Self {
+        RouterLink { addr, shared }
+    }
+
+    /// Replaces the instance snapshot.
+    pub fn set_candidates(&self, instances: Vec<InstanceInfo>) {
+        let mut router = self.shared.lock();
+        router.set_candidates(instances);
+        self.release(router);
+    }
+
+    /// Applies instances' fresh loads.
+    pub fn set_loads(&self, loads: Vec<SetLoad>) {
+        let mut router = self.shared.lock();
+        for load in loads {
+            router.set_load(load);
         }
-        work::snapshot(&mut self.ledger, &self.instances, &self.positions);
-        self.release_held(ctx);
+        self.release(router);
     }
-}
 
-impl Handler<SetLoad> for RouterActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: SetLoad, ctx: &mut Context<Self>) {
-        self.set_load(msg);
-        self.release_held(ctx);
-    }
-}
-
-impl Handler<SetLoads> for RouterActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: SetLoads, ctx: &mut Context<Self>) {
-        for load in msg.0 {
-            self.set_load(load);
+    /// Has the actor release the held requests that may go now (admission on only).
+    fn release(&self, router: MutexGuard<'_, Router>) {
+        let held = router.held.enabled();
+        drop(router);
+        if held {
+            self.addr.do_send(actor::ReleaseHeld);
         }
-        self.release_held(ctx);
     }
 }
 
-impl RouterActor {
-    fn set_load(&mut self, msg: SetLoad) {
-        // Discovery sends every instance in a snapshot before any heartbeat of it, so a miss
-        // is an instance removed since; its next snapshot has left it out.
-        let Some(&i) = self.positions.get(&msg.name) else { return };
-        let info = &mut self.instances[i];
-        (info.candidate.load, info.candidate.state) = (msg.load, msg.state);
-        info.candidate.rank_loads = msg.rank_loads;
-        info.load_reports = msg.load_reports;
-        work::report(&mut self.ledger, info);
-    }
-}
-
-impl Handler<RouteRequest> for RouterActor {
-    type Result = Result<Routed, RouteError>;
-
-    fn handle(&mut self, msg: RouteRequest, _: &mut Context<Self>) -> Self::Result {
-        let routed = self.decide(&msg.read, msg.input_tokens, &[], (None, None))?;
-        let reports = self.reports(&routed.prefill);
-        work::record(&mut self.ledger, &routed, reports, None);
-        Ok(routed)
-    }
-}
-
-impl Handler<RouteForward> for RouterActor {
-    type Result = Result<(Routed, RequestId, String), RouteError>;
-
-    fn handle(&mut self, msg: RouteForward, _: &mut Context<Self>) -> Self::Result {
-        let request = (Some(msg.prompt), msg.pinned_rank);
-        let routed = self.decide(&msg.read, msg.input_tokens, &msg.exclude, request)?;
-        let info = self.positions.get(&routed.prefill).map(|&i| &self.instances[i]);
-        let reports = info.map_or(0, |i| i.load_reports);
-        let url = base_url(&routed.prefill, info.and_then(|i| i.url.as_deref()));
-        let id = self.inflight.start(&routed.prefill, reports, Some(msg.prompt));
-        work::record(&mut self.ledger, &routed, reports, Some(id));
-        Ok((routed, id, url))
-    }
-}
-
-impl Handler<RequestProgress> for RouterActor {
-    type Result = ();
-
-    fn handle(&mut self, msg: RequestProgress, ctx: &mut Context<Self>) {
-        match msg {
-            RequestProgress::FirstByte(instance, id, answer) => {
-                self.inflight.first_byte(&instance, id);
-                match answer {
-                    Answer::Streamed => self.ledger.first_byte(&instance, id, now_ms()),
-                    Answer::Whole => self.ledger.forget(&instance, id),
-                }
-            }
-            RequestProgress::Finished(instance, id) => self.finish(&instance, id),
-        }
-        self.release_held(ctx);
-    }
-}
-
-/// Ask for predict-on-route's counters and how many predictions are kept now.
-#[derive(Message)]
-#[rtype(result = "(PredictCounters, usize)")]
-pub struct GetPredictCounters;
-
-impl Handler<GetPredictCounters> for RouterActor {
-    type Result = MessageResult<GetPredictCounters>;
-
-    fn handle(&mut self, _: GetPredictCounters, _: &mut Context<Self>) -> Self::Result {
-        MessageResult((self.predictions.counters(), self.predictions.len()))
-    }
-}
-
-impl Handler<GetRecentRoutes> for RouterActor {
-    type Result = MessageResult<GetRecentRoutes>;
-
-    fn handle(&mut self, _: GetRecentRoutes, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.recent.report())
-    }
-}
-
-impl RouterActor {
+impl Router {
     /// A router over `directory` deciding with `params`, and with `front_policy` for the front
     /// door.
     pub fn new(directory: Arc<Directory>, params: RouteParams, front_policy: Policy) -> Self {
         let predictions = Predictions::new(params.predict_ttl_ms, Predictions::DEFAULT_CAPACITY);
         let front = RouteParams { policy: front_policy, ..params.clone() };
-        RouterActor {
+        Router {
             directory,
             instances: Vec::new(),
             positions: NameMap::default(),
@@ -295,14 +266,64 @@ impl RouterActor {
             inflight: InFlight::default(),
             predictions,
             ledger: WorkLedger::default(),
-            gate: overload::Gate::default(),
+            held: overload::Held::default(),
             scratch: Vec::new(),
         }
     }
 
-    /// This router with overload admission (`--overload_*`).
-    pub fn with_overload(self, params: kvdir::overload::OverloadParams) -> Self {
-        RouterActor { gate: overload::Gate::new(params), ..self }
+    /// Replaces the instance snapshot.
+    fn set_candidates(&mut self, instances: Vec<InstanceInfo>) {
+        self.instances = instances;
+        self.positions.clear();
+        for (i, info) in self.instances.iter().enumerate() {
+            self.positions.insert(info.candidate.name.clone(), i);
+        }
+        work::snapshot(&mut self.ledger, &self.instances, &self.positions);
+    }
+
+    fn set_load(&mut self, msg: SetLoad) {
+        // Discovery sends every instance in a snapshot before any heartbeat of it, so a miss
+        // is an instance removed since; its next snapshot has left it out.
+        let Some(&i) = self.positions.get(&msg.name) else { return };
+        let info = &mut self.instances[i];
+        (info.candidate.load, info.candidate.state) = (msg.load, msg.state);
+        info.candidate.rank_loads = msg.rank_loads;
+        info.load_reports = msg.load_reports;
+        work::report(&mut self.ledger, info);
+    }
+
+    /// `/v1/internal/route`'s decision.
+    fn route(&mut self, msg: RouteRequest) -> Result<Routed, RouteError> {
+        let routed = self.decide(&msg.read, msg.input_tokens, &[], (None, None))?;
+        let reports = self.reports(&routed.prefill);
+        work::record(&mut self.ledger, &routed, reports, None);
+        Ok(routed)
+    }
+
+    /// The front door's decision, counted in flight on the chosen instance.
+    fn forward(&mut self, msg: RouteForward) -> Forwarded {
+        let request = (Some(msg.prompt), msg.pinned_rank);
+        let routed = self.decide(&msg.read, msg.input_tokens, &msg.exclude, request)?;
+        let info = self.positions.get(&routed.prefill).map(|&i| &self.instances[i]);
+        let reports = info.map_or(0, |i| i.load_reports);
+        let url = base_url(&routed.prefill, info.and_then(|i| i.url.as_deref()));
+        let id = self.inflight.start(&routed.prefill, reports, Some(msg.prompt));
+        work::record(&mut self.ledger, &routed, reports, Some(id));
+        Ok((routed, id, url))
+    }
+
+    /// A forwarded request's progress.
+    fn progress(&mut self, msg: RequestProgress) {
+        match msg {
+            RequestProgress::FirstByte(instance, id, answer) => {
+                self.inflight.first_byte(&instance, id);
+                match answer {
+                    Answer::Streamed => self.ledger.first_byte(&instance, id, now_ms()),
+                    Answer::Whole => self.ledger.forget(&instance, id),
+                }
+            }
+            RequestProgress::Finished(instance, id) => self.finish(&instance, id),
+        }
     }
 
     /// Whether routed requests' keys are predicted under `policy` (CAR or TTFT with
@@ -364,8 +385,7 @@ impl RouterActor {
                 self.complete_reports(r, read, input_tokens);
             }
         }
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        self.recent.record(now, input_tokens, &routed);
+        self.recent.record(actor::unix_ms(), input_tokens, &routed);
         routed
     }
 }

@@ -3,7 +3,9 @@
 //! refuses it. The router owns the queue because it owns what frees an engine up: a request's
 //! first byte or end ([`super::RequestProgress`]) and load reports and snapshots
 //! ([`super::SetLoad`], [`super::SetCandidates`]) each call [`RouterActor::release_held`], and a
-//! timer fires when the oldest held request reaches `--overload_max_wait_ms`.
+//! timer fires when the oldest held request reaches `--overload_max_wait_ms`. The queue is in
+//! the router's state ([`Held`]); the timer is the actor's. With admission off (the default) a
+//! request never comes here: its handler decides it ([`super::RouterHandle::forward`]).
 //!
 //! A released request is routed then, with the hits read when it arrived, and its decision goes
 //! to the waiting handler through a oneshot channel. A handler that goes away (its client
@@ -19,7 +21,7 @@ use kvdir::overload::{
 };
 use tokio::sync::oneshot;
 
-use super::{RouteForward, RouterActor};
+use super::{RouteForward, Router, RouterActor};
 use crate::directory::now_ms;
 
 /// A forwarded request's decision: the route, its in-flight id and the instance's base URL.
@@ -31,17 +33,21 @@ pub struct Pending {
     tx: oneshot::Sender<Forwarded>,
 }
 
-/// The admission queue and its deadline timer.
+/// The admission queue.
 #[derive(Default)]
-pub struct Gate {
+pub struct Held {
     queue: AdmissionQueue<Pending>,
-    timer: Option<SpawnHandle>,
 }
 
-impl Gate {
-    /// A gate with `params` (off when `params.ttft_bound_ms` is 0).
+impl Held {
+    /// A queue with `params` (off when `params.ttft_bound_ms` is 0).
     pub fn new(params: OverloadParams) -> Self {
-        Gate { queue: AdmissionQueue::new(params), timer: None }
+        Held { queue: AdmissionQueue::new(params) }
+    }
+
+    /// Whether admission is on.
+    pub fn enabled(&self) -> bool {
+        self.queue.params().enabled()
     }
 }
 
@@ -79,21 +85,11 @@ impl Handler<AdmitForward> for RouterActor {
     type Result = MessageResult<AdmitForward>;
 
     fn handle(&mut self, msg: AdmitForward, ctx: &mut Context<Self>) -> Self::Result {
-        if !self.gate.queue.params().enabled() {
-            return MessageResult(Admission::Now(self.handle(msg.0, ctx)));
+        let (admission, held) = self.router().admit(msg.0);
+        if held {
+            self.schedule_deadline(ctx);
         }
-        let estimate = self.lowest_estimate(&msg.0);
-        let (tx, rx) = oneshot::channel();
-        let now = now_ms();
-        MessageResult(match self.gate.queue.arrive(now, estimate, Pending { msg: msg.0, tx }) {
-            Arrival::Send(p) => Admission::Now(self.handle(p.msg, ctx)),
-            Arrival::Held(id) => {
-                tracing::debug!(held = id, estimate_ms = estimate, "request held: overloaded");
-                self.schedule_deadline(ctx);
-                Admission::Held { id, rx }
-            }
-            Arrival::Refused(_, refusal) => Admission::Refused(refusal),
-        })
+        MessageResult(admission)
     }
 }
 
@@ -101,7 +97,8 @@ impl Handler<WithdrawHeld> for RouterActor {
     type Result = ();
 
     fn handle(&mut self, msg: WithdrawHeld, ctx: &mut Context<Self>) {
-        if self.gate.queue.withdraw(msg.0).is_some() {
+        let withdrawn = self.router().held.queue.withdraw(msg.0).is_some();
+        if withdrawn {
             self.schedule_deadline(ctx);
         }
     }
@@ -111,48 +108,74 @@ impl Handler<GetOverload> for RouterActor {
     type Result = MessageResult<GetOverload>;
 
     fn handle(&mut self, _: GetOverload, _: &mut Context<Self>) -> Self::Result {
-        MessageResult(self.gate.queue.report())
+        MessageResult(self.router().held.queue.report())
     }
 }
 
 impl RouterActor {
-    /// Sends every held request that may go now, oldest first, one at a time (each released
-    /// request counts in flight before the next is estimated), then re-arms the deadline.
+    /// Sends every held request that may go now, then re-arms the deadline.
     pub(super) fn release_held(&mut self, ctx: &mut Context<Self>) {
-        if self.gate.queue.is_empty() {
-            return;
+        if self.router().release_due() {
+            self.schedule_deadline(ctx);
         }
-        self.gate.queue.withdraw_where(|p| p.tx.is_closed());
+    }
+
+    /// Arms one timer for the oldest held request's deadline (replacing any earlier one).
+    fn schedule_deadline(&mut self, ctx: &mut Context<Self>) {
+        if let Some(t) = self.timer.take() {
+            ctx.cancel_future(t);
+        }
+        let Some(deadline) = self.router().held.queue.next_deadline_ms() else { return };
+        let wait = deadline.saturating_sub(now_ms());
+        let after = std::time::Duration::from_millis(wait);
+        self.timer = Some(ctx.run_later(after, |act, ctx| {
+            act.timer = None;
+            act.release_held(ctx);
+        }));
+    }
+}
+
+impl Router {
+    /// A request's first route through the queue: the admission, and whether it is held now.
+    fn admit(&mut self, msg: RouteForward) -> (Admission, bool) {
+        if !self.held.enabled() {
+            return (Admission::Now(self.forward(msg)), false);
+        }
+        let estimate = self.lowest_estimate(&msg);
+        let (tx, rx) = oneshot::channel();
         let now = now_ms();
-        while let Some(head) = self.gate.queue.head() {
+        match self.held.queue.arrive(now, estimate, Pending { msg, tx }) {
+            Arrival::Send(p) => (Admission::Now(self.forward(p.msg)), false),
+            Arrival::Held(id) => {
+                tracing::debug!(held = id, estimate_ms = estimate, "request held: overloaded");
+                (Admission::Held { id, rx }, true)
+            }
+            Arrival::Refused(_, refusal) => (Admission::Refused(refusal), false),
+        }
+    }
+
+    /// Sends every held request that may go now, oldest first, one at a time (each released
+    /// request counts in flight before the next is estimated). False when none was held.
+    fn release_due(&mut self) -> bool {
+        if self.held.queue.is_empty() {
+            return false;
+        }
+        self.held.queue.withdraw_where(|p| p.tx.is_closed());
+        let now = now_ms();
+        while let Some(head) = self.held.queue.head() {
             let estimate = self.lowest_estimate(&head.msg);
-            let Some((p, why)) = self.gate.queue.pop_due(now, estimate) else { break };
+            let Some((p, why)) = self.held.queue.pop_due(now, estimate) else { break };
             if why == Release::MaxWait {
                 tracing::debug!(estimate_ms = estimate, "held request sent after its max wait");
             }
-            let decision = self.handle(p.msg, ctx);
+            let decision = self.forward(p.msg);
             if let Err(Ok((routed, id, _))) = p.tx.send(decision) {
                 // The client went away after the release: nothing will be sent.
                 self.finish(&routed.prefill, id);
             }
         }
-        self.schedule_deadline(ctx);
+        true
     }
-
-    /// Arms one timer for the oldest held request's deadline (replacing any earlier one).
-    fn schedule_deadline(&mut self, ctx: &mut Context<Self>) {
-        if let Some(t) = self.gate.timer.take() {
-            ctx.cancel_future(t);
-        }
-        let Some(deadline) = self.gate.queue.next_deadline_ms() else { return };
-        let wait = deadline.saturating_sub(now_ms());
-        let after = std::time::Duration::from_millis(wait);
-        self.gate.timer = Some(ctx.run_later(after, |act, ctx| {
-            act.gate.timer = None;
-            act.release_held(ctx);
-        }));
-    }
-
     /// The lowest estimated time to first token of `msg` over the candidates it may go to:
     /// the TTFT policy's estimate (`estimated_ttft_ms` of every eligible prefill candidate,
     /// computed under every policy), from a decision with the front door's settings on a copy

@@ -26,7 +26,7 @@ use super::{BindRoutes, StreamCounters};
 use super::{IndexActor, StreamShared};
 use super::{Shutdown, StreamActor, StreamOrigin};
 use crate::directory::Directory;
-use crate::router::RouterActor;
+use crate::router::RouterLink;
 use crate::sync::{read, write};
 
 /// Why a stream could not start.
@@ -137,7 +137,7 @@ pub type StreamMap = Arc<RwLock<BTreeMap<StreamKey, RunningStream>>>;
 /// Starts and stops streams.
 #[derive(Clone)]
 pub struct StreamSet {
-    router: Addr<RouterActor>,
+    router: RouterLink,
     directory: Arc<Directory>,
     arbiters: Vec<ArbiterHandle>,
     zmq: ZmqContext,
@@ -158,7 +158,7 @@ impl StreamSet {
     /// threads; fails only if a thread cannot start.
     pub fn new(
         directory: Arc<Directory>,
-        router: Addr<RouterActor>,
+        router: RouterLink,
         arbiters: Vec<ArbiterHandle>,
         limits: Limits,
     ) -> std::io::Result<Self> {
@@ -205,7 +205,7 @@ impl StreamSet {
     }
 
     /// The router the streams register with.
-    pub fn router(&self) -> &Addr<RouterActor> {
+    pub fn router(&self) -> &RouterLink {
         &self.router
     }
 

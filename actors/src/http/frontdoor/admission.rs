@@ -13,15 +13,15 @@ use super::FrontError;
 use crate::http::AppState;
 use crate::router::{Admission, AdmitForward, Forwarded, RouteForward, RouterActor, WithdrawHeld};
 
-/// Routes `msg`: through the admission queue on a request's first attempt, directly on its retry
-/// (it was admitted once already).
+/// Routes `msg`: on this thread when admission is off or on a retry (it was admitted once
+/// already), else through the router actor's admission queue.
 pub async fn route(
     state: &web::Data<AppState>,
     msg: RouteForward,
     first: bool,
 ) -> Result<Forwarded, FrontError> {
-    if !first {
-        return Ok(state.router.send(msg).await?);
+    if !first || !state.route.admission() {
+        return Ok(state.route.forward(msg));
     }
     match state.router.send(AdmitForward(msg)).await? {
         Admission::Now(decision) => Ok(decision),
