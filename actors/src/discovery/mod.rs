@@ -420,10 +420,11 @@ impl Handler<EtcdChanged> for DiscoveryActor {
         }
         if all {
             self.push_candidates();
-        } else {
-            for name in loads {
-                self.send_load(name);
-            }
+        } else if !loads.is_empty() {
+            // One lock of the router's state for the batch, not one per instance: a handler
+            // deciding a route waits for each.
+            let loads: Vec<SetLoad> = loads.into_iter().filter_map(|n| self.load_of(n)).collect();
+            self.set.router().set_loads(loads);
         }
     }
 }
