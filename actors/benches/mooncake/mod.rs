@@ -132,6 +132,8 @@ impl Report {
         let (span, elapsed) = (m.span.as_secs_f64(), m.elapsed.as_secs_f64());
         let ops = (self.counts.events() + self.queries) as f64;
         let q = |p: f64| percentile(&m.query_ns, p) as f64 / 1e3;
+        let cpu = |p: f64| percentile(&m.query_cpu_ns, p) as f64 / 1e3;
+        let after = |d: std::time::Duration| (d.as_secs_f64() - span).max(0.0);
         let lag = |p: f64| percentile(&m.lag_us, p) as f64 / 1e3;
         json!({
             "workers": self.workers, "queries": self.queries,
@@ -142,11 +144,14 @@ impl Report {
             "offered_ops_per_s": if span > 0.0 { ops / span } else { f64::INFINITY },
             "achieved_ops_per_s": ops / elapsed.max(1e-9),
             "query_p50_us": q(50.0), "query_p99_us": q(99.0), "query_max_us": q(100.0),
+            "query_cpu_p50_us": cpu(50.0), "query_cpu_p99_us": cpu(99.0),
+            "apply_cpu_per_batch_us": m.apply_cpu.as_secs_f64() * 1e6 / self.counts.batches.max(1) as f64,
             "lag_p50_ms": lag(50.0), "lag_p99_ms": lag(99.0), "lag_max_ms": lag(100.0),
             "applied_at_end": m.applied_at_end, "applied": m.applied,
             "queued_at_end": self.queued_at_end(),
             "queued_share": self.queued_at_end() as f64 / self.counts.events().max(1) as f64,
-            "drain_s": (elapsed - span).max(0.0), "index_errors": m.index_errors,
+            "events_drained_s": after(m.events_done), "queries_drained_s": after(m.queries_done),
+            "index_errors": m.index_errors,
             "engines_late_ms": m.engines_late.as_secs_f64() * 1e3,
             "clients_late_ms": m.clients_late.as_secs_f64() * 1e3,
             "answer_bytes_mean": m.answer_bytes / self.queries.max(1),
@@ -160,9 +165,10 @@ impl Report {
         format!(
             "workers {}: {} queries, {} events ({} stores, {} removes) in {:.1} s scheduled, \
              {:.1} s taken\n  ops/s offered {:.0}, achieved {:.0}; query p50 {:.0} µs, p99 {:.0} \
-             µs, max {:.0} µs; batch lag p50 {:.2} ms, p99 {:.2} ms\n  queued at the end {} \
-             ({:.2} %), drained {:.2} s later; index errors {}; late at worst: engines {:.1} ms, \
-             clients {:.1} ms",
+             µs, max {:.0} µs (CPU p50 {:.0}, p99 {:.0} µs); batch lag p50 {:.2} ms, p99 {:.2} \
+             ms, apply CPU {:.0} µs a batch\n  events queued at the end {} ({:.2} %), all applied \
+             {:.2} s after it, all queries answered {:.2} s after it; index errors {}; late at \
+             worst: engines {:.1} ms, clients {:.1} ms",
             self.workers,
             self.queries,
             self.counts.events(),
@@ -175,11 +181,15 @@ impl Report {
             f("query_p50_us"),
             f("query_p99_us"),
             f("query_max_us"),
+            f("query_cpu_p50_us"),
+            f("query_cpu_p99_us"),
             f("lag_p50_ms"),
             f("lag_p99_ms"),
+            f("apply_cpu_per_batch_us"),
             self.queued_at_end(),
             100.0 * f("queued_share"),
-            f("drain_s"),
+            f("events_drained_s"),
+            f("queries_drained_s"),
             self.measured.index_errors,
             f("engines_late_ms"),
             f("clients_late_ms"),

@@ -12,7 +12,8 @@
 //!   as the pool's threads do; a batch's lag is its publication minus its due time;
 //! - the **query clients** (`query_threads`): client `q` asks for requests `q`, `q + Q`, ...
 //!   at their arrival, the query endpoint's work without HTTP ([`Directory::query_json_in`],
-//!   the compact answer past 128 streams); a query's latency is that call alone.
+//!   the compact answer past 128 streams); a query's latency is that call alone, and its CPU
+//!   time the thread's CPU clock over the call (what the machine's other load inflates less).
 //!
 //! At the scheduled end (the last arrival or batch due) the events applied so far are read:
 //! the rest were still queued (or not yet built, if the engines fell behind).
@@ -69,6 +70,14 @@ pub struct Measured {
     pub index_errors: u64,
     /// Each query's latency, ns, sorted.
     pub query_ns: Vec<u64>,
+    /// Each query's CPU time, ns, sorted.
+    pub query_cpu_ns: Vec<u64>,
+    /// CPU time of the apply threads, all of it.
+    pub apply_cpu: Duration,
+    /// From the start until the last batch was published.
+    pub events_done: Duration,
+    /// From the start until the last query was answered.
+    pub queries_done: Duration,
     /// Each batch's publication minus its due time, µs, sorted.
     pub lag_us: Vec<u64>,
     /// How late the engines thread built a batch at worst.
@@ -93,13 +102,17 @@ struct Applied {
     writers: Vec<StreamWriter>,
     lag_us: Vec<u64>,
     errors: u64,
+    cpu: Duration,
+    last: Option<Instant>,
 }
 
 /// What a query client returns.
 struct Queried {
     ns: Vec<u64>,
+    cpu_ns: Vec<u64>,
     late: Duration,
     bytes: u64,
+    last: Option<Instant>,
 }
 
 /// Replays `w` into a fresh directory of `w.caches.len()` synchronized streams.
@@ -130,6 +143,8 @@ pub fn replay(w: &Workload, pace: Pace) -> (Measured, Fleet) {
         for c in clients {
             let c = c.join().expect("a query client does not panic");
             m.query_ns.extend(c.ns);
+            m.query_cpu_ns.extend(c.cpu_ns);
+            m.queries_done = m.queries_done.max(since(start, c.last));
             m.clients_late = m.clients_late.max(c.late);
             m.answer_bytes += c.bytes;
         }
@@ -141,11 +156,14 @@ pub fn replay(w: &Workload, pace: Pace) -> (Measured, Fleet) {
     for (t, a) in applied_threads.into_iter().enumerate() {
         m.lag_us.extend(a.lag_us);
         m.index_errors += a.errors;
+        m.apply_cpu += a.cpu;
+        m.events_done = m.events_done.max(since(start, a.last));
         for (local, writer) in a.writers.into_iter().enumerate() {
             writers[local * threads + t] = Some(writer);
         }
     }
     m.query_ns.sort_unstable();
+    m.query_cpu_ns.sort_unstable();
     m.lag_us.sort_unstable();
     let writers = writers.into_iter().map(|w| w.expect("every worker's writer")).collect();
     (m, Fleet { directory, writers })
@@ -168,6 +186,17 @@ fn wall(us: u64, speed: f64) -> Duration {
     } else {
         Duration::ZERO
     }
+}
+
+/// From `start` to `end` (zero when nothing ended).
+fn since(start: Instant, end: Option<Instant>) -> Duration {
+    end.map_or(Duration::ZERO, |e| e.saturating_duration_since(start))
+}
+
+/// This thread's CPU time so far.
+fn thread_cpu() -> Duration {
+    let t = rustix::time::clock_gettime(rustix::time::ClockId::ThreadCPUTime);
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
 }
 
 fn wait_until(when: Instant) {
@@ -226,8 +255,9 @@ pub fn batch_of(item: &Item, r: &TraceRequest, block_size: u32) -> Batch {
 
 /// An apply thread: applies what is queued, publishes each touched stream once a turn.
 fn apply_loop(mut writers: Vec<StreamWriter>, rx: Receiver<Sent>, applied: &AtomicU64) -> Applied {
-    let (mut lag_us, mut errors) = (Vec::new(), 0);
+    let (mut lag_us, mut errors, mut last) = (Vec::new(), 0, None);
     let (mut touched, mut dues) = (Vec::new(), Vec::new());
+    let cpu = thread_cpu();
     while let Ok(first) = rx.recv() {
         let mut events = 0;
         let mut next = Some(first);
@@ -246,8 +276,9 @@ fn apply_loop(mut writers: Vec<StreamWriter>, rx: Receiver<Sent>, applied: &Atom
         let now = Instant::now();
         lag_us.extend(dues.drain(..).map(|d| now.saturating_duration_since(d).as_micros() as u64));
         applied.fetch_add(events, Ordering::Release);
+        last = Some(now);
     }
-    Applied { writers, lag_us, errors }
+    Applied { writers, lag_us, errors, cpu: thread_cpu() - cpu, last }
 }
 
 /// Query client `first` of `step`: every `step`-th request's prompt at its arrival.
@@ -260,15 +291,19 @@ fn ask(
     start: Instant,
 ) -> Queried {
     let scope = QueryScope::default();
-    let mut out = Queried { ns: Vec::new(), late: Duration::ZERO, bytes: 0 };
+    let mut out =
+        Queried { ns: Vec::new(), cpu_ns: Vec::new(), late: Duration::ZERO, bytes: 0, last: None };
     for r in w.requests.iter().skip(first).step_by(step) {
         let tokens = r.tokens();
         let due = start + wall(r.timestamp_ms * 1000, pace.speed);
         wait_until(due);
-        let t0 = Instant::now();
+        let (t0, cpu) = (Instant::now(), thread_cpu());
         out.late = out.late.max(t0.saturating_duration_since(due));
         let answer = directory.query_json_in(&tokens, &scope);
-        out.ns.push(t0.elapsed().as_nanos() as u64);
+        out.cpu_ns.push((thread_cpu() - cpu).as_nanos() as u64);
+        let end = Instant::now();
+        out.ns.push((end - t0).as_nanos() as u64);
+        out.last = Some(end);
         out.bytes += answer.len() as u64;
     }
     out

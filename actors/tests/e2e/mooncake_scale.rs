@@ -32,6 +32,9 @@ fn a_tiny_replay_adds_up_and_answers_as_a_brute_force_walk() {
     assert_eq!(m.index_errors, 0);
     assert_eq!(m.lag_us.len() as u64, c.batches, "one lag per batch");
     assert_eq!((report.queries, m.query_ns.len()), (200, 200), "one query per request");
+    assert_eq!(m.query_cpu_ns.len(), 200, "one CPU time per query");
+    assert!(m.apply_cpu > std::time::Duration::ZERO, "applying costs the apply threads CPU");
+    assert!(m.events_done <= m.elapsed && m.queries_done <= m.elapsed);
     assert!(m.answer_bytes > 0);
 
     // The index holds what the caches hold: 4 kvdir blocks of 128 per trace block.
