@@ -2,7 +2,8 @@
 //! word in backticks whose first segment is an entry of the repository's root (`src/…`,
 //! `actors/src/directory/`, `config/vllm-engines.json`, `Cargo.toml`) must name a file or folder
 //! that is there. A `:line` or `#anchor` after it is ignored, and so are patterns (`*`, `{`,
-//! `<`). Move or rename a file without its docs and this test names the line.
+//! `<`). Move or rename a file without its docs and this test names the line. README.md and
+//! BENCHMARKS.md stay short enough to read: under 10,000 bytes each.
 
 use std::path::{Path, PathBuf};
 
@@ -72,4 +73,17 @@ fn the_path_reader_takes_root_paths_only() {
     let line = "see `src/index/mod.rs:12`, `src/car#x`, `/v1/route`, `index/flat.rs`, \
                 `src/*.rs`, `Cargo.toml` and `cargo run`";
     assert_eq!(repository_paths(line, &top), ["src/index/mod.rs", "src/car", "Cargo.toml"]);
+}
+
+#[test]
+fn the_readme_and_the_benchmarks_stay_under_ten_kilobytes() {
+    let root = root();
+    for name in ["README.md", "BENCHMARKS.md"] {
+        let bytes = std::fs::metadata(root.join(name)).expect("a readable doc").len();
+        assert!(
+            bytes < 10_000,
+            "{name} is {bytes} bytes; keep it under 10,000: replace stale rows or move detail \
+             to docs/"
+        );
+    }
 }
