@@ -255,8 +255,8 @@ impl Directory {
                 let matches = read.iter().map(|(s, hit)| match_ref(s, *hit));
                 return answer_json(tokens.len(), matches, None);
             }
-            let (mut read, counts) = self.read_credit(r, tokens, scope, false, &mut make);
-            let unlisted = longest_first(&mut read, |(s, (d, h))| {
+            let (mut read, counts, runs) = self.read_credit(r, tokens, scope, false, &mut make);
+            let unlisted = longest_first(&mut read, &runs, |(s, (d, h))| {
                 (d + h, s.label.instance_name.as_str(), s.label.dp_rank)
             });
             let summary = QuerySummary {

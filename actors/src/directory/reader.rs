@@ -215,8 +215,9 @@ impl Directory {
     }
 
     /// One `make(...)` ([`Make`]) per stream `scope` admits that holds a prefix of `tokens`,
-    /// by name then rank within each index (the indexes one after the other), and the
-    /// [`Counts`] of every stream in scope. Streams without credit cost a count, not an entry.
+    /// by name then rank within each index (the indexes one after the other: where each run
+    /// ends is the last of the answer), and the [`Counts`] of every stream in scope. Streams
+    /// without credit cost a count, not an entry.
     pub(super) fn read_credit<T>(
         &self,
         r: &mut Reader,
@@ -224,9 +225,10 @@ impl Directory {
         scope: &QueryScope,
         keyed: bool,
         make: &mut Make<'_, T>,
-    ) -> (Vec<T>, Counts) {
+    ) -> (Vec<T>, Counts, Vec<usize>) {
         let groups = crate::sync::read(&self.groups);
         let mut counts = Counts::default();
+        let mut runs = Vec::with_capacity(groups.len() + 1);
         let out = {
             let mut out: Vec<T> = {
                 let mut keys = |b| r.full_keys((b, HASH_SEED), tokens);
@@ -237,6 +239,7 @@ impl Directory {
                     credit.then(|| make(s, hit, k, b))
                 })
             };
+            runs.push(out.len());
             let none: Arc<[ContentKey]> = Arc::from([]);
             for g in groups.iter().filter(|g| scope.block_size.is_none_or(|b| b == g.block_size)) {
                 let keys = if keyed {
@@ -244,23 +247,25 @@ impl Directory {
                 } else {
                     none.clone()
                 };
+                let every = scope.admits_every_label();
                 r.walk(g, tokens, |m, view| {
                     count(view, scope, g.block_size, &mut counts);
                     // In name order (the view's), so that the entries of one index are sorted.
                     let hit = view.order().iter().filter(|&&slot| m.hit & (1u128 << slot) != 0);
                     for &slot in hit {
                         let Some((label, status)) = view.stream(slot) else { continue };
-                        if scope.admits(label, g.block_size) {
+                        if every || scope.admits(label, g.block_size) {
                             counts.with_credit += 1;
                             let s = SlotRead { slot, label: label.clone(), status: status.clone() };
                             out.push(make(s, m.tokens(slot), &keys, g.block_size));
                         }
                     }
                 });
+                runs.push(out.len());
             }
             out
         };
-        (out, counts)
+        (out, counts, runs)
     }
 }
 

@@ -114,7 +114,7 @@ impl Directory {
                     (hits, Counts { streams, ..Counts::default() })
                 }
                 false => {
-                    let (mut hits, counts) = self.read_credit(r, tokens, scope, true, &mut make);
+                    let (mut hits, counts, _) = self.read_credit(r, tokens, scope, true, &mut make);
                     hits.sort_by(|a, b| a.by_name().cmp(&b.by_name()));
                     (hits, counts)
                 }
