@@ -14,6 +14,7 @@
 //! Invariant: the read's entries are ordered by instance name, then rank.
 
 use std::collections::HashMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 use kvdir::index::{ContentKey, SlotRead};
@@ -36,6 +37,8 @@ pub struct RouteRead {
     keys: Vec<SettingKeys>,
     /// The request's scope.
     scope: QueryScope,
+    /// Where each instance's entries are in `hits`, in order.
+    instances: Vec<Range<usize>>,
 }
 
 impl RouteRead {
@@ -46,6 +49,12 @@ impl RouteRead {
         &self.hits[start..end]
     }
 
+    /// Where each instance's entries are in `hits`, in order: found once per read, for the
+    /// router's passes over the instances (each compared every neighbour's name before).
+    pub fn instances(&self) -> &[Range<usize>] {
+        &self.instances
+    }
+
     /// The prompt's keys under every block size and seed read.
     pub fn keys(&self) -> impl Iterator<Item = (u32, &Arc<[ContentKey]>)> {
         self.keys.iter().map(|((block_size, _), k)| (*block_size, k))
@@ -54,8 +63,22 @@ impl RouteRead {
     /// A read of these entries alone (tests and benchmarks).
     pub fn of_hits(hits: Vec<StreamHit>) -> Self {
         let counts = Counts { streams: hits.len() as u64, ..Counts::default() };
-        RouteRead { hits, complete: true, counts, keys: Vec::new(), scope: QueryScope::default() }
+        let instances = instance_ranges(&hits);
+        let scope = QueryScope::default();
+        RouteRead { hits, complete: true, counts, keys: Vec::new(), scope, instances }
     }
+}
+
+/// Where each instance's entries are in `hits` (ordered by instance name).
+fn instance_ranges(hits: &[StreamHit]) -> Vec<Range<usize>> {
+    let mut at = 0;
+    let group = hits.chunk_by(|a, b| a.label.instance_name == b.label.instance_name);
+    group
+        .map(|g| {
+            at += g.len();
+            at - g.len()..at
+        })
+        .collect()
 }
 
 /// Where each instance's streams were placed: its name -> (index position, slot). Entries
@@ -120,7 +143,8 @@ impl Directory {
                 }
             };
             let keys = r.completed();
-            RouteRead { hits, complete, counts, keys, scope: scope.clone() }
+            let instances = instance_ranges(&hits);
+            RouteRead { hits, complete, counts, keys, scope: scope.clone(), instances }
         })
     }
 

@@ -64,12 +64,10 @@ impl Router {
     /// search per instance known (a thousand string comparisons each).
     fn ranges(&self, read: &RouteRead) -> Vec<Range<usize>> {
         let mut ranges: Vec<Range<usize>> = vec![0..0; self.instances.len()];
-        let mut at = 0;
-        for group in read.hits.chunk_by(|a, b| a.label.instance_name == b.label.instance_name) {
-            if let Some(&i) = self.positions.get(group[0].instance_name()) {
-                ranges[i] = at..at + group.len();
+        for range in read.instances() {
+            if let Some(&i) = self.positions.get(read.hits[range.start].instance_name()) {
+                ranges[i] = range.clone();
             }
-            at += group.len();
         }
         ranges
     }

@@ -363,7 +363,7 @@ impl Router {
         };
         let predicting = self.predicting(params.policy);
         if predicting {
-            predict::confirm(&mut self.predictions, &read.hits);
+            predict::confirm(&mut self.predictions, read);
         }
         let prompt = prompt.filter(|_| predicting);
         let mut cands = std::mem::take(&mut self.scratch);

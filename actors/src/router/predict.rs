@@ -24,10 +24,9 @@ fn exact_blocks(hits: &[StreamHit]) -> usize {
         .unwrap_or(0)
 }
 
-/// Drops the predictions that the exact directory now credits, instance by instance (`hits`
-/// are grouped by instance).
-pub(crate) fn confirm(predictions: &mut Predictions, hits: &[StreamHit]) {
-    for group in hits.chunk_by(|a, b| a.label.instance_name == b.label.instance_name) {
+/// Drops the predictions that the exact directory now credits, instance by instance.
+pub(crate) fn confirm(predictions: &mut Predictions, read: &RouteRead) {
+    for group in read.instances().iter().map(|r| &read.hits[r.clone()]) {
         let first = &group[0];
         let held = exact_blocks(group).min(first.keys.len());
         if held > 0 {
