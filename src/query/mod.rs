@@ -63,7 +63,12 @@ impl QueryScope {
         (self.model.is_empty() || label.model.is_empty() || label.model == self.model)
             && self.tenant.as_ref().is_none_or(|t| t == tenant)
             && self.instance.as_ref().is_none_or(|i| *i == label.instance_name)
-            && self.block_size.is_none_or(|b| b == block_size)
+            && self.admits_block_size(block_size)
+    }
+
+    /// Whether streams of `block_size` may be in scope (the only filter on a whole index).
+    pub fn admits_block_size(&self, block_size: u32) -> bool {
+        self.block_size.is_none_or(|b| b == block_size)
     }
 
     /// Whether the scope admits every stream of a block size it admits, whatever its label.

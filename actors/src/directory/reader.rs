@@ -104,6 +104,21 @@ impl Reader {
         Arc::clone(k.full.as_ref().expect("set above"))
     }
 
+    /// The keys a read's entries in index `g` carry: the query's complete keys when the read
+    /// is `keyed`, else `none`.
+    fn entry_keys<T: TokenId>(
+        &mut self,
+        g: &Group,
+        tokens: &[T],
+        keyed: bool,
+        none: &Arc<[ContentKey]>,
+    ) -> Arc<[ContentKey]> {
+        match keyed {
+            true => self.full_keys((g.block_size, g.hash_seed), tokens),
+            false => Arc::clone(none),
+        }
+    }
+
     /// Walks index `g` for `tokens` with the query's shared keys; `f` reads the matches'
     /// streams under the same published copy.
     fn walk<T: TokenId>(
@@ -153,7 +168,7 @@ impl Directory {
     pub(super) fn entries_in(&self, r: &mut Reader, scope: &QueryScope) -> usize {
         let groups = crate::sync::read(&self.groups);
         let mut n = self.approximate.count_in(scope);
-        for g in groups.iter().filter(|g| scope.block_size.is_none_or(|b| b == g.block_size)) {
+        for g in groups.iter().filter(|g| scope.admits_block_size(g.block_size)) {
             n += r.view(g, |v| match scope.admits_every_label() {
                 true => v.order().len(),
                 false => v
@@ -189,13 +204,9 @@ impl Directory {
             // Approximate entries first: sorted below with the streams when there are any.
             let mut read = usize::from(!out.is_empty());
             let none: Arc<[ContentKey]> = Arc::from([]);
-            for g in groups.iter().filter(|g| scope.block_size.is_none_or(|b| b == g.block_size)) {
+            for g in groups.iter().filter(|g| scope.admits_block_size(g.block_size)) {
                 read += 1;
-                let keys = if keyed {
-                    r.full_keys((g.block_size, g.hash_seed), tokens)
-                } else {
-                    none.clone()
-                };
+                let keys = r.entry_keys(g, tokens, keyed, &none);
                 r.walk(g, tokens, |m, view| {
                     for &slot in view.order() {
                         let Some((label, status)) = view.stream(slot) else { continue };
@@ -241,12 +252,8 @@ impl Directory {
             };
             runs.push(out.len());
             let none: Arc<[ContentKey]> = Arc::from([]);
-            for g in groups.iter().filter(|g| scope.block_size.is_none_or(|b| b == g.block_size)) {
-                let keys = if keyed {
-                    r.full_keys((g.block_size, g.hash_seed), tokens)
-                } else {
-                    none.clone()
-                };
+            for g in groups.iter().filter(|g| scope.admits_block_size(g.block_size)) {
+                let keys = r.entry_keys(g, tokens, keyed, &none);
                 let every = scope.admits_every_label();
                 r.walk(g, tokens, |m, view| {
                     count(view, scope, g.block_size, &mut counts);
