@@ -6,8 +6,8 @@
 //! `(topic, rank)` to the stream's key, the 16 hex digits its keyed topic starts with. Rank r's
 //! port lives on I/O thread `r % threads`, and every bound stream of rank r is pinned to that
 //! thread, so the thread that reads a message is the one that owns its stream: it looks the
-//! key up and queues the message on the stream (`pool/thread.rs`), with no other thread and no
-//! socket per stream in between. A message whose topic (on that port) names no running stream
+//! key up and hands the message to the stream in place (`pool/ports.rs`), with no other thread,
+//! copy or socket per stream in between. A message whose topic (on that port) names no running stream
 //! is counted and logged once per topic, or announces its engine (`kv_events_bind.announce`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -150,13 +150,16 @@ impl BindRoutes {
         true
     }
 
-    /// The key of the stream of `topic` on rank `rank`'s port, counted as handed on.
+    /// The key of the stream of `topic` on rank `rank`'s port.
     pub(super) fn lookup(&self, topic: &[u8], rank: u32) -> Option<u64> {
-        let key = read(&self.0.table).get(topic).and_then(|r| r.get(&rank)).copied();
-        if key.is_some() {
-            self.0.messages.fetch_add(1, Ordering::Relaxed);
+        read(&self.0.table).get(topic).and_then(|r| r.get(&rank)).copied()
+    }
+
+    /// Counts `n` messages a port's burst handed to streams (once a burst, not a message).
+    pub(super) fn handed(&self, n: u64) {
+        if n > 0 {
+            self.0.messages.fetch_add(n, Ordering::Relaxed);
         }
-        key
     }
 
     /// A message on rank `rank`'s port whose topic names no running stream: counted, and

@@ -8,6 +8,8 @@
 //! - [`IoPool`] (`pool/`): the fixed set of I/O threads that serve every stream's sockets.
 //! - `worker/`: one stream on its thread: SUB socket, monitor, replay DEALER, decoding and
 //!   recovery; it is the single writer of its stream's state.
+//! - `frames.rs`: a message received into reused `zmq::Message`s, and each I/O thread's
+//!   spare batch to decode into.
 //! - `sockets.rs`: the ZeroMQ context sized for `max_streams`, and the open-file limit and its
 //!   budget ([`plan_fds`]).
 //! - [`IndexActor`] (`index_actor.rs`): owns the writer's lifetime ([`Invalidate`],
@@ -19,6 +21,7 @@
 mod actor;
 mod bind;
 mod counters;
+mod frames;
 mod index_actor;
 mod pool;
 mod set;

@@ -5,7 +5,7 @@
 //! that thread owns its sockets and its [`super::worker`] state, so the stream stays the single
 //! writer of its part of the shared index. The bind endpoint's ports are spread over the
 //! threads (rank r's on thread `r % threads`), and a bound stream is pinned to its rank's
-//! thread, which reads the port and queues each message on its stream. Commands (add, remove,
+//! thread, which reads the port and hands each message to its stream. Commands (add, remove,
 //! a granted replay slot, a port, end) reach a thread through a mutex-guarded list and its
 //! `mio::Waker`. How a thread waits and serves its streams is in `thread.rs`, its ports in
 //! `ports.rs`; its recovery deadlines in `timers.rs`; the process-wide bound on replay DEALERs

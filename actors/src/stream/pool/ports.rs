@@ -1,15 +1,18 @@
 //! The bind endpoint's ports on an I/O thread: each port's SUB socket is in the thread's
 //! `epoll` (its `ZMQ_FD`, edge-triggered, under a token of its own), and a ready port is read
-//! in bounded bursts, each message queued on the bound stream its route names, which then has
-//! its turn. Every bound stream of the port's rank is pinned to this thread, so no message
-//! crosses a thread or a socket on its way to its stream. As with a stream's sockets, a port
-//! stays in the ready set while `ZMQ_EVENTS` says it holds input.
+//! in bounded bursts, each message received into the port's reused frames and handed in place
+//! to the bound stream its route names, which decodes it at once and then has its turn (one
+//! publish for all it took). Every bound stream of the port's rank is pinned to this thread,
+//! so no message crosses a thread or a socket on its way to its stream, and none is copied.
+//! As with a stream's sockets, a port stays in the ready set while `ZMQ_EVENTS` says it holds
+//! input.
 
 use std::collections::HashMap;
 
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 
+use crate::stream::frames::Frames;
 use crate::stream::sockets::Socket;
 use crate::stream::BindRoutes;
 
@@ -36,6 +39,8 @@ pub(super) struct Port {
     routes: BindRoutes,
     /// Whether it is due a read.
     pub(super) queued: bool,
+    /// Its messages are received into these.
+    frames: Frames,
 }
 
 /// The thread's ports, and which of its streams each bound key belongs to.
@@ -64,7 +69,7 @@ impl Ports {
             tracing::error!(rank, error = %e, "cannot watch a kv_events_bind port; its engines' events are lost");
             return;
         }
-        self.ports.push(Port { rank, socket, routes, queued: true });
+        self.ports.push(Port { rank, socket, routes, queued: true, frames: Frames::default() });
     }
 
     /// Whether a port is due a read.
@@ -72,30 +77,34 @@ impl Ports {
         self.ports.iter().any(|p| p.queued)
     }
 
-    /// Reads a burst from port `i`: each message goes to `deliver(stream id, frames)`; one
-    /// whose topic names no stream is counted as unknown, and one for a stream not on this
-    /// thread now (it restarts) is dropped: its snapshot covers it.
-    pub(super) fn read(&mut self, i: usize, mut deliver: impl FnMut(u64, Vec<Vec<u8>>)) {
+    /// Reads a burst from port `i`: each message goes to `deliver(stream id, frames)`, in
+    /// place; one whose topic names no stream is counted as unknown, and one for a stream not
+    /// on this thread now (it restarts) is dropped: its snapshot covers it.
+    pub(super) fn read(&mut self, i: usize, mut deliver: impl FnMut(u64, &Frames)) {
         let Some(port) = self.ports.get_mut(i) else { return };
+        let mut handed = 0;
         for _ in 0..PORT_BURST {
-            let frames = match port.socket.recv_multipart(zmq::DONTWAIT) {
-                Ok(frames) => frames,
-                Err(zmq::Error::EAGAIN) => break,
+            match port.frames.recv(&port.socket) {
+                Ok(true) => {}
+                Ok(false) => break,
                 Err(e) => {
                     tracing::warn!(error = %e, rank = port.rank, "kv_events_bind: cannot read a message");
                     break;
                 }
-            };
-            let Some(topic) = frames.first() else { continue };
+            }
+            let Some(topic) = port.frames.first() else { continue };
             match port.routes.lookup(topic, port.rank) {
                 Some(key) => {
+                    handed += 1;
                     if let Some(&id) = self.streams.get(&key) {
-                        deliver(id, frames);
+                        deliver(id, &port.frames);
                     }
                 }
                 None => port.routes.unknown(topic, port.rank),
             }
         }
+        port.frames.release();
+        port.routes.handed(handed);
         // After the burst's last receive, as `ZMQ_FD`'s edge trigger requires.
         port.queued = port.socket.get_events().is_ok_and(|e| e.contains(zmq::POLLIN));
     }

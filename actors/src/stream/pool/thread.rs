@@ -231,22 +231,36 @@ impl PoolThread {
         }
     }
 
-    /// Reads every port due a read; each message is queued on its stream, which gets a turn.
+    /// Reads every port due a read; each message is handed to its stream, which decodes and
+    /// applies it at once and gets a turn (to publish).
     fn read_ports(&mut self) {
+        let mut failed: Vec<(u64, String)> = Vec::new();
         for i in 0..self.ports.ports.len() {
             if !self.ports.ports[i].queued {
                 continue;
             }
             let (streams, ready) = (&mut self.streams, &mut self.ready);
             self.ports.read(i, |id, frames| {
-                if let Some(e) = streams.get_mut(&id) {
-                    e.worker.deliver(frames);
-                    if !e.queued {
-                        e.queued = true;
-                        ready.push_back(id);
+                let Some(e) = streams.get_mut(&id) else { return };
+                if failed.iter().any(|(f, _)| *f == id) {
+                    return;
+                }
+                match catch_unwind(AssertUnwindSafe(|| e.worker.deliver(frames))) {
+                    Ok(Ok(())) => {}
+                    Ok(Err(err)) => {
+                        e.worker.publish_status();
+                        failed.push((id, describe(err)));
                     }
+                    Err(_) => failed.push((id, PANICKED.to_string())),
+                }
+                if !e.queued {
+                    e.queued = true;
+                    ready.push_back(id);
                 }
             });
+        }
+        for (id, reason) in failed {
+            self.fail(id, reason);
         }
     }
 

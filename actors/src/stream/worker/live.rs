@@ -1,7 +1,9 @@
 //! Where a stream's live messages come from ([`Live`]): its own SUB socket (with the monitor
 //! of its handshakes and disconnects), or, on the bind endpoint, the messages its I/O thread
-//! read from the rank's port and queued here (`pool/ports.rs`). A bound stream holds no socket
-//! of its own: its engine's connection is the port's.
+//! reads from the rank's port (`pool/ports.rs`). A bound stream holds no socket of its own:
+//! its engine's connection is the port's, and the thread hands it each message as read, in
+//! place ([`super::Worker::deliver`]); only a stream that cannot take one then (held by fault
+//! injection, or with older ones queued) keeps a copy here, in order.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -11,6 +13,7 @@ use mio::{Registry, Token};
 
 use super::open::{open_sub, register};
 use super::{WorkerCtx, SUB_HWM};
+use crate::stream::frames::Frames;
 use crate::stream::sockets::Socket;
 
 /// The bit a monitor's token adds to its stream's: the thread reads a monitor only when its
@@ -44,8 +47,9 @@ pub(super) enum Live {
         key: u64,
         /// The engine's topic (the stream's keyed topic without its key).
         topic: Vec<u8>,
-        /// Messages queued by the thread, at most [`SUB_HWM`] (beyond it they are dropped, as
-        /// a SUB socket beyond its high-water mark drops them: the next sequence is a gap).
+        /// Messages the stream could not take when read, at most [`SUB_HWM`] (beyond it they
+        /// are dropped, as a SUB socket beyond its high-water mark drops them: the next
+        /// sequence is a gap).
         inbox: VecDeque<Vec<Vec<u8>>>,
     },
 }
@@ -74,22 +78,26 @@ impl Live {
         Ok(Live::Socket { sub, monitor, drained: false })
     }
 
-    /// The next live message, if one is there.
-    pub(super) fn next(&mut self) -> Result<Option<Vec<Vec<u8>>>, zmq::Error> {
+    /// Receives the next message of a SUB socket into `frames`; `false` when none is there
+    /// (and always for a bound stream: its thread hands it its messages).
+    pub(super) fn recv(&mut self, frames: &mut Frames) -> Result<bool, zmq::Error> {
+        let Live::Socket { sub, drained, .. } = self else { return Ok(false) };
+        let got = frames.recv(sub)?;
+        *drained = !got;
+        Ok(got)
+    }
+
+    /// The oldest message a bound stream queued, if any.
+    pub(super) fn queued(&mut self) -> Option<Vec<Vec<u8>>> {
         match self {
-            Live::Socket { sub, drained, .. } => match sub.recv_multipart(zmq::DONTWAIT) {
-                Ok(frames) => {
-                    *drained = false;
-                    Ok(Some(frames))
-                }
-                Err(zmq::Error::EAGAIN) => {
-                    *drained = true;
-                    Ok(None)
-                }
-                Err(e) => Err(e),
-            },
-            Live::Bound { inbox, .. } => Ok(inbox.pop_front()),
+            Live::Bound { inbox, .. } => inbox.pop_front(),
+            Live::Socket { .. } => None,
         }
+    }
+
+    /// Whether a bound stream has messages queued (a new one must queue behind them).
+    pub(super) fn has_queued(&self) -> bool {
+        matches!(self, Live::Bound { inbox, .. } if !inbox.is_empty())
     }
 
     /// The topic live messages carry.
@@ -127,11 +135,11 @@ impl Live {
         }
     }
 
-    /// Queues a message the thread read for this (bound) stream.
-    pub(super) fn deliver(&mut self, frames: Vec<Vec<u8>>) {
+    /// Queues a copy of a message the thread read for this (bound) stream.
+    pub(super) fn queue(&mut self, frames: &Frames) {
         if let Live::Bound { inbox, .. } = self {
             if inbox.len() < SUB_HWM as usize {
-                inbox.push_back(frames);
+                inbox.push_back(frames.to_vecs());
             }
         }
     }

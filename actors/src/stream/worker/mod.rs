@@ -22,10 +22,11 @@ use kvdir::backoff::Backoff;
 use kvdir::config::{Limits, ReplayKind, StreamSpec};
 use kvdir::stream::{Action, Recovery, RecoveryConfig, RecoveryStats, StreamFault, StreamPhase};
 use kvdir::wire::{
-    decode_history_frame, decode_live, decode_snapshot_frame, Batch, HistoryFrame, SnapshotFrame,
+    decode_history_frame, decode_live, decode_snapshot_frame, HistoryFrame, SnapshotFrame,
 };
 use serde::Serialize;
 
+use super::frames::{keep_batch, take_batch, Frames};
 use super::pool::{fd_backoff, ReplaySlot};
 use super::sockets::{Socket, ZmqContext};
 use super::StreamShared;
@@ -128,6 +129,8 @@ pub struct Worker {
     hybrid_advised: bool,
     /// Whether the socket monitor's `ZMQ_FD` fired since it was last read (or it never was).
     monitor_due: bool,
+    /// The SUB socket's messages are received into these.
+    frames: Frames,
 }
 
 impl Worker {
@@ -168,6 +171,7 @@ impl Worker {
             warn_on_invalidate: true,
             hybrid_advised: false,
             monitor_due: true,
+            frames: Frames::default(),
         };
         if w.live.bound_key().is_some() || w.ctx.spec.endpoint.starts_with("inproc://") {
             // No ZMTP handshake of its own (the engine connects to the bind endpoint, or the
@@ -237,9 +241,17 @@ impl Worker {
         self.live.bound_key()
     }
 
-    /// Queues a message its thread read from the bind endpoint for this stream.
-    pub fn deliver(&mut self, frames: Vec<Vec<u8>>) {
-        self.live.deliver(frames);
+    /// A message its thread read from the bind endpoint for this stream, taken in place:
+    /// decoded and applied now, visible to queries once its turn publishes. A stream that
+    /// cannot take it now (held by fault injection, or with older messages queued) queues a
+    /// copy for its turn.
+    pub fn deliver(&mut self, frames: &Frames) -> Result<(), zmq::Error> {
+        let spec = &self.ctx.spec;
+        if self.live.has_queued() || faults::stream_held(&spec.instance_name, spec.dp_rank) {
+            self.live.queue(frames);
+            return Ok(());
+        }
+        frames.with(|parts| self.live_message(parts, Instant::now()))
     }
 
     /// The socket monitor's `ZMQ_FD` fired: read it in the stream's next turn.
@@ -269,33 +281,55 @@ impl Worker {
         Ok(())
     }
 
+    /// Reads a bounded burst of live messages: a bound stream's queued ones, or its SUB
+    /// socket's, each received into the worker's reused frames.
     fn read_live(&mut self, now: Instant) -> Result<(), zmq::Error> {
+        let mut frames = std::mem::take(&mut self.frames);
+        let read = self.read_live_burst(&mut frames, now);
+        frames.release();
+        self.frames = frames;
+        read
+    }
+
+    fn read_live_burst(&mut self, frames: &mut Frames, now: Instant) -> Result<(), zmq::Error> {
         for _ in 0..MAX_BURST {
-            let Some(frames) = self.live.next()? else { break };
-            self.status.messages += 1;
-            let wire_bytes: usize = frames.iter().map(Vec::len).sum();
-            let mut batch = Batch::default();
-            let topic = self.live.topic(&self.ctx);
-            match decode_live(&frames, topic, self.ctx.limits.max_message_bytes, &mut batch) {
-                Ok(seq) if batch.dp_rank != self.ctx.spec.dp_rank => {
-                    let fault = StreamFault::WrongDpRank {
-                        got: batch.dp_rank,
-                        want: self.ctx.spec.dp_rank,
-                    };
-                    self.fault(fault, seq, now);
-                }
-                Ok(seq) => {
-                    self.status.skipped_events += batch.skipped.total();
-                    self.recovery.on_live(seq, batch, wire_bytes, now, &mut self.actions);
-                }
-                Err(e) => {
-                    self.status.decode_errors += 1;
-                    self.fault(StreamFault::LiveRejected(e.to_string()), 0, now);
-                }
+            if let Some(queued) = self.live.queued() {
+                let parts: Vec<&[u8]> = queued.iter().map(Vec::as_slice).collect();
+                self.live_message(&parts, now)?;
+            } else if self.live.recv(frames)? {
+                frames.with(|parts| self.live_message(parts, now))?;
+            } else {
+                break;
             }
-            self.run_actions(now)?;
         }
         Ok(())
+    }
+
+    /// One live message: decoded into the thread's spare batch, fed to the recovery machine,
+    /// its actions carried out.
+    fn live_message(&mut self, frames: &[&[u8]], now: Instant) -> Result<(), zmq::Error> {
+        self.status.messages += 1;
+        let wire_bytes: usize = frames.iter().map(|f| f.len()).sum();
+        let mut batch = take_batch();
+        let topic = self.live.topic(&self.ctx);
+        match decode_live(frames, topic, self.ctx.limits.max_message_bytes, &mut batch) {
+            Ok(seq) if batch.dp_rank != self.ctx.spec.dp_rank => {
+                let fault =
+                    StreamFault::WrongDpRank { got: batch.dp_rank, want: self.ctx.spec.dp_rank };
+                keep_batch(batch);
+                self.fault(fault, seq, now);
+            }
+            Ok(seq) => {
+                self.status.skipped_events += batch.skipped.total();
+                self.recovery.on_live(seq, batch, wire_bytes, now, &mut self.actions);
+            }
+            Err(e) => {
+                keep_batch(batch);
+                self.status.decode_errors += 1;
+                self.fault(StreamFault::LiveRejected(e.to_string()), 0, now);
+            }
+        }
+        self.run_actions(now)
     }
 
     /// A fault found by the worker; WARN when it ends synchronization, DEBUG while recovering
@@ -337,7 +371,7 @@ impl Worker {
     }
 
     fn snapshot_reply(&mut self, frames: &[Vec<u8>], now: Instant) {
-        let mut batch = Batch::default();
+        let mut batch = take_batch();
         match decode_snapshot_frame(frames, self.ctx.limits.max_message_bytes, &mut batch) {
             Ok(SnapshotFrame::Reply { watermark }) => {
                 self.recovery.on_snapshot_reply(watermark, &batch, now, &mut self.actions)
@@ -345,11 +379,12 @@ impl Worker {
             Ok(SnapshotFrame::End) => self.recovery.on_snapshot_end(now, &mut self.actions),
             Err(e) => self.reply_rejected(format!("reply: {e}"), now),
         }
+        keep_batch(batch);
     }
 
     /// One message of a history replay: a buffered batch, applied as it comes, or the end.
     fn history_reply(&mut self, frames: &[Vec<u8>], now: Instant) {
-        let mut batch = Batch::default();
+        let mut batch = take_batch();
         let (topic, max) = (self.ctx.spec.replay_topic(), self.ctx.limits.max_message_bytes);
         match decode_history_frame(frames, topic, max, &mut batch) {
             Ok(HistoryFrame::Batch { seq }) => {
@@ -378,7 +413,10 @@ impl Worker {
 
     fn run_action(&mut self, action: Action, now: Instant) -> Result<(), zmq::Error> {
         match action {
-            Action::Apply { seq, batch } => self.apply(seq, &batch, now),
+            Action::Apply { seq, batch } => {
+                self.apply(seq, &batch, now);
+                keep_batch(batch);
+            }
             Action::Install { snapshot, watermark, deltas } => {
                 self.install(*snapshot, watermark, &deltas, now);
             }
@@ -390,7 +428,10 @@ impl Worker {
                 self.replay.done();
             }
             Action::Reset { partial } => self.reset(partial),
-            Action::Recover { seq, batch } => self.recover(seq, &batch, now),
+            Action::Recover { seq, batch } => {
+                self.recover(seq, &batch, now);
+                keep_batch(batch);
+            }
             Action::Resume => self.resume(),
         }
         Ok(())
