@@ -5,13 +5,15 @@
 //! A bottom-layer module: it uses no other module of the crate, so the index (a stream's
 //! [`Identity`]), routing and the config can all use its types.
 
+mod beat;
 mod record;
 mod state;
 
+pub use beat::{parse_load, parse_load_bytes, HeartbeatBody, LoadReport, Text};
 pub use record::{
-    namespace_prefix, parse_instance, parse_key, parse_load, split_host_port, watched_prefixes,
-    watched_range, Identity, InstanceRecord, InstanceType, LoadMetrics, RecordError, RegistryKey,
-    MAX_NAME_BYTES, QUOTED_BYTES,
+    namespace_prefix, parse_instance, parse_key, split_host_port, watched_prefixes, watched_range,
+    Identity, InstanceRecord, InstanceType, LoadMetrics, RecordError, RegistryKey, MAX_NAME_BYTES,
+    QUOTED_BYTES,
 };
 pub use state::{
     HeartbeatError, Instance, InstanceState, PutOutcome, Registry, LEASE_LOST_GRACE,

@@ -7,7 +7,6 @@
 //! planned.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
 /// The role an instance registered with; reports name it as its key segment (`PREFILL`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -214,28 +213,6 @@ impl LoadMetrics {
     /// Valid: usage is a finite number in 0..=1.
     pub fn is_valid(&self) -> bool {
         self.gpu_cache_usage_perc.is_finite() && (0.0..=1.0).contains(&self.gpu_cache_usage_perc)
-    }
-}
-
-/// Parses `{"waiting_requests_num": u64, "gpu_cache_usage_perc": f64}`.
-pub fn parse_load(value: &Value) -> Result<LoadMetrics, String> {
-    let waiting = value
-        .get("waiting_requests_num")
-        .and_then(Value::as_u64)
-        .ok_or_else(|| "waiting_requests_num must be a non-negative integer".to_string())?;
-    let usage = value
-        .get("gpu_cache_usage_perc")
-        .and_then(Value::as_f64)
-        .ok_or_else(|| "gpu_cache_usage_perc must be a number in 0..=1".to_string())?;
-    let load = LoadMetrics {
-        waiting_requests_num: waiting,
-        gpu_cache_usage_perc: usage,
-        prefill_tokens_per_s: None,
-    };
-    if load.is_valid() {
-        Ok(load)
-    } else {
-        Err(format!("gpu_cache_usage_perc = {usage} is outside 0..=1"))
     }
 }
 

@@ -71,6 +71,44 @@ fn load_values_must_be_valid() {
     assert_eq!(err, "gpu_cache_usage_perc = 1.5 is outside 0..=1");
 }
 
+/// A heartbeat body parses without a JSON tree: names borrowed, or owned when escaped; the
+/// incarnation absent, null or given; other load fields ignored; the same checks as etcd's.
+#[test]
+fn heartbeat_bodies_parse_into_their_fields() {
+    let body = br#"{"name":"h:1","incarnation_id":"a","load_metrics":
+        {"waiting_requests_num":4,"gpu_cache_usage_perc":1,"other":[1,{"x":null}]}}"#;
+    let hb: HeartbeatBody = serde_json::from_slice(body).unwrap();
+    assert!(matches!(hb.name, std::borrow::Cow::Borrowed("h:1")), "{:?}", hb.name);
+    assert_eq!(hb.incarnation(), Some("a"));
+    let load = hb.load_metrics.check().unwrap();
+    assert_eq!((load.waiting_requests_num, load.gpu_cache_usage_perc), (4, 1.0));
+    let escaped = br#"{"name":"h\u003a1","load_metrics":{"waiting_requests_num":0,"gpu_cache_usage_perc":0}}"#;
+    let hb: HeartbeatBody = serde_json::from_slice(escaped).unwrap();
+    assert_eq!((hb.name.as_ref(), hb.incarnation()), ("h:1", None));
+    let null = br#"{"name":"h:1","incarnation_id":null,"load_metrics":{"waiting_requests_num":0,"gpu_cache_usage_perc":0}}"#;
+    assert_eq!(serde_json::from_slice::<HeartbeatBody>(null).unwrap().incarnation(), None);
+    let check = |load: &str| {
+        let body = format!(r#"{{"name":"h:1","load_metrics":{load}}}"#);
+        serde_json::from_slice::<HeartbeatBody>(body.as_bytes()).unwrap().load_metrics.check()
+    };
+    let negative = check(r#"{"waiting_requests_num":-1,"gpu_cache_usage_perc":0.2}"#);
+    assert_eq!(negative.unwrap_err(), "waiting_requests_num must be a non-negative integer");
+    let fraction = check(r#"{"waiting_requests_num":1.5,"gpu_cache_usage_perc":0.2}"#);
+    assert_eq!(fraction.unwrap_err(), "waiting_requests_num must be a non-negative integer");
+    let missing = check(r#"{"waiting_requests_num":1}"#);
+    assert_eq!(missing.unwrap_err(), "gpu_cache_usage_perc must be a number in 0..=1");
+    let over = check(r#"{"waiting_requests_num":1,"gpu_cache_usage_perc":2}"#);
+    assert_eq!(over.unwrap_err(), "gpu_cache_usage_perc = 2 is outside 0..=1");
+    let text =
+        br#"{"name":"h:1","load_metrics":{"waiting_requests_num":"1","gpu_cache_usage_perc":0}}"#;
+    let err = serde_json::from_slice::<HeartbeatBody>(text).unwrap_err().to_string();
+    assert!(err.contains("invalid type: string \"1\""), "{err}");
+    assert!(serde_json::from_slice::<HeartbeatBody>(br#"{"nom":1}"#).is_err());
+    let etcd = parse_load_bytes(br#"{"waiting_requests_num":2,"gpu_cache_usage_perc":0.5}"#);
+    assert_eq!(etcd.unwrap().waiting_requests_num, 2);
+    assert!(parse_load_bytes(b"not json").is_err());
+}
+
 #[test]
 fn puts_refresh_or_replace_by_identity() {
     let t = Instant::now();

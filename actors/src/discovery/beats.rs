@@ -13,42 +13,58 @@
 //! the engine's next one gets the exact answer.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
 use std::time::Instant;
 
-use kvdir::registry::Registry;
+use kvdir::registry::{LoadMetrics, Registry};
 
-use super::{DiscoveryActor, Heartbeat};
+use super::DiscoveryActor;
 use crate::router::SetLoad;
 use crate::sync::{lock, read, write};
 
 /// How often discovery applies the queued heartbeats: a load reaches routing at most this late.
 pub const DRAIN_INTERVAL: Duration = Duration::from_millis(20);
 
+/// Instance name -> incarnation.
+type Incarnations = HashMap<Arc<str>, Option<Arc<str>>>;
+
 /// The published incarnations and the queued heartbeats, shared by discovery and the handlers.
 #[derive(Debug, Default)]
 pub struct Beats {
-    /// Instance name -> incarnation, as of the registry's change count `published`.
-    known: RwLock<(u64, HashMap<String, Option<String>>)>,
-    queue: Mutex<Vec<Heartbeat>>,
+    /// Instance name -> incarnation, as of the registry's change count `.0`. Shared strings: a
+    /// queued heartbeat holds the view's, so a heartbeat allocates nothing.
+    known: RwLock<(u64, Incarnations)>,
+    queue: Mutex<Vec<Queued>>,
+}
+
+/// A heartbeat the published view settled, waiting for discovery's next pass.
+#[derive(Debug)]
+pub(super) struct Queued {
+    name: Arc<str>,
+    incarnation: Option<Arc<str>>,
+    load: LoadMetrics,
 }
 
 impl Beats {
-    /// Queues `hb` when its name and incarnation are the published ones; hands it back when the
-    /// view cannot settle it.
-    pub fn offer(&self, hb: Heartbeat) -> Result<(), Heartbeat> {
-        let matches = read(&self.known).1.get(&hb.name).is_some_and(|i| *i == hb.incarnation_id);
-        if !matches {
-            return Err(hb);
-        }
-        lock(&self.queue).push(hb);
-        Ok(())
+    /// Queues a heartbeat when its name and incarnation are the published ones; false when the
+    /// view cannot settle it (the sender then goes the exact way, a `Heartbeat` message).
+    pub fn offer(&self, name: &str, incarnation: Option<&str>, load: LoadMetrics) -> bool {
+        let queued = {
+            let known = read(&self.known);
+            let Some((name, known)) = known.1.get_key_value(name) else { return false };
+            if known.as_deref() != incarnation {
+                return false;
+            }
+            Queued { name: Arc::clone(name), incarnation: known.clone(), load }
+        };
+        lock(&self.queue).push(queued);
+        true
     }
 
     /// The queued heartbeats, in arrival order.
-    pub(super) fn take(&self) -> Vec<Heartbeat> {
+    pub(super) fn take(&self) -> Vec<Queued> {
         std::mem::take(&mut *lock(&self.queue))
     }
 
@@ -58,9 +74,10 @@ impl Beats {
         if read(&self.known).0 == changes && changes > 0 {
             return;
         }
-        let known = registry
-            .instances()
-            .map(|i| (i.record.name.clone(), i.record.identity.incarnation_id.clone()));
+        let known = registry.instances().map(|i| {
+            let incarnation = i.record.identity.incarnation_id.as_deref().map(Arc::from);
+            (Arc::from(i.record.name.as_str()), incarnation)
+        });
         *write(&self.known) = (changes, known.collect());
     }
 }
@@ -74,8 +91,7 @@ impl DiscoveryActor {
             let now = Instant::now();
             let mut names = Vec::with_capacity(beats.len());
             for hb in beats {
-                match self.registry.heartbeat(&hb.name, hb.incarnation_id.as_deref(), hb.load, now)
-                {
+                match self.registry.heartbeat(&hb.name, hb.incarnation.as_deref(), hb.load, now) {
                     Ok(()) => names.push(hb.name),
                     // Re-registered since it was queued: its next heartbeat is answered exactly.
                     Err(e) => tracing::debug!(error = %e, "a queued heartbeat no longer applies"),
@@ -83,7 +99,8 @@ impl DiscoveryActor {
             }
             names.sort_unstable();
             names.dedup();
-            let loads: Vec<SetLoad> = names.into_iter().filter_map(|n| self.load_of(n)).collect();
+            let loads = names.into_iter().filter_map(|n| self.load_of(String::from(&*n)));
+            let loads: Vec<SetLoad> = loads.collect();
             self.set.router().set_loads(loads);
         }
         self.beats.publish(&self.registry);

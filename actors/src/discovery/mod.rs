@@ -41,8 +41,8 @@ use actix::prelude::*;
 use kvdir::config::{DiscoveryConfig, EngineSpec, Limits};
 use kvdir::discovery::{plan, Engines, Exclusion};
 use kvdir::registry::{
-    namespace_prefix, parse_instance, parse_key, parse_load, HeartbeatError, Instance, Registry,
-    RegistryKey,
+    namespace_prefix, parse_instance, parse_key, parse_load_bytes, HeartbeatError, Instance,
+    Registry, RegistryKey,
 };
 
 use crate::router::{InstanceInfo, SetLoad};
@@ -207,21 +207,16 @@ impl DiscoveryActor {
                     Touched::Nothing
                 }
             },
-            Some(RegistryKey::Load(name)) => {
-                let load = serde_json::from_slice(value)
-                    .map_err(|e| e.to_string())
-                    .and_then(|v| parse_load(&v));
-                match load {
-                    Ok(l) => {
-                        self.registry.load(&name, l);
-                        Touched::Load(name)
-                    }
-                    Err(e) => {
-                        tracing::warn!(%key, error = %e, "ignoring a load value");
-                        Touched::Nothing
-                    }
+            Some(RegistryKey::Load(name)) => match parse_load_bytes(value) {
+                Ok(l) => {
+                    self.registry.load(&name, l);
+                    Touched::Load(name)
                 }
-            }
+                Err(e) => {
+                    tracing::warn!(%key, error = %e, "ignoring a load value");
+                    Touched::Nothing
+                }
+            },
             None => Touched::Nothing,
         }
     }
