@@ -106,6 +106,15 @@ impl InFlight {
         }
     }
 
+    /// The instances with an unanswered sibling of `prompt` (none without a prompt id): the
+    /// only ones whose queue [`Self::unreported_besides`] and [`Self::reported_siblings`]
+    /// count differently from [`Self::unreported`] for it.
+    pub fn holding(&self, prompt: Option<PromptId>) -> impl Iterator<Item = &str> {
+        let sibling = move |e: &Entry| !e.answered && prompt.is_some() && e.prompt == prompt;
+        let holds = move |m: &HashMap<RequestId, Entry>| m.values().any(sibling);
+        self.by_instance.iter().filter(move |(_, m)| holds(m)).map(|(name, _)| name.as_str())
+    }
+
     /// Requests to `instance` not finished yet, answered or not.
     pub fn open(&self, instance: &str) -> usize {
         self.by_instance.get(instance).map_or(0, HashMap::len)

@@ -40,8 +40,10 @@ mod listing;
 mod names;
 mod policy;
 mod predict;
+mod prune;
 mod rank;
 mod recent;
+mod score;
 mod ttft;
 mod types;
 
@@ -52,6 +54,7 @@ pub use listing::{RouteSummary, ROUTE_LIST};
 pub use names::{KeyMap, NameHasher, NameMap};
 pub use policy::{kv_hit_ratio, route, route_listed, Rotation, RouteError};
 pub use predict::{predicted_hit_ratio, PredictCounters, Predictions};
+pub use prune::{route_pruned, Fleet};
 pub use rank::{choose_rank, DpRouting, RankChoice, RankLoad, RankScore, MAX_SCORED_RANKS};
 pub use recent::{RecentRoutes, RecentRoutesReport, RouteRecord};
 pub use ttft::{add_later, estimate, RateSource, TtftParams, TtftTerms};

@@ -208,10 +208,27 @@ impl TtftTerms {
 /// of it. An idle fleet (pressure 0) chooses on the estimate alone; the pressure is at most
 /// [`MAX_PRESSURE`].
 pub fn add_later(estimates: &mut [Option<TtftTerms>], p: &TtftParams) {
-    let shares: Vec<f64> = estimates.iter().flatten().map(TtftTerms::busy).collect();
-    let busy_share = shares.iter().sum::<f64>() / shares.len().max(1) as f64;
+    let share = busy_share(estimates.iter().flatten().copied());
+    add_later_with(estimates, p, share, f64::MAX);
+}
+
+/// The mean busy share of `terms` (each `min(1, queued_requests / dp_size)`), in their order.
+pub(crate) fn busy_share(terms: impl Iterator<Item = TtftTerms>) -> f64 {
+    let shares: Vec<f64> = terms.map(|t| t.busy()).collect();
+    shares.iter().sum::<f64>() / shares.len().max(1) as f64
+}
+
+/// [`add_later`] with the fleet's busy share and a least service found beyond `estimates`
+/// (`least_floor`; `f64::MAX` when there is none): a decision that scores only some of the
+/// candidates (`prune.rs`) gives each the terms a decision over all of them gives.
+pub(crate) fn add_later_with(
+    estimates: &mut [Option<TtftTerms>],
+    p: &TtftParams,
+    busy_share: f64,
+    least_floor: f64,
+) {
     let pressure = pressure(busy_share);
-    let least = estimates.iter().flatten().map(|t| t.service_ms).fold(f64::MAX, f64::min);
+    let least = estimates.iter().flatten().map(|t| t.service_ms).fold(least_floor, f64::min);
     for t in estimates.iter_mut().flatten() {
         let ahead = t.queued_requests as f64 / f64::from(t.dp_size.max(1));
         t.extra_ms = t.service_ms - least;

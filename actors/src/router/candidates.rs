@@ -14,7 +14,9 @@
 use std::borrow::Cow;
 use std::ops::Range;
 
-use kvdir::car::{reusable_limit, Candidate, DpHit, PromptId, Routed, Side};
+use kvdir::car::{
+    reusable_limit, Candidate, DpHit, DpRouting, Fleet, PromptId, QueuedWork, Routed, Side,
+};
 
 use super::{predict, InstanceInfo, Router};
 use crate::directory::{RouteRead, StreamHit};
@@ -31,7 +33,7 @@ impl Router {
     pub(super) fn candidates(
         &self,
         read: &RouteRead,
-        (input_tokens, prompt, now_ms): (usize, Option<PromptId>, u64),
+        request: (usize, Option<PromptId>, u64),
         out: &mut Vec<Candidate>,
     ) {
         out.truncate(self.instances.len());
@@ -40,24 +42,79 @@ impl Router {
                 Some(c) => c.clone_from(&info.candidate),
                 None => out.push(info.candidate.clone()),
             }
-            let c = &mut out[k];
-            c.queued = self.ledger.queued(&c.name);
-            if let Some(load) = &mut c.load {
-                let (name, reports) = (&c.name, info.load_reports);
-                let counted = self.inflight.reported_siblings(name, reports, prompt);
-                load.waiting_requests_num = load.waiting_requests_num.saturating_sub(counted)
-                    + self.inflight.unreported_besides(name, reports, prompt);
-            }
-            let listed = &read.hits[range];
-            let predicted =
-                predict::predicted_tokens(&self.predictions, now_ms, &c.name, listed, read);
-            let whole = listed.len() >= c.dp_size.max(1) as usize;
-            let hits = match predicted > 0 && !read.complete && !whole {
-                true => self.instance_hits(read, &c.name),
-                false => Cow::Borrowed(listed),
-            };
-            c.hits.extend(hits.iter().map(|h| dp_hit(info, h, input_tokens, predicted)));
+            self.fill(info, &read.hits[range], read, request, &mut out[k]);
         }
+    }
+
+    /// Gives `c`, a copy of `info`'s candidate, its queue, queued work and hits for the
+    /// request ([`Self::candidates`]); `listed`: its entries in `read`.
+    fn fill(
+        &self,
+        info: &InstanceInfo,
+        listed: &[StreamHit],
+        read: &RouteRead,
+        (input_tokens, prompt, now_ms): (usize, Option<PromptId>, u64),
+        c: &mut Candidate,
+    ) {
+        c.queued = self.ledger.queued(&c.name);
+        if let Some(load) = &mut c.load {
+            let (name, reports) = (&c.name, info.load_reports);
+            let counted = self.inflight.reported_siblings(name, reports, prompt);
+            load.waiting_requests_num = load.waiting_requests_num.saturating_sub(counted)
+                + self.inflight.unreported_besides(name, reports, prompt);
+        }
+        let predicted = predict::predicted_tokens(&self.predictions, now_ms, &c.name, listed, read);
+        let whole = listed.len() >= c.dp_size.max(1) as usize;
+        let hits = match predicted > 0 && !read.complete && !whole {
+            true => self.instance_hits(read, &c.name),
+            false => Cow::Borrowed(listed),
+        };
+        c.hits.extend(hits.iter().map(|h| dp_hit(info, h, input_tokens, predicted)));
+    }
+
+    /// The candidates of the instances a compact decision must build
+    /// ([`kvdir::car::route_pruned`]), in position order, leaving out `excluded` (positions):
+    /// those `read` lists on every rank or that have kvdir choose their rank, those with
+    /// predictions on the prompt's keys, and those with siblings of `prompt` in flight. Every
+    /// other instance is credited nothing ([`Plain`]).
+    pub(super) fn credited(
+        &self,
+        read: &RouteRead,
+        request: (usize, Option<PromptId>, u64),
+        excluded: &[usize],
+    ) -> Vec<(usize, Candidate)> {
+        let position = |name: &str| self.positions.get(name).copied();
+        let whole = |i: usize, r: &Range<usize>| {
+            let c = &self.instances[i].candidate;
+            r.len() >= c.dp_size.max(1) as usize || c.dp_routing != DpRouting::Engine
+        };
+        let listed = read
+            .instances()
+            .iter()
+            .filter_map(|r| position(read.hits[r.start].instance_name()).filter(|&i| whole(i, r)));
+        let (_, prompt, now_ms) = request;
+        let predicted = self.predictions.instances().filter(|name| {
+            predict::predicted_tokens(&self.predictions, now_ms, name, read.of(name), read) > 0
+        });
+        let others = predicted.chain(self.inflight.holding(prompt)).filter_map(position);
+        let mut at: Vec<usize> = listed.chain(others).collect();
+        at.sort_unstable();
+        at.dedup();
+        at.retain(|i| !excluded.contains(i));
+        at.into_iter().map(|i| (i, self.built(i, read, request))).collect()
+    }
+
+    /// Instance `i`'s candidate for the request ([`Self::candidates`]).
+    fn built(
+        &self,
+        i: usize,
+        read: &RouteRead,
+        request: (usize, Option<PromptId>, u64),
+    ) -> Candidate {
+        let info = &self.instances[i];
+        let mut c = info.candidate.clone();
+        self.fill(info, read.of(&info.candidate.name), read, request, &mut c);
+        c
     }
 
     /// Each known instance's entries in `read`: a lookup per instance the read lists, not a
@@ -128,4 +185,33 @@ fn dp_hit(info: &InstanceInfo, h: &StreamHit, input_tokens: usize, predicted: u6
     .within(limit);
     let exact = hit.device_hit_tokens + hit.host_only_hit_tokens;
     DpHit { predicted_hit_tokens: predicted.min(limit).saturating_sub(exact), ..hit }
+}
+
+/// The router's instances as a compact decision reads those it does not build
+/// ([`kvdir::car::Fleet`]) for one request: no siblings of the prompt in flight there, so the
+/// queue is the reported one plus the front door's requests started since.
+pub(super) struct Plain<'a>(pub &'a Router, pub &'a RouteRead, pub (usize, Option<PromptId>, u64));
+
+impl Fleet for Plain<'_> {
+    fn len(&self) -> usize {
+        self.0.instances.len()
+    }
+
+    fn base(&self, i: usize) -> &Candidate {
+        &self.0.instances[i].candidate
+    }
+
+    fn waiting(&self, i: usize) -> u64 {
+        let info = &self.0.instances[i];
+        let reported = info.candidate.load.map_or(0, |l| l.waiting_requests_num);
+        reported + self.0.inflight.unreported(&info.candidate.name, info.load_reports)
+    }
+
+    fn queued(&self, i: usize) -> QueuedWork {
+        self.0.ledger.queued(&self.0.instances[i].candidate.name)
+    }
+
+    fn plain(&self, i: usize) -> Candidate {
+        self.0.built(i, self.1, self.2)
+    }
 }

@@ -31,9 +31,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use actix::prelude::*;
 use kvdir::car::{
-    route_listed, Candidate, DpRouting, InFlight, NameMap, Policy, PredictCounters, Predictions,
-    PromptId, RankLoad, RecentRoutes, RecentRoutesReport, RequestId, Rotation, RouteError,
-    RouteParams, Routed, WorkLedger,
+    route_listed, route_pruned, Candidate, DpRouting, InFlight, NameMap, Policy, PredictCounters,
+    Predictions, PromptId, RankLoad, RecentRoutes, RecentRoutesReport, RequestId, Rotation,
+    RouteError, RouteParams, Routed, WorkLedger,
 };
 use kvdir::registry::{Identity, InstanceState, LoadMetrics};
 
@@ -366,15 +366,25 @@ impl Router {
             predict::confirm(&mut self.predictions, read);
         }
         let prompt = prompt.filter(|_| predicting);
-        let mut cands = std::mem::take(&mut self.scratch);
-        self.candidates(read, (input_tokens, prompt, now_ms), &mut cands);
-        cands.retain(|c| !exclude.contains(&c.name));
-        for c in cands.iter_mut().filter(|c| c.dp_routing != DpRouting::Engine) {
-            c.dp_routing = pinned.map_or(DpRouting::Kvdir, DpRouting::Pinned);
-        }
+        let request = (input_tokens, prompt, now_ms);
         let compact = !read.complete;
-        let mut routed = route_listed(&cands, input_tokens, &params, &mut self.rotation, compact);
-        self.scratch = cands;
+        let mut rotation = self.rotation;
+        let pruned = match compact && params.policy == Policy::Car {
+            true => self.decide_pruned(read, request, exclude, pinned, &params, &mut rotation),
+            false => None,
+        };
+        let mut routed = match pruned {
+            Some(routed) => {
+                #[cfg(debug_assertions)]
+                {
+                    let full = self.decide_full(read, request, exclude, pinned, &params);
+                    assert_eq!((&full, self.rotation), (&routed, rotation), "pruned as full");
+                }
+                self.rotation = rotation;
+                routed
+            }
+            None => self.decide_full(read, request, exclude, pinned, &params),
+        };
         if let Ok(r) = &mut routed {
             let chosen = self.instance_hits(read, &r.prefill);
             if predicting {
@@ -387,5 +397,53 @@ impl Router {
         }
         self.recent.record(actor::unix_ms(), input_tokens, &routed);
         routed
+    }
+
+    /// The decision over every instance's candidate ([`Self::decide`]).
+    fn decide_full(
+        &mut self,
+        read: &RouteRead,
+        request: (usize, Option<PromptId>, u64),
+        exclude: &[String],
+        pinned: Option<u32>,
+        params: &RouteParams,
+    ) -> Result<Routed, RouteError> {
+        let mut cands = std::mem::take(&mut self.scratch);
+        self.candidates(read, request, &mut cands);
+        cands.retain(|c| !exclude.contains(&c.name));
+        pin(&mut cands, pinned);
+        let compact = !read.complete;
+        let routed = route_listed(&cands, request.0, params, &mut self.rotation, compact);
+        self.scratch = cands;
+        routed
+    }
+
+    /// A compact decision that builds only the candidates of the instances with a part of the
+    /// prompt ([`kvdir::car::route_pruned`], whose documentation says why it decides as
+    /// [`Self::decide_full`]), turning `rotation`; `None` where it does not apply.
+    fn decide_pruned(
+        &self,
+        read: &RouteRead,
+        request: (usize, Option<PromptId>, u64),
+        exclude: &[String],
+        pinned: Option<u32>,
+        params: &RouteParams,
+        rotation: &mut Rotation,
+    ) -> Option<Result<Routed, RouteError>> {
+        let mut excluded: Vec<usize> =
+            exclude.iter().filter_map(|name| self.positions.get(name).copied()).collect();
+        excluded.sort_unstable();
+        excluded.dedup();
+        let mut credited = self.credited(read, request, &excluded);
+        pin(credited.iter_mut().map(|(_, c)| c), pinned);
+        let plain = candidates::Plain(self, read, request);
+        route_pruned(&plain, &credited, &excluded, request.0, params, rotation)
+    }
+}
+
+/// Where kvdir chooses the DP rank, the rank the client `pinned`, if any.
+fn pin<'a>(cands: impl IntoIterator<Item = &'a mut Candidate>, pinned: Option<u32>) {
+    for c in cands.into_iter().filter(|c| c.dp_routing != DpRouting::Engine) {
+        c.dp_routing = pinned.map_or(DpRouting::Kvdir, DpRouting::Pinned);
     }
 }

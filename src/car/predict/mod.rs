@@ -187,6 +187,12 @@ impl Predictions {
         confirmed
     }
 
+    /// The instances with predictions held (live or not yet purged): the only ones
+    /// [`Self::predicted_blocks`] can credit.
+    pub fn instances(&self) -> impl Iterator<Item = &str> {
+        self.by_instance.keys().map(|name| &**name)
+    }
+
     /// The longest prefix of `keys` (in blocks) expected on `instance` at `now_ms`.
     pub fn predicted_blocks(&self, now_ms: u64, instance: &str, keys: &[ContentKey]) -> usize {
         let Some(map) = self.by_instance.get(instance) else { return 0 };

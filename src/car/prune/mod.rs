@@ -1,0 +1,216 @@
+//! A decision that scores only what can win ([`route_pruned`]): the instances credited with
+//! part of the prompt, built in full, and the others from what a prompt does not change.
+//!
+//! Why it decides as [`super::route_listed`] over every candidate (compact), step by step:
+//! - An instance the caller gives no candidate for (*plain*) is credited with no part of the
+//!   prompt: its engine picks the rank and some rank holds none of it, no predicted tokens, no
+//!   siblings in flight. Under CAR its reuse is 0 and its score is
+//!   `lambda + (1 - lambda) * waiting / max_waiting`, a function of its queue alone, computed
+//!   here by the same functions as for a built candidate (`score.rs`).
+//! - The terms over the whole prefill side (the longest queue, the fleet's reported rate, the
+//!   busy share, the least service) are found over every eligible instance in position order,
+//!   as the full decision sums them, so every float is the same; the plain instances' TTFT
+//!   estimates (reported under every policy) read only their load, ranks and queued work.
+//! - The choice ([`super::policy::pick`]) and the compact listing (`listing.rs`) are given
+//!   every eligible instance's score in position order, so ties rotate as before; only the
+//!   listed plain instances are built, and scored with the same totals.
+//! - The rank counter moves only where kvdir chooses a rank: a plain instance whose engine
+//!   picks its own rank never touches it, so the credited ones see the same counter.
+//!
+//! It does not apply (`None`: the caller decides over every candidate) under another policy
+//! than CAR, when any decode-side instance is eligible (its side is scored whole), when a plain
+//! instance has kvdir choose its rank (each moves the rank counter), or when no instance can
+//! prefill (the full decision says why). A unit test (`tests.rs`) compares both decisions on
+//! random fleets.
+
+use super::listing::{chosen_first, RouteSummary, ROUTE_LIST};
+use super::policy::{answer, ineligible, pick, side, Listed, Rotation, RouteError};
+use super::score::{car_prefill, queue_cost, reuse, score_side, waiting, Totals};
+use super::ttft::{busy_share, estimate, fleet_reported_rate};
+use super::{Candidate, DpRouting, Policy, QueuedWork, RouteParams, Routed, Side};
+use crate::registry::{InstanceType, LoadMetrics};
+
+/// The instances a decision may choose, by position, as [`route_pruned`] reads them.
+pub trait Fleet {
+    /// How many instances there are (positions `0..len`).
+    fn len(&self) -> usize;
+
+    /// Whether there are none.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Instance `i` as known between requests: its queue and queued work aside.
+    fn base(&self, i: usize) -> &Candidate;
+
+    /// The requests waiting at `i`, as a decision counts them for a prompt without siblings in
+    /// flight there.
+    fn waiting(&self, i: usize) -> u64;
+
+    /// The work queued at `i`.
+    fn queued(&self, i: usize) -> QueuedWork;
+
+    /// Instance `i`'s candidate for the request, which credits it nothing: [`Self::base`] with
+    /// [`Self::waiting`] and [`Self::queued`], and hits on fewer ranks than it has, if any
+    /// (a missing rank makes both ratios 0 where its engine picks the rank).
+    fn plain(&self, i: usize) -> Candidate;
+}
+
+/// [`Fleet::plain`] without what a TTFT estimate does not read (name, profiles, hits, rank loads):
+/// nothing to allocate.
+fn light(base: &Candidate, waiting: u64, queued: QueuedWork) -> Candidate {
+    Candidate {
+        name: String::new(),
+        kind: base.kind,
+        mix_acting_prefill: base.mix_acting_prefill,
+        state: base.state,
+        load: base.load.map(|l| LoadMetrics { waiting_requests_num: waiting, ..l }),
+        dp_size: base.dp_size,
+        ttft_profile: Vec::new(),
+        tpot_profile: Vec::new(),
+        hits: Vec::new(),
+        queued,
+        dp_routing: base.dp_routing,
+        rank_loads: Vec::new(),
+    }
+}
+
+/// One eligible prefill instance: its position, its built candidate's place in `credited`
+/// (plain: none), and for a plain one its queue and queued work.
+struct Row {
+    i: usize,
+    built: Option<usize>,
+    waiting: u64,
+    queued: QueuedWork,
+}
+
+/// The eligible prefill instances in position order, how many instances are ineligible and
+/// how many are candidates (not excluded); `None` where pruning does not apply.
+fn prefill_rows<F: Fleet + ?Sized>(
+    fleet: &F,
+    credited: &[(usize, Candidate)],
+    excluded: &[usize],
+) -> Option<(Vec<Row>, u64, u64)> {
+    let mut next = credited.iter().enumerate().peekable();
+    let (mut rows, mut ineligibles, mut candidates) = (Vec::with_capacity(fleet.len()), 0, 0);
+    for i in 0..fleet.len() {
+        let built = next.next_if(|(_, (at, _))| *at == i).map(|(k, _)| k);
+        if excluded.contains(&i) {
+            continue;
+        }
+        candidates += 1;
+        let c = built.map_or_else(|| fleet.base(i), |k| &credited[k].1);
+        if ineligible(c).is_some() {
+            ineligibles += 1;
+            continue;
+        }
+        if side(c) == Side::Decode {
+            return None;
+        }
+        if c.kind != InstanceType::Default {
+            // No decode instance: only a DEFAULT instance may serve alone.
+            ineligibles += 1;
+            continue;
+        }
+        let row = match built {
+            Some(_) => Row { i, built, waiting: 0, queued: QueuedWork::default() },
+            None if c.dp_routing == DpRouting::Engine => {
+                Row { i, built, waiting: fleet.waiting(i), queued: fleet.queued(i) }
+            }
+            None => return None,
+        };
+        rows.push(row);
+    }
+    debug_assert!(next.peek().is_none(), "credited candidates are in position order");
+    (!rows.is_empty()).then_some((rows, ineligibles, candidates))
+}
+
+/// [`super::route_listed`] with `compact` over every instance of `fleet`, excluding the
+/// positions `excluded`, where `credited` (in position order) holds the candidates of every
+/// instance with a part of the prompt, exact or predicted, or siblings in flight; the others
+/// are read from `fleet` and built only when listed (module documentation). `None` when
+/// pruning does not apply: the caller then decides over every candidate.
+pub fn route_pruned<F: Fleet + ?Sized>(
+    fleet: &F,
+    credited: &[(usize, Candidate)],
+    excluded: &[usize],
+    input_tokens: usize,
+    p: &RouteParams,
+    rot: &mut Rotation,
+) -> Option<Result<Routed, RouteError>> {
+    if p.policy != Policy::Car {
+        return None;
+    }
+    let (rows, ineligibles, candidates) = prefill_rows(fleet, credited, excluded)?;
+    let built = |k: usize| &credited[k].1;
+    let cand = |r: &Row| r.built.map_or_else(|| fleet.base(r.i), built);
+    let counted = |r: &Row| r.built.map_or(r.waiting as f64, |k| waiting(built(k)));
+    let max_waiting = rows.iter().map(counted).fold(0.0, f64::max);
+    let reported = fleet_reported_rate(rows.iter().map(cand));
+    let plain_reuse = reuse(p, 0.0, 0.0);
+    let mut least_floor = f64::MAX;
+    let busy = busy_share(rows.iter().map(|r| match r.built {
+        Some(k) => estimate(built(k), input_tokens, plain_reuse, reported, &p.ttft),
+        None => {
+            let c = light(fleet.base(r.i), r.waiting, r.queued);
+            let t = estimate(&c, input_tokens, plain_reuse, reported, &p.ttft);
+            least_floor = least_floor.min(t.service_ms);
+            t
+        }
+    }));
+    let totals = Totals { max_waiting, reported, busy_share: Some(busy), least_floor };
+    let with: Vec<(usize, &Candidate)> =
+        rows.iter().filter_map(|r| r.built.map(|k| (r.i, built(k)))).collect();
+    let mut scored = score_side(&with, Side::Prefill, input_tokens, p, &totals, &mut rot.rank);
+    let plain_score = |r: &Row| car_prefill(p, plain_reuse, queue_cost(counted(r), max_waiting));
+    let mut of_built = scored.iter();
+    let scores: Vec<(usize, Option<f64>)> = rows
+        .iter()
+        .map(|r| match r.built {
+            Some(_) => of_built.next().map_or((r.i, None), |s| (s.index, s.score)),
+            None => (r.i, Some(plain_score(r))),
+        })
+        .collect();
+    let prefill = pick(&scores, &mut rot.prefill);
+    let listed = chosen_first(&[prefill], scores.iter().copied(), ROUTE_LIST);
+    // The listed plain instances, built and scored with the same totals (the least service
+    // now over every candidate).
+    let least = scored.iter().filter_map(|s| s.ttft).map(|t| t.service_ms);
+    let totals = Totals { least_floor: least.fold(least_floor, f64::min), ..totals };
+    let is_built = |i: usize| credited.binary_search_by_key(&i, |(at, _)| *at).ok();
+    let plains: Vec<(usize, Candidate)> =
+        listed.iter().filter(|&&i| is_built(i).is_none()).map(|&i| (i, fleet.plain(i))).collect();
+    debug_assert!(plains.iter().all(|(_, c)| c.hits.len() < c.dp_size.max(1) as usize));
+    let with: Vec<(usize, &Candidate)> = plains.iter().map(|(i, c)| (*i, c)).collect();
+    let more = score_side(&with, Side::Prefill, input_tokens, p, &totals, &mut rot.rank);
+    debug_assert!(more.iter().all(|s| scores.iter().any(|t| (t.0, t.1) == (s.index, s.score))));
+    let with_credit = scored.iter().filter(|s| s.credited()).count() as u64;
+    scored.extend(more);
+    let summary = RouteSummary {
+        candidates,
+        prefill: rows.len() as u64,
+        decode: 0,
+        ineligible: ineligibles,
+        with_credit,
+    };
+    const ELIGIBLE: &Option<String> = &None;
+    let listed: Vec<Listed> = listed
+        .iter()
+        .map(|&i| match is_built(i) {
+            Some(k) => (i, built(k), ELIGIBLE),
+            None => (i, &plains.iter().find(|(at, _)| *at == i).expect("built above").1, ELIGIBLE),
+        })
+        .collect();
+    let scored = [&scored[..], &[]];
+    Some(Ok(answer(
+        p,
+        input_tokens,
+        (&listed, fleet.len()),
+        scored,
+        (prefill, None),
+        Some(summary),
+    )))
+}
+
+#[cfg(test)]
+mod tests;
