@@ -171,7 +171,9 @@ fn decode_event(r: &mut Reader<'_>, batch: &mut Batch) -> Result<(), WireError> 
             })
         }
     }
-    let kind = f.kind.ok_or(WireError::MissingKey { context: "event", key: "type" })?;
+    let Some(kind) = f.kind else {
+        return Err(WireError::MissingKey { context: "event", key: "type" });
+    };
     finish_event(kind, &f, batch, marks)
 }
 
@@ -356,7 +358,7 @@ fn finish_event(
     let event = match kind {
         b"BlockStored" => return finish_stored(f, batch, marks),
         b"BlockRemoved" => {
-            let hashes = f.hashes.ok_or(missing("BlockRemoved", "block_hashes"))?;
+            let hashes = f.hashes.ok_or_else(|| missing("BlockRemoved", "block_hashes"))?;
             let group = f.group(false);
             tier_or_skip(f.medium, batch).map(|tier| Event::Removed { hashes, tier, group })
         }
@@ -381,9 +383,9 @@ fn finish_event(
 /// scope, and the blocks before it stay in scope when the tokens split there. Out-of-scope blocks keep
 /// only their hashes ([`Event::OutOfScope`]); the event counts once as skipped.
 fn finish_stored(f: &Fields<'_>, batch: &mut Batch, marks: (u32, u32)) -> Result<(), WireError> {
-    let hashes = f.hashes.ok_or(missing("BlockStored", "block_hashes"))?;
-    let tokens = f.tokens.ok_or(missing("BlockStored", "token_ids"))?;
-    let block_size = f.block_size.ok_or(missing("BlockStored", "block_size"))?;
+    let hashes = f.hashes.ok_or_else(|| missing("BlockStored", "block_hashes"))?;
+    let tokens = f.tokens.ok_or_else(|| missing("BlockStored", "token_ids"))?;
+    let block_size = f.block_size.ok_or_else(|| missing("BlockStored", "block_size"))?;
     let n = hashes.len;
     let lora = if f.lora_name != 0 { f.lora_name } else { f.lora_id };
     let (mut salt, marked) = salt_and_mark(&f.extra, f.lora_bytes, f.parent.is_some(), n as usize);

@@ -83,7 +83,11 @@ impl<'a> Reader<'a> {
 
     /// The next marker byte, without consuming it.
     pub fn peek(&self) -> Result<u8, WireError> {
-        self.buf.get(self.pos).copied().ok_or(WireError::Truncated { offset: self.pos, needed: 1 })
+        // A `match`, not `ok_or`: that built (and dropped) the error at every byte read.
+        match self.buf.get(self.pos) {
+            Some(&b) => Ok(b),
+            None => Err(WireError::Truncated { offset: self.pos, needed: 1 }),
+        }
     }
 
     fn mismatch(&self, field: &'static str, expected: &'static str) -> WireError {
