@@ -16,9 +16,11 @@
 //! it would spread a burst of identical prompts, which is what prediction is there to keep
 //! together. Different prompts, even sharing a long system prompt, still count.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::hash::Hash;
 
-use super::names::NameMap;
+use super::names::{InstanceKey, NameMap};
 
 /// Identifies one forwarded request.
 pub type RequestId = u64;
@@ -43,31 +45,37 @@ struct Entry {
     prompt: Option<PromptId>,
 }
 
-/// Per-instance requests in flight.
-#[derive(Debug, Default)]
-pub struct InFlight {
+/// Per-instance requests in flight, by instance name or id (`K`).
+#[derive(Debug)]
+pub struct InFlight<K: ?Sized + InstanceKey = str> {
     next: RequestId,
-    by_instance: NameMap<String, HashMap<RequestId, Entry>>,
+    by_instance: NameMap<K::Owned, HashMap<RequestId, Entry>>,
 }
 
-impl InFlight {
+impl<K: ?Sized + InstanceKey> Default for InFlight<K> {
+    fn default() -> Self {
+        InFlight { next: 0, by_instance: NameMap::default() }
+    }
+}
+
+impl<K: ?Sized + InstanceKey + Eq + Hash> InFlight<K> {
     /// A request for `prompt` sent to `instance`, whose load reports numbered `reports` so far.
-    pub fn start(&mut self, instance: &str, reports: u64, prompt: Option<PromptId>) -> RequestId {
+    pub fn start(&mut self, instance: &K, reports: u64, prompt: Option<PromptId>) -> RequestId {
         self.next += 1;
         let entry = Entry { reports_at_start: reports, answered: false, prompt };
-        self.by_instance.entry(instance.to_string()).or_default().insert(self.next, entry);
+        self.by_instance.entry(instance.owned()).or_default().insert(self.next, entry);
         self.next
     }
 
     /// The request's first byte came back.
-    pub fn first_byte(&mut self, instance: &str, id: RequestId) {
+    pub fn first_byte(&mut self, instance: &K, id: RequestId) {
         if let Some(e) = self.by_instance.get_mut(instance).and_then(|m| m.get_mut(&id)) {
             e.answered = true;
         }
     }
 
     /// The request ended (answered, failed or cancelled).
-    pub fn finish(&mut self, instance: &str, id: RequestId) {
+    pub fn finish(&mut self, instance: &K, id: RequestId) {
         if let Some(m) = self.by_instance.get_mut(instance) {
             m.remove(&id);
             if m.is_empty() {
@@ -78,17 +86,12 @@ impl InFlight {
 
     /// Unanswered requests to `instance` that its latest report (number `reports`) cannot
     /// include, because they started after it.
-    pub fn unreported(&self, instance: &str, reports: u64) -> u64 {
+    pub fn unreported(&self, instance: &K, reports: u64) -> u64 {
         self.unreported_besides(instance, reports, None)
     }
 
     /// [`Self::unreported`] without the siblings of `prompt` (requests with the same prompt).
-    pub fn unreported_besides(
-        &self,
-        instance: &str,
-        reports: u64,
-        prompt: Option<PromptId>,
-    ) -> u64 {
+    pub fn unreported_besides(&self, instance: &K, reports: u64, prompt: Option<PromptId>) -> u64 {
         let counts = |e: &&Entry| {
             !e.answered && e.reports_at_start >= reports && (prompt.is_none() || e.prompt != prompt)
         };
@@ -97,7 +100,7 @@ impl InFlight {
 
     /// Unanswered siblings of `prompt` at `instance` started before its latest report (number
     /// `reports`), which that report counts as waiting; 0 without a prompt id.
-    pub fn reported_siblings(&self, instance: &str, reports: u64, prompt: Option<PromptId>) -> u64 {
+    pub fn reported_siblings(&self, instance: &K, reports: u64, prompt: Option<PromptId>) -> u64 {
         let sibling =
             |e: &&Entry| !e.answered && e.reports_at_start < reports && e.prompt == prompt;
         match (prompt, self.by_instance.get(instance)) {
@@ -109,14 +112,19 @@ impl InFlight {
     /// The instances with an unanswered sibling of `prompt` (none without a prompt id): the
     /// only ones whose queue [`Self::unreported_besides`] and [`Self::reported_siblings`]
     /// count differently from [`Self::unreported`] for it.
-    pub fn holding(&self, prompt: Option<PromptId>) -> impl Iterator<Item = &str> {
+    pub fn holding(&self, prompt: Option<PromptId>) -> impl Iterator<Item = &K> {
         let sibling = move |e: &Entry| !e.answered && prompt.is_some() && e.prompt == prompt;
         let holds = move |m: &HashMap<RequestId, Entry>| m.values().any(sibling);
-        self.by_instance.iter().filter(move |(_, m)| holds(m)).map(|(name, _)| name.as_str())
+        self.by_instance.iter().filter(move |(_, m)| holds(m)).map(|(name, _)| name.borrow())
+    }
+
+    /// Forgets every request to `instance` (removed: its key may be given to another).
+    pub fn forget_instance(&mut self, instance: &K) {
+        self.by_instance.remove(instance);
     }
 
     /// Requests to `instance` not finished yet, answered or not.
-    pub fn open(&self, instance: &str) -> usize {
+    pub fn open(&self, instance: &K) -> usize {
         self.by_instance.get(instance).map_or(0, HashMap::len)
     }
 }

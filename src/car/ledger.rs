@@ -26,9 +26,10 @@
 //! requests per instance (the oldest are dropped as done), and each instance keeps the sum of
 //! its requests' uncached tokens, so [`WorkLedger::queued`] costs the same at any queue length.
 
+use std::borrow::Borrow;
 use std::collections::VecDeque;
 
-use super::names::NameMap;
+use super::names::{InstanceKey, NameMap};
 
 /// Most requests kept per instance.
 pub const MAX_PER_INSTANCE: usize = 4096;
@@ -140,10 +141,10 @@ impl Instance {
     }
 }
 
-/// Per-instance work kvdir routed and not done yet.
-#[derive(Debug, Default)]
-pub struct WorkLedger {
-    instances: NameMap<String, Instance>,
+/// Per-instance work kvdir routed and not done yet, by instance name or id (`K`).
+#[derive(Debug)]
+pub struct WorkLedger<K: ?Sized + InstanceKey = str> {
+    instances: NameMap<K::Owned, Instance>,
     /// EWMA of the uncached tokens of routed requests.
     typical: Option<f64>,
     /// EWMA of every instance's rate samples.
@@ -153,14 +154,26 @@ pub struct WorkLedger {
     input: f64,
 }
 
+impl<K: ?Sized + InstanceKey> Default for WorkLedger<K> {
+    fn default() -> Self {
+        WorkLedger {
+            instances: NameMap::default(),
+            typical: None,
+            fleet_rate: None,
+            credited: 0.0,
+            input: 0.0,
+        }
+    }
+}
+
 /// An exponentially weighted moving average: `sample` weighs `weight`, the first is taken whole.
 pub fn ewma(old: Option<f64>, sample: f64, weight: f64) -> f64 {
     old.map_or(sample, |o| o + weight * (sample - o))
 }
 
-impl WorkLedger {
+impl<K: ?Sized + InstanceKey + Eq + std::hash::Hash> WorkLedger<K> {
     /// The work queued at `instance`.
-    pub fn queued(&self, instance: &str) -> QueuedWork {
+    pub fn queued(&self, instance: &K) -> QueuedWork {
         let fleet_reuse = self.reuse();
         let Some(i) = self.instances.get(instance) else {
             let learned_rate = self.fleet_rate;
@@ -206,7 +219,7 @@ impl WorkLedger {
     /// `now_ms`; `key` is the front door's id for [`Self::first_byte`].
     pub fn routed(
         &mut self,
-        instance: &str,
+        instance: &K,
         reports: u64,
         now_ms: u64,
         work: RoutedWork,
@@ -216,7 +229,7 @@ impl WorkLedger {
         let credited = (work.input - work.uncached).max(0.0);
         self.credited += REUSE_WEIGHT * (credited - self.credited);
         self.input += REUSE_WEIGHT * (work.input - self.input);
-        let i = self.instances.entry(instance.to_string()).or_default();
+        let i = self.instances.entry(instance.owned()).or_default();
         if reports < i.reports {
             *i = i.restarted();
         }
@@ -224,8 +237,8 @@ impl WorkLedger {
     }
 
     /// Load report number `reports` of `instance` says it has `waiting` requests.
-    pub fn report(&mut self, instance: &str, reports: u64, waiting: u64) {
-        let i = self.instances.entry(instance.to_string()).or_default();
+    pub fn report(&mut self, instance: &K, reports: u64, waiting: u64) {
+        let i = self.instances.entry(instance.owned()).or_default();
         if reports < i.reports {
             // A new process: nothing routed to the old one is queued at it.
             *i = i.restarted();
@@ -240,7 +253,7 @@ impl WorkLedger {
 
     /// The front door's request `key` to `instance` produced its first byte at `now_ms`: it
     /// is done, and its time teaches the instance's rate.
-    pub fn first_byte(&mut self, instance: &str, key: u64, now_ms: u64) {
+    pub fn first_byte(&mut self, instance: &K, key: u64, now_ms: u64) {
         let Some(i) = self.instances.get_mut(instance) else { return };
         let Some(e) = i.take(key) else { return };
         let tokens = e.work.ahead_tokens + e.work.uncached;
@@ -254,15 +267,15 @@ impl WorkLedger {
     }
 
     /// The front door's request `key` ended without a first byte (failed or cancelled).
-    pub fn forget(&mut self, instance: &str, key: u64) {
+    pub fn forget(&mut self, instance: &K, key: u64) {
         if let Some(i) = self.instances.get_mut(instance) {
             i.take(key);
         }
     }
 
     /// Forgets every instance `keep` rejects (removed from the registry).
-    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
-        self.instances.retain(|name, _| keep(name));
+    pub fn retain(&mut self, mut keep: impl FnMut(&K) -> bool) {
+        self.instances.retain(|name, _| keep(name.borrow()));
     }
 }
 

@@ -51,7 +51,7 @@ pub use approx::{ApproxCache, ApproxEngine, ApproxSettings};
 pub use inflight::{prompt_id, InFlight, PromptId, RequestId};
 pub use ledger::{ewma, QueuedWork, RoutedWork, WorkLedger};
 pub use listing::{RouteSummary, ROUTE_LIST};
-pub use names::{KeyMap, NameHasher, NameMap};
+pub use names::{InstanceId, InstanceKey, KeyMap, NameHasher, NameMap};
 pub use policy::{kv_hit_ratio, route, route_listed, Rotation, RouteError};
 pub use predict::{predicted_hit_ratio, PredictCounters, Predictions};
 pub use prune::{route_pruned, Fleet};

@@ -1,5 +1,5 @@
-//! [`NameMap`]: the router's maps keyed by instance name, with a fast hash ([`KeyMap`]: by
-//! content key).
+//! [`NameMap`]: the router's maps keyed by instance name or [`InstanceId`], with a fast hash
+//! ([`KeyMap`]: by content key).
 //!
 //! A decision over a thousand instances looks each of them up in several maps (its queued
 //! work, its requests in flight, its predictions, its place in the snapshot). With std's
@@ -8,14 +8,49 @@
 //! does not apply: instance names come from the operator's registry and configuration, not
 //! from clients.
 
+use std::borrow::Borrow;
 use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
+use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::sync::Arc;
 
 /// A map keyed by instance name.
 pub type NameMap<K, V> = HashMap<K, V, BuildHasherDefault<NameHasher>>;
 
 /// A map keyed by content key (`u128`; uniform already, so the same cheap hash serves).
 pub type KeyMap<V> = HashMap<u128, V, BuildHasherDefault<NameHasher>>;
+
+/// An instance's dense id: what the router keys its per-instance state by (work, requests in
+/// flight, predictions), so that a decision hashes and compares a number, not a name. The
+/// router gives each instance of its snapshot one, keeps it while the instance is known, and
+/// gives a freed one to a later instance only after clearing its state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InstanceId(pub u32);
+
+/// What per-instance state is keyed by: an instance's name (`str`) or its [`InstanceId`].
+pub trait InstanceKey {
+    /// The key as a map holds it.
+    type Owned: Hash + Eq + Clone + Borrow<Self> + std::fmt::Debug;
+
+    /// The key to hold.
+    fn owned(&self) -> Self::Owned;
+}
+
+impl InstanceKey for str {
+    /// Shared: a prediction queue holds an instance's name once per recorded key.
+    type Owned = Arc<str>;
+
+    fn owned(&self) -> Arc<str> {
+        Arc::from(self)
+    }
+}
+
+impl InstanceKey for InstanceId {
+    type Owned = InstanceId;
+
+    fn owned(&self) -> InstanceId {
+        *self
+    }
+}
 
 /// FxHash: each word rotated into the state and multiplied by a constant.
 #[derive(Debug, Default, Clone, Copy)]
@@ -51,6 +86,11 @@ impl Hasher for NameHasher {
     }
 
     #[inline]
+    fn write_u32(&mut self, v: u32) {
+        self.add(u64::from(v));
+    }
+
+    #[inline]
     fn write_u64(&mut self, v: u64) {
         self.add(v);
     }
@@ -62,7 +102,10 @@ impl Hasher for NameHasher {
 
     #[inline]
     fn finish(&self) -> u64 {
-        self.0
+        // The product's low bits depend only on the low bits of the last word, which barely
+        // vary between names that differ in a later byte ("engine-0001", "engine-0002"): the
+        // table indexes by the low bits, so those would collide. The high bits mix them all.
+        self.0.rotate_left(26)
     }
 }
 

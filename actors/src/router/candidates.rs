@@ -30,40 +30,44 @@ impl Router {
     /// predicted prefix beyond it. Every hit is at most what the engine reuses of a prompt of
     /// `input_tokens` ([`reusable_limit`]: never its last token, whole blocks only). They are
     /// written over `out`'s, reusing their buffers.
+    /// `listed`: [`Self::listed`].
     pub(super) fn candidates(
         &self,
         read: &RouteRead,
+        listed: &[Option<usize>],
         request: (usize, Option<PromptId>, u64),
         out: &mut Vec<Candidate>,
     ) {
         out.truncate(self.instances.len());
-        for (k, (info, range)) in self.instances.iter().zip(self.ranges(read)).enumerate() {
+        let ranges = self.ranges(read, listed);
+        for (k, (info, range)) in self.instances.iter().zip(ranges).enumerate() {
             match out.get_mut(k) {
                 Some(c) => c.clone_from(&info.candidate),
                 None => out.push(info.candidate.clone()),
             }
-            self.fill(info, &read.hits[range], read, request, &mut out[k]);
+            self.fill(k, &read.hits[range], read, request, &mut out[k]);
         }
     }
 
-    /// Gives `c`, a copy of `info`'s candidate, its queue, queued work and hits for the
-    /// request ([`Self::candidates`]); `listed`: its entries in `read`.
+    /// Gives `c`, a copy of the candidate of the instance at position `k`, its queue, queued
+    /// work and hits for the request ([`Self::candidates`]); `listed`: its entries in `read`.
     fn fill(
         &self,
-        info: &InstanceInfo,
+        k: usize,
         listed: &[StreamHit],
         read: &RouteRead,
         (input_tokens, prompt, now_ms): (usize, Option<PromptId>, u64),
         c: &mut Candidate,
     ) {
-        c.queued = self.ledger.queued(&c.name);
+        let (info, id) = (&self.instances[k], self.ids.at(k));
+        c.queued = self.ledger.queued(&id);
         if let Some(load) = &mut c.load {
-            let (name, reports) = (&c.name, info.load_reports);
-            let counted = self.inflight.reported_siblings(name, reports, prompt);
+            let reports = info.load_reports;
+            let counted = self.inflight.reported_siblings(&id, reports, prompt);
             load.waiting_requests_num = load.waiting_requests_num.saturating_sub(counted)
-                + self.inflight.unreported_besides(name, reports, prompt);
+                + self.inflight.unreported_besides(&id, reports, prompt);
         }
-        let predicted = predict::predicted_tokens(&self.predictions, now_ms, &c.name, listed, read);
+        let predicted = predict::predicted_tokens(&self.predictions, now_ms, &id, listed, read);
         let whole = listed.len() >= c.dp_size.max(1) as usize;
         let hits = match predicted > 0 && !read.complete && !whole {
             true => self.instance_hits(read, &c.name),
@@ -80,23 +84,25 @@ impl Router {
     pub(super) fn credited(
         &self,
         read: &RouteRead,
+        listed: &[Option<usize>],
         request: (usize, Option<PromptId>, u64),
         excluded: &[usize],
     ) -> Vec<(usize, Candidate)> {
-        let position = |name: &str| self.positions.get(name).copied();
         let whole = |i: usize, r: &Range<usize>| {
             let c = &self.instances[i].candidate;
             r.len() >= c.dp_size.max(1) as usize || c.dp_routing != DpRouting::Engine
         };
-        let listed = read
-            .instances()
-            .iter()
-            .filter_map(|r| position(read.hits[r.start].instance_name()).filter(|&i| whole(i, r)));
+        let ranges = read.instances().iter().zip(listed);
+        let listed = ranges.filter_map(|(r, &i)| i.filter(|&i| whole(i, r)));
         let (_, prompt, now_ms) = request;
-        let predicted = self.predictions.instances().filter(|name| {
-            predict::predicted_tokens(&self.predictions, now_ms, name, read.of(name), read) > 0
+        let predicted = self.predictions.instances().filter_map(|&id| {
+            let i = self.ids.position(id)?;
+            let listed = read.of(&self.instances[i].candidate.name);
+            (predict::predicted_tokens(&self.predictions, now_ms, &id, listed, read) > 0)
+                .then_some(i)
         });
-        let others = predicted.chain(self.inflight.holding(prompt)).filter_map(position);
+        let holding = self.inflight.holding(prompt).filter_map(|&id| self.ids.position(id));
+        let others = predicted.chain(holding);
         let mut at: Vec<usize> = listed.chain(others).collect();
         at.sort_unstable();
         at.dedup();
@@ -111,18 +117,24 @@ impl Router {
         read: &RouteRead,
         request: (usize, Option<PromptId>, u64),
     ) -> Candidate {
-        let info = &self.instances[i];
-        let mut c = info.candidate.clone();
-        self.fill(info, read.of(&info.candidate.name), read, request, &mut c);
+        let mut c = self.instances[i].candidate.clone();
+        self.fill(i, read.of(&c.name), read, request, &mut c);
         c
     }
 
-    /// Each known instance's entries in `read`: a lookup per instance the read lists, not a
-    /// search per instance known (a thousand string comparisons each).
-    fn ranges(&self, read: &RouteRead) -> Vec<Range<usize>> {
+    /// The position of each instance `read` lists ([`RouteRead::instances`]), if known: one
+    /// lookup of its name per decision, which the passes over the read share (a name read
+    /// from a thousand cold entries cost more than the rest of a pruned decision).
+    pub(super) fn listed(&self, read: &RouteRead) -> Vec<Option<usize>> {
+        let name = |r: &Range<usize>| read.hits[r.start].instance_name();
+        read.instances().iter().map(|r| self.positions.get(name(r)).copied()).collect()
+    }
+
+    /// Each known instance's entries in `read` (`listed`: [`Self::listed`]).
+    fn ranges(&self, read: &RouteRead, listed: &[Option<usize>]) -> Vec<Range<usize>> {
         let mut ranges: Vec<Range<usize>> = vec![0..0; self.instances.len()];
-        for range in read.instances() {
-            if let Some(&i) = self.positions.get(read.hits[range.start].instance_name()) {
+        for (range, &i) in read.instances().iter().zip(listed) {
+            if let Some(i) = i {
                 ranges[i] = range.clone();
             }
         }
@@ -204,11 +216,11 @@ impl Fleet for Plain<'_> {
     fn waiting(&self, i: usize) -> u64 {
         let info = &self.0.instances[i];
         let reported = info.candidate.load.map_or(0, |l| l.waiting_requests_num);
-        reported + self.0.inflight.unreported(&info.candidate.name, info.load_reports)
+        reported + self.0.inflight.unreported(&self.0.ids.at(i), info.load_reports)
     }
 
     fn queued(&self, i: usize) -> QueuedWork {
-        self.0.ledger.queued(&self.0.instances[i].candidate.name)
+        self.0.ledger.queued(&self.0.ids.at(i))
     }
 
     fn plain(&self, i: usize) -> Candidate {

@@ -23,6 +23,7 @@
 
 mod actor;
 mod candidates;
+mod ids;
 mod overload;
 mod predict;
 mod work;
@@ -31,9 +32,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use actix::prelude::*;
 use kvdir::car::{
-    route_listed, route_pruned, Candidate, DpRouting, InFlight, NameMap, Policy, PredictCounters,
-    Predictions, PromptId, RankLoad, RecentRoutes, RecentRoutesReport, RequestId, Rotation,
-    RouteError, RouteParams, Routed, WorkLedger,
+    route_listed, route_pruned, Candidate, DpRouting, InFlight, InstanceId, NameMap, Policy,
+    PredictCounters, Predictions, PromptId, RankLoad, RecentRoutes, RecentRoutesReport, RequestId,
+    Rotation, RouteError, RouteParams, Routed, WorkLedger,
 };
 use kvdir::registry::{Identity, InstanceState, LoadMetrics};
 
@@ -157,16 +158,18 @@ pub struct Router {
     instances: Vec<InstanceInfo>,
     /// Position of each instance in `instances`, by name.
     positions: NameMap<String, usize>,
+    /// Each instance's id, which keys the in-flight requests, predictions and work (`ids.rs`).
+    ids: ids::Ids,
     /// `/v1/internal/route`'s settings (`--load_balance_policy`).
     params: RouteParams,
     /// The front door's: the same with its own policy (`--frontend_policy`).
     front: RouteParams,
     rotation: Rotation,
     recent: RecentRoutes,
-    inflight: InFlight,
-    predictions: Predictions,
+    inflight: InFlight<InstanceId>,
+    predictions: Predictions<InstanceId>,
     /// Prefill work routed and not done yet, per instance (the TTFT estimate's queue).
-    ledger: WorkLedger,
+    ledger: WorkLedger<InstanceId>,
     /// Overload admission: held requests (`overload.rs`).
     held: overload::Held,
     /// The candidates of the last decision, whose buffers the next one reuses.
@@ -253,12 +256,14 @@ impl Router {
     /// A router over `directory` deciding with `params`, and with `front_policy` for the front
     /// door.
     pub fn new(directory: Arc<Directory>, params: RouteParams, front_policy: Policy) -> Self {
-        let predictions = Predictions::new(params.predict_ttl_ms, Predictions::DEFAULT_CAPACITY);
+        let capacity = Predictions::<InstanceId>::DEFAULT_CAPACITY;
+        let predictions = Predictions::new(params.predict_ttl_ms, capacity);
         let front = RouteParams { policy: front_policy, ..params.clone() };
         Router {
             directory,
             instances: Vec::new(),
             positions: NameMap::default(),
+            ids: ids::Ids::default(),
             params,
             front,
             rotation: Rotation::default(),
@@ -272,13 +277,20 @@ impl Router {
     }
 
     /// Replaces the instance snapshot.
+    /// The state of the instances that left is cleared before their ids are given again.
     fn set_candidates(&mut self, instances: Vec<InstanceInfo>) {
         self.instances = instances;
         self.positions.clear();
         for (i, info) in self.instances.iter().enumerate() {
             self.positions.insert(info.candidate.name.clone(), i);
         }
-        work::snapshot(&mut self.ledger, &self.instances, &self.positions);
+        let gone = self.ids.assign(self.instances.iter().map(|i| i.candidate.name.as_str()));
+        for id in &gone {
+            self.inflight.forget_instance(id);
+            self.predictions.forget(id);
+        }
+        work::snapshot(&mut self.ledger, &self.instances, &self.ids);
+        self.ids.release(gone);
     }
 
     fn set_load(&mut self, msg: SetLoad) {
@@ -289,14 +301,16 @@ impl Router {
         (info.candidate.load, info.candidate.state) = (msg.load, msg.state);
         info.candidate.rank_loads = msg.rank_loads;
         info.load_reports = msg.load_reports;
-        work::report(&mut self.ledger, info);
+        work::report(&mut self.ledger, info, self.ids.at(i));
     }
 
     /// `/v1/internal/route`'s decision.
     fn route(&mut self, msg: RouteRequest) -> Result<Routed, RouteError> {
         let routed = self.decide(&msg.read, msg.input_tokens, &[], (None, None))?;
-        let reports = self.reports(&routed.prefill);
-        work::record(&mut self.ledger, &routed, reports, None);
+        if let Some((i, id)) = self.chosen(&routed) {
+            let reports = self.instances[i].load_reports;
+            work::record(&mut self.ledger, &routed, (id, reports), None);
+        }
         Ok(routed)
     }
 
@@ -304,11 +318,13 @@ impl Router {
     fn forward(&mut self, msg: RouteForward) -> Forwarded {
         let request = (Some(msg.prompt), msg.pinned_rank);
         let routed = self.decide(&msg.read, msg.input_tokens, &msg.exclude, request)?;
-        let info = self.positions.get(&routed.prefill).map(|&i| &self.instances[i]);
-        let reports = info.map_or(0, |i| i.load_reports);
-        let url = base_url(&routed.prefill, info.and_then(|i| i.url.as_deref()));
-        let id = self.inflight.start(&routed.prefill, reports, Some(msg.prompt));
-        work::record(&mut self.ledger, &routed, reports, Some(id));
+        // The chosen instance is in the snapshot: the decision chose it there.
+        let (i, instance) = self.chosen(&routed).expect("the chosen instance is known");
+        let info = &self.instances[i];
+        let reports = info.load_reports;
+        let url = base_url(&routed.prefill, info.url.as_deref());
+        let id = self.inflight.start(&instance, reports, Some(msg.prompt));
+        work::record(&mut self.ledger, &routed, (instance, reports), Some(id));
         Ok((routed, id, url))
     }
 
@@ -316,6 +332,8 @@ impl Router {
     fn progress(&mut self, msg: RequestProgress) {
         match msg {
             RequestProgress::FirstByte(instance, id, answer) => {
+                // An instance no longer known counts nothing any more (`ids.rs`).
+                let Some(instance) = self.ids.of(&instance) else { return };
                 self.inflight.first_byte(&instance, id);
                 match answer {
                     Answer::Streamed => self.ledger.first_byte(&instance, id, now_ms()),
@@ -335,13 +353,15 @@ impl Router {
     /// The front door's request `id` to `instance` ended: it is neither in flight nor queued
     /// work there any more.
     fn finish(&mut self, instance: &str, id: RequestId) {
-        self.inflight.finish(instance, id);
-        self.ledger.forget(instance, id);
+        let Some(instance) = self.ids.of(instance) else { return };
+        self.inflight.finish(&instance, id);
+        self.ledger.forget(&instance, id);
     }
 
-    /// Load reports received from `instance`'s process so far (0 when unknown).
-    fn reports(&self, instance: &str) -> u64 {
-        self.positions.get(instance).map_or(0, |&i| self.instances[i].load_reports)
+    /// The position and id of the decision's prefill instance.
+    fn chosen(&self, routed: &Routed) -> Option<(usize, InstanceId)> {
+        let i = *self.positions.get(&routed.prefill)?;
+        Some((i, self.ids.at(i)))
     }
 
     /// Routes over the candidates not in `exclude` and records the decision (and, when
@@ -362,33 +382,39 @@ impl Router {
             None => self.params.clone(),
         };
         let predicting = self.predicting(params.policy);
+        let listed = self.listed(read);
         if predicting {
-            predict::confirm(&mut self.predictions, read);
+            let ids = |k: usize| listed[k].map(|i| self.ids.at(i));
+            predict::confirm(&mut self.predictions, read, ids);
         }
         let prompt = prompt.filter(|_| predicting);
         let request = (input_tokens, prompt, now_ms);
         let compact = !read.complete;
         let mut rotation = self.rotation;
         let pruned = match compact && params.policy == Policy::Car {
-            true => self.decide_pruned(read, request, exclude, pinned, &params, &mut rotation),
+            true => {
+                let (request, exclusion) = ((read, &listed[..], request), (exclude, pinned));
+                self.decide_pruned(request, exclusion, &params, &mut rotation)
+            }
             false => None,
         };
         let mut routed = match pruned {
             Some(routed) => {
                 #[cfg(debug_assertions)]
                 {
-                    let full = self.decide_full(read, request, exclude, pinned, &params);
+                    let request = (read, &listed[..], request);
+                    let full = self.decide_full(request, (exclude, pinned), &params);
                     assert_eq!((&full, self.rotation), (&routed, rotation), "pruned as full");
                 }
                 self.rotation = rotation;
                 routed
             }
-            None => self.decide_full(read, request, exclude, pinned, &params),
+            None => self.decide_full((read, &listed, request), (exclude, pinned), &params),
         };
         if let Ok(r) = &mut routed {
             let chosen = self.instance_hits(read, &r.prefill);
-            if predicting {
-                predict::record(&mut self.predictions, now_ms, &r.prefill, &chosen);
+            if let Some(id) = self.ids.of(&r.prefill).filter(|_| predicting) {
+                predict::record(&mut self.predictions, now_ms, &id, &chosen);
             }
             self.directory.approximate().record(now_ms, &r.prefill, &chosen);
             if compact {
@@ -402,14 +428,12 @@ impl Router {
     /// The decision over every instance's candidate ([`Self::decide`]).
     fn decide_full(
         &mut self,
-        read: &RouteRead,
-        request: (usize, Option<PromptId>, u64),
-        exclude: &[String],
-        pinned: Option<u32>,
+        (read, listed, request): Request<'_>,
+        (exclude, pinned): (&[String], Option<u32>),
         params: &RouteParams,
     ) -> Result<Routed, RouteError> {
         let mut cands = std::mem::take(&mut self.scratch);
-        self.candidates(read, request, &mut cands);
+        self.candidates(read, listed, request, &mut cands);
         cands.retain(|c| !exclude.contains(&c.name));
         pin(&mut cands, pinned);
         let compact = !read.complete;
@@ -423,10 +447,8 @@ impl Router {
     /// [`Self::decide_full`]), turning `rotation`; `None` where it does not apply.
     fn decide_pruned(
         &self,
-        read: &RouteRead,
-        request: (usize, Option<PromptId>, u64),
-        exclude: &[String],
-        pinned: Option<u32>,
+        (read, listed, request): Request<'_>,
+        (exclude, pinned): (&[String], Option<u32>),
         params: &RouteParams,
         rotation: &mut Rotation,
     ) -> Option<Result<Routed, RouteError>> {
@@ -434,12 +456,16 @@ impl Router {
             exclude.iter().filter_map(|name| self.positions.get(name).copied()).collect();
         excluded.sort_unstable();
         excluded.dedup();
-        let mut credited = self.credited(read, request, &excluded);
+        let mut credited = self.credited(read, listed, request, &excluded);
         pin(credited.iter_mut().map(|(_, c)| c), pinned);
         let plain = candidates::Plain(self, read, request);
         route_pruned(&plain, &credited, &excluded, request.0, params, rotation)
     }
 }
+
+/// A request to decide: the read, the position of each instance it lists
+/// ([`Router::listed`]), and its input tokens, prompt (when predicting) and time.
+type Request<'a> = (&'a RouteRead, &'a [Option<usize>], (usize, Option<PromptId>, u64));
 
 /// Where kvdir chooses the DP rank, the rank the client `pinned`, if any.
 fn pin<'a>(cands: impl IntoIterator<Item = &'a mut Candidate>, pinned: Option<u32>) {

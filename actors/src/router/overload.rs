@@ -184,7 +184,9 @@ impl Router {
     fn lowest_estimate(&self, msg: &RouteForward) -> Option<f64> {
         let prompt = Some(msg.prompt).filter(|_| self.predicting(self.front.policy));
         let mut cands = Vec::new();
-        self.candidates(&msg.read, (msg.input_tokens, prompt, now_ms()), &mut cands);
+        let listed = self.listed(&msg.read);
+        let request = (msg.input_tokens, prompt, now_ms());
+        self.candidates(&msg.read, &listed, request, &mut cands);
         cands.retain(|c| !msg.exclude.contains(&c.name));
         let mut rotation = self.rotation;
         let routed = route(&cands, msg.input_tokens, &self.front, &mut rotation).ok()?;

@@ -11,7 +11,7 @@
 //! 3. [`record`]: the chosen prefill instance gets the request's keys beyond what it already
 //!    holds exactly, for the TTL.
 
-use kvdir::car::Predictions;
+use kvdir::car::{InstanceId, Predictions};
 
 use crate::directory::{RouteRead, StreamHit};
 
@@ -24,13 +24,24 @@ fn exact_blocks(hits: &[StreamHit]) -> usize {
         .unwrap_or(0)
 }
 
-/// Drops the predictions that the exact directory now credits, instance by instance.
-pub(crate) fn confirm(predictions: &mut Predictions, read: &RouteRead) {
-    for group in read.instances().iter().map(|r| &read.hits[r.clone()]) {
+/// Drops the predictions that the exact directory now credits, instance by instance (`id`:
+/// the id of the instance of each of the read's groups, if known).
+pub(crate) fn confirm(
+    predictions: &mut Predictions<InstanceId>,
+    read: &RouteRead,
+    id: impl Fn(usize) -> Option<InstanceId>,
+) {
+    if predictions.is_empty() {
+        return;
+    }
+    for (k, group) in read.instances().iter().map(|r| &read.hits[r.clone()]).enumerate() {
         let first = &group[0];
         let held = exact_blocks(group).min(first.keys.len());
-        if held > 0 {
-            predictions.confirm(first.instance_name(), &first.keys[..held]);
+        if held == 0 {
+            continue;
+        }
+        if let Some(instance) = id(k) {
+            predictions.confirm(&instance, &first.keys[..held]);
         }
     }
 }
@@ -39,9 +50,9 @@ pub(crate) fn confirm(predictions: &mut Predictions, read: &RouteRead) {
 /// keys of its `listed` entries, or, when the read lists none of its streams, under the keys
 /// of each block size read (keys of another block size never match what was recorded).
 pub(crate) fn predicted_tokens(
-    predictions: &Predictions,
+    predictions: &Predictions<InstanceId>,
     now_ms: u64,
-    instance: &str,
+    instance: &InstanceId,
     listed: &[StreamHit],
     read: &RouteRead,
 ) -> u64 {
@@ -57,9 +68,9 @@ pub(crate) fn predicted_tokens(
 /// Records the request's keys on `instance`, beyond what it already holds exactly (`hits`:
 /// its streams).
 pub(crate) fn record(
-    predictions: &mut Predictions,
+    predictions: &mut Predictions<InstanceId>,
     now_ms: u64,
-    instance: &str,
+    instance: &InstanceId,
     hits: &[StreamHit],
 ) {
     let group = hits;

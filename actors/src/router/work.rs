@@ -3,38 +3,33 @@
 //! instance's share of work, and the front door's first bytes end requests and teach rates.
 //! Kept under every policy, so every answer carries each candidate's estimated TTFT.
 
-use kvdir::car::{NameMap, RequestId, Routed, RoutedWork, WorkLedger};
+use kvdir::car::{InstanceId, RequestId, Routed, RoutedWork, WorkLedger};
 
+use super::ids::Ids;
 use super::InstanceInfo;
 
-/// Applies the load reports of `instances` (a snapshot, indexed by name in `positions`) and
-/// forgets instances not in it.
-pub(crate) fn snapshot(
-    ledger: &mut WorkLedger,
-    instances: &[InstanceInfo],
-    positions: &NameMap<String, usize>,
-) {
-    for info in instances {
-        report(ledger, info);
+/// Applies the load reports of `instances` (a snapshot, with their `ids`) and forgets
+/// instances not in it.
+pub(crate) fn snapshot(ledger: &mut WorkLedger<InstanceId>, instances: &[InstanceInfo], ids: &Ids) {
+    for (i, info) in instances.iter().enumerate() {
+        report(ledger, info, ids.at(i));
     }
-    // By name through the index: a scan of the snapshot per instance cost 1,024 x 1,024
-    // string compares every refresh at 1,024 instances.
-    ledger.retain(|name| positions.contains_key(name));
+    ledger.retain(|&id| ids.position(id).is_some());
 }
 
-/// Applies `info`'s latest load report, if it has one the ledger has not seen.
-pub(crate) fn report(ledger: &mut WorkLedger, info: &InstanceInfo) {
+/// Applies `info`'s latest load report, if it has one the ledger has not seen (`id`: its id).
+pub(crate) fn report(ledger: &mut WorkLedger<InstanceId>, info: &InstanceInfo, id: InstanceId) {
     if let Some(load) = info.candidate.load {
-        ledger.report(&info.candidate.name, info.load_reports, load.waiting_requests_num);
+        ledger.report(&id, info.load_reports, load.waiting_requests_num);
     }
 }
 
-/// Adds the decision's request to its prefill instance (whose load reports numbered
-/// `reports`), with the front door's id `key` when it forwards it.
+/// Adds the decision's request to its prefill instance (its id, and its load reports so far),
+/// with the front door's id `key` when it forwards it.
 pub(crate) fn record(
-    ledger: &mut WorkLedger,
+    ledger: &mut WorkLedger<InstanceId>,
     routed: &Routed,
-    reports: u64,
+    (instance, reports): (InstanceId, u64),
     key: Option<RequestId>,
 ) {
     let chosen = routed.candidates.iter().find(|c| c.name == routed.prefill);
@@ -45,5 +40,5 @@ pub(crate) fn record(
         ahead_tokens: terms.ahead_per_rank(),
         fixed_ms: terms.fixed_ms(),
     };
-    ledger.routed(&routed.prefill, reports, crate::directory::now_ms(), work, key);
+    ledger.routed(&instance, reports, crate::directory::now_ms(), work, key);
 }

@@ -31,30 +31,31 @@
 //!
 //! Time is passed in (monotonic milliseconds), so everything here is pure.
 
+use std::borrow::Borrow;
 use std::collections::VecDeque;
-use std::sync::Arc;
+use std::hash::Hash;
 
-use super::names::{KeyMap, NameMap};
+use super::names::{InstanceKey, KeyMap, NameMap};
 use super::Candidate;
 use crate::index::ContentKey;
 
 /// One recording, oldest first in the queue.
 #[derive(Debug, Clone)]
-struct Queued {
+struct Queued<I> {
     expires_ms: u64,
-    instance: Arc<str>,
+    instance: I,
     key: u128,
 }
 
-/// Expected content keys by instance, with a TTL and a bound.
-#[derive(Debug, Clone, Default)]
-pub struct Predictions {
+/// Expected content keys by instance (its name or id: `K`), with a TTL and a bound.
+#[derive(Debug)]
+pub struct Predictions<K: ?Sized + InstanceKey = str> {
     ttl_ms: u64,
     capacity: usize,
     /// Instance -> key -> expiry of its latest recording.
-    by_instance: NameMap<Arc<str>, KeyMap<u64>>,
+    by_instance: NameMap<K::Owned, KeyMap<u64>>,
     /// Recordings in time order; an item whose expiry differs from its map entry's is stale.
-    queue: VecDeque<Queued>,
+    queue: VecDeque<Queued<K::Owned>>,
     /// Live predictions: the entries of `by_instance`.
     live: usize,
     counters: PredictCounters,
@@ -73,16 +74,47 @@ pub struct PredictCounters {
     pub evicted: u64,
 }
 
-impl Predictions {
+impl<K: ?Sized + InstanceKey> Clone for Predictions<K> {
+    fn clone(&self) -> Self {
+        Predictions {
+            by_instance: self.by_instance.clone(),
+            queue: self.queue.clone(),
+            counters: self.counters,
+            ..Predictions::new(self.ttl_ms, self.capacity)
+        }
+        .with_live(self.live)
+    }
+}
+
+impl<K: ?Sized + InstanceKey> Default for Predictions<K> {
+    fn default() -> Self {
+        Predictions::new(0, 0)
+    }
+}
+
+impl<K: ?Sized + InstanceKey> Predictions<K> {
     /// How many predictions are kept unless told otherwise (about 22 MB at most).
     pub const DEFAULT_CAPACITY: usize = 1 << 17;
 
     /// A store whose predictions live `ttl_ms` (0 turns prediction off) and that keeps at most
     /// `capacity` of them.
     pub fn new(ttl_ms: u64, capacity: usize) -> Self {
-        Predictions { ttl_ms, capacity, ..Predictions::default() }
+        Predictions {
+            ttl_ms,
+            capacity,
+            by_instance: NameMap::default(),
+            queue: VecDeque::new(),
+            live: 0,
+            counters: PredictCounters::default(),
+        }
     }
 
+    fn with_live(self, live: usize) -> Self {
+        Predictions { live, ..self }
+    }
+}
+
+impl<K: ?Sized + InstanceKey + Eq + Hash> Predictions<K> {
     /// Whether anything is ever recorded.
     pub fn enabled(&self) -> bool {
         self.ttl_ms > 0 && self.capacity > 0
@@ -104,17 +136,17 @@ impl Predictions {
     }
 
     /// Records `keys` as expected on `instance` from `now_ms` for the TTL.
-    pub fn record(&mut self, now_ms: u64, instance: &str, keys: &[ContentKey]) {
+    pub fn record(&mut self, now_ms: u64, instance: &K, keys: &[ContentKey]) {
         if !self.enabled() || keys.is_empty() {
             return;
         }
         self.purge(now_ms);
         let expires_ms = now_ms.saturating_add(self.ttl_ms);
-        let name: Arc<str> = match self.by_instance.get_key_value(instance) {
-            Some((name, _)) => Arc::clone(name),
-            None => Arc::from(instance),
+        let name: K::Owned = match self.by_instance.get_key_value(instance) {
+            Some((name, _)) => name.clone(),
+            None => instance.owned(),
         };
-        let map = self.by_instance.entry(Arc::clone(&name)).or_default();
+        let map = self.by_instance.entry(name.clone()).or_default();
         for k in keys {
             let key = k.to_u128();
             self.counters.recorded += 1;
@@ -124,7 +156,7 @@ impl Predictions {
                 Some(_) => {}
                 None => self.live += 1,
             }
-            self.queue.push_back(Queued { expires_ms, instance: Arc::clone(&name), key });
+            self.queue.push_back(Queued { expires_ms, instance: name.clone(), key });
         }
         while self.live > self.capacity {
             let oldest = self.queue.pop_front().expect("a live prediction is queued");
@@ -141,7 +173,8 @@ impl Predictions {
     fn compact(&mut self) {
         let by_instance = &self.by_instance;
         self.queue.retain(|q| {
-            by_instance.get(&q.instance).and_then(|m| m.get(&q.key)) == Some(&q.expires_ms)
+            let instance: &K = q.instance.borrow();
+            by_instance.get(instance).and_then(|m| m.get(&q.key)) == Some(&q.expires_ms)
         });
     }
 
@@ -156,14 +189,15 @@ impl Predictions {
     }
 
     /// Removes the item's key if this item is its latest recording.
-    fn drop_if_live(&mut self, item: &Queued) -> bool {
-        let Some(map) = self.by_instance.get_mut(&item.instance) else { return false };
+    fn drop_if_live(&mut self, item: &Queued<K::Owned>) -> bool {
+        let instance: &K = item.instance.borrow();
+        let Some(map) = self.by_instance.get_mut(instance) else { return false };
         if map.get(&item.key) != Some(&item.expires_ms) {
             return false;
         }
         map.remove(&item.key);
         if map.is_empty() {
-            self.by_instance.remove(&item.instance);
+            self.by_instance.remove(instance);
         }
         self.live -= 1;
         true
@@ -171,7 +205,7 @@ impl Predictions {
 
     /// The exact directory credits `held` (a prefix of the request's keys) on some rank of
     /// `instance`: those predictions are confirmed and dropped. Returns how many were.
-    pub fn confirm(&mut self, instance: &str, held: &[ContentKey]) -> usize {
+    pub fn confirm(&mut self, instance: &K, held: &[ContentKey]) -> usize {
         let Some(map) = self.by_instance.get_mut(instance) else { return 0 };
         let before = map.len();
         for k in held {
@@ -189,12 +223,20 @@ impl Predictions {
 
     /// The instances with predictions held (live or not yet purged): the only ones
     /// [`Self::predicted_blocks`] can credit.
-    pub fn instances(&self) -> impl Iterator<Item = &str> {
-        self.by_instance.keys().map(|name| &**name)
+    pub fn instances(&self) -> impl Iterator<Item = &K> {
+        self.by_instance.keys().map(|name| name.borrow())
+    }
+
+    /// Forgets `instance`'s predictions (removed: its key may be given to another); their queue
+    /// items are stale now.
+    pub fn forget(&mut self, instance: &K) {
+        if let Some(map) = self.by_instance.remove(instance) {
+            self.live -= map.len();
+        }
     }
 
     /// The longest prefix of `keys` (in blocks) expected on `instance` at `now_ms`.
-    pub fn predicted_blocks(&self, now_ms: u64, instance: &str, keys: &[ContentKey]) -> usize {
+    pub fn predicted_blocks(&self, now_ms: u64, instance: &K, keys: &[ContentKey]) -> usize {
         let Some(map) = self.by_instance.get(instance) else { return 0 };
         keys.iter()
             .rposition(|k| map.get(&k.to_u128()).is_some_and(|&exp| exp > now_ms))
