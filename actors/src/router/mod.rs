@@ -391,7 +391,7 @@ impl Router {
         let request = (input_tokens, prompt, now_ms);
         let compact = !read.complete;
         let mut rotation = self.rotation;
-        let pruned = match compact && params.policy == Policy::Car {
+        let pruned = match compact && matches!(params.policy, Policy::Car | Policy::Ttft) {
             true => {
                 let (request, exclusion) = ((read, &listed[..], request), (exclude, pinned));
                 self.decide_pruned(request, exclusion, &params, &mut rotation)

@@ -4,7 +4,7 @@
 //! directory on demand, still give it its predicted credit and a whole `dp_hits`.
 
 use crate::common::*;
-use kvdir::car::{CandidateReport, RouteSummary, Routed};
+use kvdir::car::{CandidateReport, Policy, RouteSummary, Routed};
 use kvdir::config::Flags;
 use kvdir_testkit::etcd::etcd_endpoint;
 use serde_json::json;
@@ -66,5 +66,52 @@ fn a_compact_answer_decides_alike_and_gives_the_chosen_instance_every_rank() {
     assert!(c.predicted_hit_ratio > Some(0.0), "predicted over both ranks: {c:?}");
     let other = compact.candidates.iter().find(|c| c.name == nb).expect("B listed");
     assert_eq!(other.dp_hits.len(), 2, "a listed candidate has every rank: {other:?}");
+    drop((a, b));
+}
+
+/// Under TTFT too (the front door's policy), a compact decision builds only the instances
+/// credited with part of the prompt and scores the others from their load, ranks and queued
+/// work; debug builds check each such decision against one over every candidate.
+#[test]
+fn a_compact_ttft_answer_scores_uncredited_instances_from_their_queue() {
+    let etcd = etcd_endpoint();
+    let ns = "e2e-compact-route-ttft";
+    let mut flags = Flags::default();
+    flags.route.policy = Policy::Ttft;
+    let svc = discovery_service(&etcd.endpoint, ns, json!({}), flags);
+    let (a, ra) = registered_engine(&etcd.endpoint, ns, 2);
+    let (b, rb) = registered_engine(&etcd.endpoint, ns, 2);
+    let (na, nb) = (a.instance_name(), b.instance_name());
+    // A's rank 1 holds half the prompt, its rank 0 nothing: no credit for A (the minimum over
+    // its ranks), and three requests wait at B.
+    let prompt = prompt(2, 8);
+    a.process(1, &prompt[..4 * B as usize]).unwrap();
+    ra.set_load(0, 0.2);
+    rb.set_load(3, 0.2);
+    // Routing nothing until then: under TTFT each route queues work at its choice.
+    eventually("A's rank 1 holding the prompt and both loads known", || {
+        let r = http(svc.http_addr(), "GET", "/v1/internal/instances", &[], b"").json();
+        let list = r["instances"].as_array().cloned().unwrap_or_default();
+        let waiting: Vec<_> = [&na, &nb]
+            .map(|n| {
+                list.iter().find(|i| &i["name"] == n).map(|i| i["waiting_requests_num"].clone())
+            })
+            .into_iter()
+            .collect();
+        match (hits(&svc, &na, 1, &prompt)?, &waiting[..]) {
+            ((64, 0), [Some(a), Some(b)]) if *a == 0 && *b == 3 => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+    let first = route_listing(&svc, &prompt, "compact").unwrap();
+    assert_eq!((&first.prefill, first.policy), (&na, Policy::Ttft), "less queued: {first:?}");
+    let summary = first.summary.unwrap();
+    assert_eq!((summary.candidates, summary.prefill, summary.with_credit), (2, 2, 0));
+    // The prompt is now expected on A: A is built, with its predicted credit.
+    let second = route_listing(&svc, &prompt, "compact").unwrap();
+    let credited = second.candidates.iter().find(|c| c.name == na).unwrap();
+    assert_eq!(second.prefill, na, "{second:?}");
+    assert!(credited.predicted_hit_ratio > Some(0.0), "{credited:?}");
+    assert_eq!(second.summary.map(|s| s.with_credit), Some(1));
     drop((a, b));
 }

@@ -4,9 +4,10 @@
 //! Why it decides as [`super::route_listed`] over every candidate (compact), step by step:
 //! - An instance the caller gives no candidate for (*plain*) is credited with no part of the
 //!   prompt: its engine picks the rank and some rank holds none of it, no predicted tokens, no
-//!   siblings in flight. Under CAR its reuse is 0 and its score is
-//!   `lambda + (1 - lambda) * waiting / max_waiting`, a function of its queue alone, computed
-//!   here by the same functions as for a built candidate (`score.rs`).
+//!   siblings in flight. Its reuse is 0, so its score needs only its queue (CAR:
+//!   `lambda + (1 - lambda) * waiting / max_waiting`) or its load, ranks and queued work
+//!   (TTFT: the estimate and its later cost), computed here by the same functions as for a
+//!   built candidate (`score.rs`, `ttft.rs`).
 //! - The terms over the whole prefill side (the longest queue, the fleet's reported rate, the
 //!   busy share, the least service) are found over every eligible instance in position order,
 //!   as the full decision sums them, so every float is the same; the plain instances' TTFT
@@ -17,8 +18,8 @@
 //! - The rank counter moves only where kvdir chooses a rank: a plain instance whose engine
 //!   picks its own rank never touches it, so the credited ones see the same counter.
 //!
-//! It does not apply (`None`: the caller decides over every candidate) under another policy
-//! than CAR, when any decode-side instance is eligible (its side is scored whole), when a plain
+//! It does not apply (`None`: the caller decides over every candidate) under RR or SLO_AWARE,
+//! when any decode-side instance is eligible (its side is scored whole), when a plain
 //! instance has kvdir choose its rank (each moves the rank counter), or when no instance can
 //! prefill (the full decision says why). A unit test (`tests.rs`) compares both decisions on
 //! random fleets.
@@ -26,7 +27,7 @@
 use super::listing::{chosen_first, RouteSummary, ROUTE_LIST};
 use super::policy::{answer, ineligible, pick, side, Listed, Rotation, RouteError};
 use super::score::{car_prefill, queue_cost, reuse, score_side, waiting, Totals};
-use super::ttft::{busy_share, estimate, fleet_reported_rate};
+use super::ttft::{add_later_with, busy_share, estimate, fleet_reported_rate};
 use super::{Candidate, DpRouting, Policy, QueuedWork, RouteParams, Routed, Side};
 use crate::registry::{InstanceType, LoadMetrics};
 
@@ -138,7 +139,7 @@ pub fn route_pruned<F: Fleet + ?Sized>(
     p: &RouteParams,
     rot: &mut Rotation,
 ) -> Option<Result<Routed, RouteError>> {
-    if p.policy != Policy::Car {
+    if !matches!(p.policy, Policy::Car | Policy::Ttft) {
         return None;
     }
     let (rows, ineligibles, candidates) = prefill_rows(fleet, credited, excluded)?;
@@ -162,21 +163,29 @@ pub fn route_pruned<F: Fleet + ?Sized>(
     let with: Vec<(usize, &Candidate)> =
         rows.iter().filter_map(|r| r.built.map(|k| (r.i, built(k)))).collect();
     let mut scored = score_side(&with, Side::Prefill, input_tokens, p, &totals, &mut rot.rank);
-    let plain_score = |r: &Row| car_prefill(p, plain_reuse, queue_cost(counted(r), max_waiting));
+    // From here on the least service is over every candidate.
+    let least = scored.iter().filter_map(|s| s.ttft).map(|t| t.service_ms);
+    let totals = Totals { least_floor: least.fold(least_floor, f64::min), ..totals };
+    let plain_score = |r: &Row| match p.policy {
+        Policy::Ttft => {
+            let c = light(fleet.base(r.i), r.waiting, r.queued);
+            let mut t = [Some(estimate(&c, input_tokens, plain_reuse, reported, &p.ttft))];
+            add_later_with(&mut t, &p.ttft, busy, totals.least_floor);
+            t[0].map(|t| t.score())
+        }
+        _ => Some(car_prefill(p, plain_reuse, queue_cost(counted(r), max_waiting))),
+    };
     let mut of_built = scored.iter();
     let scores: Vec<(usize, Option<f64>)> = rows
         .iter()
         .map(|r| match r.built {
             Some(_) => of_built.next().map_or((r.i, None), |s| (s.index, s.score)),
-            None => (r.i, Some(plain_score(r))),
+            None => (r.i, plain_score(r)),
         })
         .collect();
     let prefill = pick(&scores, &mut rot.prefill);
     let listed = chosen_first(&[prefill], scores.iter().copied(), ROUTE_LIST);
-    // The listed plain instances, built and scored with the same totals (the least service
-    // now over every candidate).
-    let least = scored.iter().filter_map(|s| s.ttft).map(|t| t.service_ms);
-    let totals = Totals { least_floor: least.fold(least_floor, f64::min), ..totals };
+    // The listed plain instances, built and scored with the same totals.
     let is_built = |i: usize| credited.binary_search_by_key(&i, |(at, _)| *at).ok();
     let plains: Vec<(usize, Candidate)> =
         listed.iter().filter(|&&i| is_built(i).is_none()).map(|&i| (i, fleet.plain(i))).collect();
