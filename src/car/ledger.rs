@@ -66,6 +66,9 @@ pub struct QueuedWork {
     /// The fleet's reuse: the share of the input tokens of recently routed requests that their
     /// chosen instance credited ([`WorkLedger::reuse`]), the same for every instance.
     pub fleet_reuse: f64,
+    /// The typical uncached size of a routed request ([`WorkLedger::typical`]), the unit the
+    /// TTFT policy measures a queue in; `None` before the first.
+    pub typical_tokens: Option<f64>,
 }
 
 /// What kvdir knew when it routed a request, for learning from its first byte.
@@ -174,16 +177,17 @@ pub fn ewma(old: Option<f64>, sample: f64, weight: f64) -> f64 {
 impl<K: ?Sized + InstanceKey + Eq + std::hash::Hash> WorkLedger<K> {
     /// The work queued at `instance`.
     pub fn queued(&self, instance: &K) -> QueuedWork {
-        let fleet_reuse = self.reuse();
+        let (fleet_reuse, typical_tokens) = (self.reuse(), self.typical);
         let Some(i) = self.instances.get(instance) else {
             let learned_rate = self.fleet_rate;
-            return QueuedWork { learned_rate, fleet_reuse, ..QueuedWork::default() };
+            return QueuedWork { learned_rate, fleet_reuse, typical_tokens, ..Default::default() };
         };
         QueuedWork {
             tokens: i.tokens.max(0.0) + i.foreign as f64 * self.typical.unwrap_or(0.0),
             requests: i.entries.len() as u64 + i.foreign,
             learned_rate: self.rate_of(i),
             fleet_reuse,
+            typical_tokens,
         }
     }
 
@@ -307,8 +311,10 @@ mod tests {
         l.report("e", 2, 0);
         assert_eq!(l.queued("e").requests, 2, "the same report count again changes nothing");
         l.report("e", 3, 0);
-        assert_eq!(l.queued("e"), QueuedWork::default(), "report 3 includes every request");
-        assert_eq!(l.queued("other"), QueuedWork::default());
+        let empty = QueuedWork { typical_tokens: l.typical(), ..QueuedWork::default() };
+        assert_eq!(l.queued("e"), empty, "report 3 includes every request");
+        assert_eq!(l.queued("other"), empty);
+        assert!((l.typical().unwrap() - 204.8).abs() < 1e-9, "100, then 20 % of each next");
     }
 
     #[test]

@@ -11,7 +11,11 @@
 //!                + decode_ms_at_full_kv * gpu_cache_usage_perc
 //! service_ms   = 1000 * own_uncached / prefill_tokens_per_s + overhead_ms_per_request
 //! extra_ms     = service_ms - the least service_ms over candidates
-//! busy_share   = mean over candidates of min(1, queued_requests / dp_size)
+//! ahead_ms     = 1000 * queued_tokens / dp_size / prefill_tokens_per_s
+//!                + overhead_ms_per_request * queued_requests / dp_size
+//! typical_ms   = 1000 * typical_uncached / prefill_tokens_per_s + overhead_ms_per_request
+//! ahead        = ahead_ms / typical_ms     (queued_requests / dp_size before a typical size)
+//! busy_share   = mean over candidates of min(1, ahead)
 //! pressure     = min(busy_share / (1 - busy_share), MAX_PRESSURE)
 //! reuse_bump   = (4 * fleet_reuse * (1 - fleet_reuse))^3      (1 at a reuse of 0.5, 0 at 0 and 1)
 //! later_ms     = pressure * (later_weight * reuse_bump * extra_ms
@@ -34,6 +38,12 @@
 //!   on a queue of `n` also delays the requests that arrive while those `n` drain, the tail.
 //!   An idle fleet (pressure 0) chooses on the estimate alone; the pressure is bounded, so a
 //!   request still leaves a cached instance whose queue costs more.
+//! - The busy share is measured in time, as `ahead` typical requests, not in requests: between
+//!   two load reports the ledger keeps every request routed since the last one, and at light
+//!   load most of those are small ones long done. Counted as requests they made a fleet 9 %
+//!   busy look saturated (pressure 9), and the queue term then sent long prompts behind one
+//!   long prefill (docs/design.md). The queue term itself still counts requests: past
+//!   saturation it keeps long prompts off queues of many short ones, which wins p50.
 
 use serde::{Deserialize, Serialize};
 
@@ -114,13 +124,21 @@ pub struct TtftTerms {
     /// Its service beyond the least over the prefill candidates, ms: what its miss costs the
     /// fleet's capacity; 0 for the best cached.
     pub extra_ms: f64,
-    /// The share of the prefill candidates' ranks with work queued (the mean over them of
-    /// `min(1, queued_requests / dp_size)`).
+    /// The time one rank needs for the work queued ahead of the request, ms: its prefill and
+    /// its requests' overheads.
+    #[serde(default)]
+    pub ahead_ms: f64,
+    /// That queue in typical requests: `ahead_ms` over a typical request's service
+    /// ([`super::QueuedWork::typical_tokens`]); the requests per rank before one is known.
+    #[serde(default)]
+    pub ahead: f64,
+    /// The fleet's busy share as the queues show it: the mean over the prefill candidates of
+    /// `min(1, ahead)`.
     pub busy_share: f64,
     /// [`pressure`] of the busy share.
     pub pressure: f64,
-    /// The later cost: `pressure * (later_weight * extra_ms + queue_weight * service_ms *
-    /// queued_requests / dp_size)`.
+    /// The later cost: `pressure * (later_weight * reuse_bump * extra_ms + queue_weight *
+    /// service_ms * queued_requests / dp_size)`.
     pub later_ms: f64,
 }
 
@@ -167,11 +185,16 @@ pub fn estimate(
     };
     let input = input_tokens as f64;
     let own = input - input * reuse.clamp(0.0, 1.0);
-    let ranks = f64::from(dp);
-    let prefill_ms = 1000.0 * (queued.tokens / ranks + own) / rate.max(1e-9);
-    let overhead_ms = p.overhead_ms * (queued.requests as f64 / ranks + 1.0);
+    let (ranks, ms_per_token) = (f64::from(dp), 1000.0 / rate.max(1e-9));
+    let per_rank = queued.requests as f64 / ranks;
+    let ahead_ms = ms_per_token * queued.tokens / ranks + p.overhead_ms * per_rank;
+    let typical_ms = queued.typical_tokens.map(|t| ms_per_token * t + p.overhead_ms);
+    let ahead = match typical_ms {
+        Some(t) if t > 0.0 => ahead_ms / t,
+        _ => per_rank,
+    };
     let decode_ms = p.decode_ms * c.load.map_or(0.0, |l| l.gpu_cache_usage_perc);
-    let service_ms = 1000.0 * own / rate.max(1e-9) + p.overhead_ms;
+    let service_ms = ms_per_token * own + p.overhead_ms;
     TtftTerms {
         queued_tokens: queued.tokens,
         queued_requests: queued.requests,
@@ -179,12 +202,14 @@ pub fn estimate(
         dp_size: dp,
         prefill_tokens_per_s: rate,
         rate_source,
-        overhead_ms,
+        overhead_ms: p.overhead_ms * (per_rank + 1.0),
         decode_ms,
-        estimate_ms: prefill_ms + overhead_ms + decode_ms,
+        estimate_ms: ahead_ms + service_ms + decode_ms,
         fleet_reuse: queued.fleet_reuse.clamp(0.0, 1.0),
         service_ms,
         extra_ms: 0.0,
+        ahead_ms,
+        ahead,
         busy_share: 0.0,
         pressure: 0.0,
         later_ms: 0.0,
@@ -197,9 +222,9 @@ impl TtftTerms {
         self.estimate_ms + self.later_ms
     }
 
-    /// The share of its ranks with work queued, at most 1.
+    /// Its share of the fleet's busy ranks: the typical requests queued per rank, at most 1.
     fn busy(&self) -> f64 {
-        (self.queued_requests as f64 / f64::from(self.dp_size.max(1))).min(1.0)
+        self.ahead.min(1.0)
     }
 }
 
@@ -230,11 +255,11 @@ pub(crate) fn add_later_with(
     let pressure = pressure(busy_share);
     let least = estimates.iter().flatten().map(|t| t.service_ms).fold(least_floor, f64::min);
     for t in estimates.iter_mut().flatten() {
-        let ahead = t.queued_requests as f64 / f64::from(t.dp_size.max(1));
         t.extra_ms = t.service_ms - least;
         t.busy_share = busy_share;
         t.pressure = pressure;
         let miss = p.later_weight * reuse_bump(t.fleet_reuse) * t.extra_ms;
+        let ahead = t.queued_requests as f64 / f64::from(t.dp_size.max(1));
         let delay = miss + p.queue_weight * t.service_ms * ahead;
         t.later_ms = pressure * delay;
     }
@@ -431,6 +456,53 @@ mod tests {
         cands[0].queued.requests = 7;
         let r = route_with(&cands, p(0.5));
         assert_eq!((r.prefill.as_str(), terms(&r, "a").later_ms), ("b", 6457.5));
+    }
+
+    /// Routes a 10,000-token request with the default TTFT weights.
+    fn ttft_default(cands: &[Candidate]) -> Routed {
+        let p = RouteParams { policy: Policy::Ttft, ..RouteParams::default() };
+        route(cands, 10_000, &p, &mut Rotation::default()).unwrap()
+    }
+
+    /// a has 8 small requests of 100 tokens routed since its last report, b one long prefill
+    /// of 10,000; the fleet's typical request is `typical` uncached tokens, and nothing is
+    /// cached anywhere (reuse 0: no miss weight).
+    fn phantoms_and_one_long(typical: Option<f64>) -> [Candidate; 2] {
+        let mut cands = [cand("a", 0, 1, (800.0, 8), 0.0), cand("b", 0, 1, (10_000.0, 1), 0.0)];
+        cands.iter_mut().for_each(|c| c.queued.typical_tokens = typical);
+        cands
+    }
+
+    #[test]
+    fn small_requests_long_done_do_not_make_a_light_fleet_look_saturated() {
+        // Typical request: 10,000 tokens, 1005 ms. a's queue is 120 ms (0.12 typical requests),
+        // b's 1005 ms (one): busy share 0.56, pressure 1.27.
+        let r = ttft_default(&phantoms_and_one_long(Some(10_000.0)));
+        let (a, b) = (terms(&r, "a"), terms(&r, "b"));
+        assert!((a.ahead_ms - 120.0).abs() < 1e-9 && (b.ahead_ms - 1005.0).abs() < 1e-9);
+        assert!((a.ahead - 120.0 / 1005.0).abs() < 1e-12 && (b.ahead - 1.0).abs() < 1e-12);
+        let share = (120.0 / 1005.0 + 1.0) / 2.0;
+        assert!((a.busy_share - share).abs() < 1e-12, "{a:?}");
+        assert!((a.pressure - share / (1.0 - share)).abs() < 1e-9);
+        // Estimates a 1125, b 2010 ms; the queue term (0.05 of the service per request ahead)
+        // adds 1.27 * 402 = 511 ms to a and 64 to b: a.
+        assert_eq!(r.prefill, "a", "{r:?}");
+        // Counted as requests (no typical size yet), both look busy: pressure 9 adds 3618 ms
+        // to a and 452 to b, and the request would wait behind b's long prefill.
+        let r = ttft_default(&phantoms_and_one_long(None));
+        assert_eq!((terms(&r, "a").ahead, terms(&r, "a").pressure), (8.0, MAX_PRESSURE));
+        assert_eq!(r.prefill, "b");
+    }
+
+    #[test]
+    fn queues_of_typical_requests_are_as_busy_in_time_as_in_requests() {
+        // One and three typical requests queued: every rank busy, the pressure at its bound.
+        let mut cands = [cand("a", 0, 1, (10_000.0, 1), 0.0), cand("b", 0, 2, (60_000.0, 6), 0.0)];
+        cands.iter_mut().for_each(|c| c.queued.typical_tokens = Some(10_000.0));
+        let r = ttft_default(&cands);
+        let (a, b) = (terms(&r, "a"), terms(&r, "b"));
+        assert!((a.ahead - 1.0).abs() < 1e-12 && (b.ahead - 3.0).abs() < 1e-12, "{a:?} {b:?}");
+        assert_eq!((a.busy_share, a.pressure), (1.0, MAX_PRESSURE));
     }
 
     #[test]

@@ -105,13 +105,15 @@ fn instance(rng: &mut Rng, i: usize, roles: bool) -> Candidate {
     }
 }
 
-fn queued(rng: &mut Rng, fleet_reuse: f64, fleet_rate: Option<f64>) -> QueuedWork {
+fn queued(rng: &mut Rng, fleet: (f64, Option<f64>), typical_tokens: Option<f64>) -> QueuedWork {
+    let (fleet_reuse, fleet_rate) = fleet;
     let requests = rng.pick(&[0, 0, 1, 2, 5]);
     QueuedWork {
         tokens: requests as f64 * rng.pick(&[100.0, 700.0, 3000.0]),
         requests,
         learned_rate: if rng.chance(10) { Some(rng.pick(&[1500.0, 40_000.0])) } else { fleet_rate },
         fleet_reuse,
+        typical_tokens,
     }
 }
 
@@ -176,7 +178,8 @@ fn compare(rng: &mut Rng) -> usize {
     let base: Vec<Candidate> = (0..n).map(|i| instance(rng, i, roles)).collect();
     let waiting: Vec<u64> = (0..n).map(|_| rng.pick(&[0, 0, 1, 2, 3, 7])).collect();
     let (reuse, rate) = (rng.pick(&[0.0, 0.3, 0.5]), rng.chance(50).then_some(8000.0));
-    let queued: Vec<QueuedWork> = (0..n).map(|_| queued(rng, reuse, rate)).collect();
+    let typical = rng.chance(70).then(|| rng.pick(&[200.0, 1500.0]));
+    let queued: Vec<QueuedWork> = (0..n).map(|_| queued(rng, (reuse, rate), typical)).collect();
     // Some instances hold part of the prompt on some of their ranks, which credits nothing.
     let mut hits: Vec<Vec<DpHit>> = Vec::new();
     for c in &base {
