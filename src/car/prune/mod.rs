@@ -27,7 +27,7 @@
 use super::listing::{chosen_first, RouteSummary, ROUTE_LIST};
 use super::policy::{answer, ineligible, pick, side, Listed, Rotation, RouteError};
 use super::score::{car_prefill, queue_cost, reuse, score_side, waiting, Totals};
-use super::ttft::{add_later_with, busy_share, estimate, fleet_reported_rate};
+use super::ttft::{add_later_with, busy_share, estimate, fleet_reported_rate, TtftTerms};
 use super::{Candidate, DpRouting, Policy, QueuedWork, RouteParams, Routed, Side};
 use crate::registry::{InstanceType, LoadMetrics};
 
@@ -143,82 +143,129 @@ pub fn route_pruned<F: Fleet + ?Sized>(
         return None;
     }
     let (rows, ineligibles, candidates) = prefill_rows(fleet, credited, excluded)?;
-    let built = |k: usize| &credited[k].1;
-    let cand = |r: &Row| r.built.map_or_else(|| fleet.base(r.i), built);
-    let counted = |r: &Row| r.built.map_or(r.waiting as f64, |k| waiting(built(k)));
-    let max_waiting = rows.iter().map(counted).fold(0.0, f64::max);
-    let reported = fleet_reported_rate(rows.iter().map(cand));
-    let plain_reuse = reuse(p, 0.0, 0.0);
-    let mut least_floor = f64::MAX;
-    let busy = busy_share(rows.iter().map(|r| match r.built {
-        Some(k) => estimate(built(k), input_tokens, plain_reuse, reported, &p.ttft),
-        None => {
-            let c = light(fleet.base(r.i), r.waiting, r.queued);
-            let t = estimate(&c, input_tokens, plain_reuse, reported, &p.ttft);
-            least_floor = least_floor.min(t.service_ms);
-            t
-        }
-    }));
-    let totals = Totals { max_waiting, reported, busy_share: Some(busy), least_floor };
+    let d = Decision { fleet, credited, rows, input_tokens, p };
+    let totals = d.totals();
     let with: Vec<(usize, &Candidate)> =
-        rows.iter().filter_map(|r| r.built.map(|k| (r.i, built(k)))).collect();
+        d.rows.iter().filter_map(|r| r.built.map(|k| (r.i, d.built(k)))).collect();
     let mut scored = score_side(&with, Side::Prefill, input_tokens, p, &totals, &mut rot.rank);
     // From here on the least service is over every candidate.
     let least = scored.iter().filter_map(|s| s.ttft).map(|t| t.service_ms);
-    let totals = Totals { least_floor: least.fold(least_floor, f64::min), ..totals };
-    let plain_score = |r: &Row| match p.policy {
-        Policy::Ttft => {
-            let c = light(fleet.base(r.i), r.waiting, r.queued);
-            let mut t = [Some(estimate(&c, input_tokens, plain_reuse, reported, &p.ttft))];
-            add_later_with(&mut t, &p.ttft, busy, totals.least_floor);
-            t[0].map(|t| t.score())
-        }
-        _ => Some(car_prefill(p, plain_reuse, queue_cost(counted(r), max_waiting))),
-    };
+    let totals = Totals { least_floor: least.fold(totals.least_floor, f64::min), ..totals };
     let mut of_built = scored.iter();
-    let scores: Vec<(usize, Option<f64>)> = rows
-        .iter()
+    let scores: Vec<(usize, Option<f64>)> = (d.rows.iter())
         .map(|r| match r.built {
             Some(_) => of_built.next().map_or((r.i, None), |s| (s.index, s.score)),
-            None => (r.i, plain_score(r)),
+            None => (r.i, d.plain_score(r, &totals)),
         })
         .collect();
     let prefill = pick(&scores, &mut rot.prefill);
     let listed = chosen_first(&[prefill], scores.iter().copied(), ROUTE_LIST);
     // The listed plain instances, built and scored with the same totals.
-    let is_built = |i: usize| credited.binary_search_by_key(&i, |(at, _)| *at).ok();
-    let plains: Vec<(usize, Candidate)> =
-        listed.iter().filter(|&&i| is_built(i).is_none()).map(|&i| (i, fleet.plain(i))).collect();
+    let plains: Vec<(usize, Candidate)> = (listed.iter())
+        .filter(|&&i| d.is_built(i).is_none())
+        .map(|&i| (i, fleet.plain(i)))
+        .collect();
     debug_assert!(plains.iter().all(|(_, c)| c.hits.len() < c.dp_size.max(1) as usize));
     let with: Vec<(usize, &Candidate)> = plains.iter().map(|(i, c)| (*i, c)).collect();
     let more = score_side(&with, Side::Prefill, input_tokens, p, &totals, &mut rot.rank);
     debug_assert!(more.iter().all(|s| scores.iter().any(|t| (t.0, t.1) == (s.index, s.score))));
     let with_credit = scored.iter().filter(|s| s.credited()).count() as u64;
     scored.extend(more);
+    let prefills = d.rows.len() as u64;
     let summary = RouteSummary {
         candidates,
-        prefill: rows.len() as u64,
+        prefill: prefills,
         decode: 0,
         ineligible: ineligibles,
         with_credit,
     };
-    const ELIGIBLE: &Option<String> = &None;
-    let listed: Vec<Listed> = listed
-        .iter()
-        .map(|&i| match is_built(i) {
-            Some(k) => (i, built(k), ELIGIBLE),
-            None => (i, &plains.iter().find(|(at, _)| *at == i).expect("built above").1, ELIGIBLE),
-        })
-        .collect();
-    let scored = [&scored[..], &[]];
-    Some(Ok(answer(
+    let listed = d.listed(&listed, &plains);
+    let answered = answer(
         p,
         input_tokens,
         (&listed, fleet.len()),
-        scored,
+        [&scored, &[]],
         (prefill, None),
         Some(summary),
-    )))
+    );
+    Some(Ok(answered))
+}
+
+/// One pruned decision's inputs.
+struct Decision<'a, F: ?Sized> {
+    fleet: &'a F,
+    credited: &'a [(usize, Candidate)],
+    rows: Vec<Row>,
+    input_tokens: usize,
+    p: &'a RouteParams,
+}
+
+impl<F: Fleet + ?Sized> Decision<'_, F> {
+    /// The `k`th credited candidate.
+    fn built(&self, k: usize) -> &Candidate {
+        &self.credited[k].1
+    }
+
+    /// The place in `credited` of the instance at position `i`, if it is built.
+    fn is_built(&self, i: usize) -> Option<usize> {
+        self.credited.binary_search_by_key(&i, |(at, _)| *at).ok()
+    }
+
+    /// The requests waiting at a row's instance, as CAR's queue cost counts them.
+    fn counted(&self, r: &Row) -> f64 {
+        r.built.map_or(r.waiting as f64, |k| waiting(self.built(k)))
+    }
+
+    /// A plain row's TTFT estimate (reuse 0).
+    fn estimate(&self, r: &Row, reported: Option<f64>) -> TtftTerms {
+        let (p, reuse) = (self.p, reuse(self.p, 0.0, 0.0));
+        let c = light(self.fleet.base(r.i), r.waiting, r.queued);
+        estimate(&c, self.input_tokens, reuse, reported, &p.ttft)
+    }
+
+    /// The prefill side's totals over every eligible instance, in position order as the full
+    /// decision takes them; the least service over the plain ones.
+    fn totals(&self) -> Totals {
+        let max_waiting = self.rows.iter().map(|r| self.counted(r)).fold(0.0, f64::max);
+        let cand = |r: &Row| r.built.map_or_else(|| self.fleet.base(r.i), |k| self.built(k));
+        let reported = fleet_reported_rate(self.rows.iter().map(cand));
+        let (reuse, mut least_floor) = (reuse(self.p, 0.0, 0.0), f64::MAX);
+        let busy = busy_share(self.rows.iter().map(|r| match r.built {
+            Some(k) => estimate(self.built(k), self.input_tokens, reuse, reported, &self.p.ttft),
+            None => {
+                let t = self.estimate(r, reported);
+                least_floor = least_floor.min(t.service_ms);
+                t
+            }
+        }));
+        Totals { max_waiting, reported, busy_share: Some(busy), least_floor }
+    }
+
+    /// A plain row's score, with the side's `totals` (the least service over every candidate).
+    fn plain_score(&self, r: &Row, totals: &Totals) -> Option<f64> {
+        let p = self.p;
+        match p.policy {
+            Policy::Ttft => {
+                let mut t = [Some(self.estimate(r, totals.reported))];
+                let busy = totals.busy_share.unwrap_or_default();
+                add_later_with(&mut t, &p.ttft, busy, totals.least_floor);
+                t[0].map(|t| t.score())
+            }
+            _ => {
+                let cost = queue_cost(self.counted(r), totals.max_waiting);
+                Some(car_prefill(p, reuse(p, 0.0, 0.0), cost))
+            }
+        }
+    }
+
+    /// The listed candidates (positions `listed`), built or among `plains`, all eligible.
+    fn listed<'b>(&'b self, listed: &[usize], plains: &'b [(usize, Candidate)]) -> Vec<Listed<'b>> {
+        const ELIGIBLE: &Option<String> = &None;
+        let plain = |i: usize| &plains.iter().find(|(at, _)| *at == i).expect("built").1;
+        (listed.iter())
+            .map(|&i| (i, self.is_built(i).map_or_else(|| plain(i), |k| self.built(k)), ELIGIBLE))
+            .collect()
+    }
 }
 
 #[cfg(test)]
