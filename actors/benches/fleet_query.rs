@@ -14,7 +14,7 @@
 //!   (past 128 streams) and, with `"list": "all"`, the answer of every stream;
 //! - `route`: `Directory::read_route`, the router's decision (on the caller's thread, under the
 //!   router's lock, as the route handler decides) and the answer's JSON: compact and, with
-//!   `"list": "all"`, every candidate and stream.
+//!   `"list": "all"`, every candidate and stream; under CAR, then (`ttft`) under TTFT.
 //!
 //! `cargo bench -p kvdir-service --bench fleet_query` (about a minute);
 //! `FLEET_QUERY_CASE="route shared compact"` runs that case alone, `FLEET_QUERY_TIMED=N` times
@@ -180,20 +180,23 @@ fn main() {
         }
     }
     let sys = System::new();
-    let actor = RouterActor::new(directory.clone(), RouteParams::default(), Policy::Car);
-    let router = actor.shared();
-    sys.block_on(async {
-        let r = actor.start();
-        r.send(SetCandidates(instances())).await.expect("the router runs");
-    });
-    for (name, prompt) in [("shared", &shared), ("deep", &deep)] {
-        for (shape, scope) in [("compact", &compact), ("all", &all)] {
-            time(&format!("route {name} {shape}"), || {
-                let read = directory.read_route(prompt, scope);
-                let msg = RouteRequest { input_tokens: prompt.len(), read };
-                let routed = router.route(msg).expect("routed");
-                serde_json::to_vec(&routed).expect("JSON").len()
-            });
+    let ttft = RouteParams { policy: Policy::Ttft, ..RouteParams::default() };
+    for (policy, params) in [("", RouteParams::default()), (" ttft", ttft)] {
+        let actor = RouterActor::new(directory.clone(), params, Policy::Car);
+        let router = actor.shared();
+        sys.block_on(async {
+            let r = actor.start();
+            r.send(SetCandidates(instances())).await.expect("the router runs");
+        });
+        for (name, prompt) in [("shared", &shared), ("deep", &deep)] {
+            for (shape, scope) in [("compact", &compact), ("all", &all)] {
+                time(&format!("route {name} {shape}{policy}"), || {
+                    let read = directory.read_route(prompt, scope);
+                    let msg = RouteRequest { input_tokens: prompt.len(), read };
+                    let routed = router.route(msg).expect("routed");
+                    serde_json::to_vec(&routed).expect("JSON").len()
+                });
+            }
         }
     }
 }

@@ -237,7 +237,7 @@ pub fn add_later(estimates: &mut [Option<TtftTerms>], p: &TtftParams) {
     add_later_with(estimates, p, share, f64::MAX);
 }
 
-/// The mean busy share of `terms` (each `min(1, queued_requests / dp_size)`), in their order.
+/// The mean busy share of `terms` (each its own, at most 1), summed in their order.
 pub(crate) fn busy_share(terms: impl Iterator<Item = TtftTerms>) -> f64 {
     let shares: Vec<f64> = terms.map(|t| t.busy()).collect();
     shares.iter().sum::<f64>() / shares.len().max(1) as f64
