@@ -19,8 +19,12 @@ pub struct RecoveryConfig {
     pub replay: ReplayKind,
     /// Time allowed for a complete snapshot.
     pub replay_timeout: Duration,
-    /// Period of snapshot reconciliation while synchronized.
+    /// The configured period of snapshot reconciliation while synchronized.
     pub resync_interval: Duration,
+    /// This stream's fixed offset, below a quarter of `resync_interval`: it resyncs every
+    /// `resync_interval - resync_offset` ([`RecoveryConfig::resync_period`]), so a fleet that
+    /// synchronized together spreads its snapshots over a quarter interval.
+    pub resync_offset: Duration,
     /// Budget for live batches buffered while a snapshot is pending.
     pub max_buffered_bytes: usize,
     /// First retry delay after a failed snapshot; doubles up to `backoff_max`.
@@ -37,11 +41,31 @@ impl RecoveryConfig {
             replay: spec.replay,
             replay_timeout: l.replay_timeout,
             resync_interval: l.resync_interval,
+            resync_offset: resync_offset(&spec.instance_name, spec.dp_rank, l.resync_interval),
             max_buffered_bytes: l.max_buffered_bytes,
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
         }
     }
+
+    /// Time from one snapshot to the next periodic resync: never longer than configured.
+    pub fn resync_period(&self) -> Duration {
+        self.resync_interval.saturating_sub(self.resync_offset)
+    }
+}
+
+/// A stream's deterministic resync offset in `[0, interval / 4)`: FNV-1a of its instance
+/// name and DP rank, stable across runs and builds (no RNG, no clock).
+pub(super) fn resync_offset(instance_name: &str, dp_rank: u32, interval: Duration) -> Duration {
+    let quarter = u64::try_from(interval.as_nanos() / 4).unwrap_or(u64::MAX);
+    if quarter == 0 {
+        return Duration::ZERO;
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in instance_name.bytes().chain([0xff]).chain(dp_rank.to_le_bytes()) {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+    }
+    Duration::from_nanos(h % quarter)
 }
 
 /// What the stream actor must do.

@@ -26,4 +26,6 @@ mod copy_tests;
 #[cfg(test)]
 mod history_tests;
 #[cfg(test)]
+mod resync_tests;
+#[cfg(test)]
 mod tests;

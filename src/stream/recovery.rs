@@ -294,7 +294,7 @@ impl Recovery {
             Phase::Syncing(p) => Some(p.started + self.cfg.replay_timeout),
             Phase::Replaying(r) => Some(r.started + self.cfg.replay_timeout),
             Phase::Backoff { until } => Some(*until),
-            Phase::Live { since_snapshot } => Some(*since_snapshot + self.cfg.resync_interval),
+            Phase::Live { since_snapshot } => Some(*since_snapshot + self.cfg.resync_period()),
             Phase::Disconnected => None,
         }
     }
@@ -318,7 +318,7 @@ impl Recovery {
                 self.begin_sync(now, self.regain_reason(), out)
             }
             Phase::Live { since_snapshot }
-                if now.saturating_duration_since(*since_snapshot) >= self.cfg.resync_interval =>
+                if now.saturating_duration_since(*since_snapshot) >= self.cfg.resync_period() =>
             {
                 self.begin_sync(now, SyncReason::Periodic, out)
             }

@@ -12,6 +12,7 @@ pub(super) fn cfg() -> RecoveryConfig {
         replay: crate::config::ReplayKind::Snapshot,
         replay_timeout: Duration::from_millis(200),
         resync_interval: Duration::from_secs(10),
+        resync_offset: Duration::ZERO,
         max_buffered_bytes: 1 << 20,
         backoff_min: Duration::from_millis(100),
         backoff_max: Duration::from_millis(400),
@@ -368,7 +369,7 @@ fn the_next_deadline_follows_the_phase() {
     assert_eq!(m.phase(), StreamPhase::Backoff);
     assert_eq!(m.next_deadline(), Some(t1 + cfg().backoff_min), "the end of the back-off");
     let (live, _) = live_at(5, t0);
-    assert_eq!(live.next_deadline(), Some(t0 + cfg().resync_interval), "the periodic resync");
+    assert_eq!(live.next_deadline(), Some(t0 + cfg().resync_period()), "the periodic resync");
 }
 
 #[test]
