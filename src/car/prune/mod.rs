@@ -7,7 +7,7 @@
 //!   siblings in flight. Its reuse is 0, so its score needs only its queue (CAR:
 //!   `lambda + (1 - lambda) * waiting / max_waiting`) or its load, ranks and queued work
 //!   (TTFT: the estimate and its later cost), computed here by the same functions as for a
-//!   built candidate (`score.rs`, `ttft.rs`).
+//!   built candidate (`score.rs`, `ttft/`).
 //! - The terms over the whole prefill side (the longest queue, the fleet's reported rate, the
 //!   busy share, the least service) are found over every eligible instance in position order,
 //!   as the full decision sums them, so every float is the same; the plain instances' TTFT
