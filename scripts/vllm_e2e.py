@@ -266,9 +266,7 @@ class Driver:
             served = None
             for turn in range(turns):
                 if served is not None:
-                    prompt = served.tokenize(conv.messages())
-                    hits = self.kvdir.query(prompt, salt).get(served.name, {})
-                    credited += (hits.get("device_hit_tokens") or 0) > 0
+                    credited += self.salted_credit(served, conv.messages(), salt)
                 served, predicted, actual = self.ask(conv, tag="salted")
                 isolated += turn == 0 and predicted == 0 and actual == 0
         detail = (f"{credited} of {2 * (turns - 1)} later salted turns credited by kvdir's "
@@ -360,6 +358,20 @@ class Driver:
                 bad.append(f"{name} phase {a.get('phase')}, last fault {a.get('last_fault')}")
         self.results.check(bool(before) and not bad, "no stream invalidated by the duplicate "
                            "stores", "; ".join(bad) or ("" if before else "kvdir unavailable"))
+
+    def salted_credit(self, served, messages, salt):
+        """Whether kvdir's query with `salt` credits the served engine with part of `messages`
+        within EXPLAIN_WAIT_S (polling): vLLM publishes a step's stores from a background
+        thread, sometimes after the next request could be sent."""
+        prompt = served.tokenize(messages)
+        deadline = time.monotonic() + EXPLAIN_WAIT_S
+        while True:
+            hits = self.kvdir.query(prompt, salt).get(served.name, {})
+            if (hits.get("device_hit_tokens") or 0) > 0:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
 
     def settle(self, deadline_s=2.0):
         """Waits (polling, with a deadline) until kvdir has applied every batch the engines
