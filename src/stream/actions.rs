@@ -54,17 +54,14 @@ impl RecoveryConfig {
     }
 }
 
-/// A stream's deterministic resync offset in `[0, interval / 4)`: FNV-1a of its instance
-/// name and DP rank, stable across runs and builds (no RNG, no clock).
+/// A stream's deterministic resync offset in `[0, interval / 4)`: xxh3 of its instance name
+/// seeded with its DP rank, stable across runs and builds (no RNG, no clock).
 pub(super) fn resync_offset(instance_name: &str, dp_rank: u32, interval: Duration) -> Duration {
     let quarter = u64::try_from(interval.as_nanos() / 4).unwrap_or(u64::MAX);
     if quarter == 0 {
         return Duration::ZERO;
     }
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in instance_name.bytes().chain([0xff]).chain(dp_rank.to_le_bytes()) {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-    }
+    let h = xxhash_rust::xxh3::xxh3_64_with_seed(instance_name.as_bytes(), u64::from(dp_rank));
     Duration::from_nanos(h % quarter)
 }
 
