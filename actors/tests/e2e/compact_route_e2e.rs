@@ -6,6 +6,7 @@
 use crate::common::*;
 use kvdir::car::{CandidateReport, Policy, RouteSummary, Routed};
 use kvdir::config::Flags;
+use kvdir_sim::{Registration, SimEngine};
 use kvdir_testkit::etcd::etcd_endpoint;
 use serde_json::json;
 
@@ -29,33 +30,49 @@ fn waiting_of(svc: &kvdir_service::Service, names: [&String; 2]) -> [Option<serd
     names.map(|n| list.iter().find(|i| &i["name"] == n).map(|i| i["waiting_requests_num"].clone()))
 }
 
-#[test]
-fn a_compact_answer_decides_alike_and_gives_the_chosen_instance_every_rank() {
+/// Two registered engines of 2 ranks behind one service with `flags`: A's rank 1 holds the
+/// prompt's first half, its rank 0 nothing (A's exact credit is the minimum over its ranks, 0,
+/// and only rank 1 has credit in a compact read), A reports an empty queue and B three
+/// requests. Nothing is routed until the service knows all of that exactly: each route queues
+/// work at its choice, and one decided on B's first report, before its queue of 3, could tie.
+/// Its fields drop in order: the engines, their registrations, the service, etcd.
+struct TwoEngines {
+    _engines: [SimEngine; 2],
+    _registrations: [Registration; 2],
+    svc: kvdir_service::Service,
+    _etcd: kvdir_testkit::etcd::EtcdServer,
+    names: [String; 2],
+    prompt: Vec<i32>,
+}
+
+fn two_engines(ns: &str, flags: Flags, prompt_seed: i32) -> TwoEngines {
     let etcd = etcd_endpoint();
-    let ns = "e2e-compact-route";
-    let svc = discovery_service(&etcd.endpoint, ns, json!({}), Flags::default());
+    let svc = discovery_service(&etcd.endpoint, ns, json!({}), flags);
     let (a, ra) = registered_engine(&etcd.endpoint, ns, 2);
     let (b, rb) = registered_engine(&etcd.endpoint, ns, 2);
-    let (na, nb) = (a.instance_name(), b.instance_name());
-    // A's rank 1 holds the prompt's first half, its rank 0 nothing: A's exact credit is the
-    // minimum over its ranks, 0, and only rank 1 has credit in a compact read.
-    let prompt = prompt(1, 8);
+    let names = [a.instance_name(), b.instance_name()];
+    let prompt = prompt(prompt_seed, 8);
     a.process(1, &prompt[..4 * B as usize]).unwrap();
     ra.set_load(0, 0.2);
     rb.set_load(3, 0.2);
-    // Routing nothing until both queues are known exactly: a route decided on B's first
-    // report, before its queue of 3, could tie.
-    eventually("A's rank 1 credited and both loads known", || {
-        match (hits(&svc, &na, 1, &prompt)?, waiting_of(&svc, [&na, &nb])) {
+    eventually("A's rank 1 holding the prompt and both loads known", || {
+        match (hits(&svc, &names[0], 1, &prompt)?, waiting_of(&svc, [&names[0], &names[1]])) {
             ((64, 0), [Some(a), Some(b)]) if a == 0 && b == 3 => Ok(()),
             other => Err(format!("{other:?}")),
         }
     });
+    TwoEngines { _engines: [a, b], _registrations: [ra, rb], svc, _etcd: etcd, names, prompt }
+}
+
+#[test]
+fn a_compact_answer_decides_alike_and_gives_the_chosen_instance_every_rank() {
+    let t = two_engines("e2e-compact-route", Flags::default(), 1);
+    let (svc, [na, nb], prompt) = (&t.svc, t.names.clone(), &t.prompt);
     // The first route predicts the prompt on the instance it chose; the next two see that.
-    let first = route_listing(&svc, &prompt, "all").unwrap();
+    let first = route_listing(svc, prompt, "all").unwrap();
     assert_eq!(first.prefill, na, "the idle instance: {first:?}");
-    let compact = route_listing(&svc, &prompt, "compact").unwrap();
-    let all = route_listing(&svc, &prompt, "all").unwrap();
+    let compact = route_listing(svc, prompt, "compact").unwrap();
+    let all = route_listing(svc, prompt, "all").unwrap();
     assert_eq!((&compact.prefill, &all.prefill), (&na, &na));
     let summary = RouteSummary { candidates: 2, prefill: 2, with_credit: 1, ..Default::default() };
     assert_eq!((compact.summary, all.summary), (Some(summary), None));
@@ -73,7 +90,6 @@ fn a_compact_answer_decides_alike_and_gives_the_chosen_instance_every_rank() {
     assert!(c.predicted_hit_ratio > Some(0.0), "predicted over both ranks: {c:?}");
     let other = compact.candidates.iter().find(|c| c.name == nb).expect("B listed");
     assert_eq!(other.dp_hits.len(), 2, "a listed candidate has every rank: {other:?}");
-    drop((a, b));
 }
 
 /// Under TTFT too (the front door's policy), a compact decision builds only the instances
@@ -81,36 +97,18 @@ fn a_compact_answer_decides_alike_and_gives_the_chosen_instance_every_rank() {
 /// work; debug builds check each such decision against one over every candidate.
 #[test]
 fn a_compact_ttft_answer_scores_uncredited_instances_from_their_queue() {
-    let etcd = etcd_endpoint();
-    let ns = "e2e-compact-route-ttft";
     let mut flags = Flags::default();
     flags.route.policy = Policy::Ttft;
-    let svc = discovery_service(&etcd.endpoint, ns, json!({}), flags);
-    let (a, ra) = registered_engine(&etcd.endpoint, ns, 2);
-    let (b, rb) = registered_engine(&etcd.endpoint, ns, 2);
-    let (na, nb) = (a.instance_name(), b.instance_name());
-    // A's rank 1 holds half the prompt, its rank 0 nothing: no credit for A (the minimum over
-    // its ranks), and three requests wait at B.
-    let prompt = prompt(2, 8);
-    a.process(1, &prompt[..4 * B as usize]).unwrap();
-    ra.set_load(0, 0.2);
-    rb.set_load(3, 0.2);
-    // Routing nothing until then: under TTFT each route queues work at its choice.
-    eventually("A's rank 1 holding the prompt and both loads known", || {
-        match (hits(&svc, &na, 1, &prompt)?, waiting_of(&svc, [&na, &nb])) {
-            ((64, 0), [Some(a), Some(b)]) if a == 0 && b == 3 => Ok(()),
-            other => Err(format!("{other:?}")),
-        }
-    });
-    let first = route_listing(&svc, &prompt, "compact").unwrap();
+    let t = two_engines("e2e-compact-route-ttft", flags, 2);
+    let (svc, na, prompt) = (&t.svc, t.names[0].clone(), &t.prompt);
+    let first = route_listing(svc, prompt, "compact").unwrap();
     assert_eq!((&first.prefill, first.policy), (&na, Policy::Ttft), "less queued: {first:?}");
     let summary = first.summary.unwrap();
     assert_eq!((summary.candidates, summary.prefill, summary.with_credit), (2, 2, 0));
     // The prompt is now expected on A: A is built, with its predicted credit.
-    let second = route_listing(&svc, &prompt, "compact").unwrap();
+    let second = route_listing(svc, prompt, "compact").unwrap();
     let credited = second.candidates.iter().find(|c| c.name == na).unwrap();
     assert_eq!(second.prefill, na, "{second:?}");
     assert!(credited.predicted_hit_ratio > Some(0.0), "{credited:?}");
     assert_eq!(second.summary.map(|s| s.with_credit), Some(1));
-    drop((a, b));
 }
