@@ -71,11 +71,6 @@ impl LoadReport {
     }
 }
 
-/// Parses `{"waiting_requests_num": u64, "gpu_cache_usage_perc": f64}`.
-pub fn parse_load(value: &serde_json::Value) -> Result<LoadMetrics, String> {
-    LoadReport::deserialize(value).map_err(|e| format!("load: {e}"))?.check()
-}
-
 /// Parses a load report's bytes (an etcd `XLLM:LOADMETRICS:` value) without a JSON tree.
 pub fn parse_load_bytes(value: &[u8]) -> Result<LoadMetrics, String> {
     serde_json::from_slice::<LoadReport>(value).map_err(|e| e.to_string())?.check()

@@ -9,7 +9,7 @@ mod beat;
 mod record;
 mod state;
 
-pub use beat::{parse_load, parse_load_bytes, HeartbeatBody, LoadReport, Text};
+pub use beat::{parse_load_bytes, HeartbeatBody, LoadReport, Text};
 pub use record::{
     namespace_prefix, parse_instance, parse_key, split_host_port, watched_prefixes, watched_range,
     Identity, InstanceRecord, InstanceType, LoadMetrics, RecordError, RegistryKey, MAX_NAME_BYTES,

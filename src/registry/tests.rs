@@ -58,16 +58,13 @@ fn instance_values_parse_leniently_and_errors_name_the_problem() {
 #[test]
 fn load_values_must_be_valid() {
     let ok =
-        parse_load(&serde_json::json!({"waiting_requests_num": 2, "gpu_cache_usage_perc": 0.25}))
-            .unwrap();
+        parse_load_bytes(br#"{"waiting_requests_num": 2, "gpu_cache_usage_perc": 0.25}"#).unwrap();
     assert_eq!(ok.waiting_requests_num, 2);
-    assert!(parse_load(
-        &serde_json::json!({"waiting_requests_num": -1, "gpu_cache_usage_perc": 0.2})
-    )
-    .is_err());
-    let err =
-        parse_load(&serde_json::json!({"waiting_requests_num": 1, "gpu_cache_usage_perc": 1.5}))
-            .unwrap_err();
+    assert!(
+        parse_load_bytes(br#"{"waiting_requests_num": -1, "gpu_cache_usage_perc": 0.2}"#).is_err()
+    );
+    let err = parse_load_bytes(br#"{"waiting_requests_num": 1, "gpu_cache_usage_perc": 1.5}"#)
+        .unwrap_err();
     assert_eq!(err, "gpu_cache_usage_perc = 1.5 is outside 0..=1");
 }
 

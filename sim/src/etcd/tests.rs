@@ -77,6 +77,6 @@ fn incarnations_are_distinct_hex() {
 #[test]
 fn load_json_parses_as_kvdir_reads_it() {
     let load = Load { waiting: 3, usage: 0.25 };
-    let parsed = kvdir::registry::parse_load(&load.to_json()).unwrap();
+    let parsed = kvdir::registry::parse_load_bytes(load.to_json().to_string().as_bytes()).unwrap();
     assert_eq!((parsed.waiting_requests_num, parsed.gpu_cache_usage_perc), (3, 0.25));
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use crate::etcd_support::{
     engine_with_http, eventually, EtcdReader, HeartbeatSink, Patience, DEADLINE,
 };
-use kvdir::registry::{parse_instance, parse_key, parse_load, InstanceType, RegistryKey};
+use kvdir::registry::{parse_instance, parse_key, parse_load_bytes, InstanceType, RegistryKey};
 use kvdir_sim::http;
 use kvdir_sim::{Registration, RegistrationOptions, SimError};
 use kvdir_testkit::etcd::{etcd_endpoint, EtcdServer};
@@ -178,8 +178,7 @@ fn loadmetrics_parse_and_follow_set_load() {
     let load = |reader: &EtcdReader| {
         let kv = reader.get(&key)?;
         assert_eq!(kv.lease, 0, "LOADMETRICS has no lease");
-        let value: serde_json::Value = serde_json::from_slice(&kv.value).unwrap();
-        let parsed = parse_load(&value).expect("kvdir parses the load");
+        let parsed = parse_load_bytes(&kv.value).expect("kvdir parses the load");
         Some((parsed.waiting_requests_num, parsed.gpu_cache_usage_perc))
     };
     assert_eq!(load(&reader), Some((0, 0.0)));
