@@ -55,6 +55,7 @@ impl Recovery {
             Some(n) => n,
             None => {
                 self.partial = false;
+                self.replayed.clear();
                 out.push(Action::Reset { partial: false });
                 self.next_seq = Some(0);
                 0
@@ -96,6 +97,9 @@ impl Recovery {
             return; // applied live during a periodic resync
         }
         self.stats.replayed_batches += 1;
+        if self.last_live.is_none_or(|l| seq > l) {
+            self.replayed.remember(seq, &batch); // its live copy may still come
+        }
         self.next_seq = Some(seq + 1);
         self.note_clears(&batch);
         if matches!(&self.phase, Phase::Replaying(r) if r.reason.keeps_live()) {
@@ -208,25 +212,32 @@ impl Recovery {
             self.apply(seq, batch, out);
             return None;
         }
-        if self.is_copy(seq) {
+        if self.is_copy(seq, &batch) {
             self.stats.duplicate_batches += 1;
             return None;
         }
         Some(batch)
     }
 
-    /// Whether live batch `seq` is a copy of one the stream has already: the live batch just
-    /// before it again (a repeated delivery), or one below the next expected sequence but later
-    /// than the live batch before it. A publisher sends its sequence in order on one
-    /// connection, so the second kind is a batch a snapshot or history replay covered before
-    /// its live copy arrived: a replay travels beside the live path (on the bind endpoint,
-    /// behind the fan-out) and can get ahead of it, by seconds when kvdir is loaded. A restarted
-    /// publisher's numbering goes back to or below what it sent live, which no copy does.
-    /// Before any live batch arrived (a new stream, or after a disconnect), a batch below the
-    /// next expected one is taken for a copy unless it is 0, where a restarted publisher
-    /// starts: one that restarts before its first live batch reaches kvdir, and whose batch 0
-    /// is lost, is found by the next periodic resync.
-    pub(super) fn is_copy(&self, seq: u64) -> bool {
+    /// Whether live batch `seq` is a copy of one the stream has already. A replay travels
+    /// beside the live path (on the bind endpoint, behind the fan-out) and can get ahead of it,
+    /// by seconds when kvdir is loaded, so the live copy of a replayed batch can come after it.
+    ///
+    /// - A batch a history replay answered (the newest [`super::copies::MAX_REMEMBERED`]) is a
+    ///   copy exactly when it is the same batch (`copies.rs`): a restarted publisher's batch 0
+    ///   carries a new timestamp, so it is told apart for certain, even before any live batch.
+    /// - Otherwise (a snapshot, xLLM: state without its batches) the sequence decides: the live
+    ///   batch just before it again (a repeated delivery), or one below the next expected
+    ///   sequence but later than the live batch before it. A publisher sends its sequence in
+    ///   order on one connection; a restarted one goes back to or below what it sent live,
+    ///   which no copy does. Before any live batch (a new stream, or after a disconnect) a batch
+    ///   below the next expected one is a copy unless it is 0, where a restarted publisher
+    ///   starts: a snapshot's stream cannot tell a late copy of 0 from a restart, and pays one
+    ///   recovery rather than credit a cache that may be gone.
+    pub(super) fn is_copy(&self, seq: u64, batch: &Batch) -> bool {
+        if let Some(same) = self.replayed.same(seq, batch) {
+            return same;
+        }
         let repeated = self.live_before == Some(seq) && seq > 0;
         let below_next = self.next_seq.is_some_and(|n| seq < n);
         let after_live = self.live_before.map_or(seq > 0, |l| seq > l);

@@ -12,6 +12,7 @@
 //! `Backoff`, then syncs again; a full-state live batch restores `Live` from any phase.
 
 mod actions;
+mod copies;
 mod fault;
 mod history;
 mod recovery;

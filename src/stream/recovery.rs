@@ -8,6 +8,7 @@ use crate::index::{IndexConfig, SharedSnapshot};
 use crate::wire::Batch;
 
 use super::actions::{Action, RecoveryConfig, RecoveryStats, StreamPhase, SyncReason};
+use super::copies::ReplayedTail;
 use super::history::Replay;
 use super::snapshot::Pending;
 use super::StreamFault;
@@ -58,6 +59,8 @@ pub struct Recovery {
     pub(super) last_live: Option<u64>,
     /// The live sequence received before the last one.
     pub(super) live_before: Option<u64>,
+    /// History replay: the newest replayed batches whose live copies may still arrive.
+    pub(super) replayed: ReplayedTail,
     /// The wait after the index refuses a batch ([`INDEX_BACKOFF_MIN`]).
     index_backoff: Backoff,
     /// When the last index back-off ended.
@@ -88,6 +91,7 @@ impl Recovery {
             partial: false,
             last_live: None,
             live_before: None,
+            replayed: ReplayedTail::default(),
             index_backoff: Backoff::new(INDEX_BACKOFF_MIN, INDEX_BACKOFF_MAX),
             index_backoff_end: None,
         }
@@ -169,6 +173,7 @@ impl Recovery {
             self.phase = Phase::Disconnected;
             self.next_seq = None;
             (self.last_live, self.live_before) = (None, None);
+            self.replayed.clear();
         }
     }
 
@@ -222,6 +227,7 @@ impl Recovery {
             self.begin_sync(now, self.regain_reason(), out);
         }
         self.live_before = self.last_live.replace(seq);
+        self.replayed.passed(seq);
         let in_order = self.next_seq == Some(seq);
         let live = matches!(self.phase, Phase::Live { .. });
         if batch.is_full_state() && !(in_order && live) {
@@ -239,7 +245,7 @@ impl Recovery {
         if matches!(self.phase, Phase::Replaying(_)) {
             return self.live_while_replaying(seq, batch, wire_bytes, now, out);
         }
-        if !in_order && self.is_copy(seq) {
+        if !in_order && self.is_copy(seq, &batch) {
             self.stats.duplicate_batches += 1;
             return;
         }
@@ -256,9 +262,18 @@ impl Recovery {
         self.buffer(seq, batch, wire_bytes, now, out);
     }
 
+    /// A live batch out of order that is no copy. A restarted publisher (the sequence went
+    /// back) has a new history: a history replay starts over from 0 with the blocks dropped,
+    /// since asking it from the old position would skip its first batches and keep the old
+    /// publisher's blocks.
     pub(super) fn gap(&mut self, seq: u64, out: &mut Vec<Action>) {
         self.stats.gaps += 1;
         let fault = self.gap_fault(seq);
+        if matches!(fault, StreamFault::SequenceRegressed { .. })
+            && self.cfg.replay == ReplayKind::History
+        {
+            self.next_seq = None;
+        }
         self.invalidate(fault, out);
     }
 

@@ -94,7 +94,7 @@ impl fmt::Display for AttentionKind {
 }
 
 /// The group an event names: its index and, on stores, its kind.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Group {
     /// `group_idx` (0 when absent).
     pub idx: u32,

@@ -65,7 +65,7 @@ impl Tier {
 }
 
 /// A range of one of a batch's arenas.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Span {
     /// First element.
     pub start: u32,
@@ -80,7 +80,7 @@ impl Span {
 }
 
 /// A decoded `BlockStored` event.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Stored {
     /// The stored blocks' hashes, in prefix order.
     pub hashes: Span,
@@ -105,7 +105,7 @@ pub struct Stored {
 }
 
 /// One event the index acts on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Event {
     /// Blocks entered a tier.
     Stored(Stored),
@@ -136,7 +136,7 @@ pub enum Event {
 }
 
 /// Events dropped by the decoder, by reason.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct SkipCounts {
     /// Event types this version does not know.
     pub unknown_type: u64,

@@ -2,6 +2,7 @@
 //! real HTTP. Each test asserts what a user sees in the query response or the streams report,
 //! compared with the engine's own ground truth, through faults and recovery.
 
+mod copies;
 mod history;
 mod recorded;
 mod recorded_hybrid;
