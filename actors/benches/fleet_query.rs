@@ -193,7 +193,7 @@ fn main() {
                 time(&format!("route {name} {shape}{policy}"), || {
                     let read = directory.read_route(prompt, scope);
                     let msg = RouteRequest { input_tokens: prompt.len(), read };
-                    let routed = router.route(msg).expect("routed");
+                    let routed = router.route(msg).0.expect("routed");
                     serde_json::to_vec(&routed).expect("JSON").len()
                 });
             }

@@ -14,6 +14,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use super::http::Conn;
+use super::stages::Stages;
 use super::BenchError;
 
 /// Upper bound of one request (connect, write, read).
@@ -57,11 +58,14 @@ pub struct KindStats {
     pub errors: BTreeMap<String, u64>,
     /// How long the clients ran.
     pub wall: Duration,
+    /// Where the served requests' time went (kvdir's `Server-Timing`).
+    pub stages: Stages,
 }
 
 impl KindStats {
     pub(crate) fn new(kind: Kind) -> KindStats {
-        KindStats { kind, latencies: Vec::new(), errors: BTreeMap::new(), wall: Duration::ZERO }
+        let (latencies, errors, wall) = (Vec::new(), BTreeMap::new(), Duration::ZERO);
+        KindStats { kind, latencies, errors, wall, stages: Stages::default() }
     }
 
     pub(crate) fn merge(&mut self, other: KindStats) {
@@ -70,6 +74,7 @@ impl KindStats {
             *self.errors.entry(k).or_default() += n;
         }
         self.wall = self.wall.max(other.wall);
+        self.stages.merge(other.stages);
     }
 
     /// Served requests per second.
@@ -149,7 +154,10 @@ pub fn with_clients<T>(
                 None => stats.push(s),
             }
         }
-        stats.iter_mut().for_each(|s| s.latencies.sort());
+        stats.iter_mut().for_each(|s| {
+            s.latencies.sort();
+            s.stages.sort();
+        });
         stats.sort_by_key(|s| s.kind);
         Ok((out, stats))
     })
@@ -183,7 +191,13 @@ fn client(
         k += 1;
         let t0 = Instant::now();
         match conn.post(kind.path(), body) {
-            Ok(reply) if reply.status == 200 => stats.latencies.push(t0.elapsed()),
+            Ok(reply) if reply.status == 200 => {
+                let took = t0.elapsed();
+                stats.latencies.push(took);
+                if let Some(timing) = &reply.server_timing {
+                    stats.stages.add(timing, took);
+                }
+            }
             Ok(reply) => *stats.errors.entry(format!("HTTP {}", reply.status)).or_default() += 1,
             Err(e) => *stats.errors.entry(format!("transport: {}", e.kind())).or_default() += 1,
         }

@@ -14,20 +14,22 @@
 
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 pub use kvdir_sim::http::MAX_BODY_BYTES;
 
 /// Longest response head (status line and headers).
 const MAX_HEAD_BYTES: usize = 64 * 1024;
 
-/// A response: status code and body.
+/// A response: status code, body and kvdir's `Server-Timing` header.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reply {
     /// Status code.
     pub status: u16,
     /// Body bytes.
     pub body: Vec<u8>,
+    /// The `Server-Timing` header's value, if any (kvdir's stages, [`crate::stages`]).
+    pub server_timing: Option<String>,
 }
 
 /// A keep-alive client of `addr`; its connection is made on first use.
@@ -90,6 +92,10 @@ impl Conn {
     /// The request's bytes, written at once.
     fn request(&self, method: &str, path: &str, body: Option<&[u8]>) -> Vec<u8> {
         let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\n", self.addr);
+        // When the request leaves, for kvdir's `wait` stage (the same clock on one machine).
+        if let Ok(now) = SystemTime::now().duration_since(UNIX_EPOCH) {
+            head.push_str(&format!("X-Request-Start: t={}\r\n", now.as_micros()));
+        }
         if let Some(token) = &self.token {
             head.push_str(&format!("X-Internal-Token: {token}\r\n"));
         }
@@ -168,6 +174,7 @@ fn read_reply(
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| invalid(format!("not an HTTP status line: {status_line:?}")))?;
     let (mut length, mut chunked, mut keep, mut head) = (None, false, true, status_line.len());
+    let mut server_timing = None;
     loop {
         let mut line = String::new();
         arm(stream, deadline)?;
@@ -183,6 +190,10 @@ fn read_reply(
             break;
         }
         let Some((name, value)) = line.split_once(':') else { continue };
+        if name.trim().eq_ignore_ascii_case("server-timing") {
+            server_timing = Some(value.trim().to_string());
+            continue;
+        }
         let (name, value) = (name.trim().to_ascii_lowercase(), value.trim().to_ascii_lowercase());
         match name.as_str() {
             "content-length" => length = value.parse::<usize>().ok(),
@@ -200,7 +211,7 @@ fn read_reply(
             read_to_end(stream, deadline)?
         }
     };
-    Ok((Reply { status, body }, keep))
+    Ok((Reply { status, body, server_timing }, keep))
 }
 
 fn too_long() -> io::Error {

@@ -41,6 +41,7 @@ pub mod probe;
 pub mod replay;
 pub mod report;
 pub mod scale;
+pub mod stages;
 
 pub use clients::{Kind, KindStats};
 pub use flags::{help, parse_args, BenchCommand, BenchOptions, Mode};

@@ -109,7 +109,7 @@ fn errors_text(s: &KindStats) -> String {
 }
 
 fn stats_line(label: &str, s: &KindStats) -> String {
-    format!(
+    let line = format!(
         "  {label:<16} {:>7} ok {:>8.0}/s  p50 {:>8.3} ms  p99 {:>8.3} ms  max {:>8.3} ms  \
          errors {}\n",
         s.latencies.len(),
@@ -118,7 +118,11 @@ fn stats_line(label: &str, s: &KindStats) -> String {
         ms(s.percentile(99.0)),
         ms(s.max()),
         errors_text(s)
-    )
+    );
+    match s.stages.text() {
+        stages if stages.is_empty() => line,
+        stages => format!("{line}    stages p50/p99 ms: {stages}\n"),
+    }
 }
 
 fn stats_json(s: &KindStats) -> Value {
@@ -131,6 +135,7 @@ fn stats_json(s: &KindStats) -> Value {
         "max_ms": ms(s.max()),
         "errors": s.errors,
         "seconds": s.wall.as_secs_f64(),
+        "stages": s.stages.json(),
     })
 }
 

@@ -15,6 +15,7 @@ pub mod frontdoor;
 mod indexer_api;
 pub mod metrics;
 mod status_page;
+mod timing;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -37,6 +38,7 @@ pub use error::{ApiError, ErrorKind};
 use frontdoor::FrontDoor;
 pub use metrics::ServiceMetrics;
 use metrics::{Endpoint, StreamSample};
+use timing::{Stages, SERVER_TIMING};
 
 /// What the handlers share.
 pub struct AppState {
@@ -162,14 +164,20 @@ async fn query(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let started = Instant::now();
+    let mut stages = Stages::start(&req);
     let result = async {
-        let (tokens, scope) = read_tokens(&req, payload, &state).await?;
+        let (tokens, scope) = timed_tokens(&req, payload, &state, &mut stages).await?;
         // serde_json's bytes for the QueryResponse, faster (kvdir::query's fast path).
-        Ok(state.directory.query_json_in(&tokens, &scope))
+        let json = state.directory.query_json_in(&tokens, &scope);
+        stages.end("read");
+        Ok(json)
     };
-    let json = observed(&state, Endpoint::Query, started, result.await)?;
-    Ok(HttpResponse::Ok().content_type(ContentType::json()).body(json))
+    let result = result.await;
+    let json = observed(&state, Endpoint::Query, stages.started(), result)?;
+    Ok(HttpResponse::Ok()
+        .content_type(ContentType::json())
+        .insert_header((SERVER_TIMING, stages.header()))
+        .body(json))
 }
 
 async fn route_request(
@@ -177,15 +185,39 @@ async fn route_request(
     payload: web::Payload,
     state: web::Data<AppState>,
 ) -> Result<HttpResponse, ApiError> {
-    let started = Instant::now();
+    let mut stages = Stages::start(&req);
     let result = async {
-        let (tokens, scope) = read_tokens(&req, payload, &state).await?;
+        let (tokens, scope) = timed_tokens(&req, payload, &state, &mut stages).await?;
         let read = state.directory.read_route(&tokens, &scope);
+        stages.end("read");
         // Decided on this thread, under the router's lock: no hop to the router's thread.
-        Ok(state.route.route(RouteRequest { input_tokens: tokens.len(), read })?)
+        let (routed, waited) = state.route.route(RouteRequest { input_tokens: tokens.len(), read });
+        stages.split(("lock", waited), "decide");
+        // Plain fields and string keys: serde_json cannot fail on it (a NaN becomes null).
+        let json = serde_json::to_vec(&routed?).expect("a decision serializes");
+        stages.end("json");
+        Ok(json)
     };
-    let routed = observed(&state, Endpoint::Route, started, result.await)?;
-    Ok(HttpResponse::Ok().json(routed))
+    let result = result.await;
+    let json = observed(&state, Endpoint::Route, stages.started(), result)?;
+    Ok(HttpResponse::Ok()
+        .content_type(ContentType::json())
+        .insert_header((SERVER_TIMING, stages.header()))
+        .body(json))
+}
+
+/// [`read_tokens`], its stages timed: `body`, then `parse`.
+async fn timed_tokens(
+    req: &HttpRequest,
+    payload: web::Payload,
+    state: &AppState,
+    stages: &mut Stages,
+) -> Result<(Vec<i32>, QueryScope), ApiError> {
+    let body = authorized_body(req, payload, state).await?;
+    stages.end("body");
+    let parsed = parse_scoped_query(&body, state.max_query_tokens)?;
+    stages.end("parse");
+    Ok(parsed)
 }
 
 async fn recent_routes(

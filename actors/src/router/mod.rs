@@ -29,6 +29,7 @@ mod predict;
 mod work;
 
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use kvdir::car::{
@@ -192,9 +193,13 @@ impl RouterHandle {
         crate::sync::lock(&self.state)
     }
 
-    /// Decides `/v1/internal/route`'s request on this thread.
-    pub fn route(&self, msg: RouteRequest) -> Result<Routed, RouteError> {
-        self.lock().route(msg)
+    /// Decides `/v1/internal/route`'s request on this thread; answers too how long it waited
+    /// for the lock.
+    pub fn route(&self, msg: RouteRequest) -> (Result<Routed, RouteError>, Duration) {
+        let asked = Instant::now();
+        let mut router = self.lock();
+        let waited = asked.elapsed();
+        (router.route(msg), waited)
     }
 
     /// Whether a request the front door forwards for the first time goes through overload

@@ -86,3 +86,28 @@ fn a_body_over_the_limit_is_a_413() {
     assert_eq!(missing.status, 404);
     assert!(missing.json()["error"].as_str().unwrap().contains("GET /v1/nothing"));
 }
+
+/// The stage names of an answer's `Server-Timing` header, in order (none without the header).
+pub fn timing_stages(head: &str) -> Vec<String> {
+    let line = head.lines().find(|l| l.to_ascii_lowercase().starts_with("server-timing:"));
+    let value = line.map_or("", |l| &l["server-timing:".len()..]);
+    let names = value.split(',').filter_map(|p| p.split(';').next());
+    names.map(|n| n.trim().to_string()).filter(|n| !n.is_empty()).collect()
+}
+
+#[test]
+fn a_query_answer_says_where_its_time_went() {
+    let eng = engine("timing", 1, 0);
+    let svc = service(streams_of(&eng), json!({}));
+    let body = br#"{"token_ids": [1, 2, 3]}"#;
+    let r = http(svc.http_addr(), "POST", QUERY, &[], body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(timing_stages(&r.head), ["body", "parse", "read", "handler"], "{}", r.head);
+    // With the client's send time, the wait for the handler comes first.
+    let sent = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let start = format!("t={}", sent.as_micros());
+    let r = http(svc.http_addr(), "POST", QUERY, &[("X-Request-Start", &start)], body);
+    assert_eq!(timing_stages(&r.head), ["wait", "body", "parse", "read", "handler"]);
+    let bad = http(svc.http_addr(), "POST", QUERY, &[], b"{}");
+    assert_eq!((bad.status, timing_stages(&bad.head).len()), (400, 0), "errors are not timed");
+}

@@ -164,6 +164,21 @@ fn routing_follows_etcd_without_discovery_and_static_streams_give_no_credit() {
 }
 
 #[test]
+fn a_route_answer_says_where_its_time_went() {
+    let etcd = etcd_endpoint();
+    let ns = format!("e2e-timing-{}", std::process::id());
+    let (_eng, _reg) = registered(&etcd.endpoint, &ns);
+    let svc = discovery_service(&etcd.endpoint, &ns, json!({}), Flags::default());
+    eventually("a route over the instance from etcd", || route(&svc, &prompt(1, 4)));
+    let body = json!({ "token_ids": prompt(1, 4) }).to_string();
+    let r = http(svc.http_addr(), "POST", "/v1/internal/route", &[], body.as_bytes());
+    assert_eq!(r.status, 200, "{}", r.body);
+    let stages = crate::http_api::timing_stages(&r.head);
+    let expected = ["body", "parse", "read", "lock", "decide", "json", "handler"];
+    assert_eq!(stages, expected, "{}", r.head);
+}
+
+#[test]
 fn without_instances_the_route_is_a_503_that_says_why() {
     let etcd = etcd_endpoint();
     let eng = engine("static", 1, 0);
