@@ -3,10 +3,13 @@
 //!
 //! Setup: 1,024 instances x 4 DP ranks = 4,096 synchronized streams (32 shared indexes of 128),
 //! block size 128. Each stream holds one of 4 system prompts (8 blocks), a conversation of 24
-//! blocks after it and 32 blocks of its own: 64 blocks, 262,144 in all. The router knows the
-//! 1,024 instances (DEFAULT, active, idle, their processes those of the streams). Prompts are
-//! 256 blocks: system prompt 0 and random blocks (`shared`: 1,024 streams hold its first 8
-//! blocks), or one stream's conversation and random blocks (`deep`: one stream holds 32).
+//! blocks after it and 32 blocks of its own, and 3 sessions of a random system prompt and 8
+//! blocks (as `kvdir-bench`'s engines, whose 4 sessions a stream pick their system prompts at
+//! random): 112 blocks, 458,752 in all. The router knows the 1,024 instances (DEFAULT, active,
+//! idle, their processes those of the streams). Prompts are 256 blocks: system prompt 0 and
+//! random blocks (`shared`: rank 0 of every instance and 58 % of the others hold its first 8
+//! blocks, about 2,800 streams and every rank of about 200 instances), or one stream's
+//! conversation and random blocks (`deep`: one stream holds 32).
 //!
 //! Cases, each timed `TIMED` times, one call at a time (p50 / p99 / max, and the mean CPU time
 //! of a call, which a loaded machine inflates less than the wall time):
@@ -43,6 +46,8 @@ const DP: usize = 4;
 const PROMPT_BLOCKS: usize = 256;
 /// Calls timed per case.
 const TIMED: usize = 2000;
+/// Sessions of a random system prompt each stream also holds.
+const SESSIONS: usize = 3;
 
 /// What every stream holds: system prompt `s % 4`, its conversation, its own blocks.
 struct Contents {
@@ -66,6 +71,12 @@ fn snapshot(c: &Contents, s: usize, rng: &mut Rng) -> Batch {
     b.push_stored(&hashes, None, &chain, BLOCK_SIZE, Tier::Device);
     let own: Vec<EngineHash> = (32..64).map(|i| EngineHash(base + i)).collect();
     b.push_stored(&own, None, &rng.tokens(32 * BLOCK_SIZE as usize), BLOCK_SIZE, Tier::Device);
+    for k in 0..SESSIONS as u128 {
+        let system = &c.system[rng.below(4) as usize];
+        let chain = [&system[..], &rng.tokens(8 * BLOCK_SIZE as usize)[..]].concat();
+        let hashes: Vec<EngineHash> = (0..16).map(|i| EngineHash(base + 64 + 16 * k + i)).collect();
+        b.push_stored(&hashes, None, &chain, BLOCK_SIZE, Tier::Device);
+    }
     b
 }
 
