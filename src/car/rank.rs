@@ -15,6 +15,8 @@
 //! the client pinned ([`DpRouting::Pinned`]) is the only one scored. Pure: the caller keeps the
 //! tie counter.
 
+use std::ops::RangeInclusive;
+
 use serde::{Deserialize, Serialize};
 
 use super::types::{Candidate, DpHit, RouteParams};
@@ -108,47 +110,84 @@ pub fn choose_rank(
     p: &RouteParams,
     counter: &mut u64,
 ) -> Option<RankChoice> {
-    let ranks: Vec<u32> = match c.dp_routing {
-        DpRouting::Engine => return None,
-        DpRouting::Pinned(r) => vec![r],
-        DpRouting::Kvdir => (0..c.dp_size.clamp(1, MAX_SCORED_RANKS)).collect(),
-    };
-    let reported = |r: u32| c.rank_loads.iter().find(|l| l.dp_rank == r).copied();
-    let most_waiting = ranks.iter().filter_map(|&r| reported(r)).map(|l| l.waiting).max();
+    let ranks = scored_ranks(c)?;
+    let most_waiting = most_waiting(c, ranks.clone());
     let scores: Vec<RankScore> = ranks
-        .iter()
-        .map(|&r| {
+        .map(|r| {
             let hit = c.hits.iter().find(|h| h.dp_rank == r);
-            let (exact, predicted) = match p.directory_enabled {
-                true => rank_ratios(hit, input_tokens, p.host_weight),
-                false => (0.0, 0.0),
-            };
-            let load = reported(r).map_or(0.0, |l| {
-                let queue =
-                    most_waiting.filter(|&m| m > 0).map_or(0.0, |m| l.waiting as f64 / m as f64);
-                (queue + l.kv_usage.clamp(0.0, 1.0)) / 2.0
-            });
-            let reuse = exact + p.predict_weight * predicted;
-            let score = p.lambda * (1.0 - reuse) + (1.0 - p.lambda) * load;
-            let reported = reported(r);
-            RankScore {
-                dp_rank: r,
-                kv_hit_ratio: exact,
-                predicted_hit_ratio: predicted,
-                load,
-                reported,
-                score,
-            }
+            rank_score(c, r, hit, most_waiting, input_tokens, p)
         })
         .collect();
     let best = scores.iter().map(|s| s.score).fold(f64::INFINITY, f64::min);
-    let tied: Vec<u32> =
-        scores.iter().filter(|s| (s.score - best).abs() <= 1e-12).map(|s| s.dp_rank).collect();
+    let tied: Vec<u32> = scores.iter().filter(|s| tied(s.score, best)).map(|s| s.dp_rank).collect();
     let dp_rank = tied[(*counter % tied.len() as u64) as usize];
     if tied.len() > 1 {
         *counter += 1;
     }
     Some(RankChoice { dp_rank, scores })
+}
+
+/// Whether [`choose_rank`] of `c` credited with nothing on any rank (no hits) would find a
+/// tie, and so move its counter: the same scores, without building them.
+pub(crate) fn uncredited_ranks_tie(c: &Candidate, input_tokens: usize, p: &RouteParams) -> bool {
+    let Some(ranks) = scored_ranks(c) else { return false };
+    let most_waiting = most_waiting(c, ranks.clone());
+    let score = |r| rank_score(c, r, None, most_waiting, input_tokens, p).score;
+    let best = ranks.clone().map(score).fold(f64::INFINITY, f64::min);
+    ranks.filter(|&r| tied(score(r), best)).nth(1).is_some()
+}
+
+/// The ranks [`choose_rank`] scores: `None` where the engine picks.
+fn scored_ranks(c: &Candidate) -> Option<RangeInclusive<u32>> {
+    match c.dp_routing {
+        DpRouting::Engine => None,
+        DpRouting::Pinned(r) => Some(r..=r),
+        DpRouting::Kvdir => Some(0..=c.dp_size.clamp(1, MAX_SCORED_RANKS) - 1),
+    }
+}
+
+fn reported(c: &Candidate, r: u32) -> Option<RankLoad> {
+    c.rank_loads.iter().find(|l| l.dp_rank == r).copied()
+}
+
+/// The longest reported queue over `ranks`.
+fn most_waiting(c: &Candidate, ranks: RangeInclusive<u32>) -> Option<u64> {
+    ranks.filter_map(|r| reported(c, r)).map(|l| l.waiting).max()
+}
+
+/// Whether `score` ties the `best` one.
+fn tied(score: f64, best: f64) -> bool {
+    (score - best).abs() <= 1e-12
+}
+
+/// Rank `r`'s score on `c` with its `hit`, if any.
+fn rank_score(
+    c: &Candidate,
+    r: u32,
+    hit: Option<&DpHit>,
+    most_waiting: Option<u64>,
+    input_tokens: usize,
+    p: &RouteParams,
+) -> RankScore {
+    let (exact, predicted) = match p.directory_enabled {
+        true => rank_ratios(hit, input_tokens, p.host_weight),
+        false => (0.0, 0.0),
+    };
+    let reported = reported(c, r);
+    let load = reported.map_or(0.0, |l| {
+        let queue = most_waiting.filter(|&m| m > 0).map_or(0.0, |m| l.waiting as f64 / m as f64);
+        (queue + l.kv_usage.clamp(0.0, 1.0)) / 2.0
+    });
+    let reuse = exact + p.predict_weight * predicted;
+    let score = p.lambda * (1.0 - reuse) + (1.0 - p.lambda) * load;
+    RankScore {
+        dp_rank: r,
+        kv_hit_ratio: exact,
+        predicted_hit_ratio: predicted,
+        load,
+        reported,
+        score,
+    }
 }
 
 #[cfg(test)]
@@ -214,6 +253,34 @@ mod tests {
         assert_eq!((choice.dp_rank, choice.chosen().unwrap().kv_hit_ratio), (0, 0.7));
         c.hits.remove(1);
         assert_eq!(choose(&c, &mut 0).dp_rank, 0, "rank 1 has no stream at all");
+    }
+
+    #[test]
+    fn an_uncredited_instance_ties_exactly_where_choose_rank_moves_its_counter() {
+        let loads: [&[(u64, f64)]; 5] = [
+            &[],
+            &[(1, 0.5)],
+            &[(2, 0.5), (2, 0.5)],
+            &[(0, 0.0), (3, 0.2), (3, 0.2)],
+            &[(1, 0.5), (0, 0.0)],
+        ];
+        let mut seen = [0; 2];
+        for dp in 1..=4 {
+            for l in loads {
+                for routing in [DpRouting::Kvdir, DpRouting::Pinned(1), DpRouting::Engine] {
+                    let mut c = ranked(&vec![0; dp], l);
+                    c.hits.clear();
+                    c.dp_routing = routing;
+                    let p = RouteParams { lambda: 0.3, ..RouteParams::default() };
+                    let mut counter = 7;
+                    choose_rank(&c, 100, &p, &mut counter);
+                    let ties = uncredited_ranks_tie(&c, 100, &p);
+                    assert_eq!(ties, counter == 8, "{dp} ranks, loads {l:?}, {routing:?}");
+                    seen[usize::from(ties)] += 1;
+                }
+            }
+        }
+        assert!(seen[0] > 0 && seen[1] > 0, "{seen:?}");
     }
 
     #[test]

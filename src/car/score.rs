@@ -125,13 +125,27 @@ pub(super) fn score_side(
     totals: &Totals,
     rank_counter: &mut u64,
 ) -> Vec<Scored> {
-    let costs: Vec<f64> =
-        list.iter().map(|(_, c)| queue_cost(waiting(c), totals.max_waiting)).collect();
     let prefill = side == Side::Prefill;
-    let mut ranks: Vec<Option<RankChoice>> = list
+    let ranks: Vec<Option<RankChoice>> = list
         .iter()
         .map(|(_, c)| prefill.then(|| choose_rank(c, input_tokens, p, rank_counter)).flatten())
         .collect();
+    score_ranked(list, ranks, side, input_tokens, p, totals)
+}
+
+/// [`score_side`] with the rank chosen on each candidate, in the list's order
+/// ([`choose_rank`]; `None` on the decode side and where the engine picks).
+pub(super) fn score_ranked(
+    list: &[(usize, &Candidate)],
+    mut ranks: Vec<Option<RankChoice>>,
+    side: Side,
+    input_tokens: usize,
+    p: &RouteParams,
+    totals: &Totals,
+) -> Vec<Scored> {
+    let costs: Vec<f64> =
+        list.iter().map(|(_, c)| queue_cost(waiting(c), totals.max_waiting)).collect();
+    let prefill = side == Side::Prefill;
     let ratio = |f: fn(&Candidate, usize, f64) -> f64, of_rank: fn(&RankChoice) -> f64| {
         let on = p.directory_enabled;
         list.iter()

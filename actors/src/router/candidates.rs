@@ -88,17 +88,18 @@ impl Router {
         request: (usize, Option<PromptId>, u64),
         excluded: &[usize],
     ) -> Vec<(usize, Candidate)> {
-        let whole = |i: usize, r: &Range<usize>| {
+        // Each instance's entries by position: no name compared or looked up again.
+        let ranges = self.ranges(read, listed);
+        let entries = |i: usize| &read.hits[ranges[i].clone()];
+        let whole = |&i: &usize| {
             let c = &self.instances[i].candidate;
-            r.len() >= c.dp_size.max(1) as usize || c.dp_routing != DpRouting::Engine
+            ranges[i].len() >= c.dp_size.max(1) as usize || c.dp_routing != DpRouting::Engine
         };
-        let ranges = read.instances().iter().zip(listed);
-        let listed = ranges.filter_map(|(r, &i)| i.filter(|&i| whole(i, r)));
+        let listed = listed.iter().flatten().copied().filter(whole);
         let (_, prompt, now_ms) = request;
         let predicted = self.predictions.instances().filter_map(|&id| {
             let i = self.ids.position(id)?;
-            let listed = read.of(&self.instances[i].candidate.name);
-            (predict::predicted_tokens(&self.predictions, now_ms, &id, listed, read) > 0)
+            (predict::predicted_tokens(&self.predictions, now_ms, &id, entries(i), read) > 0)
                 .then_some(i)
         });
         let holding = self.inflight.holding(prompt).filter_map(|&id| self.ids.position(id));
@@ -107,18 +108,20 @@ impl Router {
         at.sort_unstable();
         at.dedup();
         at.retain(|i| !excluded.contains(i));
-        at.into_iter().map(|i| (i, self.built(i, read, request))).collect()
+        at.into_iter().map(|i| (i, self.built(i, entries(i), read, request))).collect()
     }
 
-    /// Instance `i`'s candidate for the request ([`Self::candidates`]).
+    /// Instance `i`'s candidate for the request ([`Self::candidates`]), `listed`: its entries
+    /// in `read`.
     fn built(
         &self,
         i: usize,
+        listed: &[StreamHit],
         read: &RouteRead,
         request: (usize, Option<PromptId>, u64),
     ) -> Candidate {
         let mut c = self.instances[i].candidate.clone();
-        self.fill(i, read.of(&c.name), read, request, &mut c);
+        self.fill(i, listed, read, request, &mut c);
         c
     }
 
@@ -201,8 +204,14 @@ fn dp_hit(info: &InstanceInfo, h: &StreamHit, input_tokens: usize, predicted: u6
 
 /// The router's instances as a compact decision reads those it does not build
 /// ([`kvdir::car::Fleet`]) for one request: no siblings of the prompt in flight there, so the
-/// queue is the reported one plus the front door's requests started since.
-pub(super) struct Plain<'a>(pub &'a Router, pub &'a RouteRead, pub (usize, Option<PromptId>, u64));
+/// queue is the reported one plus the front door's requests started since; and the rank the
+/// client pinned, if any.
+pub(super) struct Plain<'a>(
+    pub &'a Router,
+    pub &'a RouteRead,
+    pub (usize, Option<PromptId>, u64),
+    pub Option<u32>,
+);
 
 impl Fleet for Plain<'_> {
     fn len(&self) -> usize {
@@ -224,6 +233,13 @@ impl Fleet for Plain<'_> {
     }
 
     fn plain(&self, i: usize) -> Candidate {
-        self.0.built(i, self.1, self.2)
+        let listed = self.1.of(&self.0.instances[i].candidate.name);
+        let mut c = self.0.built(i, listed, self.1, self.2);
+        super::pin(std::iter::once(&mut c), self.3);
+        c
+    }
+
+    fn pinned(&self) -> Option<u32> {
+        self.3
     }
 }

@@ -463,7 +463,7 @@ impl Router {
         excluded.dedup();
         let mut credited = self.credited(read, listed, request, &excluded);
         pin(credited.iter_mut().map(|(_, c)| c), pinned);
-        let plain = candidates::Plain(self, read, request);
+        let plain = candidates::Plain(self, read, request, pinned);
         route_pruned(&plain, &credited, &excluded, request.0, params, rotation)
     }
 }

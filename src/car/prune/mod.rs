@@ -15,18 +15,23 @@
 //! - The choice ([`super::policy::pick`]) and the compact listing (`listing.rs`) are given
 //!   every eligible instance's score in position order, so ties rotate as before; only the
 //!   listed plain instances are built, and scored with the same totals.
-//! - The rank counter moves only where kvdir chooses a rank: a plain instance whose engine
-//!   picks its own rank never touches it, so the credited ones see the same counter.
+//! - The rank counter moves only where kvdir chooses a rank and two ranks tie. A plain
+//!   instance whose engine picks its own rank never touches it. One whose rank kvdir chooses
+//!   holds none of the prompt on any rank (else it is built), so its ranks score alike but for
+//!   their reported loads, its reuse is 0 whichever wins, and its score is a plain one; the
+//!   ranks are chosen in position order over built and plain rows, a plain row moving the
+//!   counter where its ranks tie (`rank.rs`, without building its scores), and a listed plain
+//!   instance is given the counter it found, so every rank and the final counter are the same.
 //!
 //! It does not apply (`None`: the caller decides over every candidate) under RR or SLO_AWARE,
-//! when any decode-side instance is eligible (its side is scored whole), when a plain
-//! instance has kvdir choose its rank (each moves the rank counter), or when no instance can
-//! prefill (the full decision says why). A unit test (`tests.rs`) compares both decisions on
-//! random fleets.
+//! when any decode-side instance is eligible (its side is scored whole), or when no instance
+//! can prefill (the full decision says why). A unit test (`tests.rs`) compares both decisions
+//! on random fleets.
 
 use super::listing::{chosen_first, RouteSummary, ROUTE_LIST};
 use super::policy::{answer, ineligible, pick, side, Listed, Rotation, RouteError};
-use super::score::{car_prefill, queue_cost, reuse, score_side, waiting, Totals};
+use super::rank::{choose_rank, uncredited_ranks_tie, RankChoice};
+use super::score::{car_prefill, queue_cost, reuse, score_ranked, waiting, Totals};
 use super::ttft::{add_later_with, busy_share, estimate, fleet_reported_rate, TtftTerms};
 use super::{Candidate, DpRouting, Policy, QueuedWork, RouteParams, Routed, Side};
 use crate::registry::{InstanceType, LoadMetrics};
@@ -53,8 +58,15 @@ pub trait Fleet {
 
     /// Instance `i`'s candidate for the request, which credits it nothing: [`Self::base`] with
     /// [`Self::waiting`] and [`Self::queued`], and hits on fewer ranks than it has, if any
-    /// (a missing rank makes both ratios 0 where its engine picks the rank).
+    /// (a missing rank makes both ratios 0 where its engine picks the rank; none where kvdir
+    /// chooses it), its rank [`Self::pinned`] where kvdir chooses it.
     fn plain(&self, i: usize) -> Candidate;
+
+    /// The rank the client pinned, if any: every instance whose rank kvdir chooses is scored
+    /// on that rank alone ([`DpRouting::Pinned`]).
+    fn pinned(&self) -> Option<u32> {
+        None
+    }
 }
 
 /// [`Fleet::plain`] without what a TTFT estimate does not read (name, profiles, hits, rank loads):
@@ -77,12 +89,14 @@ fn light(base: &Candidate, waiting: u64, queued: QueuedWork) -> Candidate {
 }
 
 /// One eligible prefill instance: its position, its built candidate's place in `credited`
-/// (plain: none), and for a plain one its queue and queued work.
+/// (plain: none), and for a plain one its queue and queued work, and whether kvdir chooses its
+/// rank.
 struct Row {
     i: usize,
     built: Option<usize>,
     waiting: u64,
     queued: QueuedWork,
+    ranked: bool,
 }
 
 /// The eligible prefill instances in position order, how many instances are ineligible and
@@ -114,11 +128,11 @@ fn prefill_rows<F: Fleet + ?Sized>(
             continue;
         }
         let row = match built {
-            Some(_) => Row { i, built, waiting: 0, queued: QueuedWork::default() },
-            None if c.dp_routing == DpRouting::Engine => {
-                Row { i, built, waiting: fleet.waiting(i), queued: fleet.queued(i) }
+            Some(_) => Row { i, built, waiting: 0, queued: QueuedWork::default(), ranked: false },
+            None => {
+                let (waiting, queued) = (fleet.waiting(i), fleet.queued(i));
+                Row { i, built, waiting, queued, ranked: c.dp_routing != DpRouting::Engine }
             }
-            None => return None,
         };
         rows.push(row);
     }
@@ -145,9 +159,10 @@ pub fn route_pruned<F: Fleet + ?Sized>(
     let (rows, ineligibles, candidates) = prefill_rows(fleet, credited, excluded)?;
     let d = Decision { fleet, credited, rows, input_tokens, p };
     let totals = d.totals();
+    let (ranks, counters) = d.ranks(&mut rot.rank);
     let with: Vec<(usize, &Candidate)> =
         d.rows.iter().filter_map(|r| r.built.map(|k| (r.i, d.built(k)))).collect();
-    let mut scored = score_side(&with, Side::Prefill, input_tokens, p, &totals, &mut rot.rank);
+    let mut scored = score_ranked(&with, ranks, Side::Prefill, input_tokens, p, &totals);
     // From here on the least service is over every candidate.
     let least = scored.iter().filter_map(|s| s.ttft).map(|t| t.service_ms);
     let totals = Totals { least_floor: least.fold(totals.least_floor, f64::min), ..totals };
@@ -167,7 +182,15 @@ pub fn route_pruned<F: Fleet + ?Sized>(
         .collect();
     debug_assert!(plains.iter().all(|(_, c)| c.hits.len() < c.dp_size.max(1) as usize));
     let with: Vec<(usize, &Candidate)> = plains.iter().map(|(i, c)| (*i, c)).collect();
-    let more = score_side(&with, Side::Prefill, input_tokens, p, &totals, &mut rot.rank);
+    // Each listed plain instance's rank as the full decision chose it: with the counter it found.
+    let ranks = (plains.iter())
+        .map(|(i, c)| {
+            let at = counters.binary_search_by_key(i, |(at, _)| *at);
+            let mut counter = at.map_or(0, |k| counters[k].1);
+            choose_rank(c, input_tokens, p, &mut counter)
+        })
+        .collect();
+    let more = score_ranked(&with, ranks, Side::Prefill, input_tokens, p, &totals);
     debug_assert!(more.iter().all(|s| scores.iter().any(|t| (t.0, t.1) == (s.index, s.score))));
     let with_credit = scored.iter().filter(|s| s.credited()).count() as u64;
     scored.extend(more);
@@ -209,6 +232,32 @@ impl<F: Fleet + ?Sized> Decision<'_, F> {
     /// The place in `credited` of the instance at position `i`, if it is built.
     fn is_built(&self, i: usize) -> Option<usize> {
         self.credited.binary_search_by_key(&i, |(at, _)| *at).ok()
+    }
+
+    /// The rank chosen on each built candidate and, for each plain row whose rank kvdir
+    /// chooses, the counter it found, in position order as the full decision chooses them;
+    /// `counter` is left where the full decision leaves it. A plain row's ranks score alike but
+    /// for their reported loads, so where two or more tie its choice moves the counter
+    /// ([`uncredited_ranks_tie`]); a pinned rank never ties.
+    fn ranks(&self, counter: &mut u64) -> (Vec<Option<RankChoice>>, Vec<(usize, u64)>) {
+        let (mut ranks, mut counters) = (Vec::new(), Vec::new());
+        let free = self.fleet.pinned().is_none();
+        for r in &self.rows {
+            match r.built {
+                Some(k) => {
+                    ranks.push(choose_rank(self.built(k), self.input_tokens, self.p, counter));
+                }
+                None if r.ranked => {
+                    counters.push((r.i, *counter));
+                    let base = self.fleet.base(r.i);
+                    if free && uncredited_ranks_tie(base, self.input_tokens, self.p) {
+                        *counter += 1;
+                    }
+                }
+                None => {}
+            }
+        }
+        (ranks, counters)
     }
 
     /// The requests waiting at a row's instance, as CAR's queue cost counts them.

@@ -11,8 +11,10 @@ struct Kept {
     base: Vec<Candidate>,
     waiting: Vec<u64>,
     queued: Vec<QueuedWork>,
-    /// Hits on fewer ranks than the instance has.
+    /// Hits on fewer ranks than the instance has (none where kvdir chooses its rank).
     hits: Vec<Vec<DpHit>>,
+    /// The rank the client pinned.
+    pinned: Option<u32>,
 }
 
 impl Fleet for Kept {
@@ -39,7 +41,19 @@ impl Fleet for Kept {
             l.waiting_requests_num = self.waiting[i];
         }
         c.hits.clone_from(&self.hits[i]);
+        pin(&mut c, self.pinned);
         c
+    }
+
+    fn pinned(&self) -> Option<u32> {
+        self.pinned
+    }
+}
+
+/// Where kvdir chooses `c`'s rank, the client's `pinned` one, as the router pins every candidate.
+fn pin(c: &mut Candidate, pinned: Option<u32>) {
+    if let (Some(r), true) = (pinned, c.dp_routing != DpRouting::Engine) {
+        c.dp_routing = DpRouting::Pinned(r);
     }
 }
 
@@ -67,9 +81,9 @@ impl Rng {
     }
 }
 
-/// An instance; with `roles`, of any role and sometimes with kvdir choosing its rank, else a
-/// DEFAULT one whose engine picks its rank.
-fn instance(rng: &mut Rng, i: usize, roles: bool) -> Candidate {
+/// An instance; with `roles`, of any role, else a DEFAULT one; kvdir chooses its rank about
+/// `ranked` times in 100 (if it has more than one).
+fn instance(rng: &mut Rng, i: usize, roles: bool, ranked: u64) -> Candidate {
     let kind = match if roles { rng.below(100) } else { 0 } {
         0..=84 => InstanceType::Default,
         85..=89 => InstanceType::Prefill,
@@ -86,7 +100,8 @@ fn instance(rng: &mut Rng, i: usize, roles: bool) -> Candidate {
     let mut rank_loads = Vec::new();
     for r in 0..dp_size {
         if rng.chance(30) {
-            rank_loads.push(RankLoad { dp_rank: r, waiting: rng.below(3), kv_usage: 0.5 });
+            let kv_usage = rng.pick(&[0.5, 0.5, 0.2]);
+            rank_loads.push(RankLoad { dp_rank: r, waiting: rng.below(3), kv_usage });
         }
     }
     Candidate {
@@ -100,7 +115,10 @@ fn instance(rng: &mut Rng, i: usize, roles: bool) -> Candidate {
         tpot_profile: Vec::new(),
         hits: Vec::new(),
         queued: QueuedWork::default(),
-        dp_routing: if roles && rng.chance(3) { DpRouting::Kvdir } else { DpRouting::Engine },
+        dp_routing: match dp_size > 1 && rng.chance(ranked) {
+            true => DpRouting::Kvdir,
+            false => DpRouting::Engine,
+        },
         rank_loads,
     }
 }
@@ -175,7 +193,8 @@ fn compare(rng: &mut Rng) -> usize {
     let most = if rng.chance(20) { 300 } else { 40 };
     let n = 1 + rng.below(most) as usize;
     let roles = rng.chance(30);
-    let base: Vec<Candidate> = (0..n).map(|i| instance(rng, i, roles)).collect();
+    let ranked = rng.pick(&[0, 0, 3, 30, 100]);
+    let base: Vec<Candidate> = (0..n).map(|i| instance(rng, i, roles, ranked)).collect();
     let waiting: Vec<u64> = (0..n).map(|_| rng.pick(&[0, 0, 1, 2, 3, 7])).collect();
     let (reuse, rate) = (rng.pick(&[0.0, 0.3, 0.5]), rng.chance(50).then_some(8000.0));
     let typical = rng.chance(70).then(|| rng.pick(&[200.0, 1500.0]));
@@ -185,15 +204,22 @@ fn compare(rng: &mut Rng) -> usize {
     for c in &base {
         let mut some = if rng.chance(30) { ranks(rng, c.dp_size, 1000, 50) } else { Vec::new() };
         some.truncate(c.dp_size as usize - 1);
+        if c.dp_routing != DpRouting::Engine {
+            // Any hit on a rank kvdir chooses is its credit: the router builds that instance.
+            some.clear();
+        }
         hits.push(some);
     }
-    let fleet = Kept { base, waiting, queued, hits };
+    let pinned = rng.chance(15).then(|| rng.below(3) as u32);
+    let fleet = Kept { base, waiting, queued, hits, pinned };
     let input = rng.pick(&[1, 300, 1000, 4096]);
     let share = rng.pick(&[0, 5, 20, 100]);
     let mut with_credit = Vec::new();
     for i in 0..n {
         if rng.chance(share) {
-            with_credit.push((i, credited(rng, &fleet.plain(i), input)));
+            let mut c = credited(rng, &fleet.plain(i), input);
+            pin(&mut c, pinned);
+            with_credit.push((i, c));
         }
     }
     let credited = with_credit;
@@ -231,8 +257,39 @@ fn compare(rng: &mut Rng) -> usize {
 fn the_pruned_decision_is_the_full_one_on_random_fleets() {
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     let decided: usize = (0..3000).map(|_| compare(&mut rng)).sum();
-    // Most fleets qualify (CAR or TTFT, no decode side, engines picking their ranks).
+    // Most fleets qualify (CAR or TTFT, no decode side).
     assert!(decided > 4000, "pruned decisions compared: {decided}");
+}
+
+#[test]
+fn plain_instances_whose_rank_kvdir_chooses_turn_the_rank_counter_as_the_full_decision() {
+    // Four idle two-rank instances, kvdir choosing the rank of b and d, which hold nothing:
+    // both tie on their ranks, so each moves the counter before c, which is built.
+    let idle = |name: &str| Candidate::test_idle(name, 2, 0);
+    let mut base = vec![idle("a"), idle("b"), idle("c"), idle("d")];
+    (base[1].dp_routing, base[3].dp_routing) = (DpRouting::Kvdir, DpRouting::Kvdir);
+    base.iter_mut().for_each(|c| c.hits.clear());
+    let n = base.len();
+    let hits = vec![Vec::new(); n];
+    let (waiting, queued) = (vec![0; n], vec![QueuedWork::default(); n]);
+    let mut fleet = Kept { base, waiting, queued, hits, pinned: None };
+    // c is listed with nothing on either rank: built, and its ranks tie too.
+    let credited = [(2, Candidate { dp_routing: DpRouting::Kvdir, ..idle("c") })];
+    for pinned in [None, Some(1)] {
+        fleet.pinned = pinned;
+        let full: Vec<Candidate> = (0..n).map(|i| fleet.plain(i)).collect();
+        let full = [&full[..2], &[credited[0].1.clone()], &full[3..]].concat();
+        let (mut all, mut pruned) = (Rotation::default(), Rotation::default());
+        for _ in 0..3 {
+            let want = route_listed(&full, 100, &RouteParams::default(), &mut all, true);
+            let got =
+                route_pruned(&fleet, &credited, &[], 100, &RouteParams::default(), &mut pruned);
+            assert_eq!(got, Some(want), "pinned {pinned:?}");
+            assert_eq!(pruned, all);
+        }
+        let moves = if pinned.is_some() { 3 } else { 9 };
+        assert_eq!(all.rank, moves, "b, c and d each tie (pinned: c alone), three times");
+    }
 }
 
 #[test]
@@ -243,6 +300,7 @@ fn pruning_steps_aside_where_its_proof_does_not_hold() {
         waiting: vec![0, 0],
         queued: vec![QueuedWork::default(); 2],
         hits: vec![Vec::new(); 2],
+        pinned: None,
     };
     let p = RouteParams::default();
     let decide = |fleet: &Kept, p: &RouteParams| {
@@ -250,9 +308,6 @@ fn pruning_steps_aside_where_its_proof_does_not_hold() {
     };
     assert_eq!(decide(&fleet, &p), Some("a".to_string()));
     assert_eq!(decide(&fleet, &RouteParams { policy: Policy::Rr, ..p.clone() }), None);
-    fleet.base[1].dp_routing = DpRouting::Kvdir;
-    assert_eq!(decide(&fleet, &p), None, "a plain instance would move the rank counter");
-    fleet.base[1].dp_routing = DpRouting::Engine;
     fleet.base[1].kind = InstanceType::Decode;
     assert_eq!(decide(&fleet, &p), None, "a decode side is scored whole");
 }
