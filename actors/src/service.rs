@@ -271,7 +271,7 @@ async fn boot(flags: &Flags, plan: StartPlan, front: Arc<FrontDoor>) -> Result<B
     } = plan;
     let kind = stream_kind(&specs, discovery.as_ref(), &engines, bind.as_ref());
     let budget = plan_fds(&limits, flags.http_max_connections as u64, kind);
-    tracing::info!("{}", budget.describe());
+    tracing::info!(zmq_sockets = budget.zmq_sockets(), "{}", budget.describe());
     for warning in budget.warnings(limits.max_concurrent_replays) {
         tracing::warn!("{warning}");
     }
@@ -299,6 +299,7 @@ async fn boot(flags: &Flags, plan: StartPlan, front: Arc<FrontDoor>) -> Result<B
         RouterLink::new(router.clone(), route.clone()),
         arbiters.iter().map(Arbiter::handle).collect(),
         limits.clone(),
+        budget.zmq_sockets(),
     )
     .map_err(StartError::IoThreads)?;
     // Bound (and handed to the I/O threads) before any bound stream starts.

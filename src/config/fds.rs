@@ -7,6 +7,14 @@
 //! `http_connections` HTTP connections, the process stays within the limit, less
 //! [`RESERVED_FDS`] for what it holds otherwise; when even one replay does not fit beside
 //! `max_streams` streams, the plan says how many streams do ([`FdBudget::streams_allowed`]).
+//!
+//! A closed ZeroMQ socket keeps its descriptors until libzmq's reaper destroys it, which lags
+//! behind by seconds when kvdir is busy: a periodic resync of 4,096 streams closed DEALERs
+//! faster than they went, and 1,400 of them held 2,800 descriptors beyond the replay slots
+//! until the limit was reached. libzmq counts such a socket against the context's socket limit
+//! until it is gone, so that limit ([`FdBudget::zmq_sockets`]) is set to what the descriptors
+//! hold: a socket that does not fit fails to open with `EMFILE`, and the stream waits for it
+//! as for a descriptor, while HTTP, etcd and the other streams keep theirs.
 
 use super::Limits;
 
@@ -22,6 +30,13 @@ pub const CONNECTED_STREAM_FDS: u64 = 4;
 pub const BOUND_STREAM_FDS: u64 = 1;
 /// An open replay DEALER: its mailbox and TCP connection.
 pub const REPLAY_FDS: u64 = 2;
+/// libzmq sockets of a stream kvdir connects to: the SUB and its monitor pair (libzmq's end
+/// and kvdir's), each with a mailbox descriptor ([`CONNECTED_STREAM_FDS`] with the SUB's TCP
+/// connection). A stream on the bind endpoint has none.
+pub const CONNECTED_STREAM_SOCKETS: usize = 3;
+/// libzmq sockets beyond the streams' and the replays': the bind endpoint's ports (one per DP
+/// rank) and the like, within [`RESERVED_FDS`].
+pub const SPARE_SOCKETS: usize = 64;
 
 /// How the streams of a kvdir reach their engines, for the budget.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,6 +66,10 @@ pub struct FdBudget {
     pub http_connections: u64,
     /// The streams' kind the budget is made for.
     pub kind: StreamKind,
+    /// Replay DEALERs that may exist at once, open or closed but not yet destroyed by libzmq:
+    /// every descriptor left beside the streams, HTTP and the reserve ([`REPLAY_FDS`] each),
+    /// at least `replays`.
+    pub replay_sockets: usize,
     /// Streams the config allows (`max_streams`).
     pub max_streams: usize,
     /// Replay DEALERs open at once: `max_concurrent_replays`, lowered to fit.
@@ -69,18 +88,19 @@ impl FdBudget {
     ) -> FdBudget {
         let wanted = limits.max_concurrent_replays.max(1);
         let streams = limits.max_streams as u64 * kind.fds();
-        let replays = match limit {
-            None => wanted,
+        let fit = match limit {
+            None => wanted.saturating_mul(4),
             Some(limit) => {
                 let left = limit.saturating_sub(RESERVED_FDS + http_connections + streams);
-                let fit = usize::try_from(left / REPLAY_FDS).unwrap_or(usize::MAX);
-                fit.clamp(1, wanted)
+                usize::try_from(left / REPLAY_FDS).unwrap_or(usize::MAX)
             }
         };
+        let replays = fit.clamp(1, wanted);
         FdBudget {
             limit,
             http_connections,
             kind,
+            replay_sockets: fit.max(replays),
             max_streams: limits.max_streams,
             replays,
             replays_lowered: replays < wanted,
@@ -96,6 +116,19 @@ impl FdBudget {
     pub fn streams_allowed(&self, kind: StreamKind) -> Option<u64> {
         let left = self.for_streams()?.saturating_sub(self.replays as u64 * REPLAY_FDS);
         Some(left / kind.fds())
+    }
+
+    /// The ZeroMQ context's socket limit (`ZMQ_MAX_SOCKETS`): the streams' sockets, the replay
+    /// DEALERs the descriptors hold ([`FdBudget::replay_sockets`]) and [`SPARE_SOCKETS`].
+    pub fn zmq_sockets(&self) -> usize {
+        let per_stream = match self.kind {
+            StreamKind::Connected => CONNECTED_STREAM_SOCKETS,
+            StreamKind::Bound => 0,
+        };
+        self.max_streams
+            .saturating_mul(per_stream)
+            .saturating_add(self.replay_sockets)
+            .saturating_add(SPARE_SOCKETS)
     }
 
     /// Whether `max_streams` streams of the budget's kind fit.
@@ -180,6 +213,7 @@ mod tests {
         assert_eq!(b.streams_allowed(StreamKind::Connected), Some(3911));
         let b = FdBudget::plan(Some(20_000), &limits(4096, 8192), 4096, StreamKind::Bound);
         assert_eq!((b.replays, b.replays_lowered, b.fits()), (5776, true, true));
+        assert_eq!(b.zmq_sockets(), 5776 + SPARE_SOCKETS, "no socket of their own");
         assert!(b.warnings(8192)[0].contains("at most 5776 replays run at once"));
         assert_eq!(b.streams_allowed(StreamKind::Bound), Some(4096));
     }
@@ -195,5 +229,21 @@ mod tests {
         assert_eq!(w.len(), 2, "{w:?}");
         assert!(w[1].contains("about 166 streams fit") && w[1].contains("ulimit -n"), "{w:?}");
         assert!(b.describe().contains("allows 166 streams kvdir connects to"), "{}", b.describe());
+    }
+
+    #[test]
+    fn closing_dealers_may_use_every_descriptor_left_and_no_more() {
+        // Issue 36, run C: 20,000 - 256 - 1,024 HTTP - 4,096 x 4 = 2,336 left: 256 replays
+        // open at once, 1,168 DEALERs open or closing, each with its 2 descriptors.
+        let b = FdBudget::plan(Some(20_000), &limits(4096, 256), 1024, StreamKind::Connected);
+        assert_eq!((b.replays, b.replay_sockets), (256, 1168));
+        assert_eq!(b.zmq_sockets(), 4096 * 3 + 1168 + SPARE_SOCKETS);
+        let fds = 4096 * CONNECTED_STREAM_FDS + 1168 * REPLAY_FDS + RESERVED_FDS + 1024;
+        assert!(fds <= 20_000, "{fds}");
+        // Too few descriptors for the streams: the one replay still gets its socket.
+        let b = FdBudget::plan(Some(1024), &limits(300, 256), 100, StreamKind::Connected);
+        assert_eq!((b.replays, b.replay_sockets), (1, 1));
+        let b = FdBudget::plan(None, &limits(300, 256), 100, StreamKind::Connected);
+        assert_eq!((b.replays, b.replay_sockets), (256, 1024), "unlimited: room to close");
     }
 }

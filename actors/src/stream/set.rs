@@ -155,16 +155,18 @@ pub struct StreamSet {
 impl StreamSet {
     /// A set whose streams write to `directory`, whose index and stream actors run
     /// on `arbiters` (round robin) and whose streams are served by `limits.io_threads` I/O
-    /// threads; fails only if a thread cannot start.
+    /// threads, with at most `zmq_sockets` ZeroMQ sockets (`FdBudget::zmq_sockets`); fails
+    /// only if a thread cannot start.
     pub fn new(
         directory: Arc<Directory>,
         router: RouterLink,
         arbiters: Vec<ArbiterHandle>,
         limits: Limits,
+        zmq_sockets: usize,
     ) -> std::io::Result<Self> {
         let fds = sockets::raise_fd_limit();
         let replays = limits.max_concurrent_replays;
-        let zmq = ZmqContext::new(limits.max_streams, replays);
+        let zmq = ZmqContext::new(zmq_sockets);
         let pool = IoPool::start(pool::thread_count(limits.io_threads), replays)?;
         tracing::debug!(open_files = ?fds, io_threads = pool.stats().io_threads.len(), "stream pool");
         let (map, registering) = Default::default();

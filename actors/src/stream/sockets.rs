@@ -3,7 +3,10 @@
 //!
 //! libzmq allows 1,023 sockets per context unless `ZMQ_MAX_SOCKETS` is set before the first
 //! socket, and the `zmq` crate offers no setter, so [`ZmqContext`] makes the context itself
-//! (through `zmq-sys`) and hands out ordinary [`zmq::Socket`]s that keep it alive. A stream
+//! (through `zmq-sys`) and hands out ordinary [`zmq::Socket`]s that keep it alive. The limit
+//! is the descriptor budget's ([`FdBudget::zmq_sockets`]): libzmq counts a closed socket until
+//! its reaper has destroyed it, with its descriptors, so the limit bounds what closing DEALERs
+//! hold too, and a socket beyond it fails with `EMFILE` like a missing descriptor. A stream
 //! costs about four sockets (SUB, monitor pair, DEALER while replaying) and four file
 //! descriptors (the SUB's mailbox and TCP connection, two for the monitor), two more while a
 //! replay DEALER is open; a stream on the bind endpoint has no socket of its own, and its
@@ -25,11 +28,6 @@ use std::sync::Arc;
 
 use kvdir::config::fds::{FdBudget, StreamKind};
 use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
-
-/// Sockets per stream the context is sized for (SUB, the monitor pair, a spare).
-const SOCKETS_PER_STREAM: usize = 4;
-/// Sockets beyond the streams' (the bind endpoint, tests, restarts overlapping).
-const SPARE_SOCKETS: usize = 1024;
 
 struct RawContext(*mut c_void);
 
@@ -84,17 +82,13 @@ impl Socket {
 }
 
 impl ZmqContext {
-    /// A context allowing the sockets of `max_streams` streams and `max_replays` replay
-    /// DEALERs, plus a margin.
-    pub fn new(max_streams: usize, max_replays: usize) -> ZmqContext {
+    /// A context allowing `sockets` sockets at once, open or closed but not yet destroyed
+    /// ([`FdBudget::zmq_sockets`]).
+    pub fn new(sockets: usize) -> ZmqContext {
         // SAFETY: no precondition; a null result is checked.
         let ctx = unsafe { zmq_sys::zmq_ctx_new() };
         assert!(!ctx.is_null(), "libzmq cannot create a context (out of memory)");
-        let sockets = max_streams
-            .saturating_mul(SOCKETS_PER_STREAM)
-            .saturating_add(max_replays)
-            .saturating_add(SPARE_SOCKETS)
-            .min(i32::MAX as usize) as i32;
+        let sockets = sockets.min(i32::MAX as usize) as i32;
         let option = zmq_sys::ZMQ_MAX_SOCKETS as i32;
         // SAFETY: `ctx` is a live context with no socket yet, as ZMQ_MAX_SOCKETS requires.
         if unsafe { zmq_sys::zmq_ctx_set(ctx, option, sockets) } != 0 {
@@ -172,4 +166,23 @@ pub fn describe(e: zmq::Error) -> String {
          kvdir connects to needs about 4 file descriptors (1 on the bind endpoint), 2 more while \
          replaying: raise the limit (ulimit -n) or run fewer streams (max_streams)"
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::stream::pool::is_out_of_fds;
+
+    #[test]
+    fn a_socket_beyond_the_budget_fails_like_a_missing_descriptor_until_one_is_destroyed() {
+        let zmq = ZmqContext::new(3);
+        let mut held: Vec<Socket> = (0..3).map(|_| zmq.socket(zmq::DEALER).unwrap()).collect();
+        let e = zmq.socket(zmq::DEALER).err().expect("the fourth socket is over the limit");
+        assert!(is_out_of_fds(e), "{e}: a stream waits for it as for a descriptor");
+        held.pop();
+        // libzmq frees the slot once its reaper has destroyed the closed socket.
+        kvdir_testkit::eventually("the closed socket's slot to come back", || {
+            zmq.socket(zmq::DEALER).map(drop).map_err(|e| e.to_string())
+        });
+    }
 }

@@ -269,7 +269,7 @@ mod tests {
     /// handshake: it counts as connected once connected, and synchronizes by snapshot.
     #[test]
     fn an_inproc_stream_is_connected_at_once_and_synchronizes() {
-        let zmq = ZmqContext::new(4, 4);
+        let zmq = ZmqContext::new(16);
         let publisher = zmq.socket(zmq::PUB).unwrap();
         publisher.bind("inproc://pool-test-live").unwrap();
         let router = zmq.socket(zmq::ROUTER).unwrap();
