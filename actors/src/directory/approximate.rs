@@ -23,7 +23,7 @@ use kvdir::index::{ContentKey, SlotRead, StreamLabel, StreamStatus};
 use kvdir::query::QueryScope;
 
 use super::reader::Make;
-use super::{now_ms, StreamHit};
+use super::{now_ms, Handles, StreamHit};
 
 /// The hash seed of an approximate engine's keys (every engine's default).
 pub(super) const HASH_SEED: u64 = 1024;
@@ -32,12 +32,14 @@ pub(super) const HASH_SEED: u64 = 1024;
 #[derive(Debug, Default)]
 pub struct Approximate {
     cache: Mutex<ApproxCache>,
+    /// The directory's instance handles (its entries' labels carry them).
+    handles: Arc<Handles>,
 }
 
 impl Approximate {
-    /// No engine yet, with `settings`.
-    pub fn new(settings: ApproxSettings) -> Self {
-        Approximate { cache: Mutex::new(ApproxCache::new(settings)) }
+    /// No engine yet, with `settings`, its entries numbered by `handles`.
+    pub(super) fn new(settings: ApproxSettings, handles: Arc<Handles>) -> Self {
+        Approximate { cache: Mutex::new(ApproxCache::new(settings)), handles }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, ApproxCache> {
@@ -90,8 +92,9 @@ impl Approximate {
         let engines: Vec<ApproxEngine> = self.lock().engines().cloned().collect();
         let mut out = Vec::new();
         for e in engines {
+            let handle = self.handles.of(&e.name);
             let labels: Vec<StreamLabel> = (0..e.dp_size.max(1))
-                .map(|dp_rank| label(&e, dp_rank))
+                .map(|dp_rank| StreamLabel { instance_handle: handle, ..label(&e, dp_rank) })
                 .filter(|l| scope.admits(l, e.block_size))
                 .collect();
             if labels.is_empty() {
@@ -128,5 +131,6 @@ fn label(e: &ApproxEngine, dp_rank: u32) -> StreamLabel {
         identity: Some(e.process.clone()),
         model: e.model.clone(),
         tenant: String::new(),
+        instance_handle: 0,
     }
 }

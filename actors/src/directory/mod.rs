@@ -26,10 +26,12 @@
 //! with what it routes.
 
 mod approximate;
+mod handles;
 mod reader;
 mod route_read;
 
 pub use approximate::Approximate;
+pub use handles::Handles;
 pub use reader::Counts;
 pub use route_read::RouteRead;
 
@@ -66,7 +68,6 @@ struct Group {
 }
 
 /// The directory of one service: its shared indexes and its approximate credit.
-#[derive(Default)]
 pub struct Directory {
     /// The indexes, in the order they were made (a position never changes).
     groups: RwLock<Vec<Group>>,
@@ -74,6 +75,14 @@ pub struct Directory {
     approximate: Approximate,
     /// Where each instance's streams were placed.
     roster: Mutex<Roster>,
+    /// A number per instance name, which every entry's label carries.
+    handles: Arc<Handles>,
+}
+
+impl Default for Directory {
+    fn default() -> Self {
+        Directory::new(kvdir::car::ApproxSettings::default())
+    }
 }
 
 /// One stream's entry in a read: who it is, its status and its hit, as one published copy
@@ -110,9 +119,14 @@ impl StreamHit {
         self.label.dp_rank
     }
 
-    /// Its instance name and rank, the order of every read.
+    /// Its instance name and rank.
     pub fn by_name(&self) -> (&String, u32) {
         (&self.label.instance_name, self.label.dp_rank)
+    }
+
+    /// Its instance's handle ([`Handles`]) and rank, the order of a routing read.
+    pub fn by_handle(&self) -> (u32, u32) {
+        (self.label.instance_handle, self.label.dp_rank)
     }
 
     /// Device plus Host-only hit tokens.
@@ -130,11 +144,19 @@ impl StreamHit {
 impl Directory {
     /// No stream yet; engines without KV events get approximate credit with `settings`.
     pub fn new(settings: kvdir::car::ApproxSettings) -> Self {
+        let handles = Arc::<Handles>::default();
         Directory {
             groups: RwLock::default(),
-            approximate: Approximate::new(settings),
+            approximate: Approximate::new(settings, Arc::clone(&handles)),
             roster: Mutex::default(),
+            handles,
         }
+    }
+
+    /// The handle of instance `name` ([`Handles`]), which its entries' labels carry; given
+    /// now if the name has none (the router numbers its instances before their streams come).
+    pub fn instance_handle(&self, name: &str) -> u32 {
+        self.handles.of(name)
     }
 
     /// The engines without KV events and their approximate credit.
@@ -154,6 +176,7 @@ impl Directory {
     ) -> Result<StreamWriter, SharedError> {
         let (block_size, hash_seed) = (config.block_size, config.hash_seed);
         let name = label.instance_name.clone();
+        let label = StreamLabel { instance_handle: self.handles.of(&name), ..label };
         let try_each = |groups: &[Group]| {
             for (i, g) in groups.iter().enumerate() {
                 if (g.block_size, g.hash_seed) != (block_size, hash_seed) {

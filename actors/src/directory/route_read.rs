@@ -11,7 +11,9 @@
 //! [`Directory::streams_of`], which finds them through the [`Roster`]: instance name -> the
 //! slots its streams were given, checked against the published labels on every read.
 //!
-//! Invariant: the read's entries are ordered by instance name, then rank.
+//! Invariant: the read's entries are ordered by instance handle ([`super::Handles`], a number
+//! per name that the labels carry), then rank: each instance's entries are together and found
+//! by its handle, with no name compared.
 
 use std::collections::HashMap;
 use std::ops::Range;
@@ -26,7 +28,7 @@ use super::{approximate::HASH_SEED, Directory, StreamHit};
 /// Every stream's hits for one request, as routing reads them.
 #[derive(Debug, Clone)]
 pub struct RouteRead {
-    /// The entries, ordered by instance name then rank: every stream in scope when
+    /// The entries, ordered by instance handle then rank: every stream in scope when
     /// `complete`, else only the streams holding a prefix of the prompt.
     pub hits: Vec<StreamHit>,
     /// Whether `hits` lists every stream in scope.
@@ -42,10 +44,10 @@ pub struct RouteRead {
 }
 
 impl RouteRead {
-    /// The entries of `instance`.
-    pub fn of(&self, instance: &str) -> &[StreamHit] {
-        let start = self.hits.partition_point(|h| h.instance_name() < instance);
-        let end = self.hits.partition_point(|h| h.instance_name() <= instance);
+    /// The entries of the instance whose handle is `handle` ([`super::Handles`]).
+    pub fn of(&self, handle: u32) -> &[StreamHit] {
+        let start = self.hits.partition_point(|h| h.label.instance_handle < handle);
+        let end = self.hits.partition_point(|h| h.label.instance_handle <= handle);
         &self.hits[start..end]
     }
 
@@ -60,8 +62,9 @@ impl RouteRead {
         self.keys.iter().map(|((block_size, _), k)| (*block_size, k))
     }
 
-    /// A read of these entries alone (tests and benchmarks).
-    pub fn of_hits(hits: Vec<StreamHit>) -> Self {
+    /// A read of these entries alone (tests and benchmarks), ordered as a read is.
+    pub fn of_hits(mut hits: Vec<StreamHit>) -> Self {
+        hits.sort_by_key(StreamHit::by_handle);
         let counts = Counts { streams: hits.len() as u64, ..Counts::default() };
         let instances = instance_ranges(&hits);
         let scope = QueryScope::default();
@@ -69,10 +72,10 @@ impl RouteRead {
     }
 }
 
-/// Where each instance's entries are in `hits` (ordered by instance name).
+/// Where each instance's entries are in `hits` (ordered by instance handle).
 fn instance_ranges(hits: &[StreamHit]) -> Vec<Range<usize>> {
     let mut at = 0;
-    let group = hits.chunk_by(|a, b| a.label.instance_name == b.label.instance_name);
+    let group = hits.chunk_by(|a, b| a.label.instance_handle == b.label.instance_handle);
     group
         .map(|g| {
             at += g.len();
@@ -129,7 +132,7 @@ impl Directory {
             |s, hit, keys: &Arc<[ContentKey]>, block_size| StreamHit::new(s, hit, keys, block_size);
         Reader::with(scope.namespace, |r| {
             let complete = !scope.list.is_compact(self.entries_in(r, scope));
-            let (hits, counts) = match complete {
+            let (mut hits, counts) = match complete {
                 true => {
                     let hits =
                         self.read_each(r, tokens, scope, true, &mut make, StreamHit::by_name);
@@ -137,11 +140,11 @@ impl Directory {
                     (hits, Counts { streams, ..Counts::default() })
                 }
                 false => {
-                    let (mut hits, counts, _) = self.read_credit(r, tokens, scope, true, &mut make);
-                    hits.sort_by(|a, b| a.by_name().cmp(&b.by_name()));
+                    let (hits, counts, _) = self.read_credit(r, tokens, scope, true, &mut make);
                     (hits, counts)
                 }
             };
+            hits.sort_by_key(StreamHit::by_handle);
             let keys = r.completed();
             let instances = instance_ranges(&hits);
             RouteRead { hits, complete, counts, keys, scope: scope.clone(), instances }
@@ -152,7 +155,7 @@ impl Directory {
     /// prefix of its prompt), with zero hits and the prompt's keys in their index, ordered by
     /// rank; engines without KV events included.
     pub fn streams_of(&self, instance: &str, read: &RouteRead) -> Vec<StreamHit> {
-        let listed = read.of(instance);
+        let listed = self.handles.get(instance).map_or(&[][..], |h| read.of(h));
         let new = |h: &StreamHit| !listed.iter().any(|l| l.dp_rank() == h.dp_rank());
         let keys = |settings: (u32, u64)| {
             let found = read.keys.iter().find(|(s, _)| *s == settings);

@@ -148,7 +148,7 @@ fn routing_reads_the_streams_with_credit_and_asks_for_an_instances_others() {
     let read = directory.read_route(&PROMPT, &QueryScope::default());
     assert!(!read.complete);
     let listed: Vec<&str> = read.hits.iter().map(StreamHit::instance_name).collect();
-    assert_eq!(listed, ["s005", "s064", "s129"], "by name");
+    assert_eq!(listed, ["s005", "s064", "s129"], "by handle: the order the names came in");
     assert_eq!((read.counts.streams, read.counts.with_credit), (130, 3));
     let keys: Vec<u32> = read.keys().map(|(b, k)| b * 100 + k.len() as u32).collect();
     assert_eq!(keys, [204], "the prompt's 4 keys of block size 2, once");

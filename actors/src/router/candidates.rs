@@ -125,12 +125,12 @@ impl Router {
         c
     }
 
-    /// The position of each instance `read` lists ([`RouteRead::instances`]), if known: one
-    /// lookup of its name per decision, which the passes over the read share (a name read
-    /// from a thousand cold entries cost more than the rest of a pruned decision).
+    /// The position of each instance `read` lists ([`RouteRead::instances`]), if known: by
+    /// its handle, no name hashed or compared, once per decision for the passes over the read.
     pub(super) fn listed(&self, read: &RouteRead) -> Vec<Option<usize>> {
-        let name = |r: &Range<usize>| read.hits[r.start].instance_name();
-        read.instances().iter().map(|r| self.positions.get(name(r)).copied()).collect()
+        let handle = |r: &Range<usize>| read.hits[r.start].label.instance_handle as usize;
+        let position = |r| self.by_handle.get(handle(r)).copied().filter(|&p| p != usize::MAX);
+        read.instances().iter().map(position).collect()
     }
 
     /// Each known instance's entries in `read` (`listed`: [`Self::listed`]).
@@ -151,7 +151,8 @@ impl Router {
         read: &'a RouteRead,
         instance: &str,
     ) -> Cow<'a, [StreamHit]> {
-        let listed = read.of(instance);
+        let at = self.positions.get(instance);
+        let listed = at.map_or(&[][..], |&i| read.of(self.handles[i]));
         if read.complete {
             return Cow::Borrowed(listed);
         }
@@ -233,7 +234,7 @@ impl Fleet for Plain<'_> {
     }
 
     fn plain(&self, i: usize) -> Candidate {
-        let listed = self.1.of(&self.0.instances[i].candidate.name);
+        let listed = self.1.of(self.0.handles[i]);
         let mut c = self.0.built(i, listed, self.1, self.2);
         super::pin(std::iter::once(&mut c), self.3);
         c

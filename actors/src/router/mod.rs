@@ -159,6 +159,10 @@ pub struct Router {
     instances: Vec<InstanceInfo>,
     /// Position of each instance in `instances`, by name.
     positions: NameMap<String, usize>,
+    /// Each instance's handle in the directory ([`crate::directory::Handles`]), by position.
+    handles: Vec<u32>,
+    /// Position of each instance, by its handle (`usize::MAX`: none).
+    by_handle: Vec<usize>,
     /// Each instance's id, which keys the in-flight requests, predictions and work (`ids.rs`).
     ids: ids::Ids,
     /// `/v1/internal/route`'s settings (`--load_balance_policy`).
@@ -268,6 +272,8 @@ impl Router {
             directory,
             instances: Vec::new(),
             positions: NameMap::default(),
+            handles: Vec::new(),
+            by_handle: Vec::new(),
             ids: ids::Ids::default(),
             params,
             front,
@@ -286,8 +292,16 @@ impl Router {
     fn set_candidates(&mut self, instances: Vec<InstanceInfo>) {
         self.instances = instances;
         self.positions.clear();
+        self.handles.clear();
+        self.by_handle.iter_mut().for_each(|p| *p = usize::MAX);
         for (i, info) in self.instances.iter().enumerate() {
             self.positions.insert(info.candidate.name.clone(), i);
+            let h = self.directory.instance_handle(&info.candidate.name);
+            self.handles.push(h);
+            if self.by_handle.len() <= h as usize {
+                self.by_handle.resize(h as usize + 1, usize::MAX);
+            }
+            self.by_handle[h as usize] = i;
         }
         let gone = self.ids.assign(self.instances.iter().map(|i| i.candidate.name.as_str()));
         for id in &gone {

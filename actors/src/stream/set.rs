@@ -337,6 +337,8 @@ impl StreamSet {
             identity: identity.clone(),
             model: spec.model.clone(),
             tenant: tenant.clone(),
+            // Given by the directory.
+            instance_handle: 0,
         };
         // A bound stream subscribes to its keyed topic on the bind receiver's socket.
         let mut worker_spec = spec.clone();

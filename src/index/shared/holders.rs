@@ -103,6 +103,10 @@ pub struct StreamLabel {
     pub model: String,
     /// The tenant (`tenant_id` of `POST /register`); empty: the default tenant.
     pub tenant: String,
+    /// A number for the instance name, given by whoever adds the stream (`kvdir-service`'s
+    /// directory: one per name, never given to another), so that a read groups and orders a
+    /// prompt's streams by a number instead of comparing names.
+    pub instance_handle: u32,
 }
 
 /// See the module documentation.
