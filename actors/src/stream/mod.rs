@@ -6,10 +6,11 @@
 //! - [`StreamActor`] (`actor.rs`): supervises the worker, restarts it with back-off, answers
 //!   [`GetStreamReport`].
 //! - [`IoPool`] (`pool/`): the fixed set of I/O threads that serve every stream's sockets.
-//! - `worker/`: one stream on its thread: SUB socket, monitor, replay DEALER, decoding and
-//!   recovery; it is the single writer of its stream's state.
+//! - `worker/`: one stream on its thread: its live connection (or SUB socket and monitor),
+//!   replay DEALER, decoding and recovery; it is the single writer of its stream's state.
 //! - `frames.rs`: a message received into reused `zmq::Message`s, and each I/O thread's
 //!   spare batch to decode into.
+//! - `zmtp/`: kvdir's own ZMTP reader of the live streams it connects to.
 //! - `sockets.rs`: the ZeroMQ context sized for `max_streams`, and the open-file limit and its
 //!   budget ([`plan_fds`]).
 //! - [`IndexActor`] (`index_actor.rs`): owns the writer's lifetime ([`Invalidate`],
@@ -27,6 +28,7 @@ mod pool;
 mod set;
 mod sockets;
 mod worker;
+mod zmtp;
 
 pub use actor::{GetStreamReport, StreamActor, StreamOrigin, StreamReport};
 pub use bind::{bind_ports, BindReport, BindRoutes};

@@ -1,20 +1,24 @@
-//! Where a stream's live messages come from ([`Live`]): its own SUB socket (with the monitor
-//! of its handshakes and disconnects), or, on the bind endpoint, the messages its I/O thread
-//! reads from the rank's port (`pool/ports.rs`). A bound stream holds no socket of its own:
+//! Where a stream's live messages come from ([`Live`]): its own connection to a `tcp://IP:PORT`
+//! publisher, read by kvdir's ZMTP reader (`stream/zmtp`), a libzmq SUB socket (with the
+//! monitor of its handshakes and disconnects) for other endpoints, or, on the bind endpoint,
+//! the messages its I/O thread reads from the rank's port (`pool/ports.rs`). A bound stream holds no socket of its own:
 //! its engine's connection is the port's, and the thread hands it each message as read, in
 //! place ([`super::Worker::deliver`]); only a stream that cannot take one then (held by fault
 //! injection, or with older ones queued) keeps a copy here, in order.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
+use std::time::Instant;
 
 use kvdir::config::{is_bound, KEY_WIDTH};
 use mio::{Registry, Token};
 
 use super::open::{open_sub, register};
+use super::{Worker, MAX_BURST};
 use super::{WorkerCtx, SUB_HWM};
 use crate::stream::frames::Frames;
-use crate::stream::sockets::Socket;
+use crate::stream::sockets::{max_frame, Socket};
+use crate::stream::zmtp::{endpoint_addr, Conn, Step};
 
 /// The bit a monitor's token adds to its stream's: the thread reads a monitor only when its
 /// own `ZMQ_FD` fired, not in every turn of its stream.
@@ -32,7 +36,10 @@ pub fn token_stream(t: Token) -> (u64, bool) {
 
 /// A stream's live input.
 pub(super) enum Live {
-    /// kvdir connects to the publisher.
+    /// kvdir connects to the publisher at an IP address: its own ZMTP reader (`None` only
+    /// while a turn reads it).
+    Zmtp(Option<Box<Conn>>),
+    /// kvdir connects to the publisher through libzmq (an endpoint naming a host, or inproc).
     Socket {
         sub: Socket,
         /// Handshakes and disconnects of `sub`; none in process.
@@ -70,6 +77,16 @@ impl Live {
             let topic = spec.replay_topic().to_vec();
             return Ok(Live::Bound { key, topic, inbox: VecDeque::new() });
         }
+        if let Some(addr) = endpoint_addr(&spec.endpoint) {
+            let max = max_frame(&ctx.limits) as u64;
+            let timeout = ctx.limits.publisher_timeout;
+            return Ok(Live::Zmtp(Some(Box::new(Conn::new(
+                addr,
+                spec.topic.as_bytes(),
+                max,
+                timeout,
+            )))));
+        }
         let (sub, monitor) = open_sub(ctx, id)?;
         register(registry, &sub, token)?;
         if let Some(m) = &monitor {
@@ -91,7 +108,7 @@ impl Live {
     pub(super) fn queued(&mut self) -> Option<Vec<Vec<u8>>> {
         match self {
             Live::Bound { inbox, .. } => inbox.pop_front(),
-            Live::Socket { .. } => None,
+            Live::Socket { .. } | Live::Zmtp(_) => None,
         }
     }
 
@@ -103,7 +120,7 @@ impl Live {
     /// The topic live messages carry.
     pub(super) fn topic<'a>(&'a self, ctx: &'a WorkerCtx) -> &'a [u8] {
         match self {
-            Live::Socket { .. } => ctx.spec.topic.as_bytes(),
+            Live::Socket { .. } | Live::Zmtp(_) => ctx.spec.topic.as_bytes(),
             Live::Bound { topic, .. } => topic,
         }
     }
@@ -112,7 +129,15 @@ impl Live {
     pub(super) fn monitor(&self) -> Option<&Socket> {
         match self {
             Live::Socket { monitor, .. } => monitor.as_ref(),
-            Live::Bound { .. } => None,
+            Live::Bound { .. } | Live::Zmtp(_) => None,
+        }
+    }
+
+    /// When a ZMTP connection has something to do without input (a reconnect, a timeout).
+    pub(super) fn deadline(&self) -> Option<Instant> {
+        match self {
+            Live::Zmtp(Some(conn)) => conn.deadline(),
+            _ => None,
         }
     }
 
@@ -124,6 +149,7 @@ impl Live {
             Live::Socket { drained: true, .. } => Ok(false),
             Live::Socket { sub, .. } => Ok(sub.get_events()?.contains(zmq::POLLIN)),
             Live::Bound { inbox, .. } => Ok(!inbox.is_empty()),
+            Live::Zmtp(conn) => Ok(conn.as_ref().is_some_and(|c| c.readable())),
         }
     }
 
@@ -131,7 +157,7 @@ impl Live {
     pub(super) fn bound_key(&self) -> Option<u64> {
         match self {
             Live::Bound { key, .. } => Some(*key),
-            Live::Socket { .. } => None,
+            Live::Socket { .. } | Live::Zmtp(_) => None,
         }
     }
 
@@ -142,5 +168,42 @@ impl Live {
                 inbox.push_back(frames.to_vecs());
             }
         }
+    }
+}
+
+impl Worker {
+    /// A turn of the stream's ZMTP connection, if it has one: connects when due, reads a
+    /// bounded burst of messages (each decoded and applied in place), and reports its
+    /// handshakes and losses to the recovery machine as the socket monitor did.
+    pub(super) fn read_zmtp(&mut self, now: Instant) -> Result<(), zmq::Error> {
+        let Live::Zmtp(slot) = &mut self.live else { return Ok(()) };
+        let Some(mut conn) = slot.take() else { return Ok(()) };
+        let read = self.zmtp_burst(&mut conn, now);
+        conn.end_turn();
+        self.live = Live::Zmtp(Some(conn));
+        read
+    }
+
+    fn zmtp_burst(&mut self, conn: &mut Conn, now: Instant) -> Result<(), zmq::Error> {
+        conn.begin_turn();
+        for _ in 0..MAX_BURST {
+            match conn.next(now, &self.registry, self.token) {
+                Step::Idle => return Ok(()),
+                Step::Message => conn.with_message(|parts| self.live_message(parts, now))?,
+                Step::Connected => {
+                    tracing::info!(endpoint = %self.ctx.spec.endpoint, "connected to publisher");
+                    self.status.connected = true;
+                    self.recovery.on_connected(now, &mut self.actions);
+                    self.run_actions(now)?;
+                }
+                Step::Disconnected(reason) => {
+                    tracing::warn!(endpoint = %self.ctx.spec.endpoint, %reason, "publisher disconnected");
+                    self.status.connected = false;
+                    self.recovery.on_disconnected(&mut self.actions);
+                    self.run_actions(now)?;
+                }
+            }
+        }
+        Ok(())
     }
 }

@@ -1,7 +1,8 @@
-//! One stream's state on its I/O thread (`pool/`): its live input (`live.rs`: a SUB socket
-//! and a socket monitor for handshakes and disconnects, or, on the bind endpoint, the messages
-//! the thread read for it from its rank's port), and a fresh DEALER per replay request, each
-//! socket registered with the thread's `epoll` by its `ZMQ_FD`.
+//! One stream's state on its I/O thread (`pool/`): its live input (`live.rs`: its own ZMTP
+//! connection to a publisher at an IP address, a libzmq SUB socket and a socket monitor for
+//! handshakes and disconnects otherwise, or, on the bind endpoint, the messages the thread
+//! read for it from its rank's port), and a fresh DEALER per replay request, each registered
+//! with the thread's `epoll` (a libzmq socket by its `ZMQ_FD`).
 //!
 //! [`Worker::handle`] decodes what its sockets hold (a bounded burst each), drives the pure
 //! [`Recovery`] machine and carries out its actions itself: the worker is the single writer of
@@ -39,6 +40,7 @@ mod writes;
 
 pub use live::token_stream;
 use live::Live;
+pub(crate) use open::{keepalive, KEEPALIVE_PROBES};
 
 /// Messages read per socket per turn: a busy or replaying stream lets the thread's other
 /// streams have their turn, and keeps its place in the ready list.
@@ -193,14 +195,11 @@ impl Worker {
         self.ended
     }
 
-    /// When the recovery machine (or a DEALER waiting for a descriptor) next has something to
-    /// do without input.
+    /// When the recovery machine (or a DEALER waiting for a descriptor, or the live
+    /// connection) next has something to do without input.
     pub fn next_deadline(&self) -> Option<Instant> {
         let retry = self.dealer_retry.map(|(_, at)| at);
-        match (self.recovery.next_deadline(), retry) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.recovery.next_deadline(), retry, self.live.deadline()].into_iter().flatten().min()
     }
 
     /// A replay slot came for this stream (its DEALER opens in the next turn).
@@ -223,6 +222,7 @@ impl Worker {
             }
         }
         self.read_monitor(now)?;
+        self.read_zmtp(now)?;
         self.read_live(now)?;
         self.read_snapshot(now)?;
         self.recovery.on_tick(now, &mut self.actions);

@@ -13,12 +13,12 @@ use crate::stream::pool::is_out_of_fds;
 use crate::stream::sockets::max_frame;
 
 /// Unanswered TCP keepalive probes after which the kernel drops a connection.
-const KEEPALIVE_PROBES: u32 = 3;
+pub(crate) const KEEPALIVE_PROBES: u32 = 3;
 
 /// TCP keepalive for a publisher `timeout`: seconds idle before the first probe and between
 /// probes, each a quarter of `timeout` (at least 1 s: the kernel counts in seconds), so a host
 /// that vanished is given up after `timeout` (at least 4 s); `None` when `timeout` is zero.
-fn keepalive(timeout: std::time::Duration) -> Option<(u32, u32)> {
+pub(crate) fn keepalive(timeout: std::time::Duration) -> Option<(u32, u32)> {
     if timeout.is_zero() {
         return None;
     }

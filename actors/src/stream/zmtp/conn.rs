@@ -1,0 +1,416 @@
+//! [`Conn`]: one live stream's TCP connection to its publisher, read by the stream's I/O thread
+//! itself. It connects (again after a loss, with libzmq's back-off: 100 ms doubling to 2 s),
+//! greets, sends READY and, once the publisher's READY names a PUB, the subscription, then
+//! reads messages in place from a buffer; a PING is answered. TCP keepalive and
+//! `TCP_USER_TIMEOUT` give a vanished host up after `publisher_timeout_ms`, as the SUB
+//! socket's options did, and a connect or handshake that hangs that long (30 s at most, 30 s
+//! when 0) is given up and retried.
+//!
+//! Reading: the socket is in the thread's `epoll` (edge-triggered, read and write); a turn
+//! reads until a read comes back short (the kernel's queue is then empty, and new bytes fire
+//! the edge again) and parses whole messages out of the buffer. An idle connection holds no
+//! buffer: a turn borrows the thread's spare and gives it back unless a partial message
+//! remains (a small one is copied out).
+
+use std::cell::Cell;
+use std::io::{ErrorKind, Read, Write};
+use std::net::SocketAddr;
+use std::ops::Range;
+use std::time::{Duration, Instant};
+
+use kvdir::backoff::Backoff;
+use mio::net::TcpStream;
+use mio::{Interest, Registry, Token};
+use rustix::net::sockopt;
+
+use super::codec::{self, Item, ZmtpError, GREETING_LEN};
+use crate::stream::worker::keepalive;
+
+/// libzmq's reconnect interval and ceiling as kvdir set them on its SUB sockets.
+const RECONNECT_MIN: Duration = Duration::from_millis(100);
+const RECONNECT_MAX: Duration = Duration::from_millis(2000);
+/// libzmq's default handshake timeout (`ZMQ_HANDSHAKE_IVL`), and the longest connect.
+const HANDSHAKE: Duration = Duration::from_secs(30);
+/// The thread's spare buffer: its size, and the most it keeps.
+const READ_CHUNK: usize = 64 * 1024;
+const MAX_SPARE: usize = 1 << 20;
+/// A partial message up to this size is copied out so the spare goes back to the thread.
+const SMALL_PARTIAL: usize = 4096;
+
+thread_local! {
+    /// The calling I/O thread's spare read buffer.
+    static SPARE: Cell<Vec<u8>> = const { Cell::new(Vec::new()) };
+}
+
+/// What [`Conn::next`] brought.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Step {
+    /// The handshake completed and the subscription is sent.
+    Connected,
+    /// A connection that had completed its handshake is lost: why.
+    Disconnected(String),
+    /// A message: [`Conn::with_message`] shows its frames.
+    Message,
+    /// Nothing more now: the socket is drained, or a reconnect is not due yet.
+    Idle,
+}
+
+enum State {
+    /// Not connected: connects at `at`.
+    Waiting { at: Instant },
+    /// Connecting (until the greeting could be written) or greeting, until `deadline`.
+    Handshake { stream: TcpStream, deadline: Instant, tcp_up: bool, greeted: bool },
+    /// Subscribed: messages flow.
+    Ready { stream: TcpStream },
+}
+
+/// A live stream's connection to its publisher.
+pub struct Conn {
+    addr: SocketAddr,
+    topic: Vec<u8>,
+    max_frame: u64,
+    timeout: Duration,
+    state: State,
+    backoff: Backoff,
+    /// Received bytes; `buf[start..end]` is not parsed yet.
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// Bytes the last message took (consumed at the next step).
+    taken: usize,
+    /// The last message's frames, ranges of `buf[start..]`.
+    frames: Vec<Range<usize>>,
+    /// Bytes to send.
+    out: Vec<u8>,
+    /// The socket was read empty this turn.
+    drained: bool,
+    /// The turn has not reached the end of the input yet.
+    busy: bool,
+    /// Whether a failed attempt was logged since the last handshake.
+    warned: bool,
+}
+
+/// The address of a `tcp://IP:PORT` endpoint; `None` for names and other transports.
+pub fn endpoint_addr(endpoint: &str) -> Option<SocketAddr> {
+    endpoint.strip_prefix("tcp://")?.parse().ok()
+}
+
+impl Conn {
+    /// A connection to `addr` subscribing to `topic`, connecting at the first step.
+    pub fn new(addr: SocketAddr, topic: &[u8], max_frame: u64, timeout: Duration) -> Conn {
+        Conn {
+            addr,
+            topic: topic.to_vec(),
+            max_frame,
+            timeout,
+            state: State::Waiting { at: Instant::now() },
+            backoff: Backoff::new(RECONNECT_MIN, RECONNECT_MAX),
+            buf: Vec::new(),
+            start: 0,
+            end: 0,
+            taken: 0,
+            frames: Vec::new(),
+            out: Vec::new(),
+            drained: false,
+            busy: false,
+            warned: false,
+        }
+    }
+
+    /// When the connection has something to do without input (a reconnect, a timeout).
+    pub fn deadline(&self) -> Option<Instant> {
+        match &self.state {
+            State::Waiting { at } => Some(*at),
+            State::Handshake { deadline, .. } => Some(*deadline),
+            State::Ready { .. } => None,
+        }
+    }
+
+    /// Starts a turn: the socket is read again.
+    pub fn begin_turn(&mut self) {
+        (self.drained, self.busy) = (false, true);
+    }
+
+    /// Whether input may be left after the turn (it stopped before [`Step::Idle`]).
+    pub fn readable(&self) -> bool {
+        self.busy
+    }
+
+    /// The next step: connects when due, greets, reads and parses.
+    pub fn next(&mut self, now: Instant, registry: &Registry, token: Token) -> Step {
+        self.start += std::mem::take(&mut self.taken);
+        let step = match self.step(now, registry, token) {
+            Ok(step) => step,
+            Err(reason) => self.close(now, registry, reason),
+        };
+        if step == Step::Idle {
+            self.busy = false;
+        }
+        step
+    }
+
+    /// Calls `f` with the frames of the message [`Conn::next`] just returned.
+    pub fn with_message<R>(&self, f: impl FnOnce(&[&[u8]]) -> R) -> R {
+        let base = &self.buf[self.start..];
+        if let [a, b, c] = &self.frames[..] {
+            f(&[&base[a.clone()], &base[b.clone()], &base[c.clone()]])
+        } else {
+            f(&self.frames.iter().map(|r| &base[r.clone()]).collect::<Vec<_>>())
+        }
+    }
+
+    /// Ends a turn: an empty buffer goes back to the thread (a small partial message is
+    /// copied out first).
+    pub fn end_turn(&mut self) {
+        self.start += std::mem::take(&mut self.taken);
+        let pending = self.end - self.start;
+        if self.buf.is_empty() || pending > SMALL_PARTIAL {
+            return;
+        }
+        let kept = self.buf[self.start..self.end].to_vec();
+        let spare = std::mem::replace(&mut self.buf, kept);
+        (self.start, self.end) = (0, pending);
+        if spare.len() <= MAX_SPARE {
+            SPARE.set(spare);
+        }
+    }
+
+    fn step(&mut self, now: Instant, registry: &Registry, token: Token) -> Result<Step, String> {
+        loop {
+            match &mut self.state {
+                State::Waiting { at } if now < *at => return Ok(Step::Idle),
+                State::Waiting { .. } => self.connect(now, registry, token)?,
+                State::Handshake { deadline, .. } if now >= *deadline => {
+                    return Err(format!("no ZMTP handshake with {} in time", self.addr));
+                }
+                State::Handshake { .. } => match self.handshake(now)? {
+                    Some(step) => return Ok(step),
+                    None => {
+                        if !self.read_more()? {
+                            return Ok(Step::Idle);
+                        }
+                    }
+                },
+                State::Ready { .. } => {
+                    self.flush()?;
+                    match self.parse()? {
+                        Some(step) => return Ok(step),
+                        None if !self.read_more()? => return Ok(Step::Idle),
+                        None => {}
+                    }
+                }
+            }
+        }
+    }
+
+    fn connect(&mut self, now: Instant, registry: &Registry, token: Token) -> Result<(), String> {
+        let addr = self.addr;
+        let mut stream =
+            TcpStream::connect(addr).map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+        set_liveness(&stream, self.timeout).map_err(|e| format!("keepalive on {addr}: {e}"))?;
+        let interest = Interest::READABLE | Interest::WRITABLE;
+        registry.register(&mut stream, token, interest).map_err(|e| format!("epoll: {e}"))?;
+        self.out.clear();
+        self.out.extend_from_slice(&codec::greeting());
+        codec::ready_sub(&mut self.out);
+        let wait = if self.timeout.is_zero() { HANDSHAKE } else { self.timeout.min(HANDSHAKE) };
+        let deadline = now + wait;
+        self.state = State::Handshake { stream, deadline, tcp_up: false, greeted: false };
+        Ok(())
+    }
+
+    /// Advances the handshake with what is buffered: `Some(Connected)` once done.
+    fn handshake(&mut self, now: Instant) -> Result<Option<Step>, String> {
+        let written = self.flush()?;
+        let State::Handshake { deadline, tcp_up, greeted, .. } = &mut self.state else {
+            return Ok(None);
+        };
+        if written && !*tcp_up {
+            // TCP is up: the handshake's own timeout starts.
+            (*tcp_up, *deadline) = (true, now + HANDSHAKE);
+        }
+        let pending = &self.buf[self.start..self.end];
+        if !*greeted {
+            if pending.len() < GREETING_LEN {
+                return Ok(None);
+            }
+            codec::check_greeting(pending).map_err(|e| e.to_string())?;
+            *greeted = true;
+            self.start += GREETING_LEN;
+        }
+        let pending = &self.buf[self.start..self.end];
+        match codec::next_item(pending, self.max_frame, &mut self.frames) {
+            Ok(Item::Partial) => Ok(None),
+            Ok(Item::Command { len, name, data }) => {
+                let (name, data) = (&pending[name], &pending[data]);
+                let ready = name == b"READY";
+                if ready {
+                    codec::check_ready(data).map_err(|e| e.to_string())?;
+                } else if name == b"ERROR" {
+                    return Err(peer_error(data));
+                }
+                self.start += len;
+                if !ready {
+                    return Ok(None);
+                }
+                codec::subscribe(&self.topic, &mut self.out);
+                let State::Handshake { stream, .. } =
+                    std::mem::replace(&mut self.state, State::Waiting { at: now })
+                else {
+                    unreachable!("checked above")
+                };
+                self.state = State::Ready { stream };
+                self.flush()?;
+                (self.warned, self.drained) = (false, false);
+                self.backoff.reset();
+                Ok(Some(Step::Connected))
+            }
+            Ok(Item::Message { .. }) => Err("a message before the publisher's READY".into()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+
+    /// Parses the next message or command: `Some(Message)`, or `None` when more bytes are
+    /// needed (commands are handled here).
+    fn parse(&mut self) -> Result<Option<Step>, String> {
+        loop {
+            let pending = &self.buf[self.start..self.end];
+            match codec::next_item(pending, self.max_frame, &mut self.frames) {
+                Ok(Item::Partial) => return Ok(None),
+                Ok(Item::Message { len }) => {
+                    self.taken = len;
+                    return Ok(Some(Step::Message));
+                }
+                Ok(Item::Command { len, name, data }) => {
+                    match &pending[name] {
+                        b"PING" => codec::pong(&pending[data], &mut self.out),
+                        b"ERROR" => return Err(peer_error(&pending[data])),
+                        _ => {}
+                    }
+                    self.start += len;
+                    self.flush()?;
+                }
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+    }
+
+    /// Reads what the socket holds into the buffer: `false` when nothing more comes now.
+    fn read_more(&mut self) -> Result<bool, String> {
+        if self.drained {
+            return Ok(false);
+        }
+        let stream = match &mut self.state {
+            State::Handshake { stream, .. } | State::Ready { stream } => stream,
+            State::Waiting { .. } => return Ok(false),
+        };
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        }
+        if self.buf.is_empty() {
+            self.buf = SPARE.take();
+            self.buf.resize(self.buf.len().max(READ_CHUNK), 0);
+        } else if self.end == self.buf.len() {
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                (self.start, self.end) = (0, self.end - self.start);
+            } else {
+                self.buf.resize(self.buf.len().max(READ_CHUNK) * 2, 0);
+            }
+        }
+        let room = self.buf.len() - self.end;
+        loop {
+            match stream.read(&mut self.buf[self.end..]) {
+                Ok(0) => return Err(format!("{} closed the connection", self.addr)),
+                Ok(n) => {
+                    self.end += n;
+                    // A short read emptied the kernel's queue: new bytes fire the edge again.
+                    self.drained = n < room;
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    self.drained = true;
+                    return Ok(false);
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("reading from {}: {e}", self.addr)),
+            }
+        }
+    }
+
+    /// Writes what is queued: `true` once all of it is written (`false`: the socket is not
+    /// writable yet, e.g. still connecting).
+    fn flush(&mut self) -> Result<bool, String> {
+        let stream = match &mut self.state {
+            State::Handshake { stream, .. } | State::Ready { stream } => stream,
+            State::Waiting { .. } => return Ok(false),
+        };
+        while !self.out.is_empty() {
+            match stream.write(&self.out) {
+                Ok(n) => {
+                    self.out.drain(..n);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(false),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::NotConnected => return Ok(false),
+                Err(e) => return Err(format!("cannot reach {}: {e}", self.addr)),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Drops the connection (to reconnect after the back-off).
+    fn close(&mut self, now: Instant, registry: &Registry, reason: String) -> Step {
+        let at = now + self.backoff.next_delay();
+        let old = std::mem::replace(&mut self.state, State::Waiting { at });
+        (self.start, self.end, self.taken) = (0, 0, 0);
+        let spare = std::mem::take(&mut self.buf);
+        if !spare.is_empty() && spare.len() <= MAX_SPARE {
+            SPARE.set(spare);
+        }
+        self.out.clear();
+        match old {
+            State::Ready { mut stream } => {
+                let _ = registry.deregister(&mut stream);
+                Step::Disconnected(reason)
+            }
+            State::Handshake { mut stream, .. } => {
+                let _ = registry.deregister(&mut stream);
+                self.log_failure(&reason);
+                Step::Idle
+            }
+            State::Waiting { .. } => {
+                self.log_failure(&reason);
+                Step::Idle
+            }
+        }
+    }
+
+    /// A failed connect or handshake: logged once until one succeeds (a publisher not up
+    /// yet is routine).
+    fn log_failure(&mut self, reason: &str) {
+        if !std::mem::replace(&mut self.warned, true) {
+            tracing::info!(endpoint = %self.addr, reason, "cannot connect to the publisher yet; retrying");
+        } else {
+            tracing::debug!(endpoint = %self.addr, reason, "connect retry failed");
+        }
+    }
+}
+
+/// An ERROR command's data (a length byte, the reason) as the connection's failure.
+fn peer_error(data: &[u8]) -> String {
+    let reason = String::from_utf8_lossy(data.get(1..).unwrap_or_default());
+    ZmtpError::PeerError(reason.into_owned()).to_string()
+}
+
+/// TCP keepalive and `TCP_USER_TIMEOUT` for a publisher timeout (none when it is 0).
+fn set_liveness(s: &TcpStream, timeout: Duration) -> std::io::Result<()> {
+    let Some((idle, interval)) = keepalive(timeout) else { return Ok(()) };
+    let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
+    sockopt::set_tcp_user_timeout(s, ms)?;
+    sockopt::set_socket_keepalive(s, true)?;
+    sockopt::set_tcp_keepidle(s, Duration::from_secs(u64::from(idle)))?;
+    sockopt::set_tcp_keepintvl(s, Duration::from_secs(u64::from(interval)))?;
+    sockopt::set_tcp_keepcnt(s, crate::stream::worker::KEEPALIVE_PROBES)?;
+    Ok(())
+}
