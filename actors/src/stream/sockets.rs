@@ -14,9 +14,9 @@
 //! [`plan_fds`] lifts the soft `RLIMIT_NOFILE` to the hard one at start and plans what it holds
 //! ([`FdBudget`]); [`describe`] turns `EMFILE` into a message naming the limit and the fix.
 //!
-//! The only unsafe code of the service: five libzmq calls (context new, set, term; socket; the
-//! socket option `ZMQ_TCP_MAXRT`, which the `zmq` crate lacks), each with its contract stated
-//! where it is made. The context runs libzmq's default one I/O
+//! The only unsafe code of the service: six libzmq calls (context new, set, term; socket; the
+//! socket option `ZMQ_TCP_MAXRT` and stopping a socket monitor, which the `zmq` crate lacks),
+//! each with its contract stated where it is made. The context runs libzmq's default one I/O
 //! thread: with no ZMTP heartbeats (a connected publisher's liveness is TCP keepalive, kept by
 //! the kernel), every more thread would only be another one to wake.
 
@@ -65,6 +65,22 @@ impl Deref for Socket {
 }
 
 impl Socket {
+    /// Stops the socket monitor started with `monitor` (`zmq_socket_monitor` with no
+    /// endpoint). libzmq's I/O thread sends a monitored socket's events with a blocking send,
+    /// until the socket is destroyed, seconds after it is closed: had the monitor's reader
+    /// closed first and the connection then failed, the send would wait for a reader for ever
+    /// and every socket of the context would stop (issue 36, run C: replay DEALERs never
+    /// destroyed, descriptors run out). Stopping the monitor first closes libzmq's end.
+    pub fn stop_monitor(&mut self) {
+        // SAFETY: a live socket (this handle owns it, open until dropped); a null endpoint
+        // is the documented way to stop monitoring.
+        let rc =
+            unsafe { zmq_sys::zmq_socket_monitor(self.socket.as_mut_ptr(), std::ptr::null(), 0) };
+        if rc != 0 {
+            tracing::warn!(error = %errno(), "cannot stop a socket monitor");
+        }
+    }
+
     /// `ZMQ_TCP_MAXRT`: on Linux the `TCP_USER_TIMEOUT` of the socket's connections, which
     /// drops a connection whose data stays unacknowledged for `ms` (a vanished host), and
     /// bounds a keepalive's wait the same way; 0 leaves the system's (about 15 minutes).
@@ -184,5 +200,44 @@ mod tests {
         kvdir_testkit::eventually("the closed socket's slot to come back", || {
             zmq.socket(zmq::DEALER).map(drop).map_err(|e| e.to_string())
         });
+    }
+
+    /// A SUB of `zmq` subscribed to everything and connected to a new PUB of another context.
+    fn subscribed(zmq: &ZmqContext, other: &zmq::Context) -> (Socket, zmq::Socket) {
+        let publisher = other.socket(zmq::PUB).unwrap();
+        publisher.set_linger(0).unwrap();
+        publisher.bind("tcp://127.0.0.1:0").unwrap();
+        let sub = zmq.socket(zmq::SUB).unwrap();
+        sub.set_subscribe(b"").unwrap();
+        sub.connect(&publisher.get_last_endpoint().unwrap().unwrap()).unwrap();
+        (sub, publisher)
+    }
+
+    #[test]
+    fn a_monitor_stopped_before_its_reader_closes_leaves_libzmq_running_when_the_peer_goes() {
+        // Dropped only at the end: a context whose I/O thread is stuck never terminates.
+        let zmq = std::mem::ManuallyDrop::new(ZmqContext::new(16));
+        let other = zmq::Context::new();
+        let (mut sub, publisher) = subscribed(&zmq, &other);
+        let events =
+            zmq::SocketEvent::HANDSHAKE_SUCCEEDED as i32 | zmq::SocketEvent::DISCONNECTED as i32;
+        sub.monitor("inproc://sockets-test-monitor", events).unwrap();
+        let monitor = zmq.socket(zmq::PAIR).unwrap();
+        monitor.connect("inproc://sockets-test-monitor").unwrap();
+        kvdir_testkit::eventually("the handshake event", || {
+            monitor.recv_multipart(zmq::DONTWAIT).map(drop).map_err(|e| e.to_string())
+        });
+        // A stream stopped as its publisher goes: the reader closes, then the connection
+        // fails. Without the stop, libzmq's I/O thread waits for ever to send the disconnect.
+        sub.stop_monitor();
+        drop(monitor);
+        drop(publisher);
+        let (next, publisher) = subscribed(&zmq, &other);
+        kvdir_testkit::eventually("a new connection to carry a message", || {
+            publisher.send("x", 0).unwrap();
+            next.recv_bytes(zmq::DONTWAIT).map_err(|e| e.to_string())
+        });
+        drop((sub, next));
+        drop(std::mem::ManuallyDrop::into_inner(zmq));
     }
 }

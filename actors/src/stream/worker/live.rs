@@ -207,3 +207,14 @@ impl Worker {
         Ok(())
     }
 }
+
+impl Drop for Live {
+    /// The SUB's monitor stops before the monitor's reader closes (`Socket::stop_monitor`):
+    /// the fields drop in order, and libzmq would otherwise send a disconnect that comes
+    /// meanwhile to a reader that is gone, stopping its I/O thread for good.
+    fn drop(&mut self) {
+        if let Live::Socket { sub, monitor: Some(_), .. } = self {
+            sub.stop_monitor();
+        }
+    }
+}
