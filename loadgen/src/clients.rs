@@ -222,22 +222,41 @@ mod tests {
         assert_eq!(s.per_second(), 50.0);
     }
 
+    /// A port bound but not listening, held: connections to it are refused, and no other
+    /// process can bind it meanwhile.
+    fn dead_port() -> (rustix::fd::OwnedFd, std::net::SocketAddrV4) {
+        use rustix::net::{bind, getsockname, socket, AddressFamily, SocketType};
+        let fd = socket(AddressFamily::INET, SocketType::STREAM, None).unwrap();
+        bind(&fd, &std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let addr = getsockname(&fd).unwrap().try_into().unwrap();
+        (fd, addr)
+    }
+
     #[test]
     fn a_dead_server_gives_transport_errors_not_latencies() {
-        let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+        let (_held, addr) = dead_port();
         let plan = ClientPlan {
             addr: addr.to_string(),
             token: None,
             clients: vec![(Kind::Route, 1)],
             rate: Some(200.0),
         };
-        let deadline = Instant::now() + Duration::from_millis(50);
-        let ((), stats) = with_clients(&plan, &[b"{}".to_vec()], || {
-            while Instant::now() < deadline {
-                thread::yield_now();
+        // Clients for 50 ms at a time until one request went out (a loaded machine may not
+        // run the client thread in the first window).
+        let give_up = Instant::now() + Duration::from_secs(20);
+        let stats = loop {
+            let window = Instant::now() + Duration::from_millis(50);
+            let ((), stats) = with_clients(&plan, &[b"{}".to_vec()], || {
+                while Instant::now() < window {
+                    thread::yield_now();
+                }
+            })
+            .unwrap();
+            let sent = stats[0].error_count() + stats[0].latencies.len() as u64;
+            if sent > 0 || Instant::now() > give_up {
+                break stats;
             }
-        })
-        .unwrap();
+        };
         assert_eq!(stats.len(), 1);
         assert!(stats[0].latencies.is_empty());
         assert!(stats[0].errors.keys().all(|k| k.starts_with("transport: ")), "{stats:?}");

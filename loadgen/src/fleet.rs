@@ -298,22 +298,35 @@ fn http_base(o: &BenchOptions, tried: &[u32], serving: bool) -> Result<u32, Benc
     }
     let start = std::process::id() % BASES;
     let bases = (0..BASES).map(|i| FIRST_BASE + ((start + i) % BASES) * BASE_STEP);
-    // Only bound ports need to be free: HTTP when served, events unless engines connect.
-    let (bound_http, bound_events) = (serving, o.events_bind.is_none());
-    for base in bases.filter(|b| !tried.contains(b)) {
-        let http = (0..o.engines).filter(|_| bound_http).map(|k| base + k * o.dp_size);
-        let events = (0..streams).filter(|_| bound_events).map(|i| base + event_offset + i);
-        let replay = (0..streams).map(|i| base + replay_offset + i);
-        let last = base + replay_offset.max(event_offset) + streams - 1;
-        if last <= u32::from(u16::MAX) && http.chain(events).chain(replay).all(port_is_free) {
-            return Ok(base);
-        }
+    if let Some(base) = free_base(o, bases, tried, serving) {
+        return Ok(base);
     }
     Err(BenchError::Flags(vec![format!(
         "no free block of ports found for {streams} streams from {FIRST_BASE}; pass \
          --http_port P with free ports P+{event_offset}.. and P+{replay_offset}.. (move them with \
          --event_port_offset and --replay_port_offset, below the ephemeral range from 32768)"
     )]))
+}
+
+/// The first of `bases`, other than those `tried`, whose ports are all free. Only bound ports
+/// need to be: HTTP when served, events unless engines connect.
+fn free_base(
+    o: &BenchOptions,
+    bases: impl Iterator<Item = u32>,
+    tried: &[u32],
+    serving: bool,
+) -> Option<u32> {
+    let streams = o.engines * o.dp_size;
+    let (event_offset, replay_offset) = (u32::from(o.port_offsets.0), u32::from(o.port_offsets.1));
+    let (bound_http, bound_events) = (serving, o.events_bind.is_none());
+    let mut bases = bases.filter(|b| !tried.contains(b));
+    bases.find(|&base| {
+        let http = (0..o.engines).filter(|_| bound_http).map(|k| base + k * o.dp_size);
+        let events = (0..streams).filter(|_| bound_events).map(|i| base + event_offset + i);
+        let replay = (0..streams).map(|i| base + replay_offset + i);
+        let last = base + replay_offset.max(event_offset) + streams - 1;
+        last <= u32::from(u16::MAX) && http.chain(events).chain(replay).all(port_is_free)
+    })
 }
 
 fn port_is_free(port: u32) -> bool {
@@ -327,12 +340,23 @@ mod tests {
 
     #[test]
     fn a_base_tried_already_is_not_probed_again() {
+        // Blocks of 12 ports (HTTP +0 +2, events +4.., snapshots +8..) at ports the OS just
+        // found free, not at fixed ones another run may hold.
         let args = ["--etcd_addr=127.0.0.1:1", "--engines=2", "--dp_size=2"];
-        let Ok(BenchCommand::Run(o)) = parse_args(args.map(String::from)) else { panic!() };
-        let first = http_base(&o, &[], true).expect("a free block of ports");
-        let second = http_base(&o, &[first], true).expect("another free block");
+        let offsets = ["--event_port_offset=4", "--replay_port_offset=8"];
+        let args = args.into_iter().chain(offsets).map(String::from);
+        let Ok(BenchCommand::Run(o)) = parse_args(args) else { panic!() };
+        let os_port = || {
+            let l = TcpListener::bind("127.0.0.1:0").expect("a free port");
+            u32::from(l.local_addr().unwrap().port())
+        };
+        let bases: Vec<u32> = (0..32).map(|_| os_port()).collect();
+        let free = |tried: &[u32]| free_base(&o, bases.iter().copied(), tried, true);
+        let first = free(&[]).expect("a free block of ports");
+        let second = free(&[first]).expect("another free block");
         assert_ne!(first, second);
-        assert!(![first, second].contains(&http_base(&o, &[first, second], true).unwrap()));
+        let third = free(&[first, second]).expect("a third free block");
+        assert!(![first, second].contains(&third));
     }
 
     /// Every config the tool can write is one kvdir accepts (kvdir's own parser).
