@@ -109,7 +109,7 @@ out, n = sys.argv[1], int(sys.argv[2])
 names = [t.split(":")[0] for t in sys.argv[3:]]
 def cost(path):
     return int(re.search(r"-(\d+)-\d+\.json$", path).group(1))
-print("mean (min-max) over %d runs: hit %% of the per-engine bound, TTFT p50/p99 s, imbalance" % n)
+print("mean (min-max) over %d runs: hit %% of the per-engine bound, TTFT p50/p99/mean s, imbalance" % n)
 for name in names:
     for c in sorted({cost(p) for p in glob.glob("%s/%s-*-*.json" % (out, name))}):
         reps = [json.load(open(p))["runs"] for p in sorted(glob.glob("%s/%s-%d-*.json" % (out, name, c)))]
@@ -119,9 +119,10 @@ for name in names:
             def agg(f, fmt="%.3g"):
                 v = [f(x) for x in xs]
                 return (fmt + " (" + fmt + "-" + fmt + ")") % (sum(v) / len(v), min(v), max(v))
-            cells.append("%s hit %s p50 %s p99 %s imb %s" % (run["label"],
+            cells.append("%s hit %s p50 %s p99 %s mean %s imb %s" % (run["label"],
                 agg(lambda x: 100 * x["share_of_per_engine_bound"], "%.0f"),
                 agg(lambda x: x["ttft_ms"]["p50"] / 1000), agg(lambda x: x["ttft_ms"]["p99"] / 1000),
+                agg(lambda x: x["ttft_ms"]["mean"] / 1000),
                 agg(lambda x: x["imbalance"], "%.2f")))
         print("| %s %d (%d runs) | %s |" % (name, c, len(reps), " | ".join(cells)))
 PY

@@ -9,7 +9,9 @@
 //!   is judged against; and one LRU with the fleet's pooled capacity, for reference;
 //! - busy share: each engine's simulated service time over the trace's span, mean and max
 //!   over the engines (how loaded the run was);
-//! - TTFT: simulated, from the FIFO model ([`super::clock`]);
+//! - TTFT: simulated, from the FIFO model ([`super::clock`]): p50, p99, max and mean (past
+//!   saturation the mean follows the work done, and a p50 below another policy's at an equal
+//!   mean comes from unequal engines);
 //! - imbalance: the most requests any engine got over the mean per engine (1 = even);
 //! - prediction: of the requests kvdir gave a Device hit for on the chosen rank, the share
 //!   whose prediction equalled what the engine then reported (stale when events are in flight);
@@ -195,6 +197,8 @@ impl PolicyRun {
 
     fn json(&self, bound: f64, per_engine_bound: f64) -> Value {
         let (busy_mean, busy_max) = self.busy_share();
+        let ttft_sum: f64 = self.ttfts.iter().map(|t| ms(*t)).sum();
+        let ttft_mean = ttft_sum / self.ttfts.len().max(1) as f64;
         json!({
             "policy": policy_name(self.policy),
             "label": self.label,
@@ -210,6 +214,7 @@ impl PolicyRun {
                 "p50": ms(percentile(&self.ttfts, 50.0)),
                 "p99": ms(percentile(&self.ttfts, 99.0)),
                 "max": ms(self.ttfts.last().copied().unwrap_or_default()),
+                "mean": ttft_mean,
             },
             "requests_per_engine": self.per_engine,
             "imbalance": self.imbalance(),
