@@ -80,7 +80,7 @@ impl Live {
         if let Some(addr) = endpoint_addr(&spec.endpoint) {
             let max = max_frame(&ctx.limits) as u64;
             let timeout = ctx.limits.publisher_timeout;
-            return Ok(Live::Zmtp(Some(Box::new(Conn::new(
+            return Ok(Live::Zmtp(Some(Box::new(Conn::sub(
                 addr,
                 spec.topic.as_bytes(),
                 max,

@@ -1,8 +1,9 @@
 //! One stream's state on its I/O thread (`pool/`): its live input (`live.rs`: its own ZMTP
 //! connection to a publisher at an IP address, a libzmq SUB socket and a socket monitor for
 //! handshakes and disconnects otherwise, or, on the bind endpoint, the messages the thread
-//! read for it from its rank's port), and a fresh DEALER per replay request, each registered
-//! with the thread's `epoll` (a libzmq socket by its `ZMQ_FD`).
+//! read for it from its rank's port), and a fresh DEALER per replay request (kvdir's own
+//! connection at an IP address), each registered with the thread's `epoll` (a libzmq socket
+//! by its `ZMQ_FD`).
 //!
 //! [`Worker::handle`] decodes what its sockets hold (a bounded burst each), drives the pure
 //! [`Recovery`] machine and carries out its actions itself: the worker is the single writer of
@@ -41,6 +42,7 @@ mod writes;
 pub use live::token_stream;
 use live::Live;
 pub(crate) use open::{keepalive, KEEPALIVE_PROBES};
+use open::{read_replies, Dealer};
 
 /// Messages read per socket per turn: a busy or replaying stream lets the thread's other
 /// streams have their turn, and keeps its place in the ready list.
@@ -103,7 +105,7 @@ pub struct Worker {
     ctx: WorkerCtx,
     /// The live input: a SUB socket, or the bind endpoint's messages for this stream.
     live: Live,
-    dealer: Option<Socket>,
+    dealer: Option<Dealer>,
     /// The thread's `epoll`, and this stream's token in it.
     registry: Arc<Registry>,
     token: Token,
@@ -199,7 +201,14 @@ impl Worker {
     /// connection) next has something to do without input.
     pub fn next_deadline(&self) -> Option<Instant> {
         let retry = self.dealer_retry.map(|(_, at)| at);
-        [self.recovery.next_deadline(), retry, self.live.deadline()].into_iter().flatten().min()
+        let dealer = match &self.dealer {
+            Some(Dealer::Zmtp(c)) => c.deadline(),
+            _ => None,
+        };
+        [self.recovery.next_deadline(), retry, self.live.deadline(), dealer]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     /// A replay slot came for this stream (its DEALER opens in the next turn).
@@ -230,7 +239,8 @@ impl Worker {
         self.publish();
         self.publish_status();
         let dealer = match &self.dealer {
-            Some(d) => d.get_events()?.contains(zmq::POLLIN),
+            Some(Dealer::Zmq(d)) => d.get_events()?.contains(zmq::POLLIN),
+            Some(Dealer::Zmtp(c)) => c.readable(),
             None => false,
         };
         Ok(dealer || self.live.readable()?)
@@ -347,14 +357,20 @@ impl Worker {
     }
 
     fn read_snapshot(&mut self, now: Instant) -> Result<(), zmq::Error> {
-        let Some(dealer) = &self.dealer else { return Ok(()) };
-        let mut frames = Vec::new();
-        while let Ok(f) = dealer.recv_multipart(zmq::DONTWAIT) {
-            frames.push(f);
-            if frames.len() >= MAX_BURST {
-                break;
+        let frames = match &mut self.dealer {
+            None => return Ok(()),
+            Some(Dealer::Zmq(dealer)) => {
+                let mut frames = Vec::new();
+                while let Ok(f) = dealer.recv_multipart(zmq::DONTWAIT) {
+                    frames.push(f);
+                    if frames.len() >= MAX_BURST {
+                        break;
+                    }
+                }
+                frames
             }
-        }
+            Some(Dealer::Zmtp(conn)) => read_replies(conn, now, &self.registry, self.token),
+        };
         let request = self.requests;
         for f in frames {
             if self.requests != request || !self.recovery.awaits_reply() {

@@ -2,15 +2,18 @@
 //! request (once the stream holds a replay slot), and their `ZMQ_FD`s in the thread's `epoll`.
 //! A DEALER that cannot open for want of a file descriptor is tried again after a back-off.
 
+use std::net::SocketAddr;
 use std::time::Instant;
 
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
+use rustix::io::Errno as E;
 
-use super::{Socket, Worker, WorkerCtx, SUB_HWM};
+use super::{Socket, Worker, WorkerCtx, MAX_BURST, SUB_HWM};
 use crate::faults::{self, FaultPoint};
 use crate::stream::pool::is_out_of_fds;
 use crate::stream::sockets::max_frame;
+use crate::stream::zmtp::{endpoint_addr, Conn, Step};
 
 /// Unanswered TCP keepalive probes after which the kernel drops a connection.
 pub(crate) const KEEPALIVE_PROBES: u32 = 3;
@@ -116,11 +119,15 @@ impl Worker {
         }
     }
 
-    /// A fresh DEALER per request: an old one may still hold stale replies.
+    /// A fresh DEALER per request: an old one may still hold stale replies. At an IP address
+    /// it is kvdir's own ZMTP connection.
     fn try_open_dealer(&mut self, start_seq: u64) -> Result<(), zmq::Error> {
         let spec = &self.ctx.spec;
         faults::check(FaultPoint::SnapshotRequest, &spec.instance_name, spec.dp_rank)?;
         self.close_dealer();
+        if let Some(addr) = endpoint_addr(&self.ctx.spec.replay_endpoint) {
+            return self.connect_dealer(addr, start_seq);
+        }
         let dealer = self.ctx.zmq.socket(zmq::DEALER)?;
         dealer.set_linger(0)?;
         dealer.set_maxmsgsize(max_frame(&self.ctx.limits))?;
@@ -136,19 +143,71 @@ impl Worker {
             },
         )?;
         register(&self.registry, &dealer, self.token)?;
-        self.dealer = Some(dealer);
+        self.dealer = Some(Dealer::Zmq(dealer));
+        self.requests += 1;
+        Ok(())
+    }
+
+    /// A DEALER of kvdir's own to `addr`: its request goes out once the handshake is done.
+    fn connect_dealer(&mut self, addr: SocketAddr, start_seq: u64) -> Result<(), zmq::Error> {
+        let request = [&b""[..], &start_seq.to_be_bytes()[..]];
+        let (max, timeout) =
+            (max_frame(&self.ctx.limits) as u64, self.ctx.limits.publisher_timeout);
+        match Conn::dealer(addr, &request, max, timeout, (&*self.registry, self.token)) {
+            Ok(conn) => self.dealer = Some(Dealer::Zmtp(Box::new(conn))),
+            Err(e) if matches!(E::from_io_error(&e), Some(E::MFILE | E::NFILE)) => {
+                return Err(zmq::Error::EMFILE);
+            }
+            // The request is lost: the replay timeout retries it.
+            Err(e) => tracing::debug!(%addr, error = %e, "cannot connect to the replay endpoint"),
+        }
         self.requests += 1;
         Ok(())
     }
 
     /// Closes the DEALER, taken out of `epoll` first (its descriptor may be reused at once).
     pub(super) fn close_dealer(&mut self) {
-        if let Some(d) = self.dealer.take() {
-            if let Ok(fd) = d.get_fd() {
-                let _ = self.registry.deregister(&mut SourceFd(&fd));
+        match self.dealer.take() {
+            Some(Dealer::Zmq(d)) => {
+                if let Ok(fd) = d.get_fd() {
+                    let _ = self.registry.deregister(&mut SourceFd(&fd));
+                }
             }
+            Some(Dealer::Zmtp(mut conn)) => conn.shut(&self.registry),
+            None => {}
         }
     }
+}
+
+/// A replay request's socket.
+pub(super) enum Dealer {
+    /// libzmq's, for an endpoint naming a host.
+    Zmq(Socket),
+    /// kvdir's own connection, at an IP address.
+    Zmtp(Box<Conn>),
+}
+
+/// The replies a ZMTP DEALER holds, at most [`MAX_BURST`] (a lost connection gives none: the
+/// replay times out and asks again).
+pub(super) fn read_replies(
+    conn: &mut Conn,
+    now: Instant,
+    registry: &Registry,
+    token: Token,
+) -> Vec<Vec<Vec<u8>>> {
+    let mut replies = Vec::new();
+    conn.begin_turn();
+    while replies.len() < MAX_BURST {
+        match conn.next(now, registry, token) {
+            Step::Idle => break,
+            Step::Message => {
+                replies.push(conn.with_message(|p| p.iter().map(|f| f.to_vec()).collect()))
+            }
+            Step::Connected | Step::Disconnected(_) => {}
+        }
+    }
+    conn.end_turn();
+    replies
 }
 
 #[cfg(test)]

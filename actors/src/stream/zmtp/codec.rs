@@ -1,7 +1,8 @@
-//! The ZMTP 3.0 wire format as a SUB socket with the NULL mechanism speaks it (RFC 23): the
-//! 64-byte greeting, frames (a flags byte, a 1- or 8-byte size, the body), the READY command
-//! naming the socket type, a subscription (a data message whose first byte is 1, as ZMTP 3.0
-//! subscribes), and PING's answer. Pure: bytes in, bytes or a parsed item out.
+//! The ZMTP 3.0 wire format as a SUB or DEALER socket with the NULL mechanism speaks it
+//! (RFC 23): the 64-byte greeting, frames (a flags byte, a 1- or 8-byte size, the body), the
+//! READY command naming the socket type, a subscription (a data message whose first byte is 1,
+//! as ZMTP 3.0 subscribes), a message, and PING's answer. Pure: bytes in, bytes or a parsed
+//! item out.
 //!
 //! kvdir's greeting says version 3.0, so a ZMTP 3.1 publisher (libzmq 4.3, pyzmq) speaks 3.0
 //! to it: subscriptions as messages, which every 3.x publisher accepts. A 3.1 peer's PING is
@@ -21,7 +22,7 @@ const COMMAND: u8 = 0x04;
 pub enum ZmtpError {
     /// Not a ZMTP 3.x greeting, or not the NULL mechanism.
     Greeting(String),
-    /// The peer's READY is malformed or names a socket type a SUB cannot talk to.
+    /// The peer's READY is malformed or names a socket type this side cannot talk to.
     Ready(String),
     /// A frame above the size limit.
     TooLarge {
@@ -93,12 +94,46 @@ fn frame(flags: u8, body: &[&[u8]], out: &mut Vec<u8>) {
     body.iter().for_each(|b| out.extend_from_slice(b));
 }
 
-/// Appends a SUB socket's READY command.
-pub fn ready_sub(out: &mut Vec<u8>) {
+/// Which socket kvdir's side of a connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// A SUB socket (a live stream).
+    Sub,
+    /// A DEALER socket (a replay request).
+    Dealer,
+}
+
+impl Role {
+    /// The socket type READY names.
+    fn name(self) -> &'static [u8] {
+        match self {
+            Role::Sub => b"SUB",
+            Role::Dealer => b"DEALER",
+        }
+    }
+
+    /// The socket types of peers it talks to (ZMTP's compatibility table).
+    fn peers(self) -> &'static [&'static [u8]] {
+        match self {
+            Role::Sub => &[b"PUB", b"XPUB"],
+            Role::Dealer => &[b"ROUTER", b"DEALER", b"REP"],
+        }
+    }
+}
+
+/// Appends `role`'s READY command.
+pub fn ready(role: Role, out: &mut Vec<u8>) {
     let name = b"Socket-Type";
-    let value = b"SUB";
+    let value = role.name();
     let (n, v) = ([name.len() as u8], (value.len() as u32).to_be_bytes());
     frame(COMMAND, &[b"\x05READY", &n, name, &v, value], out);
+}
+
+/// Appends a message of `frames`.
+pub fn message(frames: &[&[u8]], out: &mut Vec<u8>) {
+    for (i, f) in frames.iter().enumerate() {
+        frame(if i + 1 < frames.len() { MORE } else { 0 }, &[f], out);
+    }
 }
 
 /// Appends a subscription to `topic` (every message whose first frame starts with it).
@@ -179,8 +214,8 @@ pub fn next_item(b: &[u8], max: u64, frames: &mut Vec<Range<usize>>) -> Result<I
     }
 }
 
-/// Checks a READY command's data: its `Socket-Type` must be one a SUB talks to.
-pub fn check_ready(mut data: &[u8]) -> Result<(), ZmtpError> {
+/// Checks a READY command's data: its `Socket-Type` must be one `role` talks to.
+pub fn check_ready(role: Role, mut data: &[u8]) -> Result<(), ZmtpError> {
     let mut socket_type = None;
     while !data.is_empty() {
         let n = data[0] as usize;
@@ -196,10 +231,12 @@ pub fn check_ready(mut data: &[u8]) -> Result<(), ZmtpError> {
         data = &data[5 + n + size..];
     }
     match socket_type {
-        Some(b"PUB") | Some(b"XPUB") => Ok(()),
+        Some(t) if role.peers().contains(&t) => Ok(()),
         Some(other) => Err(ZmtpError::Ready(format!(
-            "socket type {} (a SUB needs PUB or XPUB)",
-            String::from_utf8_lossy(other)
+            "socket type {} (a {} talks to {})",
+            String::from_utf8_lossy(other),
+            String::from_utf8_lossy(role.name()),
+            role.peers().iter().map(|p| String::from_utf8_lossy(p)).collect::<Vec<_>>().join(", ")
         ))),
         None => Err(ZmtpError::Ready("no Socket-Type".into())),
     }
@@ -230,7 +267,7 @@ mod tests {
     #[test]
     fn messages_and_commands_parse_in_place_short_and_long() {
         let mut b = Vec::new();
-        ready_sub(&mut b);
+        ready(Role::Sub, &mut b);
         let long = vec![7u8; 300];
         frame(MORE, &[b"topic"], &mut b);
         frame(MORE, &[&[0, 1]], &mut b);
@@ -240,8 +277,11 @@ mod tests {
             panic!("READY first")
         };
         assert_eq!(&b[name], b"READY");
-        assert!(
-            matches!(check_ready(&b[data.clone()]), Err(ZmtpError::Ready(s)) if s.contains("SUB"))
+        let refused = check_ready(Role::Sub, &b[data.clone()]);
+        assert!(matches!(refused, Err(ZmtpError::Ready(s)) if s.contains("SUB talks to PUB")));
+        assert_eq!(
+            check_ready(Role::Dealer, &b[data.clone()]),
+            Err(ZmtpError::Ready("socket type SUB (a DEALER talks to ROUTER, DEALER, REP)".into()))
         );
         let rest = &b[len..];
         assert_eq!(next_item(rest, 1000, &mut f), Ok(Item::Message { len: rest.len() }));
@@ -264,11 +304,13 @@ mod tests {
             d.extend_from_slice(t);
             d
         };
-        assert_eq!(check_ready(&ready(b"PUB")), Ok(()));
-        assert_eq!(check_ready(&ready(b"XPUB")), Ok(()));
-        assert!(check_ready(&ready(b"ROUTER")).is_err());
-        assert!(check_ready(&[]).is_err());
-        assert!(check_ready(&ready(b"PUB")[..14]).is_err());
+        assert_eq!(check_ready(Role::Sub, &ready(b"PUB")), Ok(()));
+        assert_eq!(check_ready(Role::Sub, &ready(b"XPUB")), Ok(()));
+        assert!(check_ready(Role::Sub, &ready(b"ROUTER")).is_err());
+        assert_eq!(check_ready(Role::Dealer, &ready(b"ROUTER")), Ok(()));
+        assert!(check_ready(Role::Dealer, &ready(b"PUB")).is_err());
+        assert!(check_ready(Role::Sub, &[]).is_err());
+        assert!(check_ready(Role::Sub, &ready(b"PUB")[..14]).is_err());
     }
 
     #[test]
@@ -289,5 +331,8 @@ mod tests {
         let mut s = Vec::new();
         subscribe(b"kv", &mut s);
         assert_eq!(s, b"\x00\x03\x01kv");
+        let mut m = Vec::new();
+        message(&[b"", &[0, 7]], &mut m);
+        assert_eq!(m, b"\x01\x00\x00\x02\x00\x07");
     }
 }

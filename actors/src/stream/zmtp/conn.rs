@@ -1,7 +1,10 @@
-//! [`Conn`]: one live stream's TCP connection to its publisher, read by the stream's I/O thread
-//! itself. It connects (again after a loss, with libzmq's back-off: 100 ms doubling to 2 s),
-//! greets, sends READY and, once the publisher's READY names a PUB, the subscription, then
-//! reads messages in place from a buffer; a PING is answered. TCP keepalive and
+//! [`Conn`]: a stream's TCP connection to its publisher (a SUB's, live) or to its replay
+//! endpoint (a DEALER's, one request), read by the stream's I/O thread itself. It connects
+//! (again after a loss, with libzmq's back-off: 100 ms doubling to 2 s), greets, sends READY
+//! and, once the peer's READY names a socket type it talks to, its first message (the
+//! subscription, or the request), then reads messages in place from a buffer; a PING is
+//! answered. A DEALER whose request went out is not reconnected (libzmq sent a request once
+//! too): its replay times out and asks again on a fresh connection, so no reply is read twice. TCP keepalive and
 //! `TCP_USER_TIMEOUT` give a vanished host up after `publisher_timeout_ms`, as the SUB
 //! socket's options did, and a connect or handshake that hangs that long (30 s at most, 30 s
 //! when 0) is given up and retried.
@@ -23,7 +26,7 @@ use mio::net::TcpStream;
 use mio::{Interest, Registry, Token};
 use rustix::net::sockopt;
 
-use super::codec::{self, Item, ZmtpError, GREETING_LEN};
+use super::codec::{self, Item, Role, ZmtpError, GREETING_LEN};
 use crate::stream::worker::keepalive;
 
 /// libzmq's reconnect interval and ceiling as kvdir set them on its SUB sockets.
@@ -60,14 +63,18 @@ enum State {
     Waiting { at: Instant },
     /// Connecting (until the greeting could be written) or greeting, until `deadline`.
     Handshake { stream: TcpStream, deadline: Instant, tcp_up: bool, greeted: bool },
-    /// Subscribed: messages flow.
+    /// Subscribed (or requested): messages flow.
     Ready { stream: TcpStream },
+    /// A DEALER's connection ended after its request: nothing more comes.
+    Closed,
 }
 
 /// A live stream's connection to its publisher.
 pub struct Conn {
     addr: SocketAddr,
-    topic: Vec<u8>,
+    role: Role,
+    /// What is sent once the peer is ready (the subscription or the request).
+    hello: Vec<u8>,
     max_frame: u64,
     timeout: Duration,
     state: State,
@@ -96,11 +103,40 @@ pub fn endpoint_addr(endpoint: &str) -> Option<SocketAddr> {
 }
 
 impl Conn {
-    /// A connection to `addr` subscribing to `topic`, connecting at the first step.
-    pub fn new(addr: SocketAddr, topic: &[u8], max_frame: u64, timeout: Duration) -> Conn {
+    /// A SUB's connection to `addr` subscribing to `topic`, connecting at the first step.
+    pub fn sub(addr: SocketAddr, topic: &[u8], max_frame: u64, timeout: Duration) -> Conn {
+        let mut hello = Vec::new();
+        codec::subscribe(topic, &mut hello);
+        Conn::new(addr, Role::Sub, hello, max_frame, timeout)
+    }
+
+    /// A DEALER's connection to `addr` sending one message of `request`, connecting now
+    /// (an error is the socket's: e.g. no descriptor left).
+    pub fn dealer(
+        addr: SocketAddr,
+        request: &[&[u8]],
+        max_frame: u64,
+        timeout: Duration,
+        (registry, token): (&Registry, Token),
+    ) -> std::io::Result<Conn> {
+        let mut hello = Vec::new();
+        codec::message(request, &mut hello);
+        let mut conn = Conn::new(addr, Role::Dealer, hello, max_frame, timeout);
+        conn.connect(Instant::now(), registry, token)?;
+        Ok(conn)
+    }
+
+    fn new(
+        addr: SocketAddr,
+        role: Role,
+        hello: Vec<u8>,
+        max_frame: u64,
+        timeout: Duration,
+    ) -> Conn {
         Conn {
             addr,
-            topic: topic.to_vec(),
+            role,
+            hello,
             max_frame,
             timeout,
             state: State::Waiting { at: Instant::now() },
@@ -122,7 +158,7 @@ impl Conn {
         match &self.state {
             State::Waiting { at } => Some(*at),
             State::Handshake { deadline, .. } => Some(*deadline),
-            State::Ready { .. } => None,
+            State::Ready { .. } | State::Closed => None,
         }
     }
 
@@ -178,8 +214,13 @@ impl Conn {
     fn step(&mut self, now: Instant, registry: &Registry, token: Token) -> Result<Step, String> {
         loop {
             match &mut self.state {
+                State::Closed => return Ok(Step::Idle),
                 State::Waiting { at } if now < *at => return Ok(Step::Idle),
-                State::Waiting { .. } => self.connect(now, registry, token)?,
+                State::Waiting { .. } => {
+                    let addr = self.addr;
+                    self.connect(now, registry, token)
+                        .map_err(|e| format!("cannot connect to {addr}: {e}"))?;
+                }
                 State::Handshake { deadline, .. } if now >= *deadline => {
                     return Err(format!("no ZMTP handshake with {} in time", self.addr));
                 }
@@ -203,16 +244,13 @@ impl Conn {
         }
     }
 
-    fn connect(&mut self, now: Instant, registry: &Registry, token: Token) -> Result<(), String> {
-        let addr = self.addr;
-        let mut stream =
-            TcpStream::connect(addr).map_err(|e| format!("cannot connect to {addr}: {e}"))?;
-        set_liveness(&stream, self.timeout).map_err(|e| format!("keepalive on {addr}: {e}"))?;
-        let interest = Interest::READABLE | Interest::WRITABLE;
-        registry.register(&mut stream, token, interest).map_err(|e| format!("epoll: {e}"))?;
+    fn connect(&mut self, now: Instant, registry: &Registry, token: Token) -> std::io::Result<()> {
+        let mut stream = TcpStream::connect(self.addr)?;
+        set_liveness(&stream, self.timeout)?;
+        registry.register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)?;
         self.out.clear();
         self.out.extend_from_slice(&codec::greeting());
-        codec::ready_sub(&mut self.out);
+        codec::ready(self.role, &mut self.out);
         let wait = if self.timeout.is_zero() { HANDSHAKE } else { self.timeout.min(HANDSHAKE) };
         let deadline = now + wait;
         self.state = State::Handshake { stream, deadline, tcp_up: false, greeted: false };
@@ -245,7 +283,7 @@ impl Conn {
                 let (name, data) = (&pending[name], &pending[data]);
                 let ready = name == b"READY";
                 if ready {
-                    codec::check_ready(data).map_err(|e| e.to_string())?;
+                    codec::check_ready(self.role, data).map_err(|e| e.to_string())?;
                 } else if name == b"ERROR" {
                     return Err(peer_error(data));
                 }
@@ -253,7 +291,7 @@ impl Conn {
                 if !ready {
                     return Ok(None);
                 }
-                codec::subscribe(&self.topic, &mut self.out);
+                self.out.extend_from_slice(&self.hello);
                 let State::Handshake { stream, .. } =
                     std::mem::replace(&mut self.state, State::Waiting { at: now })
                 else {
@@ -302,7 +340,7 @@ impl Conn {
         }
         let stream = match &mut self.state {
             State::Handshake { stream, .. } | State::Ready { stream } => stream,
-            State::Waiting { .. } => return Ok(false),
+            State::Waiting { .. } | State::Closed => return Ok(false),
         };
         if self.start == self.end {
             (self.start, self.end) = (0, 0);
@@ -343,7 +381,7 @@ impl Conn {
     fn flush(&mut self) -> Result<bool, String> {
         let stream = match &mut self.state {
             State::Handshake { stream, .. } | State::Ready { stream } => stream,
-            State::Waiting { .. } => return Ok(false),
+            State::Waiting { .. } | State::Closed => return Ok(false),
         };
         while !self.out.is_empty() {
             match stream.write(&self.out) {
@@ -359,10 +397,15 @@ impl Conn {
         Ok(true)
     }
 
-    /// Drops the connection (to reconnect after the back-off).
+    /// Drops the connection (to reconnect after the back-off, unless a DEALER's request
+    /// went out).
     fn close(&mut self, now: Instant, registry: &Registry, reason: String) -> Step {
         let at = now + self.backoff.next_delay();
-        let old = std::mem::replace(&mut self.state, State::Waiting { at });
+        let next = match (self.role, &self.state) {
+            (Role::Dealer, State::Ready { .. } | State::Closed) => State::Closed,
+            _ => State::Waiting { at },
+        };
+        let old = std::mem::replace(&mut self.state, next);
         (self.start, self.end, self.taken) = (0, 0, 0);
         let spare = std::mem::take(&mut self.buf);
         if !spare.is_empty() && spare.len() <= MAX_SPARE {
@@ -383,13 +426,22 @@ impl Conn {
                 self.log_failure(&reason);
                 Step::Idle
             }
+            State::Closed => Step::Idle,
         }
     }
 
-    /// A failed connect or handshake: logged once until one succeeds (a publisher not up
-    /// yet is routine).
+    /// Closes the connection for good, out of `epoll` first.
+    pub fn shut(&mut self, registry: &Registry) {
+        if let State::Handshake { stream, .. } | State::Ready { stream } = &mut self.state {
+            let _ = registry.deregister(stream);
+        }
+        self.state = State::Closed;
+    }
+
+    /// A failed connect or handshake: a SUB's logged once until one succeeds (a publisher not
+    /// up yet is routine), a DEALER's at DEBUG (its replay's timeout reports it).
     fn log_failure(&mut self, reason: &str) {
-        if !std::mem::replace(&mut self.warned, true) {
+        if self.role == Role::Sub && !std::mem::replace(&mut self.warned, true) {
             tracing::info!(endpoint = %self.addr, reason, "cannot connect to the publisher yet; retrying");
         } else {
             tracing::debug!(endpoint = %self.addr, reason, "connect retry failed");

@@ -1,5 +1,6 @@
-//! [`Conn`] against a real libzmq PUB socket on loopback: handshake, subscription, messages
-//! frame for frame, a frame over the limit, a publisher gone and back on the same port.
+//! [`Conn`] against real libzmq sockets on loopback: a PUB (handshake, subscription, messages
+//! frame for frame, a frame over the limit, a publisher gone and back on the same port) and a
+//! ROUTER (a request, its replies, no second request after the connection ends).
 
 use std::time::{Duration, Instant};
 
@@ -54,7 +55,7 @@ fn a_libzmq_publisher_is_subscribed_read_and_reconnected() {
     let addr = endpoint_addr(&endpoint).unwrap();
     assert_eq!(endpoint_addr("tcp://engine-0:5557"), None, "names go through libzmq");
     let mut poll = Poll::new().unwrap();
-    let mut conn = Conn::new(addr, b"kv", 1000, Duration::from_secs(3));
+    let mut conn = Conn::sub(addr, b"kv", 1000, Duration::from_secs(3));
     let got = until(&mut conn, &mut poll, || {}, |s, _| *s == Step::Connected);
     assert_eq!(got, Step::Connected);
 
@@ -105,4 +106,48 @@ fn a_libzmq_publisher_is_subscribed_read_and_reconnected() {
         },
     );
     assert_eq!(seen[0], again, "subscribed again after the reconnect");
+}
+
+#[test]
+fn a_libzmq_router_gets_one_request_and_its_replies_are_read() {
+    let ctx = zmq::Context::new();
+    let router = ctx.socket(zmq::ROUTER).unwrap();
+    router.bind("tcp://127.0.0.1:0").unwrap();
+    let addr = endpoint_addr(&router.get_last_endpoint().unwrap().unwrap()).unwrap();
+    let mut poll = Poll::new().unwrap();
+    let request = [&b""[..], &9u64.to_be_bytes()[..]];
+    let timeout = Duration::from_secs(3);
+    let mut conn =
+        Conn::dealer(addr, &request, 1 << 20, timeout, (poll.registry(), TOKEN)).unwrap();
+    until(&mut conn, &mut poll, || {}, |s, _| *s == Step::Connected);
+    let got = kvdir_testkit::eventually("the request", || {
+        router.recv_multipart(zmq::DONTWAIT).map_err(|e| e.to_string())
+    });
+    assert_eq!(got[1..], [Vec::new(), 9u64.to_be_bytes().to_vec()], "one request, as sent");
+    let payload = vec![3u8; 100_000];
+    for mark in [&b"a"[..], b"b"] {
+        let reply = [got[0].as_slice(), b"", mark, &payload];
+        router.send_multipart(reply, 0).unwrap();
+    }
+    let mut seen = Vec::new();
+    until(
+        &mut conn,
+        &mut poll,
+        || {},
+        |s, c| {
+            if *s == Step::Message {
+                seen.push(frames(c));
+            }
+            seen.len() == 2
+        },
+    );
+    assert_eq!(seen[1], [Vec::new(), b"b".to_vec(), payload.clone()]);
+
+    // The ROUTER goes away: no new connection sends the request again.
+    drop(router);
+    until(&mut conn, &mut poll, || {}, |s, _| matches!(s, Step::Disconnected(_)));
+    assert_eq!(conn.deadline(), None, "no reconnect after the request went out");
+    let later = Instant::now() + Duration::from_secs(60);
+    assert_eq!(conn.next(later, poll.registry(), TOKEN), Step::Idle, "nor ever after");
+    assert_eq!(conn.deadline(), None);
 }
