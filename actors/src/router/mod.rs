@@ -403,8 +403,9 @@ impl Router {
         let predicting = self.predicting(params.policy);
         let listed = self.listed(read);
         if predicting {
-            let ids = |k: usize| listed[k].map(|i| self.ids.at(i));
-            predict::confirm(&mut self.predictions, read, ids);
+            let (ids, handles) = (&self.ids, &self.handles);
+            let entries = |id| ids.position(id).map_or(&[][..], |i| read.of(handles[i]));
+            predict::confirm(&mut self.predictions, entries);
         }
         let prompt = prompt.filter(|_| predicting);
         let request = (input_tokens, prompt, now_ms);

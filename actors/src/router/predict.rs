@@ -24,23 +24,19 @@ fn exact_blocks(hits: &[StreamHit]) -> usize {
         .unwrap_or(0)
 }
 
-/// Drops the predictions that the exact directory now credits, instance by instance (`id`:
-/// the id of the instance of each of the read's groups, if known).
-pub(crate) fn confirm(
+/// Drops the predictions that the exact directory now credits, instance by instance: each
+/// instance with predictions, whose entries in the read `entries` gives (a few dozen
+/// instances, where the read may list thousands).
+pub(crate) fn confirm<'a>(
     predictions: &mut Predictions<InstanceId>,
-    read: &RouteRead,
-    id: impl Fn(usize) -> Option<InstanceId>,
+    entries: impl Fn(InstanceId) -> &'a [StreamHit],
 ) {
-    if predictions.is_empty() {
-        return;
-    }
-    for (k, group) in read.instances().iter().map(|r| &read.hits[r.clone()]).enumerate() {
-        let first = &group[0];
+    let predicted: Vec<InstanceId> = predictions.instances().copied().collect();
+    for instance in predicted {
+        let group = entries(instance);
+        let Some(first) = group.first() else { continue };
         let held = exact_blocks(group).min(first.keys.len());
-        if held == 0 {
-            continue;
-        }
-        if let Some(instance) = id(k) {
+        if held > 0 {
             predictions.confirm(&instance, &first.keys[..held]);
         }
     }
