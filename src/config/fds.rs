@@ -30,9 +30,12 @@ pub const CONNECTED_STREAM_FDS: u64 = 4;
 pub const BOUND_STREAM_FDS: u64 = 1;
 /// An open replay DEALER: its mailbox and TCP connection.
 pub const REPLAY_FDS: u64 = 2;
-/// libzmq sockets of a stream kvdir connects to: the SUB and its monitor pair (libzmq's end
-/// and kvdir's), each with a mailbox descriptor ([`CONNECTED_STREAM_FDS`] with the SUB's TCP
-/// connection). A stream on the bind endpoint has none.
+/// libzmq sockets of a stream kvdir connects to at a host name: the SUB and its monitor pair
+/// (libzmq's end and kvdir's), each with a mailbox descriptor ([`CONNECTED_STREAM_FDS`] with
+/// the SUB's TCP connection). A stream at an IP address (read by kvdir's ZMTP reader, 1
+/// descriptor) has none, and closing DEALERs may take its 3: 6 descriptors against the 3 it
+/// leaves, so there the limit is loose by up to 3 a stream. One on the bind endpoint has none
+/// and is counted with none.
 pub const CONNECTED_STREAM_SOCKETS: usize = 3;
 /// libzmq sockets beyond the streams' and the replays': the bind endpoint's ports (one per DP
 /// rank) and the like, within [`RESERVED_FDS`].
