@@ -1,6 +1,7 @@
 //! [`Conn`] against real libzmq sockets on loopback: a PUB (handshake, subscription, messages
 //! frame for frame, a frame over the limit, a publisher gone and back on the same port) and a
-//! ROUTER (a request, its replies, no second request after the connection ends).
+//! ROUTER (a request, its replies, no second request after the connection ends), and a PUB
+//! with ZMTP heartbeats (its PINGs answered).
 
 use std::time::{Duration, Instant};
 
@@ -150,4 +151,28 @@ fn a_libzmq_router_gets_one_request_and_its_replies_are_read() {
     let later = Instant::now() + Duration::from_secs(60);
     assert_eq!(conn.next(later, poll.registry(), TOKEN), Step::Idle, "nor ever after");
     assert_eq!(conn.deadline(), None);
+}
+
+#[test]
+fn a_publishers_zmtp_heartbeats_are_answered_so_it_keeps_the_connection() {
+    let ctx = zmq::Context::new();
+    let publisher = ctx.socket(zmq::PUB).unwrap();
+    // libzmq PINGs every 20 ms and drops a peer silent for 100 ms after a PING.
+    publisher.set_heartbeat_ivl(20).unwrap();
+    publisher.set_heartbeat_timeout(100).unwrap();
+    publisher.bind("tcp://127.0.0.1:0").unwrap();
+    let addr = endpoint_addr(&publisher.get_last_endpoint().unwrap().unwrap()).unwrap();
+    let mut poll = Poll::new().unwrap();
+    let mut conn = Conn::sub(addr, b"", 1000, Duration::from_secs(3));
+    until(&mut conn, &mut poll, || {}, |s, _| *s == Step::Connected);
+    // Ten heartbeat timeouts without a message: only the PONGs keep the connection.
+    let quiet = Instant::now() + Duration::from_secs(1);
+    let mut events = Events::with_capacity(8);
+    while Instant::now() < quiet {
+        conn.begin_turn();
+        let step = conn.next(Instant::now(), poll.registry(), TOKEN);
+        assert_eq!(step, Step::Idle, "the publisher must keep kvdir (PINGs answered)");
+        conn.end_turn();
+        poll.poll(&mut events, Some(Duration::from_millis(10))).unwrap();
+    }
 }
