@@ -174,10 +174,7 @@ async fn query(
     };
     let result = result.await;
     let json = observed(&state, Endpoint::Query, stages.started(), result)?;
-    Ok(HttpResponse::Ok()
-        .content_type(ContentType::json())
-        .insert_header((SERVER_TIMING, stages.header()))
-        .body(json))
+    Ok(timed_json(&stages, json))
 }
 
 async fn route_request(
@@ -200,10 +197,15 @@ async fn route_request(
     };
     let result = result.await;
     let json = observed(&state, Endpoint::Route, stages.started(), result)?;
-    Ok(HttpResponse::Ok()
+    Ok(timed_json(&stages, json))
+}
+
+/// A JSON answer carrying its handler's stages as `Server-Timing`.
+fn timed_json(stages: &Stages, json: Vec<u8>) -> HttpResponse {
+    HttpResponse::Ok()
         .content_type(ContentType::json())
         .insert_header((SERVER_TIMING, stages.header()))
-        .body(json))
+        .body(json)
 }
 
 /// [`read_tokens`], its stages timed: `body`, then `parse`.
