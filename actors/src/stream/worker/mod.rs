@@ -41,7 +41,7 @@ mod writes;
 
 pub use live::token_stream;
 use live::Live;
-pub(crate) use open::{keepalive, KEEPALIVE_PROBES};
+pub(crate) use open::{keepalive, KEEPALIVE_PROBES, RECONNECT_MAX, RECONNECT_MIN};
 use open::{read_replies, Dealer};
 
 /// Messages read per socket per turn: a busy or replaying stream lets the thread's other

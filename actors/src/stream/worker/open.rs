@@ -15,6 +15,12 @@ use crate::stream::pool::is_out_of_fds;
 use crate::stream::sockets::max_frame;
 use crate::stream::zmtp::{endpoint_addr, Conn, Step};
 
+/// The reconnect back-off of a connection to a publisher, libzmq's SUB socket's and kvdir's
+/// own reader's alike: 100 ms, doubling to 2 s.
+pub(crate) const RECONNECT_MIN: std::time::Duration = std::time::Duration::from_millis(100);
+/// See [`RECONNECT_MIN`].
+pub(crate) const RECONNECT_MAX: std::time::Duration = std::time::Duration::from_millis(2000);
+
 /// Unanswered TCP keepalive probes after which the kernel drops a connection.
 pub(crate) const KEEPALIVE_PROBES: u32 = 3;
 
@@ -59,8 +65,8 @@ pub(super) fn open_sub(ctx: &WorkerCtx, id: u64) -> Result<(Socket, Option<Socke
         sub.connect(&ctx.spec.endpoint)?;
         return Ok((sub, None));
     }
-    sub.set_reconnect_ivl(100)?;
-    sub.set_reconnect_ivl_max(2000)?;
+    sub.set_reconnect_ivl(RECONNECT_MIN.as_millis() as i32)?;
+    sub.set_reconnect_ivl_max(RECONNECT_MAX.as_millis() as i32)?;
     set_liveness(&mut sub, ctx.limits.publisher_timeout)?;
     let mon_addr = format!("inproc://kvdir-monitor-{id}");
     // HANDSHAKE_SUCCEEDED, not CONNECTED: a TCP connect only reaches the nearest hop (a proxy

@@ -27,11 +27,8 @@ use mio::{Interest, Registry, Token};
 use rustix::net::sockopt;
 
 use super::codec::{self, Item, Role, ZmtpError, GREETING_LEN};
-use crate::stream::worker::keepalive;
+use crate::stream::worker::{keepalive, RECONNECT_MAX, RECONNECT_MIN};
 
-/// libzmq's reconnect interval and ceiling as kvdir set them on its SUB sockets.
-const RECONNECT_MIN: Duration = Duration::from_millis(100);
-const RECONNECT_MAX: Duration = Duration::from_millis(2000);
 /// libzmq's default handshake timeout (`ZMQ_HANDSHAKE_IVL`), and the longest connect.
 const HANDSHAKE: Duration = Duration::from_secs(30);
 /// The thread's spare buffer: its size, and the most it keeps.
