@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use super::super::clients::KindStats;
+use super::super::clients::{percentile, KindStats};
 use super::super::report::Applied;
 use super::affinity::{self, Reference, AFFINITY_SLACK};
 use super::flags::{policy_name, ReplayOptions};
@@ -111,14 +111,6 @@ impl RouterRun {
 
 /// A lag behind the schedule worth a warning.
 const LATE: Duration = Duration::from_secs(1);
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    let n = sorted.len();
-    match n {
-        0 => Duration::ZERO,
-        _ => sorted[(((p / 100.0) * n as f64).ceil() as usize).clamp(1, n) - 1],
-    }
-}
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
