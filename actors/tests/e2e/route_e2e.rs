@@ -316,8 +316,11 @@ fn ttft_sends_a_request_where_its_first_token_is_expected_soonest() {
         route(&svc, &prompt(20_000 + 1000 * k, 32)).unwrap();
     }
     for (busy, expected) in [(1, &na), (6, &nb)] {
-        beat(&ra, &na, busy);
+        // B's load shows no change, so B's heartbeat goes first: discovery applies queued
+        // heartbeats in order, so once A's new load shows, B's heartbeat (retiring the two
+        // prompts routed to it above) has been applied too.
         beat(&rb, &nb, 0);
+        beat(&ra, &na, busy);
         // The heartbeats reach routing in discovery's next pass over them (every 20 ms); a
         // probe routes nothing (it would add to the queues).
         eventually("the heartbeats' loads in the route", || {
