@@ -1,5 +1,7 @@
-//! The bind endpoint (`kv_events_bind`): a SUB socket bound on every rank's port (rank r on
-//! `port + r`), each owned by one of the I/O threads, which hands each message to its stream.
+//! The bind endpoint (`kv_events_bind`): a port per rank (rank r on `port + r`), each owned by
+//! one of the I/O threads, which hands each message to its stream: kvdir's own listener and
+//! ZMTP reader at an IP address (`pool/listen.rs`), a libzmq SUB socket bound on an interface
+//! or host name.
 //!
 //! Engines connect their PUB sockets to kvdir; their messages carry the engine's topic. The
 //! route table ([`BindRoutes`], kept by the stream set as bound streams start and stop) maps
@@ -11,6 +13,7 @@
 //! is counted and logged once per topic, or announces its engine (`kv_events_bind.announce`).
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -18,7 +21,7 @@ use kvdir::config::announce::Announced;
 use kvdir::config::{keyed_topic, BindConfig, Limits};
 use serde::Serialize;
 
-use super::pool::IoPool;
+use super::pool::{IoPool, Listener, PortSocket};
 use super::sockets::{max_frame, ZmqContext};
 use crate::sync::{lock, read, write};
 
@@ -208,8 +211,9 @@ impl BindRoutes {
     }
 }
 
-/// Binds every rank's SUB socket on `zmq` and hands rank r's to I/O thread `r % threads` of
-/// `pool`, which reads it from then on (the sockets close with the threads). `Err` names the
+/// Binds every rank's port and hands rank r's to I/O thread `r % threads` of `pool`, which
+/// reads it from then on (the ports close with the threads): kvdir's own listener at an IP
+/// address (or `*`), a libzmq SUB socket for an interface or host name. `Err` names the
 /// endpoint that could not be bound.
 pub fn bind_ports(
     zmq: &ZmqContext,
@@ -217,24 +221,57 @@ pub fn bind_ports(
     routes: BindRoutes,
     limits: &Limits,
 ) -> Result<(), String> {
-    let max = max_frame(limits);
-    let mut subs = Vec::new();
+    let mut ports = Vec::new();
     for ep in routes.config().endpoints() {
-        let sub = zmq.socket(zmq::SUB).map_err(|e| format!("cannot bind {ep}: {e}"))?;
-        let setup = sub
-            .set_linger(0)
-            .and_then(|()| sub.set_rcvhwm(HWM))
-            .and_then(|()| sub.set_maxmsgsize(max))
-            .and_then(|()| sub.set_subscribe(b""))
-            .and_then(|()| sub.bind(&ep));
-        setup.map_err(|e| {
+        let port = bind_port(zmq, &ep, limits).map_err(|e| {
             format!("cannot bind kv_events_bind {ep}: {e}; pick a free port (or fewer ranks)")
         })?;
-        subs.push(sub);
+        ports.push(port);
     }
     tracing::info!(endpoints = ?routes.config().endpoints(), "engines connect to kv_events_bind");
-    for (rank, sub) in subs.into_iter().enumerate() {
-        pool.attach_port(rank as u32, sub, routes.clone());
+    for (rank, port) in ports.into_iter().enumerate() {
+        pool.attach_port(rank as u32, port, routes.clone());
     }
     Ok(())
+}
+
+/// One rank's port.
+fn bind_port(zmq: &ZmqContext, ep: &str, limits: &Limits) -> Result<PortSocket, String> {
+    let max = max_frame(limits);
+    if let Some(addr) = listen_addr(ep) {
+        let listener = Listener::bind(addr, max as u64, limits.publisher_timeout);
+        return listener.map(PortSocket::Tcp).map_err(|e| e.to_string());
+    }
+    let sub = zmq.socket(zmq::SUB).map_err(|e| e.to_string())?;
+    let setup = sub
+        .set_linger(0)
+        .and_then(|()| sub.set_rcvhwm(HWM))
+        .and_then(|()| sub.set_maxmsgsize(max))
+        .and_then(|()| sub.set_subscribe(b""))
+        .and_then(|()| sub.bind(ep));
+    setup.map_err(|e| e.to_string())?;
+    Ok(PortSocket::Zmq(sub))
+}
+
+/// The address kvdir listens on itself for `tcp://IP:PORT` (`*`: every IPv4 interface, as
+/// libzmq binds it); `None` for an interface or host name.
+fn listen_addr(ep: &str) -> Option<SocketAddr> {
+    let (host, port) = ep.strip_prefix("tcp://")?.rsplit_once(':')?;
+    let host = if host == "*" { "0.0.0.0" } else { host };
+    format!("{host}:{port}").parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::listen_addr;
+
+    #[test]
+    fn addresses_are_listened_on_by_kvdir_and_names_bound_by_libzmq() {
+        let addr = |ep| listen_addr(ep).map(|a| a.to_string());
+        assert_eq!(addr("tcp://*:5557").as_deref(), Some("0.0.0.0:5557"));
+        assert_eq!(addr("tcp://127.0.0.1:9500").as_deref(), Some("127.0.0.1:9500"));
+        assert_eq!(addr("tcp://[::1]:9500").as_deref(), Some("[::1]:9500"));
+        assert_eq!(addr("tcp://eth0:5557"), None, "an interface");
+        assert_eq!(addr("tcp://engine-0:5557"), None, "a host name");
+    }
 }

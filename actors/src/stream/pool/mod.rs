@@ -17,6 +17,7 @@
 //! tries again (`fds.rs`). [`IoPool::stop_and_join`] ends every thread and waits for them.
 
 mod fds;
+mod listen;
 mod ports;
 mod replays;
 mod thread;
@@ -30,12 +31,13 @@ use serde::Serialize;
 
 use fds::FdWaits;
 pub use fds::{fd_backoff, is_out_of_fds};
+pub use listen::Listener;
+pub use ports::PortSocket;
 pub use replays::ReplaySlot;
 use replays::{Gate, Waiter};
 
 use kvdir::config::is_bound;
 
-use super::sockets::Socket;
 use super::worker::WorkerCtx;
 use super::BindRoutes;
 use crate::sync::lock;
@@ -67,7 +69,7 @@ pub(crate) enum Command {
     /// A replay slot for the stream (see `replays.rs`).
     Granted(u64),
     /// A bound port of the bind endpoint to own and read: its rank, socket and routes.
-    Port(u32, Box<Socket>, BindRoutes),
+    Port(u32, Box<PortSocket>, BindRoutes),
     End,
 }
 
@@ -214,7 +216,7 @@ impl IoPool {
     }
 
     /// Hands rank `rank`'s bound port to thread `rank % threads`, which reads it from then on.
-    pub fn attach_port(&self, rank: u32, socket: Socket, routes: BindRoutes) {
+    pub fn attach_port(&self, rank: u32, socket: PortSocket, routes: BindRoutes) {
         let threads = &self.0.shared.threads;
         threads[rank as usize % threads.len()].post(Command::Port(rank, Box::new(socket), routes));
     }
@@ -253,66 +255,4 @@ impl IoPool {
 }
 
 #[cfg(test)]
-mod tests {
-    use kvdir::config::{Limits, ReplayKind, StreamSpec};
-    use kvdir::index::StreamLabel;
-    use kvdir::stream::StreamPhase;
-    use kvdir::wire::record::{BatchForm, BatchRecord, EventForm};
-    use kvdir::wire::{encode_batch, encode_snapshot_end, encode_snapshot_reply};
-
-    use super::*;
-    use crate::directory::Directory;
-    use crate::stream::sockets::ZmqContext;
-    use crate::stream::StreamShared;
-
-    /// A stream whose live endpoint is in process (the bind endpoint's fan-out) has no ZMTP
-    /// handshake: it counts as connected once connected, and synchronizes by snapshot.
-    #[test]
-    fn an_inproc_stream_is_connected_at_once_and_synchronizes() {
-        let zmq = ZmqContext::new(16);
-        let publisher = zmq.socket(zmq::PUB).unwrap();
-        publisher.bind("inproc://pool-test-live").unwrap();
-        let router = zmq.socket(zmq::ROUTER).unwrap();
-        router.bind("inproc://pool-test-replay").unwrap();
-        let spec = StreamSpec {
-            instance_name: "inproc".into(),
-            dp_rank: 0,
-            block_size: 4,
-            endpoint: "inproc://pool-test-live".into(),
-            replay_endpoint: "inproc://pool-test-replay".into(),
-            topic: String::new(),
-            hash_seed: 1024,
-            model: String::new(),
-            salt: String::new(),
-            replay: ReplayKind::Snapshot,
-        };
-        let limits = Limits::default();
-        let directory = Directory::default();
-        let label = StreamLabel { instance_name: "inproc".into(), ..StreamLabel::default() };
-        let writer = directory.add_stream(spec.index_config(&limits), label).unwrap();
-        let shared = Arc::new(StreamShared::new("inproc", 0, writer));
-        let status = Arc::new(Mutex::new(Default::default()));
-        let ctx = WorkerCtx { spec, limits, shared, status: Arc::clone(&status), zmq };
-        let pool = IoPool::start(1, 1).unwrap();
-        let exited = Box::new(|reason: String| panic!("the stream failed: {reason}"));
-        pool.add(1, NewStream { ctx, exited });
-        let empty = BatchRecord { timestamp: 0.0, events: Vec::new(), dp_rank: Some(0) };
-        let payload = encode_batch(&empty, BatchForm::Array, EventForm::Map);
-        kvdir_testkit::eventually("the inproc stream to be live", || {
-            if let Ok(request) = router.recv_multipart(zmq::DONTWAIT) {
-                for frames in [encode_snapshot_reply(0, payload.clone()), encode_snapshot_end()] {
-                    let reply = std::iter::once(request[0].clone()).chain(frames);
-                    router.send_multipart(reply, 0).unwrap();
-                }
-            }
-            let s = lock(&status).clone();
-            match (s.connected, s.phase) {
-                (true, StreamPhase::Live) => Ok(()),
-                seen => Err(format!("{seen:?}")),
-            }
-        });
-        assert_eq!(pool.stats().io_threads[0].streams, 1);
-        pool.stop_and_join();
-        assert_eq!(pool.stats().io_threads[0].streams, 0, "the thread's streams end with it");
-    }
-}
+mod tests;

@@ -1,25 +1,39 @@
-//! The bind endpoint's ports on an I/O thread: each port's SUB socket is in the thread's
-//! `epoll` (its `ZMQ_FD`, edge-triggered, under a token of its own), and a ready port is read
-//! in bounded bursts, each message received into the port's reused frames and handed in place
-//! to the bound stream its route names, which decodes it at once and then has its turn (one
-//! publish for all it took). Every bound stream of the port's rank is pinned to this thread,
-//! so no message crosses a thread or a socket on its way to its stream, and none is copied.
-//! As with a stream's sockets, a port stays in the ready set while `ZMQ_EVENTS` says it holds
+//! The bind endpoint's ports on an I/O thread, and the engines' connections to them. Each
+//! message is handed in place to the bound stream its route names, which decodes it at once
+//! and then has its turn (one publish for all it took). Every bound stream of the port's rank
+//! is pinned to this thread, so no message crosses a thread on its way to its stream, and
+//! none is copied.
+//!
+//! A port at an IP address (`tcp://IP:PORT`, `*` for every interface) is kvdir's own listener
+//! (`listen.rs`): the thread accepts the engines' connections and reads each with the same
+//! ZMTP reader as a stream it connects to (`stream/zmtp`), so a message costs no libzmq I/O
+//! thread wake-up and mailbox signal. A port bound to an interface or host name is a libzmq
+//! SUB socket, its `ZMQ_FD` (edge-triggered) in the thread's `epoll`, read in bounded bursts
+//! into the port's reused frames; it stays in the ready set while `ZMQ_EVENTS` says it holds
 //! input.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::time::Instant;
 
 use mio::unix::SourceFd;
 use mio::{Interest, Registry, Token};
 
+use super::fds::FdWaits;
+use super::listen::{Accepted, Listener};
+use super::timers::Timers;
 use crate::stream::frames::Frames;
 use crate::stream::sockets::Socket;
 use crate::stream::BindRoutes;
 
-/// Messages read from one port per turn, so the thread's streams get their turns too.
-const PORT_BURST: usize = 1024;
+/// Messages read from one port, or one engine's connection, per turn, so the thread's streams
+/// get their turns too.
+pub(super) const PORT_BURST: usize = 1024;
 /// Ports one thread can own (the bind endpoint's ranks are fewer).
 const MAX_PORTS: usize = 4096;
+/// The bit of an accepted connection's token, and of its entry in the thread's timers.
+const CONN: u64 = 1 << 61;
+/// The bit of a listener's entry in the thread's timers (its accept retry).
+const LISTENER: u64 = 1 << 60;
 
 /// The token of port `i` (stream tokens are stream ids, far below these).
 pub(super) fn token(i: usize) -> Token {
@@ -32,23 +46,61 @@ pub(super) fn port_of(t: Token) -> Option<usize> {
     (i < MAX_PORTS).then_some(i)
 }
 
+/// The accepted connection of a (non-port) token, if it is one's.
+pub(super) fn conn_of(t: Token) -> Option<u64> {
+    let t = t.0 as u64;
+    (t & CONN != 0).then_some(t & !CONN)
+}
+
+/// Whether an entry of the thread's timers is a port's (not a stream's).
+pub(super) fn is_port_timer(id: u64) -> bool {
+    id & (CONN | LISTENER) != 0
+}
+
+/// A bound port's socket, as `bind.rs` opened it.
+pub enum PortSocket {
+    /// A libzmq SUB socket (bound to an interface or host name).
+    Zmq(Socket),
+    /// kvdir's own listener.
+    Tcp(Listener),
+}
+
 /// One bound port.
 pub(super) struct Port {
     rank: u32,
-    socket: Socket,
     routes: BindRoutes,
-    /// Whether it is due a read.
+    /// Whether it is due a read (or an accept).
     pub(super) queued: bool,
-    /// Its messages are received into these.
-    frames: Frames,
+    source: Source,
 }
 
-/// The thread's ports, and which of its streams each bound key belongs to.
+enum Source {
+    /// Its messages are received into the frames.
+    Zmq {
+        socket: Socket,
+        frames: Frames,
+    },
+    Tcp(Listener),
+}
+
+/// What serving the ports needs of the thread.
+pub(super) struct Reach<'a> {
+    pub(super) registry: &'a Registry,
+    pub(super) timers: &'a mut Timers,
+    pub(super) fds: &'a FdWaits,
+}
+
+/// The thread's ports, the connections they accepted, and which of its streams each bound
+/// key belongs to.
 #[derive(Default)]
 pub(super) struct Ports {
     pub(super) ports: Vec<Port>,
     /// A bound stream's key -> its stream id on this thread.
     pub(super) streams: HashMap<u64, u64>,
+    conns: HashMap<u64, Accepted>,
+    /// Connections due a read.
+    ready: VecDeque<u64>,
+    next_conn: u64,
 }
 
 impl Ports {
@@ -57,55 +109,178 @@ impl Ports {
         &mut self,
         registry: &Registry,
         rank: u32,
-        socket: Socket,
+        socket: PortSocket,
         routes: BindRoutes,
     ) {
         let i = self.ports.len();
-        let registered = socket
-            .get_fd()
-            .map_err(std::io::Error::from)
-            .and_then(|fd| registry.register(&mut SourceFd(&fd), token(i), Interest::READABLE));
+        let (registered, source) = match socket {
+            PortSocket::Zmq(socket) => {
+                let registered = socket.get_fd().map_err(std::io::Error::from).and_then(|fd| {
+                    registry.register(&mut SourceFd(&fd), token(i), Interest::READABLE)
+                });
+                (registered, Source::Zmq { socket, frames: Frames::default() })
+            }
+            PortSocket::Tcp(mut l) => (l.register(registry, token(i)), Source::Tcp(l)),
+        };
         if let Err(e) = registered {
             tracing::error!(rank, error = %e, "cannot watch a kv_events_bind port; its engines' events are lost");
             return;
         }
-        self.ports.push(Port { rank, socket, routes, queued: true, frames: Frames::default() });
+        self.ports.push(Port { rank, routes, queued: true, source });
     }
 
-    /// Whether a port is due a read.
+    /// Whether a port or a connection is due a read.
     pub(super) fn any_queued(&self) -> bool {
-        self.ports.iter().any(|p| p.queued)
+        !self.ready.is_empty() || self.ports.iter().any(|p| p.queued)
     }
 
-    /// Reads a burst from port `i`: each message goes to `deliver(stream id, frames)`, in
-    /// place; one whose topic names no stream is counted as unknown, and one for a stream not
-    /// on this thread now (it restarts) is dropped: its snapshot covers it.
-    pub(super) fn read(&mut self, i: usize, mut deliver: impl FnMut(u64, &Frames)) {
-        let Some(port) = self.ports.get_mut(i) else { return };
+    /// A connection's socket fired: it is read in the next turn.
+    pub(super) fn conn_fired(&mut self, id: u64) {
+        if let Some(a) = self.conns.get_mut(&id) {
+            if !std::mem::replace(&mut a.queued, true) {
+                self.ready.push_back(id);
+            }
+        }
+    }
+
+    /// A port timer came due: a connection's handshake deadline or a listener's retry.
+    pub(super) fn timer_due(&mut self, id: u64, at: Instant) {
+        if id & CONN != 0 {
+            if self.conns.get(&(id & !CONN)).is_some_and(|a| a.conn.deadline() == Some(at)) {
+                self.conn_fired(id & !CONN);
+            }
+        } else if let Some(p) = self.ports.get_mut((id & !LISTENER) as usize) {
+            if let Source::Tcp(l) = &mut p.source {
+                p.queued |= l.retry_due(at);
+            }
+        }
+    }
+
+    /// Whether a port timer is still wanted (stale ones are dropped).
+    pub(super) fn timer_wanted(&self, id: u64, at: Instant) -> bool {
+        if id & CONN != 0 {
+            return self.conns.get(&(id & !CONN)).is_some_and(|a| a.conn.deadline() == Some(at));
+        }
+        let port = self.ports.get((id & !LISTENER) as usize);
+        port.is_some_and(|p| matches!(&p.source, Source::Tcp(l) if l.retry() == Some(at)))
+    }
+
+    /// Reads every port due a read, then every connection due one (each a bounded burst):
+    /// each message goes to `deliver(stream id, frames)`, in place; one whose topic names no
+    /// stream is counted as unknown, and one for a stream not on this thread now (it
+    /// restarts) is dropped: its snapshot covers it.
+    pub(super) fn serve(&mut self, reach: Reach, mut deliver: impl FnMut(u64, &[&[u8]])) {
+        let now = Instant::now();
+        for i in 0..self.ports.len() {
+            if self.ports[i].queued {
+                match self.ports[i].source {
+                    Source::Zmq { .. } => self.read_zmq(i, &mut deliver),
+                    Source::Tcp(_) => self.accept(i, now, reach.registry, reach.timers, reach.fds),
+                }
+            }
+        }
+        for _ in 0..self.ready.len() {
+            let Some(id) = self.ready.pop_front() else { break };
+            self.read_conn(id, now, reach.registry, &mut deliver);
+        }
+    }
+
+    /// Reads a burst from libzmq port `i`.
+    fn read_zmq(&mut self, i: usize, deliver: &mut impl FnMut(u64, &[&[u8]])) {
+        let Port { rank, routes, queued, source } = &mut self.ports[i];
+        let Source::Zmq { socket, frames } = source else { return };
         let mut handed = 0;
         for _ in 0..PORT_BURST {
-            match port.frames.recv(&port.socket) {
+            match frames.recv(socket) {
                 Ok(true) => {}
                 Ok(false) => break,
                 Err(e) => {
-                    tracing::warn!(error = %e, rank = port.rank, "kv_events_bind: cannot read a message");
+                    tracing::warn!(error = %e, rank, "kv_events_bind: cannot read a message");
                     break;
                 }
             }
-            let Some(topic) = port.frames.first() else { continue };
-            match port.routes.lookup(topic, port.rank) {
-                Some(key) => {
-                    handed += 1;
-                    if let Some(&id) = self.streams.get(&key) {
-                        deliver(id, &port.frames);
-                    }
-                }
-                None => port.routes.unknown(topic, port.rank),
-            }
+            handed += frames.with(|parts| route(&self.streams, routes, *rank, parts, deliver));
         }
-        port.frames.release();
-        port.routes.handed(handed);
+        frames.release();
+        routes.handed(handed);
         // After the burst's last receive, as `ZMQ_FD`'s edge trigger requires.
-        port.queued = port.socket.get_events().is_ok_and(|e| e.contains(zmq::POLLIN));
+        *queued = socket.get_events().is_ok_and(|e| e.contains(zmq::POLLIN));
+    }
+
+    /// Accepts what listener `i` holds (a bounded burst); each connection is read at once.
+    fn accept(
+        &mut self,
+        i: usize,
+        now: Instant,
+        registry: &Registry,
+        timers: &mut Timers,
+        fds: &FdWaits,
+    ) {
+        let Port { rank, queued, source, .. } = &mut self.ports[i];
+        let Source::Tcp(listener) = source else { return };
+        let next = &mut self.next_conn;
+        let accepted = listener.accept(*rank, now, fds, |stream, addr, l| {
+            *next += 1;
+            let id = *next;
+            let a = Accepted::new(stream, addr, i, l, (registry, Token((CONN | id) as usize)))?;
+            if let Some(at) = a.conn.deadline() {
+                timers.push(at, CONN | id);
+            }
+            self.conns.insert(id, a);
+            self.ready.push_back(id);
+            Some(())
+        });
+        *queued = accepted.more;
+        if let Some(at) = accepted.retry {
+            timers.push(at, LISTENER | i as u64);
+        }
+    }
+
+    /// Reads a burst from connection `id`; a closed one is dropped.
+    fn read_conn(
+        &mut self,
+        id: u64,
+        now: Instant,
+        registry: &Registry,
+        deliver: &mut impl FnMut(u64, &[&[u8]]),
+    ) {
+        let Some(a) = self.conns.get_mut(&id) else { return };
+        let Some(port) = self.ports.get(a.port) else { return };
+        a.queued = false;
+        let streams = &self.streams;
+        let token = Token((CONN | id) as usize);
+        let handed = a.read(now, (registry, token), |parts| {
+            route(streams, &port.routes, port.rank, parts, deliver)
+        });
+        port.routes.handed(handed);
+        if a.conn.closed() {
+            self.conns.remove(&id);
+        } else if a.conn.readable() {
+            a.queued = true;
+            self.ready.push_back(id);
+        }
+    }
+}
+
+/// Hands one message on `rank`'s port to the stream its topic names; 1 when it names one.
+fn route(
+    streams: &HashMap<u64, u64>,
+    routes: &BindRoutes,
+    rank: u32,
+    parts: &[&[u8]],
+    deliver: &mut impl FnMut(u64, &[&[u8]]),
+) -> u64 {
+    let Some(topic) = parts.first() else { return 0 };
+    match routes.lookup(topic, rank) {
+        Some(key) => {
+            if let Some(&id) = streams.get(&key) {
+                deliver(id, parts);
+            }
+            1
+        }
+        None => {
+            routes.unknown(topic, rank);
+            0
+        }
     }
 }

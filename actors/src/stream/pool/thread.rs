@@ -24,7 +24,7 @@ use kvdir::stream::StreamPhase;
 use mio::Token;
 
 use super::fds::{fd_backoff, is_out_of_fds};
-use super::ports::{self, Ports};
+use super::ports::{self, Ports, Reach};
 use super::replays::{ReplaySlot, Waiter};
 use super::timers::Timers;
 use super::{Command, Exited, NewStream, PoolShared, ThreadRef};
@@ -125,9 +125,10 @@ impl PoolThread {
             for ev in events.iter() {
                 match ev.token() {
                     WAKER => commands = true,
-                    t => match ports::port_of(t) {
-                        Some(i) => self.ports.ports[i].queued = true,
-                        None => self.stream_fired(t),
+                    t => match (ports::port_of(t), ports::conn_of(t)) {
+                        (Some(i), _) => self.ports.ports[i].queued = true,
+                        (None, Some(c)) => self.ports.conn_fired(c),
+                        (None, None) => self.stream_fired(t),
                     },
                 }
             }
@@ -231,34 +232,31 @@ impl PoolThread {
         }
     }
 
-    /// Reads every port due a read; each message is handed to its stream, which decodes and
-    /// applies it at once and gets a turn (to publish).
+    /// Reads every port and connection due a read; each message is handed to its stream,
+    /// which decodes and applies it at once and gets a turn (to publish).
     fn read_ports(&mut self) {
         let mut failed: Vec<(u64, String)> = Vec::new();
-        for i in 0..self.ports.ports.len() {
-            if !self.ports.ports[i].queued {
-                continue;
+        let (streams, ready) = (&mut self.streams, &mut self.ready);
+        let reach =
+            Reach { registry: &self.registry, timers: &mut self.timers, fds: &self.shared.fds };
+        self.ports.serve(reach, |id, parts| {
+            let Some(e) = streams.get_mut(&id) else { return };
+            if failed.iter().any(|(f, _)| *f == id) {
+                return;
             }
-            let (streams, ready) = (&mut self.streams, &mut self.ready);
-            self.ports.read(i, |id, frames| {
-                let Some(e) = streams.get_mut(&id) else { return };
-                if failed.iter().any(|(f, _)| *f == id) {
-                    return;
+            match catch_unwind(AssertUnwindSafe(|| e.worker.deliver(parts))) {
+                Ok(Ok(())) => {}
+                Ok(Err(err)) => {
+                    e.worker.publish_status();
+                    failed.push((id, describe(err)));
                 }
-                match catch_unwind(AssertUnwindSafe(|| e.worker.deliver(frames))) {
-                    Ok(Ok(())) => {}
-                    Ok(Err(err)) => {
-                        e.worker.publish_status();
-                        failed.push((id, describe(err)));
-                    }
-                    Err(_) => failed.push((id, PANICKED.to_string())),
-                }
-                if !e.queued {
-                    e.queued = true;
-                    ready.push_back(id);
-                }
-            });
-        }
+                Err(_) => failed.push((id, PANICKED.to_string())),
+            }
+            if !e.queued {
+                e.queued = true;
+                ready.push_back(id);
+            }
+        });
         for (id, reason) in failed {
             self.fail(id, reason);
         }
@@ -292,7 +290,9 @@ impl PoolThread {
 
     fn due_timers(&mut self, now: Instant) {
         while let Some((at, id)) = self.timers.pop_due(now) {
-            if let Some(e) = self.streams.get_mut(&id).filter(|e| e.timer == Some(at)) {
+            if ports::is_port_timer(id) {
+                self.ports.timer_due(id, at);
+            } else if let Some(e) = self.streams.get_mut(&id).filter(|e| e.timer == Some(at)) {
                 e.timer = None;
                 self.mark_ready(id);
             } else if self.starved.get(&id).is_some_and(|s| s.at == at) {
@@ -302,9 +302,10 @@ impl PoolThread {
             }
         }
         if self.timers.len() > 4 * (self.streams.len() + self.starved.len()) + 64 {
-            let (streams, starved) = (&self.streams, &self.starved);
+            let (streams, starved, ports) = (&self.streams, &self.starved, &self.ports);
             self.timers.retain(|at, id| {
-                streams.get(&id).is_some_and(|e| e.timer == Some(at))
+                (ports::is_port_timer(id) && ports.timer_wanted(id, at))
+                    || streams.get(&id).is_some_and(|e| e.timer == Some(at))
                     || starved.get(&id).is_some_and(|s| s.at == at)
             });
         }

@@ -162,10 +162,10 @@ impl Live {
     }
 
     /// Queues a copy of a message the thread read for this (bound) stream.
-    pub(super) fn queue(&mut self, frames: &Frames) {
+    pub(super) fn queue(&mut self, frames: &[&[u8]]) {
         if let Live::Bound { inbox, .. } = self {
             if inbox.len() < SUB_HWM as usize {
-                inbox.push_back(frames.to_vecs());
+                inbox.push_back(frames.iter().map(|f| f.to_vec()).collect());
             }
         }
     }

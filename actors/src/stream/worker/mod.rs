@@ -255,13 +255,13 @@ impl Worker {
     /// decoded and applied now, visible to queries once its turn publishes. A stream that
     /// cannot take it now (held by fault injection, or with older messages queued) queues a
     /// copy for its turn.
-    pub fn deliver(&mut self, frames: &Frames) -> Result<(), zmq::Error> {
+    pub fn deliver(&mut self, frames: &[&[u8]]) -> Result<(), zmq::Error> {
         let spec = &self.ctx.spec;
         if self.live.has_queued() || faults::stream_held(&spec.instance_name, spec.dp_rank) {
             self.live.queue(frames);
             return Ok(());
         }
-        frames.with(|parts| self.live_message(parts, Instant::now()))
+        self.live_message(frames, Instant::now())
     }
 
     /// The socket monitor's `ZMQ_FD` fired: read it in the stream's next turn.

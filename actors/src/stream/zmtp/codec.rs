@@ -82,6 +82,21 @@ pub fn check_greeting(g: &[u8]) -> Result<(), ZmtpError> {
     Ok(())
 }
 
+/// Checks the first bytes of a greeting that is not whole yet: the signature's first and
+/// tenth byte (libzmq pads the rest), and a major version of 3 or more.
+pub fn check_signature(g: &[u8]) -> Result<(), ZmtpError> {
+    let bad = g.first().is_some_and(|&b| b != 0xFF) || g.get(9).is_some_and(|&b| b & 1 == 0);
+    if bad {
+        return Err(ZmtpError::Greeting("no ZMTP 3 signature".into()));
+    }
+    match g.get(10) {
+        Some(&major) if major < 3 => {
+            Err(ZmtpError::Greeting(format!("version {major}.x (3.0 or later needed)")))
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Appends one frame.
 fn frame(flags: u8, body: &[&[u8]], out: &mut Vec<u8>) {
     let size: usize = body.iter().map(|b| b.len()).sum();
@@ -262,6 +277,12 @@ mod tests {
         plain[12..17].copy_from_slice(b"PLAIN");
         assert!(check_greeting(&plain).unwrap_err().to_string().contains("PLAIN"));
         assert!(check_greeting(&[0; 64]).is_err());
+        for n in 0..64 {
+            assert_eq!(check_signature(&g[..n]), Ok(()), "a greeting's first {n} bytes");
+        }
+        assert!(check_signature(b"GET / HTTP/1.1").is_err(), "refused at its first byte");
+        assert!(check_signature(&v2[..11]).is_err(), "refused at its version");
+        assert!(check_signature(&[0xFF, 0, 0, 0, 0, 0, 0, 0, 0, 0]).is_err());
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! too): its replay times out and asks again on a fresh connection, so no reply is read twice. TCP keepalive and
 //! `TCP_USER_TIMEOUT` give a vanished host up after `publisher_timeout_ms`, as the SUB
 //! socket's options did, and a connect or handshake that hangs that long (30 s at most, 30 s
-//! when 0) is given up and retried.
+//! when 0) is given up and retried. A connection an engine made to the bind endpoint
+//! (accepted, `open.rs`) is a SUB's that subscribes to every topic and is never reconnected.
 //!
 //! Reading: the socket is in the thread's `epoll` (edge-triggered, read and write); a turn
 //! reads until a read comes back short (the kernel's queue is then empty, and new bytes fire
@@ -23,14 +24,12 @@ use std::time::{Duration, Instant};
 
 use kvdir::backoff::Backoff;
 use mio::net::TcpStream;
-use mio::{Interest, Registry, Token};
-use rustix::net::sockopt;
+use mio::{Registry, Token};
 
 use super::codec::{self, Item, Role, ZmtpError, GREETING_LEN};
-use crate::stream::worker::{keepalive, RECONNECT_MAX, RECONNECT_MIN};
 
 /// libzmq's default handshake timeout (`ZMQ_HANDSHAKE_IVL`), and the longest connect.
-const HANDSHAKE: Duration = Duration::from_secs(30);
+pub(super) const HANDSHAKE: Duration = Duration::from_secs(30);
 /// The thread's spare buffer: its size, and the most it keeps.
 const READ_CHUNK: usize = 64 * 1024;
 const MAX_SPARE: usize = 1 << 20;
@@ -55,7 +54,7 @@ pub enum Step {
     Idle,
 }
 
-enum State {
+pub(super) enum State {
     /// Not connected: connects at `at`.
     Waiting { at: Instant },
     /// Connecting (until the greeting could be written) or greeting, until `deadline`.
@@ -68,86 +67,44 @@ enum State {
 
 /// A live stream's connection to its publisher.
 pub struct Conn {
-    addr: SocketAddr,
-    role: Role,
+    pub(super) addr: SocketAddr,
+    pub(super) role: Role,
     /// What is sent once the peer is ready (the subscription or the request).
-    hello: Vec<u8>,
-    max_frame: u64,
-    timeout: Duration,
-    state: State,
-    backoff: Backoff,
+    pub(super) hello: Vec<u8>,
+    pub(super) max_frame: u64,
+    pub(super) timeout: Duration,
+    pub(super) state: State,
+    pub(super) backoff: Backoff,
     /// Received bytes; `buf[start..end]` is not parsed yet.
-    buf: Vec<u8>,
-    start: usize,
-    end: usize,
+    pub(super) buf: Vec<u8>,
+    pub(super) start: usize,
+    pub(super) end: usize,
     /// Bytes the last message took (consumed at the next step).
-    taken: usize,
+    pub(super) taken: usize,
     /// The last message's frames, ranges of `buf[start..]`.
-    frames: Vec<Range<usize>>,
+    pub(super) frames: Vec<Range<usize>>,
     /// Bytes to send.
-    out: Vec<u8>,
+    pub(super) out: Vec<u8>,
     /// The socket was read empty this turn.
-    drained: bool,
+    pub(super) drained: bool,
     /// The turn has not reached the end of the input yet.
-    busy: bool,
+    pub(super) busy: bool,
     /// Whether a failed attempt was logged since the last handshake.
-    warned: bool,
-}
-
-/// The address of a `tcp://IP:PORT` endpoint; `None` for names and other transports.
-pub fn endpoint_addr(endpoint: &str) -> Option<SocketAddr> {
-    endpoint.strip_prefix("tcp://")?.parse().ok()
+    pub(super) warned: bool,
+    /// The peer connected to kvdir (the bind endpoint): never reconnected.
+    pub(super) accepted: bool,
 }
 
 impl Conn {
-    /// A SUB's connection to `addr` subscribing to `topic`, connecting at the first step.
-    pub fn sub(addr: SocketAddr, topic: &[u8], max_frame: u64, timeout: Duration) -> Conn {
-        let mut hello = Vec::new();
-        codec::subscribe(topic, &mut hello);
-        Conn::new(addr, Role::Sub, hello, max_frame, timeout)
+    /// The peer's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.addr
     }
 
-    /// A DEALER's connection to `addr` sending one message of `request`, connecting now
-    /// (an error is the socket's: e.g. no descriptor left).
-    pub fn dealer(
-        addr: SocketAddr,
-        request: &[&[u8]],
-        max_frame: u64,
-        timeout: Duration,
-        (registry, token): (&Registry, Token),
-    ) -> std::io::Result<Conn> {
-        let mut hello = Vec::new();
-        codec::message(request, &mut hello);
-        let mut conn = Conn::new(addr, Role::Dealer, hello, max_frame, timeout);
-        conn.connect(Instant::now(), registry, token)?;
-        Ok(conn)
-    }
-
-    fn new(
-        addr: SocketAddr,
-        role: Role,
-        hello: Vec<u8>,
-        max_frame: u64,
-        timeout: Duration,
-    ) -> Conn {
-        Conn {
-            addr,
-            role,
-            hello,
-            max_frame,
-            timeout,
-            state: State::Waiting { at: Instant::now() },
-            backoff: Backoff::new(RECONNECT_MIN, RECONNECT_MAX),
-            buf: Vec::new(),
-            start: 0,
-            end: 0,
-            taken: 0,
-            frames: Vec::new(),
-            out: Vec::new(),
-            drained: false,
-            busy: false,
-            warned: false,
-        }
+    /// Whether the connection is over for good (an accepted one lost or refused, or a
+    /// DEALER's after its request).
+    pub fn closed(&self) -> bool {
+        matches!(self.state, State::Closed)
     }
 
     /// When the connection has something to do without input (a reconnect, a timeout).
@@ -241,19 +198,6 @@ impl Conn {
         }
     }
 
-    fn connect(&mut self, now: Instant, registry: &Registry, token: Token) -> std::io::Result<()> {
-        let mut stream = TcpStream::connect(self.addr)?;
-        set_liveness(&stream, self.timeout)?;
-        registry.register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)?;
-        self.out.clear();
-        self.out.extend_from_slice(&codec::greeting());
-        codec::ready(self.role, &mut self.out);
-        let wait = if self.timeout.is_zero() { HANDSHAKE } else { self.timeout.min(HANDSHAKE) };
-        let deadline = now + wait;
-        self.state = State::Handshake { stream, deadline, tcp_up: false, greeted: false };
-        Ok(())
-    }
-
     /// Advances the handshake with what is buffered: `Some(Connected)` once done.
     fn handshake(&mut self, now: Instant) -> Result<Option<Step>, String> {
         let written = self.flush()?;
@@ -267,6 +211,8 @@ impl Conn {
         let pending = &self.buf[self.start..self.end];
         if !*greeted {
             if pending.len() < GREETING_LEN {
+                // A peer that is no ZMTP 3 socket is refused at its first bytes, as libzmq does.
+                codec::check_signature(pending).map_err(|e| e.to_string())?;
                 return Ok(None);
             }
             codec::check_greeting(pending).map_err(|e| e.to_string())?;
@@ -399,6 +345,7 @@ impl Conn {
     fn close(&mut self, now: Instant, registry: &Registry, reason: String) -> Step {
         let at = now + self.backoff.next_delay();
         let next = match (self.role, &self.state) {
+            _ if self.accepted => State::Closed,
             (Role::Dealer, State::Ready { .. } | State::Closed) => State::Closed,
             _ => State::Waiting { at },
         };
@@ -438,7 +385,9 @@ impl Conn {
     /// A failed connect or handshake: a SUB's logged once until one succeeds (a publisher not
     /// up yet is routine), a DEALER's at DEBUG (its replay's timeout reports it).
     fn log_failure(&mut self, reason: &str) {
-        if self.role == Role::Sub && !std::mem::replace(&mut self.warned, true) {
+        if self.accepted {
+            tracing::debug!(peer = %self.addr, reason, "a connection to kv_events_bind is refused");
+        } else if self.role == Role::Sub && !std::mem::replace(&mut self.warned, true) {
             tracing::info!(endpoint = %self.addr, reason, "cannot connect to the publisher yet; retrying");
         } else {
             tracing::debug!(endpoint = %self.addr, reason, "connect retry failed");
@@ -450,16 +399,4 @@ impl Conn {
 fn peer_error(data: &[u8]) -> String {
     let reason = String::from_utf8_lossy(data.get(1..).unwrap_or_default());
     ZmtpError::PeerError(reason.into_owned()).to_string()
-}
-
-/// TCP keepalive and `TCP_USER_TIMEOUT` for a publisher timeout (none when it is 0).
-fn set_liveness(s: &TcpStream, timeout: Duration) -> std::io::Result<()> {
-    let Some((idle, interval)) = keepalive(timeout) else { return Ok(()) };
-    let ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
-    sockopt::set_tcp_user_timeout(s, ms)?;
-    sockopt::set_socket_keepalive(s, true)?;
-    sockopt::set_tcp_keepidle(s, Duration::from_secs(u64::from(idle)))?;
-    sockopt::set_tcp_keepintvl(s, Duration::from_secs(u64::from(interval)))?;
-    sockopt::set_tcp_keepcnt(s, crate::stream::worker::KEEPALIVE_PROBES)?;
-    Ok(())
 }

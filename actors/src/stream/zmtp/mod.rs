@@ -12,12 +12,16 @@
 //! naming a host still go through libzmq.
 //!
 //! - `codec.rs`: greeting, frames, READY, subscription, messages, PING's answer (pure).
-//! - `conn.rs`: [`Conn`], a connection: connect, handshake, read, reconnect with back-off.
+//! - `conn.rs`: [`Conn`], a connection: handshake, read, reconnect with back-off.
+//! - `open.rs`: connecting (a SUB, a DEALER), taking an accepted connection (the bind
+//!   endpoint's ports), TCP keepalive.
 
 mod codec;
 mod conn;
+mod open;
 
-pub use conn::{endpoint_addr, Conn, Step};
+pub use conn::{Conn, Step};
+pub use open::endpoint_addr;
 
 #[cfg(test)]
 mod tests;

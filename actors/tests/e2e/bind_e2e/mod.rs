@@ -6,9 +6,12 @@
 //!
 //! What a user sees: the streams report (phase, endpoint, the bind counters), `/metrics`, and
 //! query hits per instance and rank. Engines that announce themselves by their topic are in
-//! [`announce`].
+//! [`announce`]; the ports kvdir listens on itself, under faults and many connections, in
+//! [`listener`], and out of descriptors in [`accept_fds`].
 
+mod accept_fds;
 mod announce;
+mod listener;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
