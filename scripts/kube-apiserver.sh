@@ -38,22 +38,31 @@ fi
 
 [ "$(id -u)" = 0 ] || die "no kube-apiserver in $CACHE, and building one needs root (apt-get)"
 
-# A deb-src entry for the release's main component, from the mirror the machine already uses.
+# A deb-src entry for the release's main component, from the mirror the machine already uses,
+# with that entry's Signed-By (apt refuses two entries for one mirror whose keys differ:
+# "Conflicting values set for option Signed-By"). The entry is this script's own file,
+# rewritten each time; a deb-src entry elsewhere is used as it is.
 add_deb_src() {
-    if grep -rqsE '^(Types:.*deb-src|deb-src )' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    local own=/etc/apt/sources.list.d/kvdir-deb-src.sources
+    if grep -rqsE '^(Types:.*deb-src|deb-src )' /etc/apt/sources.list \
+        $(find /etc/apt/sources.list.d -type f ! -path "$own"); then
         return
     fi
-    local codename uri
+    local codename file uri signed
     codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
     [ -n "$codename" ] || die "cannot tell the Debian release from /etc/os-release"
-    uri=$(grep -hsE '^URIs:' /etc/apt/sources.list.d/*.sources | grep -v security \
-        | awk '{ print $2; exit }')
-    [ -n "$uri" ] || uri=$(awk '$1 == "deb" && $2 !~ /security/ { print $2; exit }' \
+    file=$(grep -lsE '^URIs:.*debian' $(find /etc/apt/sources.list.d -name '*.sources' ! -path "$own") \
+        | head -n 1 || true)
+    if [ -n "$file" ]; then
+        uri=$(grep -hE '^URIs:' "$file" | grep -v security | awk '{ print $2; exit }')
+        signed=$(grep -hE '^Signed-By:' "$file" | awk '{ print $2; exit }')
+    fi
+    [ -n "${uri:-}" ] || uri=$(awk '$1 == "deb" && $2 !~ /security/ { print $2; exit }' \
         /etc/apt/sources.list 2>/dev/null || true)
     [ -n "$uri" ] || die "no Debian mirror found in /etc/apt/sources.list*"
     log "adding a deb-src entry for $codename main at $uri"
-    printf 'Types: deb-src\nURIs: %s\nSuites: %s\nComponents: main\n' "$uri" "$codename" \
-        >/etc/apt/sources.list.d/kvdir-deb-src.sources
+    printf 'Types: deb-src\nURIs: %s\nSuites: %s\nComponents: main\n' "$uri" "$codename" >"$own"
+    [ -z "${signed:-}" ] || printf 'Signed-By: %s\n' "$signed" >>"$own"
 }
 
 add_deb_src
