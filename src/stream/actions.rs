@@ -31,6 +31,13 @@ pub struct RecoveryConfig {
     pub backoff_min: Duration,
     /// Longest retry delay.
     pub backoff_max: Duration,
+    /// The live connection's losses reach the machine in order with its batches (kvdir's own
+    /// ZMTP reader: one TCP connection, read in the stream's turn). A restarted publisher can
+    /// then only send on a new connection, reported by [`super::Recovery::on_disconnected`]
+    /// first, so a low sequence on the connection the sync began on is a late copy
+    /// ([`super::Recovery::is_copy`]). `false` for libzmq's SUB and the bind endpoint, whose
+    /// connection events come apart from the data.
+    pub ordered_losses: bool,
 }
 
 impl RecoveryConfig {
@@ -45,6 +52,7 @@ impl RecoveryConfig {
             max_buffered_bytes: l.max_buffered_bytes,
             backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
+            ordered_losses: false,
         }
     }
 

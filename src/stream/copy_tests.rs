@@ -98,13 +98,74 @@ fn a_restart_seen_on_a_live_history_stream_replays_from_0_not_from_the_old_posit
 
 #[test]
 fn a_snapshot_stream_cannot_compare_batches_and_takes_a_late_0_for_a_restart() {
-    // xLLM's snapshot is state, not batches: a live 0 after it may be a restarted publisher's,
-    // and crediting the snapshot's blocks then would credit a cache that is gone.
+    // xLLM's snapshot is state, not batches: on libzmq's SUB, whose disconnects come apart
+    // from the data, a live 0 after it may be a restarted publisher's, and crediting the
+    // snapshot's blocks then would credit a cache that is gone.
     let t0 = Instant::now();
     let (mut m, mut out) = live_at(1, t0);
     m.on_live(0, stamped(0.0), 10, t0, &mut out);
     let shown = show(&mut out);
     assert_eq!(shown[0], "invalidate: sequence went back from 0 to 0: publisher restarted");
+}
+
+/// A snapshot (xLLM) machine on kvdir's own reader, live at `watermark`: its connection's
+/// losses come in order with the batches.
+fn ordered_live_at(watermark: u64, t0: Instant) -> (Recovery, Vec<Action>) {
+    let cfg = RecoveryConfig { ordered_losses: true, ..cfg() };
+    let index = IndexConfig { block_size: 2, hash_seed: 1024, salt: 0, max_blocks: 100 };
+    let mut m = Recovery::new(cfg, index);
+    let mut out = Vec::new();
+    m.on_connected(t0, &mut out);
+    m.on_snapshot_reply(watermark, &batch(), t0, &mut out);
+    m.on_snapshot_end(t0, &mut out);
+    out.clear();
+    (m, out)
+}
+
+#[test]
+fn on_an_ordered_connection_the_late_live_0_after_a_snapshot_is_a_copy() {
+    // Regression (issue 36, run C, 3 runs of 5): xLLM's snapshot covered batch 0 (watermark 1),
+    // then live 0 came late on the connection the sync began on and was taken for a restart
+    // ("sequence went back from 0 to 0"), costing a recovery. A restarted publisher would
+    // have come on a new connection, after a disconnect.
+    let t0 = Instant::now();
+    let (mut m, mut out) = ordered_live_at(1, t0);
+    m.on_live(0, batch(), 10, t0, &mut out);
+    m.on_live(1, batch(), 10, t0, &mut out);
+    assert_eq!(show(&mut out), ["apply 1"], "0 is in the snapshot");
+    assert_eq!((m.stats().duplicate_batches, m.stats().gaps), (1, 0));
+    assert_eq!((m.phase(), syncs(&m)), (StreamPhase::Live, (1, 0, 0)));
+}
+
+#[test]
+fn on_an_ordered_connection_a_sequence_that_goes_back_after_a_live_batch_is_a_restart() {
+    let t0 = Instant::now();
+    let (mut m, mut out) = ordered_live_at(3, t0);
+    m.on_live(3, batch(), 10, t0, &mut out);
+    m.on_live(0, batch(), 10, t0, &mut out);
+    let shown = show(&mut out);
+    assert_eq!(
+        shown[..2],
+        ["apply 3", "invalidate: sequence went back from 3 to 0: publisher restarted"]
+    );
+    assert_eq!((m.stats().duplicate_batches, m.stats().gaps), (0, 1));
+}
+
+#[test]
+fn on_an_ordered_connection_a_new_connections_sync_drops_its_own_late_0() {
+    // The publisher restarted: its connection ended first, the sync after the new one asked
+    // the new process, and its late live 0 is a copy of what that snapshot holds.
+    let t0 = Instant::now();
+    let (mut m, mut out) = ordered_live_at(5, t0);
+    m.on_disconnected(&mut out);
+    m.on_connected(t0, &mut out);
+    m.on_snapshot_reply(1, &batch(), t0, &mut out);
+    m.on_snapshot_end(t0, &mut out);
+    out.clear();
+    m.on_live(0, batch(), 10, t0, &mut out);
+    m.on_live(1, batch(), 10, t0, &mut out);
+    assert_eq!(show(&mut out), ["apply 1"]);
+    assert_eq!((m.phase(), m.stats().duplicate_batches, m.stats().gaps), (StreamPhase::Live, 1, 0));
 }
 
 #[test]

@@ -233,14 +233,17 @@ impl Recovery {
     ///   which no copy does. Before any live batch (a new stream, or after a disconnect) a batch
     ///   below the next expected one is a copy unless it is 0, where a restarted publisher
     ///   starts: a snapshot's stream cannot tell a late copy of 0 from a restart, and pays one
-    ///   recovery rather than credit a cache that may be gone.
+    ///   recovery rather than credit a cache that may be gone. On a connection whose losses
+    ///   arrive in order ([`super::RecoveryConfig::ordered_losses`]) it can: a restarted publisher
+    ///   would have come on a new connection, after a disconnect, so 0 is a copy there too.
     pub(super) fn is_copy(&self, seq: u64, batch: &Batch) -> bool {
         if let Some(same) = self.replayed.same(seq, batch) {
             return same;
         }
         let repeated = self.live_before == Some(seq) && seq > 0;
         let below_next = self.next_seq.is_some_and(|n| seq < n);
-        let after_live = self.live_before.map_or(seq > 0, |l| seq > l);
+        let first_on_connection = seq > 0 || self.cfg.ordered_losses;
+        let after_live = self.live_before.map_or(first_on_connection, |l| seq > l);
         repeated || (below_next && after_live)
     }
 

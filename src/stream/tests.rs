@@ -16,6 +16,7 @@ pub(super) fn cfg() -> RecoveryConfig {
         max_buffered_bytes: 1 << 20,
         backoff_min: Duration::from_millis(100),
         backoff_max: Duration::from_millis(400),
+        ordered_losses: false,
     }
 }
 

@@ -153,6 +153,12 @@ impl Live {
         }
     }
 
+    /// Whether the connection's losses come in order with its messages (kvdir's own ZMTP
+    /// reader), so that a restarted publisher shows as a disconnect before its first batch.
+    pub(super) fn orders_losses(&self) -> bool {
+        matches!(self, Live::Zmtp(_))
+    }
+
     /// A bound stream's key.
     pub(super) fn bound_key(&self) -> Option<u64> {
         match self {

@@ -152,9 +152,11 @@ impl Worker {
         // A restarted worker continues its predecessor's counters.
         let status = lock(&ctx.status).clone();
         let index_config = ctx.spec.index_config(&ctx.limits);
-        let recovery =
-            Recovery::new(RecoveryConfig::for_stream(&ctx.spec, &ctx.limits), index_config)
-                .continuing(status.stats);
+        let recovery_config = RecoveryConfig {
+            ordered_losses: live.orders_losses(),
+            ..RecoveryConfig::for_stream(&ctx.spec, &ctx.limits)
+        };
+        let recovery = Recovery::new(recovery_config, index_config).continuing(status.stats);
         let status = WorkerStatus { connected: false, ..status };
         let mut w = Worker {
             ctx,

@@ -131,7 +131,11 @@ fn stored(ts: f64, tokens: &[i32], first_hash: u64) -> Vec<u8> {
 }
 
 /// The stream's report once `done` holds of it.
-fn stream_when(svc: &kvdir_service::Service, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+pub(super) fn stream_when(
+    svc: &kvdir_service::Service,
+    what: &str,
+    done: impl Fn(&Value) -> bool,
+) -> Value {
     eventually(what, || {
         let s = report(svc)["streams"][0].clone();
         if done(&s) {

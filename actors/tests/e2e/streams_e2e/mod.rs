@@ -6,6 +6,7 @@ mod copies;
 mod history;
 mod recorded;
 mod recorded_hybrid;
+mod snapshot_copies;
 
 use crate::common::*;
 use kvdir::wire::Tier;
