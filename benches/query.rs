@@ -14,7 +14,8 @@
 //! `Instant` and prints p50, p99 and the maximum (the target is a p99).
 //!
 //! A second group, `query_body`, reads the query endpoint's body (`parse_scoped_query`): 9,000
-//! six-digit ids, as a tokenizer with a 150k vocabulary gives, written with `,` and with `, `.
+//! six-digit ids, as a tokenizer with a 150k vocabulary gives, written with `,` and with `, `,
+//! and 32,768 (a 256-block prompt).
 
 mod common;
 
@@ -58,14 +59,19 @@ fn query(view: &mut SharedHandle, tokens: &[i32]) -> u64 {
 
 /// `query_body`: the endpoint's body read into ids (see the module documentation).
 fn bench_body(c: &mut Criterion) {
-    let ids: Vec<String> =
-        (0..9_000u64).map(|i| (100_000 + i * 7_919 % 51_000).to_string()).collect();
+    let ids = |n: u64| -> Vec<String> {
+        (0..n).map(|i| (100_000 + i * 7_919 % 51_000).to_string()).collect()
+    };
     let mut g = c.benchmark_group("query_body");
-    g.sample_size(20)
-        .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(2))
-        .throughput(Throughput::Elements(ids.len() as u64));
-    for (name, sep) in [("9000_ids_comma", ","), ("9000_ids_comma_space", ", ")] {
+    g.sample_size(20).warm_up_time(Duration::from_secs(1)).measurement_time(Duration::from_secs(2));
+    let cases = [
+        ("9000_ids_comma", 9_000, ","),
+        ("9000_ids_comma_space", 9_000, ", "),
+        ("32768_ids_comma", 32_768, ","),
+    ];
+    for (name, n, sep) in cases {
+        let ids = ids(n);
+        g.throughput(Throughput::Elements(n));
         let body = format!("{{\"token_ids\": [{}]}}", ids.join(sep));
         let parse = || kvdir::query::parse_scoped_query(black_box(body.as_bytes()), 1 << 20);
         assert_eq!(parse().expect("a plain body").0.len(), ids.len());

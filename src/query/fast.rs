@@ -11,20 +11,21 @@
 //!   entries) with its keys as constants. Its bytes are those of `serde_json::to_vec` (the
 //!   tests below compare them), and strings are escaped by serde_json itself.
 
+use super::lanes;
 use super::{MatchRef, QuerySummary};
 
 /// The bytes after the opening brace of the only body the scan reads.
 const KEY: &[u8] = b"\"token_ids\"";
 
 /// A cursor over the body.
-struct Scan<'a> {
-    b: &'a [u8],
-    i: usize,
+pub(super) struct Scan<'a> {
+    pub(super) b: &'a [u8],
+    pub(super) i: usize,
 }
 
 impl Scan<'_> {
     /// Skips JSON whitespace and returns the next byte, if any.
-    fn peek(&mut self) -> Option<u8> {
+    pub(super) fn peek(&mut self) -> Option<u8> {
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.b.get(self.i) {
             self.i += 1;
         }
@@ -54,7 +55,7 @@ impl Scan<'_> {
     /// closed the list. The usual element is read from one word ([`quick_element`]), any other
     /// a byte at a time.
     #[inline(always)]
-    fn element(&mut self) -> Option<(i32, bool)> {
+    pub(super) fn element(&mut self) -> Option<(i32, bool)> {
         if let Some((id, used, last)) = self.b.get(self.i..self.i + 8).and_then(quick_element) {
             self.i += used;
             return Some((id, last));
@@ -158,22 +159,31 @@ pub(super) fn plain_token_ids(body: &[u8], max_tokens: usize) -> Option<Vec<i32>
     s.i += KEY.len();
     s.eat(b':')?;
     s.eat(b'[')?;
-    // Every id takes at least two bytes ("1,"), so this never over-reserves by much.
-    let mut out = Vec::with_capacity((body.len() / 2).min(max_tokens));
     if s.peek()? == b']' {
         s.i += 1;
-    } else {
-        loop {
-            let (id, last) = s.element()?;
-            if out.len() == max_tokens {
-                return None;
-            }
-            out.push(id);
-            if last {
-                break;
-            }
+        return end(s, Vec::new());
+    }
+    if body.len() - s.i >= lanes::MIN_BYTES {
+        let out = lanes::ids_in_lanes(&mut s, max_tokens)?;
+        return end(s, out);
+    }
+    // Every id takes at least two bytes ("1,"), so this never over-reserves by much.
+    let mut out = Vec::with_capacity((body.len() / 2).min(max_tokens));
+    loop {
+        let (id, last) = s.element()?;
+        if out.len() == max_tokens {
+            return None;
+        }
+        out.push(id);
+        if last {
+            break;
         }
     }
+    end(s, out)
+}
+
+/// `out`, if the body ends after the list with `}` and whitespace.
+fn end(mut s: Scan<'_>, out: Vec<i32>) -> Option<Vec<i32>> {
     s.eat(b'}')?;
     (s.peek().is_none()).then_some(out)
 }

@@ -18,6 +18,7 @@ use crate::index::{Namespace, StreamLabel};
 
 mod compact;
 mod fast;
+mod lanes;
 
 pub use compact::{longest_first, ListMode, QuerySummary, LIST_THRESHOLD};
 

@@ -18,6 +18,7 @@ mod discovery_e2e;
 mod docs_paths;
 mod engines_e2e;
 mod fleet_e2e;
+mod flood_e2e;
 mod frontdoor_e2e;
 mod frontdoor_engines_e2e;
 mod http_api;
