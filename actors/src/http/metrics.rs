@@ -16,6 +16,7 @@ use kvdir::stream::{StreamPhase, FAULT_LABELS};
 
 use super::descriptors::{self, Connections};
 use super::frontdoor::FrontMetrics;
+use super::timing::{Stages, STAGES};
 use super::{ApiError, ErrorKind};
 use crate::stream::StreamCounters;
 use crate::stream::{PoolStats, StreamReport};
@@ -29,11 +30,23 @@ pub enum Endpoint {
     Route,
 }
 
+impl Endpoint {
+    /// The `endpoint` label of the stage histograms, and the stages its handler times.
+    fn stages(self) -> (&'static str, &'static [&'static str]) {
+        match self {
+            Endpoint::Query => ("query", &STAGES[..4]),
+            Endpoint::Route => ("route", &STAGES),
+        }
+    }
+}
+
 /// Service-wide request metrics.
 #[derive(Debug, Default)]
 pub struct ServiceMetrics {
     query: Histogram,
     route: Histogram,
+    /// Each answered request's stages ([`STAGES`]), query then route.
+    stages: [[Histogram; STAGES.len()]; 2],
     errors: [AtomicU64; ErrorKind::ALL.len()],
     /// HTTP connections open now and at most.
     pub connections: Connections,
@@ -49,6 +62,14 @@ impl ServiceMetrics {
         h.observe(started.elapsed());
         if let Some(error) = error {
             self.errors[error.kind() as usize].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Records the stages of an answered request.
+    pub(crate) fn observe_stages(&self, endpoint: Endpoint, stages: &Stages) {
+        let per_stage = &self.stages[endpoint as usize];
+        for (i, d) in stages.each() {
+            per_stage[i].observe(d);
         }
     }
 }
@@ -156,6 +177,7 @@ fn render_service(
     let help = "Latency of POST /v1/internal/route, from request to response.";
     e.family("kvdir_route_duration_seconds", Kind::Histogram, help);
     e.histogram("kvdir_route_duration_seconds", &[], &service.route.snapshot());
+    render_stages(e, service);
     e.family("kvdir_http_errors_total", Kind::Counter, "Error responses to query and route.");
     for (kind, n) in ErrorKind::ALL.iter().zip(&service.errors) {
         let n = n.load(Ordering::Relaxed) as f64;
@@ -164,6 +186,21 @@ fn render_service(
     if let Some(rss) = rss {
         e.family("process_resident_memory_bytes", Kind::Gauge, "Resident memory size in bytes.");
         e.sample("process_resident_memory_bytes", &[], rss as f64);
+    }
+}
+
+fn render_stages(e: &mut Exposition, service: &ServiceMetrics) {
+    let name = "kvdir_request_stage_duration_seconds";
+    let help = "Time of each stage of an answered query or route (its Server-Timing header): \
+                wait (from the client's X-Request-Start to the handler), body, parse, read, lock, \
+                decide, json.";
+    e.family(name, Kind::Histogram, help);
+    for endpoint in [Endpoint::Query, Endpoint::Route] {
+        let (label, stages) = endpoint.stages();
+        for (i, stage) in stages.iter().enumerate() {
+            let h = service.stages[endpoint as usize][i].snapshot();
+            e.histogram(name, &[("endpoint", label), ("stage", stage)], &h);
+        }
     }
 }
 

@@ -174,7 +174,7 @@ async fn query(
     };
     let result = result.await;
     let json = observed(&state, Endpoint::Query, stages.started(), result)?;
-    Ok(timed_json(&stages, json))
+    Ok(timed_json(&state, Endpoint::Query, &stages, json))
 }
 
 async fn route_request(
@@ -197,11 +197,17 @@ async fn route_request(
     };
     let result = result.await;
     let json = observed(&state, Endpoint::Route, stages.started(), result)?;
-    Ok(timed_json(&stages, json))
+    Ok(timed_json(&state, Endpoint::Route, &stages, json))
 }
 
-/// A JSON answer carrying its handler's stages as `Server-Timing`.
-fn timed_json(stages: &Stages, json: Vec<u8>) -> HttpResponse {
+/// A JSON answer carrying its handler's stages as `Server-Timing`, which `/metrics` counts too.
+fn timed_json(
+    state: &AppState,
+    endpoint: Endpoint,
+    stages: &Stages,
+    json: Vec<u8>,
+) -> HttpResponse {
+    state.metrics.observe_stages(endpoint, stages);
     HttpResponse::Ok()
         .content_type(ContentType::json())
         .insert_header((SERVER_TIMING, stages.header()))

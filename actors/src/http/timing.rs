@@ -12,7 +12,9 @@
 //! - `handler`: the whole handler, from its start to its answer.
 //!
 //! What a client measures beyond `wait` and `handler` is writing the answer and reading it.
-//! A stage costs two clock reads; `kvdir-bench` collects the header per request.
+//! A stage costs two clock reads; `kvdir-bench` collects the header per request, and `/metrics`
+//! keeps every answered request's stages in histograms (`kvdir_request_stage_duration_seconds`,
+//! [`STAGES`]).
 
 use std::fmt::Write;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -23,6 +25,10 @@ use actix_web::HttpRequest;
 pub const REQUEST_START: &str = "X-Request-Start";
 /// The answer's header.
 pub const SERVER_TIMING: &str = "Server-Timing";
+
+/// Every stage a handler may time, `wait` first: the `stage` label of
+/// `kvdir_request_stage_duration_seconds`.
+pub const STAGES: [&str; 7] = ["wait", "body", "parse", "read", "lock", "decide", "json"];
 
 /// The stages of one handler, in the order they ran.
 #[derive(Debug)]
@@ -62,6 +68,17 @@ impl Stages {
         self.done.push((name, took.min(whole)));
         self.done.push((rest, whole.saturating_sub(took)));
         self.last = now;
+    }
+
+    /// Each stage that ran, `wait` first when the client gave its send time, with its position
+    /// in [`STAGES`].
+    pub fn each(&self) -> impl Iterator<Item = (usize, Duration)> + '_ {
+        let wait = self.wait.map(|w| ("wait", w));
+        wait.into_iter().chain(self.done.iter().copied()).filter_map(|(name, d)| {
+            let at = STAGES.iter().position(|&s| s == name);
+            debug_assert!(at.is_some(), "stage {name} is not in STAGES");
+            Some((at?, d))
+        })
     }
 
     /// The `Server-Timing` header's value: each stage, then the whole handler.
@@ -109,6 +126,22 @@ mod tests {
             h.split(", ").map(|p| p.split("dur=").nth(1).unwrap().parse().unwrap()).collect();
         // A stage measured inside a call cannot take longer than the time it was part of.
         assert!(durs[1] < 1000.0 && durs[2] == 0.0, "{h}");
+    }
+
+    #[test]
+    fn each_stage_is_given_with_its_place_in_the_metrics_list() {
+        let sent = SystemTime::now().duration_since(UNIX_EPOCH).unwrap() - Duration::from_secs(1);
+        let value = format!("t={}", sent.as_micros());
+        let req = TestRequest::default().insert_header((REQUEST_START, value)).to_http_request();
+        let mut s = Stages::start(&req);
+        s.end("parse");
+        s.split(("lock", Duration::ZERO), "decide");
+        let names: Vec<&str> = s.each().map(|(i, _)| STAGES[i]).collect();
+        assert_eq!(names, ["wait", "parse", "lock", "decide"]);
+        let wait = s.each().next().unwrap().1;
+        assert!(wait >= Duration::from_secs(1), "{wait:?}");
+        let plain = Stages::start(&TestRequest::default().to_http_request());
+        assert_eq!(plain.each().count(), 0, "no wait without the client's send time");
     }
 
     #[test]

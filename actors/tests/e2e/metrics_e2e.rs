@@ -94,6 +94,37 @@ fn metrics_count_what_the_engine_published_and_what_clients_asked() {
     assert_eq!(delta("kvdir_http_errors_total{reason=\"bad_request\"}"), 1.0);
     assert_eq!(delta("kvdir_http_errors_total{reason=\"no_candidate\"}"), 1.0);
     assert_eq!(delta("kvdir_http_errors_total{reason=\"unauthorized\"}"), 0.0);
+    // Each answered request's stages, as its Server-Timing header gave them; errors are not.
+    let stage = |endpoint: &str, stage: &str| {
+        let series = format!("{{endpoint=\"{endpoint}\",stage=\"{stage}\"}}");
+        delta(&format!("kvdir_request_stage_duration_seconds_count{series}"))
+    };
+    for s in ["body", "parse", "read"] {
+        assert_eq!(stage("query", s), 3.0, "{s}");
+    }
+    assert_eq!(stage("query", "wait"), 0.0, "no client sent X-Request-Start");
+    assert_eq!(stage("route", "decide"), 0.0, "the route failed");
+    assert!(
+        delta("kvdir_request_stage_duration_seconds_sum{endpoint=\"query\",stage=\"read\"}") > 0.0
+    );
+    let sent = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let start = format!("t={}", sent.as_micros() - 20_000);
+    let body = format!("{{\"token_ids\": {a:?}}}");
+    let r = http(
+        svc.http_addr(),
+        "POST",
+        "/v1/internal/kv-cache/query",
+        &[("X-Request-Start", &start)],
+        body.as_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let waited = scrape(&svc);
+    let wait = |k: &str| get(&waited, k) - get(&after, k);
+    let series = "{endpoint=\"query\",stage=\"wait\"}";
+    assert_eq!(wait(&format!("kvdir_request_stage_duration_seconds_count{series}")), 1.0);
+    // Sent 20 ms before it was: its wait is in no bucket below 10 ms.
+    let le = "{endpoint=\"query\",stage=\"wait\",le=\"0.01\"}";
+    assert_eq!(wait(&format!("kvdir_request_stage_duration_seconds_bucket{le}")), 0.0);
 }
 
 /// A healthy stream shows one initial sync and no recovery; a dropped message (a sequence gap)
