@@ -41,6 +41,8 @@ type Table = HashMap<Vec<u8>, HashMap<u32, u64>>;
 struct Routes {
     config: BindConfig,
     table: RwLock<Table>,
+    /// Bumped by every change of the table (a reader's cached route is good while it holds).
+    version: AtomicU64,
     next_key: AtomicU64,
     messages: AtomicU64,
     unknown: AtomicU64,
@@ -80,6 +82,7 @@ impl BindRoutes {
         BindRoutes(Arc::new(Routes {
             config,
             table: RwLock::default(),
+            version: AtomicU64::new(0),
             next_key: AtomicU64::new(1),
             messages: AtomicU64::new(0),
             unknown: AtomicU64::new(0),
@@ -115,12 +118,14 @@ impl BindRoutes {
         }
         let key = self.0.next_key.fetch_add(1, Ordering::Relaxed);
         ranks.insert(rank, key);
+        self.0.version.fetch_add(1, Ordering::Release);
         Ok(keyed_topic(key, topic))
     }
 
     /// Stops routing `topic` on rank `rank`'s port: its messages become unknown.
     pub fn remove(&self, topic: &str, rank: u32) {
         let mut table = write(&self.0.table);
+        self.0.version.fetch_add(1, Ordering::Release);
         if let Some(ranks) = table.get_mut(topic.as_bytes()) {
             ranks.remove(&rank);
             if ranks.is_empty() {
@@ -151,6 +156,12 @@ impl BindRoutes {
             announced.queued.push((topic.to_string(), engine));
         }
         true
+    }
+
+    /// The table's version: a route looked up after reading it stays good while it is
+    /// unchanged (read without the table's lock, which every port's thread would contend).
+    pub(super) fn version(&self) -> u64 {
+        self.0.version.load(Ordering::Acquire)
     }
 
     /// The key of the stream of `topic` on rank `rank`'s port.

@@ -23,7 +23,7 @@ use mio::{Interest, Registry, Token};
 use rustix::io::Errno;
 
 use super::fds::{fd_backoff, FdWaits};
-use super::ports::PORT_BURST;
+use super::ports::{Cached, PORT_BURST};
 use crate::stream::zmtp::{Conn, Step};
 
 /// Connections accepted per turn, so a storm of connects does not starve the thread's reads.
@@ -157,6 +157,8 @@ pub(super) struct Accepted {
     pub(super) conn: Box<Conn>,
     /// Whether it is in the ready list.
     pub(super) queued: bool,
+    /// Where its last message went.
+    cached: Option<Cached>,
 }
 
 impl Accepted {
@@ -170,7 +172,7 @@ impl Accepted {
         reach: (&Registry, Token),
     ) -> Option<Accepted> {
         match Conn::accepted(stream, addr, max_frame, timeout, reach) {
-            Ok(conn) => Some(Accepted { port, conn: Box::new(conn), queued: true }),
+            Ok(conn) => Some(Accepted { port, conn: Box::new(conn), queued: true, cached: None }),
             Err(e) => {
                 tracing::warn!(peer = %addr, error = %e, "kv_events_bind: cannot watch a connection; closed");
                 None
@@ -178,20 +180,21 @@ impl Accepted {
         }
     }
 
-    /// Reads a burst of messages, each handed to `message`; the sum of what it returned.
+    /// Reads a burst of messages, each handed to `message` with the connection's cached
+    /// route; the sum of what it returned.
     pub(super) fn read(
         &mut self,
         now: Instant,
         (registry, token): (&Registry, Token),
-        mut message: impl FnMut(&[&[u8]]) -> u64,
+        mut message: impl FnMut(&[&[u8]], &mut Option<Cached>) -> u64,
     ) -> u64 {
         let mut handed = 0;
-        let conn = &mut self.conn;
+        let Accepted { conn, cached, .. } = self;
         conn.begin_turn();
         for _ in 0..PORT_BURST {
             match conn.next(now, registry, token) {
                 Step::Idle => break,
-                Step::Message => handed += conn.with_message(&mut message),
+                Step::Message => handed += conn.with_message(|parts| message(parts, cached)),
                 Step::Connected => {
                     tracing::debug!(peer = %conn.peer(), "an engine connected to kv_events_bind")
                 }

@@ -96,7 +96,9 @@ pub(super) struct Reach<'a> {
 pub(super) struct Ports {
     pub(super) ports: Vec<Port>,
     /// A bound stream's key -> its stream id on this thread.
-    pub(super) streams: HashMap<u64, u64>,
+    streams: HashMap<u64, u64>,
+    /// Bumped by every change of `streams` (see [`Cached`]).
+    streams_version: u64,
     conns: HashMap<u64, Accepted>,
     /// Connections due a read.
     ready: VecDeque<u64>,
@@ -127,6 +129,20 @@ impl Ports {
             return;
         }
         self.ports.push(Port { rank, routes, queued: true, source });
+    }
+
+    /// A bound stream's messages reach stream `id` on this thread.
+    pub(super) fn bind_stream(&mut self, key: u64, id: u64) {
+        self.streams.insert(key, id);
+        self.streams_version += 1;
+    }
+
+    /// Stream `id` leaves: its key's messages are dropped (unless another stream took it).
+    pub(super) fn unbind_stream(&mut self, key: u64, id: u64) {
+        if self.streams.get(&key) == Some(&id) {
+            self.streams.remove(&key);
+            self.streams_version += 1;
+        }
     }
 
     /// Whether a port or a connection is due a read.
@@ -247,10 +263,10 @@ impl Ports {
         let Some(a) = self.conns.get_mut(&id) else { return };
         let Some(port) = self.ports.get(a.port) else { return };
         a.queued = false;
-        let streams = &self.streams;
+        let table = (&self.streams, self.streams_version);
         let token = Token((CONN | id) as usize);
-        let handed = a.read(now, (registry, token), |parts| {
-            route(streams, &port.routes, port.rank, parts, deliver)
+        let handed = a.read(now, (registry, token), |parts, cached| {
+            route_cached(cached, table, &port.routes, port.rank, parts, deliver)
         });
         port.routes.handed(handed);
         if a.conn.closed() {
@@ -260,6 +276,55 @@ impl Ports {
             self.ready.push_back(id);
         }
     }
+}
+
+/// The stream an accepted connection's last message went to (an engine's connection carries
+/// one topic): good while neither the route table nor the thread's streams changed, so a
+/// message costs a comparison of its topic, not the table's lock and two hash lookups.
+#[derive(Default)]
+pub(super) struct Cached {
+    topic: Vec<u8>,
+    /// The versions it was looked up at.
+    routes: u64,
+    streams: u64,
+    /// `None`: routed, to a stream not on this thread now (it restarts).
+    stream: Option<u64>,
+}
+
+/// [`route`] through a connection's [`Cached`] route.
+fn route_cached(
+    cached: &mut Option<Cached>,
+    (streams, streams_version): (&HashMap<u64, u64>, u64),
+    routes: &BindRoutes,
+    rank: u32,
+    parts: &[&[u8]],
+    deliver: &mut impl FnMut(u64, &[&[u8]]),
+) -> u64 {
+    let Some(topic) = parts.first() else { return 0 };
+    let hit = cached.as_ref().filter(|c| {
+        c.streams == streams_version && c.topic == *topic && c.routes == routes.version()
+    });
+    let stream = match hit {
+        Some(c) => c.stream,
+        None => {
+            // The version first: a change after it makes the cached route stale.
+            let version = routes.version();
+            let Some(key) = routes.lookup(topic, rank) else {
+                routes.unknown(topic, rank);
+                return 0;
+            };
+            let c = cached.get_or_insert_with(Cached::default);
+            c.topic.clear();
+            c.topic.extend_from_slice(topic);
+            (c.routes, c.streams, c.stream) =
+                (version, streams_version, streams.get(&key).copied());
+            c.stream
+        }
+    };
+    if let Some(id) = stream {
+        deliver(id, parts);
+    }
+    1
 }
 
 /// Hands one message on `rank`'s port to the stream its topic names; 1 when it names one.

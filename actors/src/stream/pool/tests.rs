@@ -107,8 +107,19 @@ fn port(zmq: &ZmqContext, listener: bool) -> (PortSocket, SocketAddr) {
     (PortSocket::Zmq(sub), addr)
 }
 
-/// Both kinds of port hand an engine's messages to the bound stream its topic names, and
-/// count a message whose topic names none as unknown.
+/// Waits until `publisher` (an XPUB) sees the port's subscription.
+fn subscribed(publisher: &zmq::Socket) {
+    kvdir_testkit::eventually("the port's subscription", || {
+        match publisher.recv_bytes(zmq::DONTWAIT) {
+            Ok(m) if m == [1] => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    });
+}
+
+/// Both kinds of port hand an engine's messages to the bound stream its topic names, count
+/// a message whose topic names none as unknown, and after the stream restarts (a new worker
+/// under the same key) hand them to the new one.
 #[test]
 fn a_bound_port_hands_each_message_to_the_stream_its_topic_names() {
     for listener in [false, true] {
@@ -122,17 +133,12 @@ fn a_bound_port_hands_each_message_to_the_stream_its_topic_names() {
         let pool = IoPool::start(1, 1).unwrap();
         let (socket, addr) = port(&zmq, listener);
         pool.attach_port(0, socket, routes.clone());
-        pool.add(1, new);
+        let ticket = pool.add(1, new);
         synchronize(&router, &status);
 
         let publisher = zmq.socket(zmq::XPUB).unwrap();
         publisher.connect(&format!("tcp://{addr}")).unwrap();
-        kvdir_testkit::eventually("the port's subscription", || {
-            match publisher.recv_bytes(zmq::DONTWAIT) {
-                Ok(m) if m == [1] => Ok(()),
-                other => Err(format!("{other:?}")),
-            }
-        });
+        subscribed(&publisher);
         for seq in 0..3 {
             publisher.send_multipart(encode_live(b"engine", seq, empty()), 0).unwrap();
         }
@@ -141,6 +147,20 @@ fn a_bound_port_hands_each_message_to_the_stream_its_topic_names() {
             let (r, s) = (routes.report(), lock(&status).clone());
             match (r.messages, r.unknown_messages, s.messages, s.stats.gaps) {
                 (3, 1, 3, 0) => Ok(()),
+                seen => Err(format!("listener {listener}: {seen:?}")),
+            }
+        });
+
+        pool.remove(ticket);
+        let (again, status) = stream(&zmq, BIND_ENDPOINT, &keyed, &replay);
+        pool.add(2, again);
+        synchronize(&router, &status);
+        for seq in 0..2 {
+            publisher.send_multipart(encode_live(b"engine", seq, empty()), 0).unwrap();
+        }
+        kvdir_testkit::eventually("the restarted stream to read them", || {
+            match (routes.report().messages, lock(&status).messages) {
+                (5, 2) => Ok(()),
                 seen => Err(format!("listener {listener}: {seen:?}")),
             }
         });

@@ -198,7 +198,7 @@ impl PoolThread {
             self.shared.fds.wait_ended(1);
         }
         if let Some(key) = worker.bound_key() {
-            self.ports.streams.insert(key, id);
+            self.ports.bind_stream(key, id);
         }
         self.streams.insert(id, Entry { worker, exited, queued: false, timer: None });
         self.mark_ready(id);
@@ -226,9 +226,7 @@ impl PoolThread {
     /// A bound stream leaves this thread: its port's messages no longer reach it.
     fn unbind(&mut self, id: u64, worker: &Worker) {
         if let Some(key) = worker.bound_key() {
-            if self.ports.streams.get(&key) == Some(&id) {
-                self.ports.streams.remove(&key);
-            }
+            self.ports.unbind_stream(key, id);
         }
     }
 
