@@ -94,6 +94,10 @@ pub fn run(fleet: &Fleet, o: &BenchOptions, end: Instant) -> Result<u64, BenchEr
                     driver_streams(ranks.len(), drivers, t).into_iter().map(|s| ranks[s]).collect();
                 let builder = thread::Builder::new().name(format!("bench-driver-{t}"));
                 builder.spawn_scoped(scope, move || {
+                    if o.engines_nice > 0 {
+                        // Lowered like the engines' other threads (`nice.rs`); best effort.
+                        let _ = crate::nice::lower_this_thread(o.engines_nice);
+                    }
                     let w = workload(o, t, owned.len());
                     drive(fleet, &owned, w, interval, end)
                 })

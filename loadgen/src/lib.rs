@@ -37,6 +37,7 @@ pub mod fleet;
 pub mod handler;
 pub mod http;
 pub mod kvdir;
+pub mod nice;
 pub mod probe;
 pub mod replay;
 pub mod report;
@@ -165,6 +166,11 @@ fn measure(
     let handler_before = handler_snapshot(&mut probe);
     let cpu_before = kvdir.pid.and_then(cpu_seconds);
     let own_before = cpu_seconds(std::process::id());
+    if o.engines_nice > 0 {
+        // The engines' threads (the drivers lower themselves); the clients keep this thread's.
+        nice::lower_others(o.engines_nice)
+            .map_err(|e| BenchError::Kvdir(format!("--engines_nice: {e}")))?;
+    }
     let start = Instant::now();
     let (requests, load) =
         with_clients(&plan, &prompts, || drive::run(fleet, o, start + o.duration))?;
@@ -279,7 +285,7 @@ fn setup(o: &BenchOptions, kvdir: &Kvdir) -> String {
     format!(
         "{} engines x {} DP = {} streams, block size {}, {} Device + {} Host blocks per rank; \
          {} drivers, engine requests {}; {} query + {} route clients, {}; {:.1} s load, {:.1} s \
-         baseline; {mode}; {target}",
+         baseline; {mode}; {target}{}",
         o.engines,
         o.dp_size,
         o.engines * o.dp_size,
@@ -293,6 +299,10 @@ fn setup(o: &BenchOptions, kvdir: &Kvdir) -> String {
         rate(o.client_rate),
         o.duration.as_secs_f64(),
         o.baseline.as_secs_f64(),
+        match o.engines_nice {
+            0 => String::new(),
+            n => format!("; engines at nice {n}, clients not"),
+        },
     )
 }
 

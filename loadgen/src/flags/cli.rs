@@ -127,6 +127,10 @@ struct BenchCli {
     /// threads serving every simulated rank [default: the cores]
     #[arg(long, help_heading = "Engines", value_name = "N")]
     rank_threads: Option<String>,
+    /// nice value (0-19) of the engines' threads during the load; the clients keep the tool's
+    /// [default: 0]
+    #[arg(long, help_heading = "Engines", value_name = "N")]
+    engines_nice: Option<String>,
     /// length of the measured load [default: 10]
     #[arg(long, help_heading = "Load", value_name = "S")]
     duration_seconds: Option<String>,

@@ -65,6 +65,8 @@ pub struct BenchOptions {
     pub port_offsets: (u16, u16),
     /// Rank threads of the simulator; `None`: the cores.
     pub rank_threads: Option<usize>,
+    /// Nice value of the engines' threads during the load (0: the tool's own; `nice.rs`).
+    pub engines_nice: i32,
     /// The idle window before the load (zero skips it).
     pub idle: Duration,
     /// Measured load.
@@ -119,6 +121,7 @@ impl Default for BenchOptions {
             events_bind: None,
             port_offsets: (10_000, 30_000),
             rank_threads: None,
+            engines_nice: 0,
             idle: Duration::from_secs(2),
             duration: Duration::from_secs(10),
             rate: None,
@@ -221,6 +224,7 @@ impl BenchOptions {
             }
             "events_bind" => self.events_bind = Some(number(name, value)?),
             "rank_threads" => self.rank_threads = Some(number(name, value)?),
+            "engines_nice" => self.engines_nice = number(name, value)?,
             "event_port_offset" => self.port_offsets.0 = number(name, value)?,
             "replay_port_offset" => self.port_offsets.1 = number(name, value)?,
             "idle_seconds" => self.idle = seconds(name, value, 0.0)?,
@@ -302,6 +306,10 @@ impl BenchOptions {
                 ),
             ),
             (self.rank_threads != Some(0), "--rank_threads = 0 is below the minimum 1".into()),
+            (
+                (0..=19).contains(&self.engines_nice),
+                format!("--engines_nice = {} is outside 0..=19", self.engines_nice),
+            ),
             (
                 self.events_bind.is_none_or(|p| {
                     p != 0 && u32::from(p) + self.dp_size.saturating_sub(1) <= u32::from(u16::MAX)

@@ -66,6 +66,9 @@ fn combinations_that_cannot_work_say_what_to_do() {
     assert!(msg.contains("--events_bind = 65535 with --dp_size = 2 needs ports up to 65536"));
     assert!(msg.contains("--events_bind needs --etcd_addr"), "{msg}");
     assert!(msg.contains("--rank_threads = 0"), "{msg}");
+    let msg = problems(&["--spawn_kvdir=k", "--engines_nice=20"]);
+    assert!(msg.contains("--engines_nice = 20 is outside 0..=19"), "{msg}");
+    assert_eq!(run(&["--spawn_kvdir=k", "--engines_nice=10"]).engines_nice, 10);
     let msg = problems(&["--spawn_kvdir=k", "--kvdir_addr=127.0.0.1:1"]);
     assert!(msg.contains("both name the kvdir"), "{msg}");
     let msg = problems(&["--spawn_kvdir=k", "--query_clients=0"]);
