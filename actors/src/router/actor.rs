@@ -101,7 +101,7 @@ impl Handler<RouteRequest> for RouterActor {
     type Result = Result<Routed, RouteError>;
 
     fn handle(&mut self, msg: RouteRequest, _: &mut Context<Self>) -> Self::Result {
-        self.router().route(msg)
+        self.router().route(&msg)
     }
 }
 
@@ -109,7 +109,7 @@ impl Handler<RouteForward> for RouterActor {
     type Result = super::Forwarded;
 
     fn handle(&mut self, msg: RouteForward, _: &mut Context<Self>) -> Self::Result {
-        self.router().forward(msg)
+        self.router().forward(&msg)
     }
 }
 

@@ -203,7 +203,12 @@ impl RouterHandle {
         let asked = Instant::now();
         let mut router = self.lock();
         let waited = asked.elapsed();
-        (router.route(msg), waited)
+        let routed = router.route(&msg);
+        // The read's entries (thousands in a large fleet) are dropped after the lock is
+        // released, not under it.
+        drop(router);
+        drop(msg);
+        (routed, waited)
     }
 
     /// Whether a request the front door forwards for the first time goes through overload
@@ -215,7 +220,9 @@ impl RouterHandle {
     /// Decides a request the front door forwards on this thread (a retry, or a first attempt
     /// while overload admission is off), counted in flight on the chosen instance.
     pub fn forward(&self, msg: RouteForward) -> Forwarded {
-        self.lock().forward(msg)
+        let forwarded = self.lock().forward(&msg);
+        drop(msg);
+        forwarded
     }
 }
 
@@ -324,7 +331,7 @@ impl Router {
     }
 
     /// `/v1/internal/route`'s decision.
-    fn route(&mut self, msg: RouteRequest) -> Result<Routed, RouteError> {
+    fn route(&mut self, msg: &RouteRequest) -> Result<Routed, RouteError> {
         let routed = self.decide(&msg.read, msg.input_tokens, &[], (None, None))?;
         if let Some((i, id)) = self.chosen(&routed) {
             let reports = self.instances[i].load_reports;
@@ -334,7 +341,7 @@ impl Router {
     }
 
     /// The front door's decision, counted in flight on the chosen instance.
-    fn forward(&mut self, msg: RouteForward) -> Forwarded {
+    fn forward(&mut self, msg: &RouteForward) -> Forwarded {
         let request = (Some(msg.prompt), msg.pinned_rank);
         let routed = self.decide(&msg.read, msg.input_tokens, &msg.exclude, request)?;
         // The chosen instance is in the snapshot: the decision chose it there.

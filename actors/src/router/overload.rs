@@ -139,13 +139,13 @@ impl Router {
     /// A request's first route through the queue: the admission, and whether it is held now.
     fn admit(&mut self, msg: RouteForward) -> (Admission, bool) {
         if !self.held.enabled() {
-            return (Admission::Now(self.forward(msg)), false);
+            return (Admission::Now(self.forward(&msg)), false);
         }
         let estimate = self.lowest_estimate(&msg);
         let (tx, rx) = oneshot::channel();
         let now = now_ms();
         match self.held.queue.arrive(now, estimate, Pending { msg, tx }) {
-            Arrival::Send(p) => (Admission::Now(self.forward(p.msg)), false),
+            Arrival::Send(p) => (Admission::Now(self.forward(&p.msg)), false),
             Arrival::Held(id) => {
                 tracing::debug!(held = id, estimate_ms = estimate, "request held: overloaded");
                 (Admission::Held { id, rx }, true)
@@ -168,7 +168,7 @@ impl Router {
             if why == Release::MaxWait {
                 tracing::debug!(estimate_ms = estimate, "held request sent after its max wait");
             }
-            let decision = self.forward(p.msg);
+            let decision = self.forward(&p.msg);
             if let Err(Ok((routed, id, _))) = p.tx.send(decision) {
                 // The client went away after the release: nothing will be sent.
                 self.finish(&routed.prefill, id);
