@@ -40,7 +40,7 @@ const PANICKED: &str = "the stream thread panicked";
 /// How often a stream held by fault injection is looked at again.
 const HELD_RETRY: Duration = Duration::from_millis(5);
 /// The least time between two wake-ups of a thread that sleeps (see [`PoolThread::run`]).
-pub(super) const WAKE_INTERVAL: Duration = Duration::from_millis(2);
+pub(super) const WAKE_INTERVAL: Duration = Duration::from_millis(4);
 
 /// A stream served by this thread.
 struct Entry {
