@@ -61,6 +61,10 @@ fn greeted(port: u16) -> Result<(), String> {
 
 #[test]
 fn a_bind_port_out_of_descriptors_backs_off_and_accepts_again() {
+    // The flood's descriptors in this process, beside the other tests' (they run at once).
+    use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+    let lim = getrlimit(Resource::Nofile);
+    setrlimit(Resource::Nofile, Rlimit { current: lim.maximum, maximum: lim.maximum }).unwrap();
     let port = free_ports(1);
     let mut cmd = Command::new("sh");
     cmd.arg("-c").arg(format!("ulimit -n {LIMIT} && exec \"$0\" \"$@\""));
