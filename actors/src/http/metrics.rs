@@ -398,4 +398,11 @@ fn render_bind(e: &mut Exposition, bind: &crate::stream::BindReport) {
     let name = "kvdir_bind_unknown_messages_total";
     e.family(name, Kind::Counter, "Messages on kv_events_bind whose topic names no stream.");
     e.sample(name, &[], bind.unknown_messages as f64);
+    let name = "kvdir_bind_connections";
+    e.family(
+        name,
+        Kind::Gauge,
+        "Engine connections open on the kv_events_bind ports kvdir listens on.",
+    );
+    e.sample(name, &[], bind.connections as f64);
 }

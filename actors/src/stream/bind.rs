@@ -46,6 +46,8 @@ struct Routes {
     next_key: AtomicU64,
     messages: AtomicU64,
     unknown: AtomicU64,
+    /// Engine connections open on the ports kvdir listens on.
+    connections: AtomicU64,
     unknown_topics: Mutex<BTreeSet<String>>,
     /// Unknown `(topic, rank)` pairs logged so far.
     logged: Mutex<HashSet<(Vec<u8>, u32)>>,
@@ -74,6 +76,9 @@ pub struct BindReport {
     pub unknown_messages: u64,
     /// Some of those topics (`topic (rank r)`), at most 16.
     pub unknown_topics: Vec<String>,
+    /// Engine connections open on the ports kvdir listens on (a libzmq port's, bound on an
+    /// interface name, are not counted).
+    pub connections: u64,
 }
 
 impl BindRoutes {
@@ -86,6 +91,7 @@ impl BindRoutes {
             next_key: AtomicU64::new(1),
             messages: AtomicU64::new(0),
             unknown: AtomicU64::new(0),
+            connections: AtomicU64::new(0),
             unknown_topics: Mutex::default(),
             logged: Mutex::default(),
             announced: Mutex::default(),
@@ -205,6 +211,14 @@ impl BindRoutes {
         logged.insert(pair);
     }
 
+    /// An engine's connection to a port kvdir listens on opened (`true`) or closed.
+    pub(super) fn connection(&self, opened: bool) {
+        match opened {
+            true => self.0.connections.fetch_add(1, Ordering::Relaxed),
+            false => self.0.connections.fetch_sub(1, Ordering::Relaxed),
+        };
+    }
+
     /// The counters and settings, for reports.
     pub fn report(&self) -> BindReport {
         BindReport {
@@ -213,6 +227,7 @@ impl BindRoutes {
             messages: self.0.messages.load(Ordering::Relaxed),
             unknown_messages: self.0.unknown.load(Ordering::Relaxed),
             unknown_topics: lock(&self.0.unknown_topics).iter().cloned().collect(),
+            connections: self.0.connections.load(Ordering::Relaxed),
         }
     }
 

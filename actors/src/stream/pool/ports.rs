@@ -232,7 +232,7 @@ impl Ports {
         timers: &mut Timers,
         fds: &FdWaits,
     ) {
-        let Port { rank, queued, source, .. } = &mut self.ports[i];
+        let Port { rank, queued, source, routes } = &mut self.ports[i];
         let Source::Tcp(listener) = source else { return };
         let next = &mut self.next_conn;
         let accepted = listener.accept(*rank, now, fds, |stream, addr, l| {
@@ -244,6 +244,7 @@ impl Ports {
             }
             self.conns.insert(id, a);
             self.ready.push_back(id);
+            routes.connection(true);
             Some(())
         });
         *queued = accepted.more;
@@ -270,6 +271,7 @@ impl Ports {
         });
         port.routes.handed(handed);
         if a.conn.closed() {
+            port.routes.connection(false);
             self.conns.remove(&id);
         } else if a.conn.readable() {
             a.queued = true;

@@ -4,7 +4,7 @@
 //! engines' messages go on; hundreds of publishers connect at once and each is read. (A port
 //! libzmq binds, on an interface name, is read in `stream::pool`'s unit tests: this machine's
 //! libzmq binds no name.) What a user sees: credits, the bind counters, the connections kvdir
-//! closes.
+//! closes, the connections it counts.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -48,6 +48,14 @@ fn refused(port: u16, bytes: &[u8]) -> Vec<u8> {
     got
 }
 
+/// Waits until the streams report shows `n` engine connections on the bind ports.
+fn connections(svc: &Service, n: u64) {
+    eventually(&format!("{n} connections"), || {
+        let bind = report(svc)["bind"].clone();
+        (bind["connections"] == n).then_some(()).ok_or(bind.to_string())
+    })
+}
+
 /// A ZMTP 3.0 NULL greeting (as a publisher's) and a READY naming `socket_type`.
 fn handshake(socket_type: &[u8]) -> Vec<u8> {
     let mut b = vec![0u8; 64];
@@ -87,6 +95,7 @@ fn a_publisher_that_reconnects_is_read_again_on_its_new_connection() {
     }
     let s = live(&svc, "a", 0);
     assert_eq!((s["gaps"].as_u64(), s["decode_errors"].as_u64()), (Some(0), Some(0)), "{s}");
+    connections(&svc, 1); // the old ones are closed
     assert_eq!(report(&svc)["bind"]["unknown_messages"], 0);
 }
 
@@ -114,6 +123,7 @@ fn peers_that_send_garbage_are_disconnected_and_the_engine_goes_on() {
     let mut partial = TcpStream::connect(("127.0.0.1", port)).unwrap();
     partial.write_all(&handshake(b"PUB")[..70]).unwrap();
 
+    connections(&svc, 2); // the engine's and the partial one
     let x = prompt(300, 4);
     a.store(&x);
     credits(&svc, "a", 0, &x, 4 * B as u64);
@@ -154,5 +164,9 @@ fn hundreds_of_publishers_connect_at_once_and_each_is_read() {
     credits(&svc, "a", 0, &x, 2 * B as u64);
     let bind = unknown_reaches(&svc, PUBLISHERS as u64);
     assert_eq!(bind["messages"], 1, "{bind}");
+    assert_eq!(bind["connections"], PUBLISHERS + 1, "{bind}");
+    drop(strangers);
+    connections(&svc, 1);
+    assert_eq!(super::metric(&svc, "kvdir_bind_connections"), Some(1.0));
     assert_eq!(bind["unknown_topics"].as_array().map(Vec::len), Some(16), "{bind}");
 }
