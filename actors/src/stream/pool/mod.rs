@@ -8,7 +8,8 @@
 //! thread, which reads the port and hands each message to its stream. Commands (add, remove,
 //! a granted replay slot, a port, end) reach a thread through a mutex-guarded list and its
 //! `mio::Waker`. How a thread waits and serves its streams is in `thread.rs`, its ports in
-//! `ports.rs`; its recovery deadlines in `timers.rs`; the process-wide bound on replay DEALERs
+//! `ports.rs` (a port kvdir listens on itself, and the engines' connections to it, in
+//! `listen.rs`); its recovery deadlines in `timers.rs`; the process-wide bound on replay DEALERs
 //! in `replays.rs`.
 //!
 //! A stream that fails (a ZeroMQ error or a panic) leaves its thread, which reports the
