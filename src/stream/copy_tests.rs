@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::tests::{batch, cfg, live_at, machine, show, syncs};
+use super::tests::{batch, brought_live, cfg, live_at, machine, show, syncs};
 use super::*;
 use crate::config::ReplayKind;
 use crate::index::IndexConfig;
@@ -113,13 +113,7 @@ fn a_snapshot_stream_cannot_compare_batches_and_takes_a_late_0_for_a_restart() {
 fn ordered_live_at(watermark: u64, t0: Instant) -> (Recovery, Vec<Action>) {
     let cfg = RecoveryConfig { ordered_losses: true, ..cfg() };
     let index = IndexConfig { block_size: 2, hash_seed: 1024, salt: 0, max_blocks: 100 };
-    let mut m = Recovery::new(cfg, index);
-    let mut out = Vec::new();
-    m.on_connected(t0, &mut out);
-    m.on_snapshot_reply(watermark, &batch(), t0, &mut out);
-    m.on_snapshot_end(t0, &mut out);
-    out.clear();
-    (m, out)
+    brought_live(Recovery::new(cfg, index), watermark, t0)
 }
 
 #[test]

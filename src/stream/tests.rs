@@ -64,7 +64,15 @@ pub(super) fn syncs(m: &Recovery) -> (u64, u64, u64) {
 
 /// Brings a machine to Live with next sequence `watermark`.
 pub(super) fn live_at(watermark: u64, t0: Instant) -> (Recovery, Vec<Action>) {
-    let mut m = machine();
+    brought_live(machine(), watermark, t0)
+}
+
+/// Brings `m` (disconnected) to Live with next sequence `watermark` from a snapshot.
+pub(super) fn brought_live(
+    mut m: Recovery,
+    watermark: u64,
+    t0: Instant,
+) -> (Recovery, Vec<Action>) {
     let mut out = Vec::new();
     m.on_connected(t0, &mut out);
     m.on_snapshot_reply(watermark, &batch(), t0, &mut out);

@@ -34,13 +34,7 @@ struct Publisher {
 
 impl Publisher {
     fn start() -> Publisher {
-        let ctx = zmq::Context::new();
-        let xpub = ctx.socket(zmq::XPUB).unwrap();
-        xpub.bind("tcp://127.0.0.1:0").unwrap();
-        let router = ctx.socket(zmq::ROUTER).unwrap();
-        router.bind("tcp://127.0.0.1:0").unwrap();
-        let event = xpub.get_last_endpoint().unwrap().unwrap();
-        let replay = router.get_last_endpoint().unwrap().unwrap();
+        let (xpub, router, event, replay) = loopback_pair();
         let (history, asked) = (History::default(), Arc::new(Mutex::new(Vec::new())));
         let stop = Arc::new(AtomicBool::new(false));
         let (h, a, s) = (Arc::clone(&history), Arc::clone(&asked), Arc::clone(&stop));
@@ -55,16 +49,7 @@ impl Publisher {
 
     /// Waits for kvdir's subscription: live batches sent from then on reach it.
     fn subscribed(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if self.xpub.poll(zmq::POLLIN, 100).unwrap() > 0 {
-                let sub = self.xpub.recv_bytes(0).unwrap();
-                if sub.first() == Some(&1) && &sub[1..] == TOPIC {
-                    return;
-                }
-            }
-        }
-        panic!("kvdir never subscribed to {}", self.event);
+        wait_subscribed(&self.xpub, TOPIC, &self.event);
     }
 
     /// Batch `seq` enters the history without going out live (yet).
@@ -93,6 +78,33 @@ impl Drop for Publisher {
             let _ = server.join();
         }
     }
+}
+
+/// A publisher's XPUB and ROUTER on ephemeral loopback ports, with their endpoints.
+pub(super) fn loopback_pair() -> (zmq::Socket, zmq::Socket, String, String) {
+    let ctx = zmq::Context::new();
+    let xpub = ctx.socket(zmq::XPUB).unwrap();
+    xpub.bind("tcp://127.0.0.1:0").unwrap();
+    let router = ctx.socket(zmq::ROUTER).unwrap();
+    router.bind("tcp://127.0.0.1:0").unwrap();
+    let event = xpub.get_last_endpoint().unwrap().unwrap();
+    let replay = router.get_last_endpoint().unwrap().unwrap();
+    (xpub, router, event, replay)
+}
+
+/// Waits until `xpub` (at `endpoint`) sees kvdir subscribe to `topic`: live batches sent from
+/// then on reach it.
+pub(super) fn wait_subscribed(xpub: &zmq::Socket, topic: &[u8], endpoint: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if xpub.poll(zmq::POLLIN, 100).unwrap() > 0 {
+            let sub = xpub.recv_bytes(0).unwrap();
+            if sub.first() == Some(&1) && &sub[1..] == topic {
+                return;
+            }
+        }
+    }
+    panic!("kvdir never subscribed to {endpoint}");
 }
 
 /// Answers `[identity, "", start_seq]` with the buffered batches from `start_seq` on, then the

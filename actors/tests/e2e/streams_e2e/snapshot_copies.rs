@@ -5,13 +5,12 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
 
 use kvdir::wire::record::{BatchForm, BatchRecord, EventForm, EventRecord, StoredRecord, WireHash};
 use kvdir::wire::{encode_batch, encode_live, encode_snapshot_end, encode_snapshot_reply, Tier};
 use serde_json::{json, Value};
 
-use super::copies::stream_when;
+use super::copies::{loopback_pair, stream_when, wait_subscribed};
 use crate::common::*;
 
 const TOPIC: &[u8] = b"kv@snap";
@@ -33,13 +32,7 @@ struct Publisher {
 
 impl Publisher {
     fn start(watermark: u64, state: Vec<u8>) -> Publisher {
-        let ctx = zmq::Context::new();
-        let xpub = ctx.socket(zmq::XPUB).unwrap();
-        xpub.bind("tcp://127.0.0.1:0").unwrap();
-        let router = ctx.socket(zmq::ROUTER).unwrap();
-        router.bind("tcp://127.0.0.1:0").unwrap();
-        let event = xpub.get_last_endpoint().unwrap().unwrap();
-        let replay = router.get_last_endpoint().unwrap().unwrap();
+        let (xpub, router, event, replay) = loopback_pair();
         let state = Arc::new(Mutex::new((watermark, state)));
         let (asked, stop) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicBool::new(false)));
         let (s, a, st) = (Arc::clone(&state), Arc::clone(&asked), Arc::clone(&stop));
@@ -54,16 +47,7 @@ impl Publisher {
 
     /// Waits for kvdir's subscription: live batches sent from then on reach it.
     fn subscribed(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if self.xpub.poll(zmq::POLLIN, 100).unwrap() > 0 {
-                let sub = self.xpub.recv_bytes(0).unwrap();
-                if sub.first() == Some(&1) && &sub[1..] == TOPIC {
-                    return;
-                }
-            }
-        }
-        panic!("kvdir never subscribed to {}", self.event);
+        wait_subscribed(&self.xpub, TOPIC, &self.event);
     }
 
     fn send_live(&self, seq: u64, payload: &[u8]) {
