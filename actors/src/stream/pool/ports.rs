@@ -311,15 +311,11 @@ fn route_cached(
         None => {
             // The version first: a change after it makes the cached route stale.
             let version = routes.version();
-            let Some(key) = routes.lookup(topic, rank) else {
-                routes.unknown(topic, rank);
-                return 0;
-            };
+            let Some(stream) = stream_for(streams, routes, topic, rank) else { return 0 };
             let c = cached.get_or_insert_with(Cached::default);
             c.topic.clear();
             c.topic.extend_from_slice(topic);
-            (c.routes, c.streams, c.stream) =
-                (version, streams_version, streams.get(&key).copied());
+            (c.routes, c.streams, c.stream) = (version, streams_version, stream);
             c.stream
         }
     };
@@ -338,16 +334,24 @@ fn route(
     deliver: &mut impl FnMut(u64, &[&[u8]]),
 ) -> u64 {
     let Some(topic) = parts.first() else { return 0 };
-    match routes.lookup(topic, rank) {
-        Some(key) => {
-            if let Some(&id) = streams.get(&key) {
-                deliver(id, parts);
-            }
-            1
-        }
-        None => {
-            routes.unknown(topic, rank);
-            0
-        }
+    let Some(stream) = stream_for(streams, routes, topic, rank) else { return 0 };
+    if let Some(id) = stream {
+        deliver(id, parts);
     }
+    1
+}
+
+/// The stream `topic` names on `rank`'s port: `None` when it names none (counted as unknown),
+/// `Some(None)` when it names one not on this thread now (it restarts).
+fn stream_for(
+    streams: &HashMap<u64, u64>,
+    routes: &BindRoutes,
+    topic: &[u8],
+    rank: u32,
+) -> Option<Option<u64>> {
+    let Some(key) = routes.lookup(topic, rank) else {
+        routes.unknown(topic, rank);
+        return None;
+    };
+    Some(streams.get(&key).copied())
 }
