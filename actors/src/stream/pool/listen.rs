@@ -117,13 +117,10 @@ impl Listener {
     /// something else (logged).
     fn starved(&self, rank: u32, e: std::io::Error, fds: &FdWaits) {
         match Errno::from_io_error(&e) {
-            Some(Errno::MFILE) => fds.starved("kv_events_bind", rank, "accept", zmq::Error::EMFILE),
-            Some(Errno::NFILE) => fds.starved(
-                "kv_events_bind",
-                rank,
-                "accept",
-                zmq::Error::from_raw(e.raw_os_error().unwrap_or(23)),
-            ),
+            Some(errno @ (Errno::MFILE | Errno::NFILE)) => {
+                let short = zmq::Error::from_raw(errno.raw_os_error());
+                fds.starved("kv_events_bind", rank, "accept", short);
+            }
             _ => {
                 tracing::warn!(rank, error = %e, "kv_events_bind: cannot accept a connection; retrying after a back-off")
             }

@@ -64,15 +64,10 @@ pub fn greeting() -> [u8; GREETING_LEN] {
 
 /// Checks a peer's greeting: ZMTP 3.x with the NULL mechanism.
 pub fn check_greeting(g: &[u8]) -> Result<(), ZmtpError> {
-    if g.len() < GREETING_LEN || g[0] != 0xFF || g[9] & 1 == 0 {
+    if g.len() < GREETING_LEN {
         return Err(ZmtpError::Greeting("no ZMTP 3 signature".into()));
     }
-    if g[10] < 3 {
-        return Err(ZmtpError::Greeting(format!(
-            "version {}.{} (3.0 or later needed)",
-            g[10], g[11]
-        )));
-    }
+    check_signature(g)?;
     let mechanism = &g[12..32];
     let name_end = mechanism.iter().position(|&b| b == 0).unwrap_or(mechanism.len());
     if &mechanism[..name_end] != b"NULL" {
@@ -82,8 +77,8 @@ pub fn check_greeting(g: &[u8]) -> Result<(), ZmtpError> {
     Ok(())
 }
 
-/// Checks the first bytes of a greeting that is not whole yet: the signature's first and
-/// tenth byte (libzmq pads the rest), and a major version of 3 or more.
+/// Checks the first bytes of a greeting, whole or not yet: the signature's first and tenth
+/// byte (libzmq pads the rest), and a major version of 3 or more.
 pub fn check_signature(g: &[u8]) -> Result<(), ZmtpError> {
     let bad = g.first().is_some_and(|&b| b != 0xFF) || g.get(9).is_some_and(|&b| b & 1 == 0);
     if bad {
@@ -91,7 +86,8 @@ pub fn check_signature(g: &[u8]) -> Result<(), ZmtpError> {
     }
     match g.get(10) {
         Some(&major) if major < 3 => {
-            Err(ZmtpError::Greeting(format!("version {major}.x (3.0 or later needed)")))
+            let minor = g.get(11).map_or("x".to_string(), u8::to_string);
+            Err(ZmtpError::Greeting(format!("version {major}.{minor} (3.0 or later needed)")))
         }
         _ => Ok(()),
     }

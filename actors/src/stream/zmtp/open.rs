@@ -47,22 +47,18 @@ impl Conn {
     /// endpoint), registered with `registry` now: it greets at once and subscribes to every
     /// topic (the port routes by topic); once lost or refused it stays closed.
     pub fn accepted(
-        mut stream: TcpStream,
+        stream: TcpStream,
         addr: SocketAddr,
         max_frame: u64,
         timeout: Duration,
         (registry, token): (&Registry, Token),
     ) -> std::io::Result<Conn> {
-        set_liveness(&stream, timeout)?;
-        registry.register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)?;
         let mut hello = Vec::new();
         codec::subscribe(b"", &mut hello);
         let mut conn = Conn::new(addr, Role::Sub, hello, max_frame, timeout);
         conn.accepted = true;
-        conn.out.extend_from_slice(&codec::greeting());
-        codec::ready(Role::Sub, &mut conn.out);
         let deadline = Instant::now() + HANDSHAKE;
-        conn.state = State::Handshake { stream, deadline, tcp_up: true, greeted: false };
+        conn.begin_handshake(stream, (registry, token), deadline, true)?;
         Ok(conn)
     }
     fn new(
@@ -98,15 +94,26 @@ impl Conn {
         registry: &Registry,
         token: Token,
     ) -> std::io::Result<()> {
-        let mut stream = TcpStream::connect(self.addr)?;
+        let stream = TcpStream::connect(self.addr)?;
+        let wait = if self.timeout.is_zero() { HANDSHAKE } else { self.timeout.min(HANDSHAKE) };
+        self.begin_handshake(stream, (registry, token), now + wait, false)
+    }
+
+    /// Watches `stream` (TCP up already when `tcp_up`: an accepted connection) and queues
+    /// this side's greeting and READY; the handshake must end by `deadline`.
+    fn begin_handshake(
+        &mut self,
+        mut stream: TcpStream,
+        (registry, token): (&Registry, Token),
+        deadline: Instant,
+        tcp_up: bool,
+    ) -> std::io::Result<()> {
         set_liveness(&stream, self.timeout)?;
         registry.register(&mut stream, token, Interest::READABLE | Interest::WRITABLE)?;
         self.out.clear();
         self.out.extend_from_slice(&codec::greeting());
         codec::ready(self.role, &mut self.out);
-        let wait = if self.timeout.is_zero() { HANDSHAKE } else { self.timeout.min(HANDSHAKE) };
-        let deadline = now + wait;
-        self.state = State::Handshake { stream, deadline, tcp_up: false, greeted: false };
+        self.state = State::Handshake { stream, deadline, tcp_up, greeted: false };
         Ok(())
     }
 }
